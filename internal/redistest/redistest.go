@@ -1,0 +1,229 @@
+// Package redistest starts real redis-server processes for tests.
+//
+// Every server listens on a free loopback port, keeps its files under the
+// test's temporary directory and is stopped by the test's cleanup. Nothing is
+// persisted, so a restarted server comes back empty, which is exactly what
+// the fault-injection tests need. A missing redis-server fails the test; it is
+// never skipped.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is one redis-server process. Its methods are safe for concurrent use.
+type Server struct {
+	// Addr is the server's host:port on 127.0.0.1.
+	Addr string
+
+	tb   testing.TB
+	dir  string
+	args []string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	paused bool
+}
+
+// Start starts a redis-server with extra configuration directives (for
+// example "--maxmemory", "10mb") and waits until it answers PING.
+func Start(tb testing.TB, extra ...string) *Server {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatalf("redis-server is not installed (apt-get install -y redis-server): %v", err)
+	}
+	s := &Server{tb: tb, dir: tb.TempDir(), args: extra}
+	var err error
+	for range 5 {
+		s.Addr, err = freeAddr()
+		if err != nil {
+			continue
+		}
+		if err = s.start(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		tb.Fatalf("start redis-server: %v", err)
+	}
+	tb.Cleanup(s.stop)
+	return s
+}
+
+// Port returns the server's TCP port.
+func (s *Server) Port() int {
+	_, p, _ := net.SplitHostPort(s.Addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+func (s *Server) start() error {
+	args := []string{
+		"--port", strconv.Itoa(s.Port()),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--save", "",
+		"--appendonly", "no",
+		"--protected-mode", "no",
+		"--daemonize", "no",
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+	}
+	args = append(args, s.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := ping(s.Addr); err == nil {
+			break
+		}
+		select {
+		case <-done:
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			return fmt.Errorf("redis-server exited: %s", lastLines(string(log), 5))
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-done
+			return fmt.Errorf("redis-server on %s did not answer PING", s.Addr)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.mu.Lock()
+	s.cmd, s.done, s.paused = cmd, done, false
+	s.mu.Unlock()
+	return nil
+}
+
+// Kill stops the server at once with SIGKILL, as a crash would.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd, s.done, s.paused = nil, nil, false
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-done
+}
+
+// Restart kills the server if it runs and starts it again, empty, on the
+// same address.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.Kill()
+	var err error
+	for range 50 {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // the port may still be in TIME_WAIT use
+	}
+	s.tb.Fatalf("restart redis-server on %s: %v", s.Addr, err)
+}
+
+// Pause stops the process with SIGSTOP: it keeps its sockets but answers
+// nothing, like a node in a long GC pause or behind a partition.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP, true) }
+
+// Resume continues a paused server with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT, false) }
+
+func (s *Server) signal(sig syscall.Signal, paused bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(sig)
+	s.paused = paused
+}
+
+func (s *Server) stop() {
+	s.mu.Lock()
+	if s.paused && s.cmd != nil {
+		s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	s.mu.Unlock()
+	s.Kill()
+}
+
+// Do sends one command on a fresh connection and returns the raw reply
+// line. It is for test set-up (CONFIG SET, FLUSHALL), not for assertions on
+// multi-line replies.
+func (s *Server) Do(args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimRight(line, "\r\n"), err
+}
+
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

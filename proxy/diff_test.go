@@ -1,0 +1,276 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// step is one move of a scripted session: send cmds (or raw bytes) on a
+// named connection in one write, then read that many replies.
+type step struct {
+	on   string
+	cmds [][]string
+	raw  string
+	read int // replies to read; -1 means len(cmds)
+	// blocked waits until the server has this many blocked clients, so
+	// that a blocking command is surely waiting before it is woken.
+	blocked int
+}
+
+func send(on string, cmds ...string) step {
+	s := step{on: on, read: -1}
+	for _, c := range cmds {
+		s.cmds = append(s.cmds, args(c))
+	}
+	return s
+}
+
+// sendNoRead sends without reading (a blocking command whose reply comes
+// later).
+func sendNoRead(on string, cmds ...string) step {
+	s := send(on, cmds...)
+	s.read = 0
+	return s
+}
+
+func sendRead(on string, n int, cmds ...string) step {
+	s := send(on, cmds...)
+	s.read = n
+	return s
+}
+
+func readOn(on string, n int) step { return step{on: on, read: n} }
+
+func cmdArgs(on string, a ...string) step { return step{on: on, cmds: [][]string{a}, read: -1} }
+
+// run plays steps against addr and returns everything read, labelled by
+// step, so that a difference points at its step.
+func run(t *testing.T, srv *redistest.Server, addr string, steps []step) []byte {
+	t.Helper()
+	conns := map[string]*client{}
+	var out bytes.Buffer
+	for i, s := range steps {
+		if s.blocked > 0 {
+			waitBlocked(t, srv, s.blocked)
+			continue
+		}
+		c := conns[s.on]
+		if c == nil {
+			c = dial(t, addr)
+			conns[s.on] = c
+		}
+		switch {
+		case s.raw != "":
+			c.send([]byte(s.raw))
+		case len(s.cmds) > 0:
+			c.send(encode(s.cmds...))
+		}
+		n := s.read
+		if n < 0 {
+			n = len(s.cmds)
+			if s.raw != "" {
+				n = 1
+			}
+		}
+		if n > 0 {
+			fmt.Fprintf(&out, "--- step %d on %s\n", i, s.on)
+			b, err := c.tryRead(n, 10*time.Second)
+			if err != nil {
+				t.Fatalf("%s: step %d: read %d replies: %v (got %q)", addr, i, n, err, trunc(b))
+			}
+			out.Write(b)
+		}
+	}
+	return out.Bytes()
+}
+
+// variable masks the parts of replies that differ between any two
+// connections: the client id in HELLO's reply.
+var variable = regexp.MustCompile(`(\$2\r\nid\r\n:)\d+`)
+
+func mask(b []byte) []byte { return variable.ReplaceAll(b, []byte("${1}<id>")) }
+
+// TestDifferential plays the same sessions against Redis directly and
+// through the proxy and requires byte-identical replies.
+func TestDifferential(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+
+	big := strings.Repeat("0123456789", 1<<20) // 10 MB
+	pipeline := make([]string, 0, 1000)
+	for i := range 500 {
+		pipeline = append(pipeline, fmt.Sprintf("SET key:%d %d", i, i), fmt.Sprintf("GET key:%d", i))
+	}
+
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"strings", []step{send("a",
+			"SET s hello", "GET s", "GET missing", "APPEND s world", "GETRANGE s 0 3",
+			"INCR n", "INCRBY n 41", "INCRBYFLOAT f 1.5", "MGET s missing n", "SETNX s x",
+			"SET s v GET", "GETDEL s", "STRLEN n", "SET e 1 PX 100000 NX", "TTL e", "TYPE n")}},
+		{"lists", []step{send("a",
+			"RPUSH l a b c d", "LPUSH l z", "LRANGE l 0 -1", "LINDEX l 99", "LPOP l 2",
+			"LPOP nolist 2", "LPOP nolist", "LPOS l c", "LLEN l", "RPOPLPUSH l l2", "LMOVE l l2 LEFT RIGHT")}},
+		{"hashes", []step{send("a",
+			"HSET h f1 v1 f2 v2", "HGET h f1", "HMGET h f1 nope f2", "HGETALL h", "HINCRBY h n 5",
+			"HINCRBYFLOAT h x 2.5", "HLEN h", "HEXISTS h nope", "HKEYS h", "HGETALL nohash")}},
+		{"sets", []step{send("a",
+			"SADD s 3 1 2", "SMEMBERS s", "SISMEMBER s 2", "SMISMEMBER s 1 9", "SCARD s",
+			"SADD t 2 3 4", "SINTER s t", "SDIFF s t", "SREM s 1", "SMEMBERS nothing")}},
+		{"zsets", []step{send("a",
+			"ZADD z 1 a 2.5 b 3 c", "ZRANGE z 0 -1 WITHSCORES", "ZSCORE z b", "ZSCORE z nope",
+			"ZRANK z c", "ZINCRBY z 0.5 a", "ZPOPMIN z", "ZRANGEBYSCORE z -inf +inf", "ZCARD z",
+			"ZUNIONSTORE u 2 z z", "ZRANGE u 0 -1 WITHSCORES")}},
+		{"streams", []step{send("a",
+			"XADD st 1-1 a 1", "XADD st 1-2 b 2 c 3", "XLEN st", "XRANGE st - +",
+			"XREAD COUNT 10 STREAMS st 0", "XREAD STREAMS st 9-9", "XGROUP CREATE st g 0",
+			"XREADGROUP GROUP g c1 COUNT 1 STREAMS st >", "XPENDING st g", "XDEL st 1-1", "XRANGE st - +")}},
+		{"scripting", []step{
+			cmdArgs("a", "EVAL", "return {1, 'two', {3, 'four'}, redis.status_reply('OK'), false}", "0"),
+			cmdArgs("a", "EVAL", "return redis.error_reply('MYERR custom')", "0"),
+			cmdArgs("a", "EVAL", "return redis.call('SET', KEYS[1], ARGV[1])", "1", "k", "v"),
+			cmdArgs("a", "EVAL", "return redis.call('INCR', KEYS[1])", "1", "k"),
+			cmdArgs("a", "EVALSHA", "ffffffffffffffffffffffffffffffffffffffff", "0"),
+			cmdArgs("a", "EVAL", "return 3.99", "0"),
+		}},
+		{"errors", []step{send("a",
+			"SET w x", "LPUSH w y", "NOSUCHCOMMAND a b", "GET", "SET a", "ZADD z x a",
+			"INCR w", "SET a b NX XX", "EXPIRE a notanumber", "OBJECT FOO")}},
+		{"pipeline of 1000", []step{send("a", pipeline...)}},
+		{"inline commands", []step{
+			{on: "a", raw: "PING\r\n", read: 1},
+			{on: "a", raw: "SET inline \"quoted value\"\r\nGET inline\r\n", read: 2},
+		}},
+		{"transactions", []step{
+			send("a", "WATCH wk"),
+			send("b", "SET wk changed"),
+			send("a", "MULTI", "SET wk mine", "GET wk", "EXEC", "GET wk"),
+			send("a", "MULTI", "INCR cnt", "INCR cnt", "EXEC"),
+			send("a", "MULTI", "SET x", "EXEC"),
+			send("a", "MULTI", "SET y 1", "DISCARD", "EXEC", "GET y"),
+		}},
+		{"pubsub", []step{
+			send("a", "SUBSCRIBE c1 c2"),
+			readOn("a", 1), // the second confirmation
+			send("a", "PSUBSCRIBE p*"),
+			send("b", "PUBLISH c1 hello", "PUBLISH pq world", "PUBLISH nobody x"),
+			readOn("a", 2),
+			send("a", "PING", "PING hi"),
+			send("a", "GET x"),
+			send("a", "UNSUBSCRIBE"),
+			readOn("a", 1),
+			send("a", "PUNSUBSCRIBE"),
+			send("a", "GET x", "UNSUBSCRIBE"),
+		}},
+		{"blocking", []step{
+			sendNoRead("a", "BLPOP q 10"),
+			sendNoRead("c", "BRPOP q2 10"),
+			send("b", "LPUSH q2 first"),
+			readOn("c", 1),
+			send("b", "RPUSH q v"),
+			readOn("a", 1),
+			send("a", "BLPOP q 0.01"),
+			sendNoRead("a", "BLMOVE src dst LEFT RIGHT 10"),
+			send("b", "RPUSH src m"),
+			readOn("a", 1),
+			sendNoRead("a", "BZPOPMIN zq 10"),
+			send("b", "ZADD zq 1 m"),
+			readOn("a", 1),
+			sendNoRead("a", "XREAD BLOCK 10000 STREAMS xs $"),
+			{blocked: 1},
+			send("b", "XADD xs 5-1 f v"),
+			readOn("a", 1),
+			send("a", "WAIT 0 0"),
+		}},
+		{"resp3", []step{
+			send("a", "HELLO 3"),
+			send("a", "SET s v", "GET missing", "HSET h a 1", "HGETALL h", "ZADD z 1.5 m",
+				"ZSCORE z m", "SADD st x", "SMEMBERS st", "EXISTS s", "LPOP nolist 2",
+				"EVAL 'return 1' 0", "CONFIG GET maxmemory-policy", "XADD xs 1-1 a b", "XINFO STREAM xs"),
+			send("a", "SUBSCRIBE ch"),
+			send("b", "PUBLISH ch msg"),
+			readOn("a", 1),
+			send("a", "GET s", "PING"),
+			send("a", "UNSUBSCRIBE ch"),
+			send("a", "HELLO 2", "HGETALL h"),
+		}},
+		{"select", []step{send("a",
+			"SELECT 1", "SET k one", "SELECT 0", "GET k", "SELECT 1", "GET k", "SELECT 99", "SELECT x")}},
+		{"client", []step{send("a",
+			"CLIENT GETNAME", "CLIENT SETNAME worker", "CLIENT GETNAME", "CLIENT SETNAME bad name",
+			"CLIENT NOSUCH")}},
+		{"client reply", []step{
+			// CLIENT REPLY OFF and the SET after it answer nothing.
+			sendRead("a", 2, "CLIENT REPLY OFF", "SET r 1", "CLIENT REPLY ON", "GET r"),
+			sendRead("a", 1, "CLIENT REPLY SKIP", "SET r 2", "GET r"),
+		}},
+		{"reset", []step{send("a", "SELECT 2", "SET k v", "CLIENT SETNAME n", "RESET", "GET k", "CLIENT GETNAME")}},
+		{"big value", []step{
+			cmdArgs("a", "SET", "big", big),
+			send("a", "GET big", "STRLEN big"),
+			cmdArgs("a", "APPEND", "big", big[:1000]),
+		}},
+		{"quit", []step{send("a", "SET q 1", "QUIT")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mustFlush(t, srv)
+			want := mask(run(t, srv, srv.Addr, tt.steps))
+			mustFlush(t, srv)
+			got := mask(run(t, srv, addr, tt.steps))
+			if !bytes.Equal(got, want) {
+				t.Errorf("replies differ\nthrough proxy: %q\ndirect:        %q", trunc(got), trunc(want))
+				for i := range min(len(got), len(want)) {
+					if got[i] != want[i] {
+						t.Errorf("first difference at byte %d: proxy %q, direct %q", i,
+							trunc(got[max(0, i-40):min(len(got), i+80)]), trunc(want[max(0, i-40):min(len(want), i+80)]))
+						break
+					}
+				}
+			}
+		})
+	}
+}
+
+func waitBlocked(t *testing.T, srv *redistest.Server, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c := dial(t, srv.Addr)
+		info := string(c.do(args("INFO clients")))
+		c.c.Close()
+		if strings.Contains(info, fmt.Sprintf("blocked_clients:%d\r\n", n)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d blocked clients: %s", n, info)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func mustFlush(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	if r, err := srv.Do("FLUSHALL"); err != nil || r != "+OK" {
+		t.Fatalf("FLUSHALL: %q %v", r, err)
+	}
+}
+
+// atoi is for tests that read a count out of a reply.
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

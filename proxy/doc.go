@@ -1,0 +1,25 @@
+// Package proxy is the Redis endpoint of lockproxy: it owns the client
+// connections, answers the proxy's own commands through a Local per
+// connection, and forwards every other command to the backend Redis as raw
+// RESP, copying the backend's replies back byte for byte.
+//
+// Connection model: each client gets a dedicated backend connection, opened
+// on its first forwarded command, so everything a client can set on a Redis
+// connection (SELECT, AUTH, HELLO 3, CLIENT SETNAME, MULTI, WATCH,
+// subscriptions, MONITOR, blocking commands) stays the client's own. A
+// pipeline read from the client in one go is written to the backend in one
+// go. Replies are copied by a reader goroutine per backend connection; a
+// fifo of the commands in flight keeps the proxy's own replies in their
+// place in the stream, and recognises pub/sub and MONITOR traffic that
+// answers no request. The seam for a later shared-connection model is
+// session.forward and session.connect.
+//
+// When the backend connection breaks, the commands waiting on it are
+// answered with "-ERR backend unavailable: ...", and the next command opens
+// a new connection brought back to the client's state (AUTH, HELLO, CLIENT
+// SETNAME, SELECT). A client that was subscribed or monitoring is
+// disconnected instead, so that it notices its subscriptions are gone.
+//
+// Every request is checked against the configured limits before redcon
+// parses it, so a declared but unsent length costs nothing.
+package proxy

@@ -1,0 +1,438 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/redcon"
+	"go.uber.org/zap"
+)
+
+// Local answers the proxy's own commands on one client connection. Serve
+// appends exactly one RESP reply to dst; resp3 selects RESP3 encodings. ctx
+// ends when the client disconnects or the proxy shuts down. Serve is never
+// called concurrently for one Local. Close ends the connection's state and
+// waits for whatever it started.
+type Local interface {
+	Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte
+	Close()
+}
+
+// Config configures a Proxy. The zero value of a field means its default.
+type Config struct {
+	// Backend is the Redis every ordinary command is forwarded to.
+	Backend BackendConfig
+	// MaxClients bounds the connected clients. Default 10000.
+	MaxClients int
+	// MaxBulkLen bounds one argument of a request. Default 512 MB.
+	MaxBulkLen int64
+	// MaxMultibulkLen bounds the arguments of a request. Default 1048576.
+	MaxMultibulkLen int64
+	// MaxInlineLen bounds an inline (telnet-style) request. Default 64 KB.
+	MaxInlineLen int64
+	// IdleTimeout closes a client that sent nothing for this long, unless
+	// it waits on a blocking command, a subscription or MONITOR. Default 0:
+	// never.
+	IdleTimeout time.Duration
+	// CommandTimeout bounds one of the proxy's own commands. Default 2m.
+	CommandTimeout time.Duration
+	// IsLocal reports whether a command name (any case) is one the proxy
+	// answers itself; NewLocal makes the per-connection state that answers
+	// them. Both nil: everything is forwarded.
+	IsLocal  func(name []byte) bool
+	NewLocal func() Local
+	// ProtectedPrefix, when set, refuses forwarded commands that name a key
+	// with this prefix (the lock state, when the backend is also a lock
+	// node).
+	ProtectedPrefix string
+}
+
+// BackendConfig says how to reach the backend Redis.
+type BackendConfig struct {
+	// Addr is host:port, or the path of a unix socket.
+	Addr string
+	// Username and Password, when set, authenticate every backend
+	// connection before the client's own commands.
+	Username, Password string
+	// DB is selected on every new backend connection. Default 0.
+	DB int
+	// TLS, when set, is used for every backend connection.
+	TLS *tls.Config
+	// DialTimeout bounds connecting and authenticating. Default 2s.
+	DialTimeout time.Duration
+	// WriteTimeout bounds sending a batch of commands to the backend; a
+	// backend that takes nothing for this long is treated as gone.
+	// Default 10s.
+	WriteTimeout time.Duration
+}
+
+// DefaultConfig returns the defaults, with no backend address.
+func DefaultConfig() Config {
+	return Config{
+		MaxClients:      10000,
+		MaxBulkLen:      512 << 20,
+		MaxMultibulkLen: 1 << 20,
+		MaxInlineLen:    64 << 10,
+		CommandTimeout:  2 * time.Minute,
+		Backend: BackendConfig{
+			DialTimeout:  2 * time.Second,
+			WriteTimeout: 10 * time.Second,
+		},
+	}
+}
+
+// Validate reports the first invalid field of c.
+func (c Config) Validate() error {
+	switch {
+	case c.Backend.Addr == "":
+		return errors.New("proxy: backend address is empty")
+	case c.MaxClients <= 0:
+		return errors.New("proxy: max clients must be positive")
+	case c.MaxBulkLen <= 0:
+		return errors.New("proxy: max bulk length must be positive")
+	case c.MaxMultibulkLen <= 0:
+		return errors.New("proxy: max multibulk length must be positive")
+	case c.MaxInlineLen <= 0:
+		return errors.New("proxy: max inline length must be positive")
+	case c.IdleTimeout < 0:
+		return errors.New("proxy: idle timeout must not be negative")
+	case c.CommandTimeout <= 0:
+		return errors.New("proxy: command timeout must be positive")
+	case c.Backend.DialTimeout <= 0 || c.Backend.WriteTimeout <= 0:
+		return errors.New("proxy: backend timeouts must be positive")
+	case c.Backend.DB < 0:
+		return errors.New("proxy: backend db must not be negative")
+	case (c.IsLocal == nil) != (c.NewLocal == nil):
+		return errors.New("proxy: IsLocal and NewLocal go together")
+	}
+	return nil
+}
+
+// BackendError is the reply to a forwarded command when the backend cannot
+// be reached.
+type BackendError struct{ Err error }
+
+func (e *BackendError) Error() string { return "backend unavailable: " + e.Err.Error() }
+func (e *BackendError) Unwrap() error { return e.Err }
+
+// errClosed ends work for a client that has gone.
+var errClosed = errors.New("proxy: connection closed")
+
+// Proxy is a Redis endpoint that forwards ordinary commands to the backend
+// and answers its own. Its methods are safe for concurrent use.
+type Proxy struct {
+	cfg   Config
+	log   *zap.Logger
+	srv   *redcon.Server
+	guard *keyGuard
+
+	root   context.Context
+	cancel context.CancelFunc
+
+	clients atomic.Int64
+	wg      sync.WaitGroup // one per session, until its cleanup is done
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	closing  bool
+	inner    net.Listener
+	release  chan struct{} // closed when redcon may drop the connections
+	served   chan struct{} // closed when Serve returns
+}
+
+var _ redcon.Handler = (*Proxy)(nil)
+
+// New returns a proxy for cfg. logger may be nil.
+func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	p := &Proxy{
+		cfg:      cfg,
+		log:      logger,
+		sessions: make(map[*session]struct{}),
+		release:  make(chan struct{}),
+		served:   make(chan struct{}),
+	}
+	if cfg.ProtectedPrefix != "" {
+		p.guard = newKeyGuard(cfg.ProtectedPrefix, p)
+	}
+	p.root, p.cancel = context.WithCancel(context.Background())
+	p.srv = redcon.NewServerNetwork("tcp", "", p.ServeRESP, p.accept, p.closed)
+	p.srv.AcceptError = func(err error) {
+		p.log.Warn("accept", zap.Error(err))
+		time.Sleep(10 * time.Millisecond) // like net/http: back off on EMFILE and friends
+	}
+	return p, nil
+}
+
+// Serve accepts clients on ln until Shutdown. It returns nil after a
+// Shutdown.
+func (p *Proxy) Serve(ln net.Listener) error {
+	p.mu.Lock()
+	if p.closing || p.inner != nil {
+		p.mu.Unlock()
+		return errors.New("proxy: Serve called twice or after Shutdown")
+	}
+	p.inner = ln
+	p.mu.Unlock()
+	defer close(p.served)
+	return p.srv.Serve(&listener{Listener: ln, p: p})
+}
+
+// Shutdown stops accepting clients, waits until the commands in flight are
+// answered or ctx ends, then closes every client connection and waits for
+// their cleanup (which releases KEEPALIVE locks). It returns ctx.Err() when
+// ctx ended first.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		return errors.New("proxy: Shutdown called twice")
+	}
+	p.closing = true
+	ln := p.inner
+	p.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+drain:
+	for p.busy() {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+			break drain
+		case <-tick.C:
+		}
+	}
+	close(p.release)
+	p.cancel()
+	if p.guard != nil {
+		defer p.guard.close()
+	}
+	if ln != nil {
+		<-p.served
+	}
+	done := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return err
+}
+
+func (p *Proxy) busy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := range p.sessions {
+		if s.inflight() {
+			return true
+		}
+	}
+	return false
+}
+
+// ServeRESP handles the commands redcon parsed from one read of a client:
+// the whole pipeline goes to the backend in one write.
+func (p *Proxy) ServeRESP(conn redcon.Conn, cmd redcon.Command) {
+	s := conn.Context().(*session)
+	s.handle(cmd)
+	for _, c := range conn.ReadPipeline() {
+		s.handle(c)
+	}
+	s.mu.Lock()
+	busy := s.busy
+	s.mu.Unlock()
+	if !busy {
+		s.flush()
+	}
+}
+
+func (p *Proxy) accept(conn redcon.Conn) bool {
+	cc := conn.NetConn().(*clientConn)
+	p.mu.Lock()
+	closing := p.closing
+	p.mu.Unlock()
+	if closing {
+		return false
+	}
+	if n := p.clients.Add(1); n > int64(p.cfg.MaxClients) {
+		p.clients.Add(-1)
+		cc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		cc.Conn.Write(replyMaxClients)
+		return false
+	}
+	s := newSession(p, cc, p.log.With(zap.String("remote", conn.RemoteAddr())))
+	cc.sess = s
+	conn.SetContext(s)
+	p.mu.Lock()
+	p.sessions[s] = struct{}{}
+	p.mu.Unlock()
+	p.wg.Add(1)
+	if ce := s.log.Check(zap.DebugLevel, "client connected"); ce != nil {
+		ce.Write()
+	}
+	return true
+}
+
+// closed runs under redcon's server lock: it signals the session and
+// leaves the waiting to a goroutine that Shutdown waits for.
+func (p *Proxy) closed(conn redcon.Conn, err error) {
+	s, ok := conn.Context().(*session)
+	if !ok {
+		return
+	}
+	s.close()
+	go func() {
+		defer p.wg.Done()
+		s.wait()
+		p.mu.Lock()
+		delete(p.sessions, s)
+		p.mu.Unlock()
+		p.clients.Add(-1)
+		if ce := s.log.Check(zap.DebugLevel, "client disconnected"); ce != nil {
+			ce.Write(zap.Error(err))
+		}
+	}()
+}
+
+// listener hands redcon clientConns, and after Shutdown closed the real
+// listener, holds redcon's accept loop until the commands in flight are
+// answered: redcon drops every connection as soon as its loop returns.
+type listener struct {
+	net.Listener
+	p *Proxy
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		l.p.mu.Lock()
+		closing := l.p.closing
+		l.p.mu.Unlock()
+		if closing {
+			<-l.p.release
+			return nil, net.ErrClosed
+		}
+		return nil, err
+	}
+	cfg := &l.p.cfg
+	return &clientConn{
+		Conn: c,
+		idle: cfg.IdleTimeout,
+		sc: requestScanner{
+			maxBulk:      cfg.MaxBulkLen,
+			maxMultibulk: cfg.MaxMultibulkLen,
+			maxInline:    cfg.MaxInlineLen,
+		},
+	}, nil
+}
+
+// dial opens a backend connection and brings it to state: the proxy's own
+// credentials and database first, then what the client had set.
+func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
+	b := &p.cfg.Backend
+	network, addr := "tcp", b.Addr
+	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "unix:") {
+		network, addr = "unix", strings.TrimPrefix(addr, "unix:")
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.DialTimeout)
+	defer cancel()
+	d := net.Dialer{}
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	if b.TLS != nil {
+		tc := tls.Client(nc, b.TLS)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		nc = tc
+	}
+	be := &backend{
+		nc:   nc,
+		r:    bufio.NewReaderSize(nc, 16<<10),
+		w:    bufio.NewWriterSize(nc, 16<<10),
+		done: make(chan struct{}),
+	}
+	var setup [][]byte
+	switch {
+	case b.Password != "" && b.Username != "":
+		setup = append(setup, command("AUTH", b.Username, b.Password))
+	case b.Password != "":
+		setup = append(setup, command("AUTH", b.Password))
+	}
+	if b.DB != 0 {
+		setup = append(setup, command("SELECT", strconv.Itoa(b.DB)))
+	}
+	for _, raw := range [][]byte{state.auth, state.hello, state.name, state.db} {
+		if raw != nil {
+			setup = append(setup, raw)
+		}
+	}
+	if len(setup) > 0 {
+		if err := be.setup(ctx, setup); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
+	return be, nil
+}
+
+// setup sends cmds in one write and checks that none failed.
+func (be *backend) setup(ctx context.Context, cmds [][]byte) error {
+	deadline, _ := ctx.Deadline()
+	be.nc.SetDeadline(deadline)
+	defer be.nc.SetDeadline(time.Time{})
+	for _, c := range cmds {
+		be.w.Write(c)
+	}
+	if err := be.w.Flush(); err != nil {
+		return err
+	}
+	discard := bufio.NewWriter(io.Discard)
+	var ri replyInfo
+	for _, c := range cmds {
+		if err := copyReply(discard, be.r, &ri); err != nil {
+			return err
+		}
+		if ri.typ == '-' {
+			name, _ := redcon.Parse(c)
+			return fmt.Errorf("%s: %s", strings.ToUpper(string(name.Args[0])),
+				strings.TrimSpace(string(ri.lineBytes()[1:])))
+		}
+	}
+	return nil
+}
+
+// command encodes args as a RESP request.
+func command(args ...string) []byte {
+	b := redcon.AppendArray(nil, len(args))
+	for _, a := range args {
+		b = redcon.AppendBulkString(b, a)
+	}
+	return b
+}

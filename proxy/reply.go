@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+)
+
+// maxReplyDepth bounds the nesting of aggregate replies. Redis never nests
+// deeply; a backend that does is broken, and the bound keeps a corrupt
+// stream from exhausting the stack.
+const maxReplyDepth = 512
+
+// errMidReply reports that the backend stream broke after part of a reply
+// was already written to the client, so the client's stream is no longer in
+// step and its connection must be closed.
+var errMidReply = errors.New("proxy: backend reply cut short")
+
+// replyInfo is what the forwarding loop needs to know about one top-level
+// reply it copied: its type, and for aggregates the first element (when it
+// is a short bulk string) and the third (when it is an integer). That is
+// enough to recognise pub/sub messages and subscription confirmations
+// without decoding anything else.
+type replyInfo struct {
+	typ     byte
+	n       int64 // element count of an aggregate
+	head    [16]byte
+	headLen int // -1 when the first element is not a short bulk string
+	third   int64
+	hasInt  bool // the third element was an integer
+	line    [64]byte
+	lineLen int // the start of a single-line reply (+, -, :)
+}
+
+func (ri *replyInfo) headString() []byte {
+	if ri.headLen < 0 {
+		return nil
+	}
+	return ri.head[:ri.headLen]
+}
+
+func (ri *replyInfo) lineBytes() []byte { return ri.line[:ri.lineLen] }
+
+// copyReply copies exactly one RESP2/RESP3 reply from r to w, byte for
+// byte, without buffering whole values: a 512 MB bulk string streams
+// through the bufio buffers. An attribute (|) is copied together with the
+// reply it annotates. The returned error is errMidReply (wrapping the cause)
+// when some of the reply had already been written.
+func copyReply(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
+	ri.headLen, ri.hasInt, ri.lineLen, ri.n = -1, false, 0, 0
+	started := false
+	for {
+		typ, err := r.ReadByte()
+		if err != nil {
+			if started {
+				return fmt.Errorf("%w: %w", errMidReply, err)
+			}
+			return err
+		}
+		started = true
+		ri.typ = typ
+		if err := w.WriteByte(typ); err != nil {
+			return fmt.Errorf("%w: %w", errMidReply, err)
+		}
+		if err := copyBody(w, r, typ, 0, ri); err != nil {
+			return fmt.Errorf("%w: %w", errMidReply, err)
+		}
+		if typ != '|' {
+			return nil
+		}
+	}
+}
+
+// copyBody copies the rest of a value whose type byte was already copied.
+// ri, when not nil, collects the top-level details described on replyInfo.
+func copyBody(w *bufio.Writer, r *bufio.Reader, typ byte, depth int, ri *replyInfo) error {
+	if depth > maxReplyDepth {
+		return errors.New("reply nested too deeply")
+	}
+	switch typ {
+	case '+', '-', ':', '_', ',', '#', '(':
+		return copyLine(w, r, ri)
+	case '$', '!', '=':
+		n, err := copyLength(w, r)
+		if err != nil {
+			return err
+		}
+		if n < 0 {
+			return nil // $-1: the RESP2 null bulk string
+		}
+		return copyN(w, r, n+2)
+	case '*', '~', '>', '%', '|':
+		n, err := copyLength(w, r)
+		if err != nil {
+			return err
+		}
+		if typ == '%' || typ == '|' {
+			n *= 2
+		}
+		if ri != nil {
+			ri.n = n
+		}
+		for i := int64(0); i < n; i++ {
+			et, err := r.ReadByte()
+			if err != nil {
+				return err
+			}
+			if err := w.WriteByte(et); err != nil {
+				return err
+			}
+			if ri != nil && i == 0 && et == '$' {
+				if err := peekHead(r, ri); err != nil {
+					return err
+				}
+			}
+			if ri != nil && i == 2 && et == ':' {
+				v, ok, err := peekInt(r)
+				if err != nil {
+					return err
+				}
+				ri.third, ri.hasInt = v, ok
+			}
+			if err := copyBody(w, r, et, depth+1, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("unexpected reply type %q", typ)
+	}
+}
+
+// copyLine copies up to and including the next "\r\n".
+func copyLine(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
+	first := true
+	for {
+		b, err := r.ReadSlice('\n')
+		if first && ri != nil {
+			ri.lineLen = copy(ri.line[:], b)
+			first = false
+		}
+		if _, werr := w.Write(b); werr != nil {
+			return werr
+		}
+		if err == nil {
+			return nil
+		}
+		if err != bufio.ErrBufferFull {
+			return err
+		}
+	}
+}
+
+// copyLength copies a length line ("3\r\n") and returns the number. Only -1
+// is accepted as a negative length, as in RESP's null values.
+func copyLength(w *bufio.Writer, r *bufio.Reader) (int64, error) {
+	b, err := r.ReadSlice('\n')
+	if err != nil {
+		if err == bufio.ErrBufferFull {
+			err = errors.New("length line too long")
+		}
+		return 0, err
+	}
+	n, ok := parseLength(b)
+	if !ok {
+		return 0, fmt.Errorf("invalid length %q", b)
+	}
+	if _, err := w.Write(b); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// parseLength parses "123\r\n" or "-1\r\n".
+func parseLength(b []byte) (int64, bool) {
+	if len(b) < 3 || b[len(b)-2] != '\r' {
+		return 0, false
+	}
+	b = b[:len(b)-2]
+	if len(b) == 2 && b[0] == '-' && b[1] == '1' {
+		return -1, true
+	}
+	return parseUint(b)
+}
+
+// parseUint parses a non-negative decimal of at most 18 digits.
+func parseUint(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// copyN copies n bytes from r to w through the bufio buffers.
+func copyN(w *bufio.Writer, r *bufio.Reader, n int64) error {
+	for n > 0 {
+		if r.Buffered() == 0 {
+			if _, err := r.Peek(1); err != nil {
+				return err
+			}
+		}
+		k := r.Buffered()
+		if int64(k) > n {
+			k = int(n)
+		}
+		b, _ := r.Peek(k)
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		r.Discard(k)
+		n -= int64(k)
+	}
+	return nil
+}
+
+// peekHead records a short bulk string that starts at r (its "$" already
+// read) without consuming it.
+func peekHead(r *bufio.Reader, ri *replyInfo) error {
+	b, err := r.Peek(4)
+	if err != nil {
+		return err
+	}
+	n := 0
+	i := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		n = n*10 + int(b[i]-'0')
+	}
+	if i == 0 || i > 2 || n > len(ri.head) {
+		return nil
+	}
+	full, err := r.Peek(i + 2 + n)
+	if err != nil {
+		return err
+	}
+	ri.headLen = copy(ri.head[:], full[i+2:])
+	return nil
+}
+
+// peekInt reads the integer at r (its ":" already read) without consuming
+// it. It peeks one byte more at a time and stops at the line's end, so it
+// never waits for bytes beyond the integer's own line.
+func peekInt(r *bufio.Reader) (int64, bool, error) {
+	for i := 1; i <= 22; i++ {
+		b, err := r.Peek(i)
+		if err != nil {
+			return 0, false, err
+		}
+		if b[i-1] == '\n' {
+			v, ok := parseLength(b)
+			return v, ok, nil
+		}
+	}
+	return 0, false, nil
+}
