@@ -9,6 +9,7 @@ package redistest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -41,8 +42,8 @@ type Server struct {
 // example "--maxmemory", "10mb") and waits until it answers PING.
 func Start(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		tb.Fatalf("redis-server is not installed (apt-get install -y redis-server): %v", err)
+	if err := install(); err != nil {
+		tb.Fatalf("redis-server is missing and could not be installed: %v", err)
 	}
 	s := &Server{tb: tb, dir: tb.TempDir(), args: extra}
 	var err error
@@ -189,6 +190,51 @@ func (s *Server) Do(args ...string) (string, error) {
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return strings.TrimRight(line, "\r\n"), err
+}
+
+var installOnce struct {
+	sync.Once
+	err error
+}
+
+// install makes sure redis-server is on PATH, installing Debian's package
+// when it is missing and the tests run as root (as in CI). Test binaries of
+// several packages may run at once, so the install is serialised with a
+// file lock.
+func install() error {
+	installOnce.Do(func() {
+		if _, err := exec.LookPath("redis-server"); err == nil {
+			return
+		}
+		if os.Geteuid() != 0 {
+			installOnce.err = errors.New("not root: run apt-get install -y redis-server")
+			return
+		}
+		f, err := os.OpenFile(filepath.Join(os.TempDir(), "lockproxy-apt.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			installOnce.err = err
+			return
+		}
+		defer f.Close()
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			installOnce.err = err
+			return
+		}
+		defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		if _, err := exec.LookPath("redis-server"); err == nil {
+			return // another test binary installed it meanwhile
+		}
+		for _, args := range [][]string{{"update", "-qq"}, {"install", "-y", "-qq", "redis-server"}} {
+			cmd := exec.Command("apt-get", args...)
+			cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				installOnce.err = fmt.Errorf("apt-get %s: %v: %s", args[0], err, lastLines(string(out), 5))
+				return
+			}
+		}
+		_, installOnce.err = exec.LookPath("redis-server")
+	})
+	return installOnce.err
 }
 
 func ping(addr string) error {

@@ -1,0 +1,439 @@
+// Command lockproxy is a Redis endpoint that forwards every ordinary command
+// to a backend Redis untouched and answers LOCK, UNLOCK and EXTEND itself,
+// as Redlock across several independent lock nodes.
+//
+// main only wires: it reads config.yaml (flags override it), builds the
+// logger, starts embedded nodes when the configuration asks for them,
+// constructs quorum, commands and proxy, serves, and shuts down on SIGINT or
+// SIGTERM.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"gopkg.in/yaml.v3"
+
+	"github.com/lockproxy/lockproxy/commands"
+	"github.com/lockproxy/lockproxy/proxy"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// embedded is the address that asks for an in-process Redis-compatible
+// node instead of a real one.
+const embedded = "embedded"
+
+// fileConfig is config.yaml. See the shipped file for what each key means.
+type fileConfig struct {
+	Listen          string        `yaml:"listen"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	Log             struct {
+		Level  string `yaml:"level"`
+		Format string `yaml:"format"`
+	} `yaml:"log"`
+	Backend struct {
+		Addr         string        `yaml:"addr"`
+		Username     string        `yaml:"username"`
+		Password     string        `yaml:"password"`
+		DB           int           `yaml:"db"`
+		DialTimeout  time.Duration `yaml:"dial_timeout"`
+		WriteTimeout time.Duration `yaml:"write_timeout"`
+		TLS          tlsConfig     `yaml:"tls"`
+	} `yaml:"backend"`
+	Lock struct {
+		Nodes        []string      `yaml:"nodes"`
+		Username     string        `yaml:"username"`
+		Password     string        `yaml:"password"`
+		TLS          tlsConfig     `yaml:"tls"`
+		NodeTimeout  time.Duration `yaml:"node_timeout"`
+		DriftFactor  float64       `yaml:"drift_factor"`
+		MaxTTL       time.Duration `yaml:"max_ttl"`
+		MaxWait      time.Duration `yaml:"max_wait"`
+		KeyPrefix    string        `yaml:"key_prefix"`
+		GuardBackend string        `yaml:"guard_backend"`
+	} `yaml:"lock"`
+	Limits struct {
+		MaxClients      int           `yaml:"max_clients"`
+		MaxBulkLen      int64         `yaml:"max_bulk_len"`
+		MaxMultibulkLen int64         `yaml:"max_multibulk_len"`
+		MaxInlineLen    int64         `yaml:"max_inline_len"`
+		IdleTimeout     time.Duration `yaml:"idle_timeout"`
+		CommandTimeout  time.Duration `yaml:"command_timeout"`
+	} `yaml:"limits"`
+}
+
+type tlsConfig struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], nil); err != nil {
+		fmt.Fprintln(os.Stderr, "lockproxy:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx ends or SIGINT/SIGTERM arrives. When listening is
+// not nil it receives the address the proxy listens on.
+func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
+	cfg, err := configure(args)
+	if err != nil {
+		return err
+	}
+	logger, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+	if err != nil {
+		return err
+	}
+	defer logger.Sync()
+
+	var nodes embeddedNodes
+	defer nodes.close()
+	backendAddr, err := nodes.resolve(cfg.Backend.Addr)
+	if err != nil {
+		return err
+	}
+	lockAddrs := make([]string, len(cfg.Lock.Nodes))
+	for i, a := range cfg.Lock.Nodes {
+		if lockAddrs[i], err = nodes.resolve(a); err != nil {
+			return err
+		}
+	}
+	if len(nodes.nodes) > 0 {
+		logger.Warn("running on embedded in-process nodes: for trying lockproxy out, not for production",
+			zap.Int("embedded", len(nodes.nodes)))
+		nodes.tick()
+	}
+
+	lockTLS, err := cfg.Lock.TLS.build()
+	if err != nil {
+		return fmt.Errorf("lock.tls: %w", err)
+	}
+	nodeOpts := make([]*redis.Options, len(lockAddrs))
+	for i, a := range lockAddrs {
+		nodeOpts[i] = &redis.Options{Addr: a, Username: cfg.Lock.Username, Password: cfg.Lock.Password, TLSConfig: lockTLS}
+		if strings.HasPrefix(a, "/") {
+			nodeOpts[i].Network = "unix"
+		}
+	}
+	qcfg := quorum.DefaultConfig()
+	setIf(&qcfg.NodeTimeout, cfg.Lock.NodeTimeout)
+	setIf(&qcfg.DriftFactor, cfg.Lock.DriftFactor)
+	setIf(&qcfg.KeyPrefix, cfg.Lock.KeyPrefix)
+	locker, err := quorum.New(nodeOpts, qcfg, logger.Named("quorum"))
+	if err != nil {
+		return err
+	}
+	defer locker.Close()
+
+	ccfg := commands.DefaultConfig()
+	setIf(&ccfg.MaxTTL, cfg.Lock.MaxTTL)
+	setIf(&ccfg.MaxWait, cfg.Lock.MaxWait)
+	if err := ccfg.Validate(); err != nil {
+		return err
+	}
+	cmds := commands.New(locker, ccfg, logger.Named("commands"))
+
+	pcfg := proxy.DefaultConfig()
+	pcfg.Backend.Addr = backendAddr
+	pcfg.Backend.Username = cfg.Backend.Username
+	pcfg.Backend.Password = cfg.Backend.Password
+	pcfg.Backend.DB = cfg.Backend.DB
+	setIf(&pcfg.Backend.DialTimeout, cfg.Backend.DialTimeout)
+	setIf(&pcfg.Backend.WriteTimeout, cfg.Backend.WriteTimeout)
+	if pcfg.Backend.TLS, err = cfg.Backend.TLS.build(); err != nil {
+		return fmt.Errorf("backend.tls: %w", err)
+	}
+	setIf(&pcfg.MaxClients, cfg.Limits.MaxClients)
+	setIf(&pcfg.MaxBulkLen, cfg.Limits.MaxBulkLen)
+	setIf(&pcfg.MaxMultibulkLen, cfg.Limits.MaxMultibulkLen)
+	setIf(&pcfg.MaxInlineLen, cfg.Limits.MaxInlineLen)
+	setIf(&pcfg.IdleTimeout, cfg.Limits.IdleTimeout)
+	pcfg.CommandTimeout = ccfg.MaxWait + 30*time.Second
+	setIf(&pcfg.CommandTimeout, cfg.Limits.CommandTimeout)
+	pcfg.IsLocal = cmds.Is
+	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
+	switch cfg.Lock.GuardBackend {
+	case "on":
+		pcfg.ProtectedPrefix = qcfg.KeyPrefix
+	case "auto":
+		if sameNode(backendAddr, lockAddrs) {
+			pcfg.ProtectedPrefix = qcfg.KeyPrefix
+		}
+	}
+	p, err := proxy.New(pcfg, logger.Named("proxy"))
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	logger.Info("listening",
+		zap.String("addr", ln.Addr().String()),
+		zap.String("backend", backendAddr),
+		zap.Strings("lock_nodes", lockAddrs),
+		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""))
+	if listening != nil {
+		listening <- ln.Addr()
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ln) }()
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", zap.Duration("timeout", cfg.ShutdownTimeout))
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := p.Shutdown(sctx); err != nil {
+		logger.Warn("shutdown cut short", zap.Error(err))
+	}
+	if err := <-served; err != nil {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// configure reads the config file named by -config and applies the flags
+// over it.
+func configure(args []string) (*fileConfig, error) {
+	fs := flag.NewFlagSet("lockproxy", flag.ContinueOnError)
+	path := fs.String("config", "config.yaml", "configuration file")
+	listen := fs.String("listen", "", "address to listen on (overrides listen)")
+	backend := fs.String("backend", "", "backend Redis address (overrides backend.addr)")
+	lockNodes := fs.String("lock-nodes", "", "comma-separated lock node addresses (overrides lock.nodes)")
+	level := fs.String("log-level", "", "debug, info, warn or error (overrides log.level)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return nil, err
+	}
+	setIf(&cfg.Listen, *listen)
+	setIf(&cfg.Backend.Addr, *backend)
+	setIf(&cfg.Log.Level, *level)
+	if *lockNodes != "" {
+		cfg.Lock.Nodes = strings.Split(*lockNodes, ",")
+	}
+	return cfg, cfg.validate()
+}
+
+// loadConfig parses the file strictly: an unknown key is an error.
+func loadConfig(path string) (*fileConfig, error) {
+	cfg := &fileConfig{Listen: "127.0.0.1:6380", ShutdownTimeout: 10 * time.Second}
+	cfg.Log.Level, cfg.Log.Format = "info", "console"
+	cfg.Lock.GuardBackend = "auto"
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func (c *fileConfig) validate() error {
+	var errs []error
+	if c.Listen == "" {
+		errs = append(errs, errors.New("listen is empty"))
+	}
+	if c.Backend.Addr == "" {
+		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\")"))
+	}
+	if len(c.Lock.Nodes) == 0 {
+		errs = append(errs, errors.New("lock.nodes is empty"))
+	}
+	for i, n := range c.Lock.Nodes {
+		if strings.TrimSpace(n) == "" {
+			errs = append(errs, fmt.Errorf("lock.nodes[%d] is empty", i))
+		}
+	}
+	if !slices.Contains([]string{"auto", "on", "off"}, c.Lock.GuardBackend) {
+		errs = append(errs, fmt.Errorf("lock.guard_backend %q: want auto, on or off", c.Lock.GuardBackend))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("shutdown_timeout must be positive"))
+	}
+	for name, d := range map[string]time.Duration{
+		"backend.dial_timeout": c.Backend.DialTimeout, "backend.write_timeout": c.Backend.WriteTimeout,
+		"lock.node_timeout": c.Lock.NodeTimeout, "lock.max_ttl": c.Lock.MaxTTL, "lock.max_wait": c.Lock.MaxWait,
+		"limits.idle_timeout": c.Limits.IdleTimeout, "limits.command_timeout": c.Limits.CommandTimeout,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative", name))
+		}
+	}
+	if c.Lock.DriftFactor < 0 || c.Lock.DriftFactor >= 1 {
+		errs = append(errs, errors.New("lock.drift_factor must be in [0, 1)"))
+	}
+	if c.Backend.DB < 0 {
+		errs = append(errs, errors.New("backend.db must not be negative"))
+	}
+	if c.Limits.MaxClients < 0 || c.Limits.MaxBulkLen < 0 || c.Limits.MaxMultibulkLen < 0 || c.Limits.MaxInlineLen < 0 {
+		errs = append(errs, errors.New("limits must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// setIf sets *dst to v unless v is the zero value, which in the file means
+// "use the default".
+func setIf[T comparable](dst *T, v T) {
+	var zero T
+	if v != zero {
+		*dst = v
+	}
+}
+
+func newLogger(level, format string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	var zc zap.Config
+	switch format {
+	case "json":
+		zc = zap.NewProductionConfig()
+	case "console":
+		zc = zap.NewDevelopmentConfig()
+		zc.Development = false
+	default:
+		return nil, fmt.Errorf("log.format %q: want console or json", format)
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.DisableStacktrace = true
+	return zc.Build()
+}
+
+func (c tlsConfig) build() (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	t := &tls.Config{ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		t.RootCAs = x509.NewCertPool()
+		if !t.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s: no certificate found", c.CAFile)
+		}
+	}
+	if c.CertFile != "" || c.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}
+
+// sameNode reports whether the backend is one of the lock nodes, comparing
+// resolved addresses so that localhost and 127.0.0.1 match.
+func sameNode(backend string, nodes []string) bool {
+	norm := func(a string) string {
+		if t, err := net.ResolveTCPAddr("tcp", a); err == nil {
+			return t.String()
+		}
+		return a
+	}
+	b := norm(backend)
+	for _, n := range nodes {
+		if norm(n) == b {
+			return true
+		}
+	}
+	return false
+}
+
+// embeddedNodes are in-process Redis-compatible servers (miniredis) for a
+// configuration that names "embedded" instead of an address. Their owner
+// calls close, which stops the clock goroutine and the servers.
+type embeddedNodes struct {
+	nodes []*miniredis.Miniredis
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func (e *embeddedNodes) resolve(addr string) (string, error) {
+	addr = strings.TrimSpace(addr)
+	if addr != embedded {
+		return addr, nil
+	}
+	m := miniredis.NewMiniRedis()
+	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+		return "", fmt.Errorf("embedded node: %w", err)
+	}
+	e.nodes = append(e.nodes, m)
+	return m.Addr(), nil
+}
+
+// tick starts advancing the embedded nodes' clocks: miniredis expires keys
+// only when told that time has passed, and locks must expire.
+func (e *embeddedNodes) tick() {
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(e.done)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-e.stop:
+				return
+			case now := <-t.C:
+				for _, m := range e.nodes {
+					m.SetTime(now)
+					m.FastForward(now.Sub(last))
+				}
+				last = now
+			}
+		}
+	}()
+}
+
+func (e *embeddedNodes) close() {
+	if e.stop != nil {
+		close(e.stop)
+		<-e.done
+	}
+	for _, m := range e.nodes {
+		m.Close()
+	}
+}
