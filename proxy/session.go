@@ -250,9 +250,9 @@ func (s *session) classify(name []byte, cmd redcon.Command) (entry, bool) {
 	e := entry{}
 	switch string(name) {
 	case "subscribe", "psubscribe", "ssubscribe":
-		e = entry{kind: entrySubscribe, fam: family(name[0]), n: int64(len(args) - 1)}
+		e = entry{kind: entrySubscribe, fam: family(name), n: int64(len(args) - 1)}
 	case "unsubscribe", "punsubscribe", "sunsubscribe":
-		e = entry{kind: entryUnsubscribe, fam: family(name[0]), n: int64(len(args) - 1)}
+		e = entry{kind: entryUnsubscribe, fam: family(name), n: int64(len(args) - 1)}
 	case "select":
 		e = entry{kind: entrySelect, raw: cmd.Raw}
 	case "auth":
@@ -301,11 +301,12 @@ func (s *session) classify(name []byte, cmd redcon.Command) (entry, bool) {
 	return e, !s.silent()
 }
 
-func family(c byte) uint8 {
-	switch c {
-	case 'p':
+// family tells the pub/sub family of a (un)subscribe command name.
+func family(name []byte) uint8 {
+	switch string(name) {
+	case "psubscribe", "punsubscribe":
 		return famPattern
-	case 's':
+	case "ssubscribe", "sunsubscribe":
 		return famShard
 	}
 	return famChannel

@@ -1,0 +1,470 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// connectedClients returns Redis's own count of its clients.
+func connectedClients(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	c := dial(t, srv.Addr)
+	defer c.c.Close()
+	info := string(c.do(args("INFO clients")))
+	var n int
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "connected_clients:"); ok {
+			n = atoi(t, v)
+		}
+	}
+	return n - 1 // this connection
+}
+
+// eventually polls cond until it holds or 10s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestBackendRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	c := dial(t, addr)
+	if got := c.do(args("SELECT 3"), args("SET k v"), args("CLIENT SETNAME keeper")); string(got) != "+OK\r\n+OK\r\n+OK\r\n" {
+		t.Fatalf("setup: %q", got)
+	}
+
+	srv.Kill()
+	got := string(c.do(args("GET k")))
+	if !strings.HasPrefix(got, "-ERR backend unavailable") {
+		t.Fatalf("with the backend down: %q", got)
+	}
+	start := time.Now()
+	got = string(c.do(args("GET k")))
+	if !strings.HasPrefix(got, "-ERR backend unavailable") || time.Since(start) > 2*time.Second {
+		t.Fatalf("second command with the backend down: %q after %v", got, time.Since(start))
+	}
+
+	srv.Restart()
+	// The connection is usable again and the new backend connection has
+	// the client's database and name.
+	if got := string(c.do(args("SET k2 v2"), args("CLIENT GETNAME"))); got != "+OK\r\n$6\r\nkeeper\r\n" {
+		t.Fatalf("after restart: %q", got)
+	}
+	d := dial(t, srv.Addr)
+	if got := string(d.do(args("SELECT 3"), args("GET k2"))); got != "+OK\r\n$2\r\nv2\r\n" {
+		t.Fatalf("the write did not land in db 3: %q", got)
+	}
+}
+
+func TestBackendDiesWithCommandsInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	c := dial(t, addr)
+	c.send(encode(args("BLPOP nothing 0"), args("GET after")))
+	waitBlocked(t, srv, 1)
+	srv.Kill()
+	want := "-ERR backend unavailable: connection lost\r\n-ERR backend unavailable: connection lost\r\n"
+	if got := string(c.read(2)); got != want {
+		t.Fatalf("in-flight commands: %q", got)
+	}
+	srv.Restart()
+	if got := string(c.do(args("PING"))); got != "+PONG\r\n" {
+		t.Fatalf("after restart: %q", got)
+	}
+}
+
+func TestSubscriberDisconnectedWhenBackendDies(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	c := dial(t, addr)
+	c.do(args("SUBSCRIBE ch"))
+	srv.Kill()
+	if rest, closed := c.closedAfter(5 * time.Second); !closed {
+		t.Fatalf("subscriber kept its connection after the backend died (read %q)", rest)
+	}
+}
+
+func TestClientGoneMidBlockingCommand(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, srv.Addr, nil)
+	base := runtime.NumGoroutine()
+	for range 5 {
+		c := dial(t, addr)
+		c.send(encode(args("BLPOP never 0")))
+	}
+	waitBlocked(t, srv, 5)
+	for s := range p.sessionsNow() {
+		s.nc.Close()
+	}
+	eventually(t, "backend connections closed", func() bool { return connectedClients(t, srv) == 0 })
+	eventually(t, "sessions cleaned up", func() bool { return len(p.sessionsNow()) == 0 && p.clients.Load() == 0 })
+	eventually(t, "goroutines gone", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+func (p *Proxy) sessionsNow() map[*session]struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := make(map[*session]struct{}, len(p.sessions))
+	for s := range p.sessions {
+		m[s] = struct{}{}
+	}
+	return m
+}
+
+func TestBlockingClientDoesNotDelayOthers(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	a := dial(t, addr)
+	a.send(encode(args("BLPOP q 0")))
+	waitBlocked(t, srv, 1)
+	b := dial(t, addr)
+	for i := range 100 {
+		if got := string(b.do(args(fmt.Sprintf("SET k%d v", i)))); got != "+OK\r\n" {
+			t.Fatalf("%q", got)
+		}
+	}
+	b.do(args("RPUSH q x"))
+	if got := string(a.read(1)); got != "*2\r\n$1\r\nq\r\n$1\r\nx\r\n" {
+		t.Fatalf("BLPOP: %q", got)
+	}
+}
+
+// countingRelay sits between the proxy and Redis and counts the writes
+// that reach Redis, to show that a pipeline travels as one batch.
+type countingRelay struct {
+	addr   string
+	writes atomic.Int64
+}
+
+func startRelay(t *testing.T, target string) *countingRelay {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &countingRelay{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 1<<20)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						r.writes.Add(1)
+						up.Write(buf[:n])
+					}
+					if err != nil {
+						up.Close()
+						return
+					}
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				io.Copy(c, up)
+				c.Close()
+			}()
+		}
+	}()
+	return r
+}
+
+func TestPipelineIsBatched(t *testing.T) {
+	srv := redistest.Start(t)
+	relay := startRelay(t, srv.Addr)
+	addr, _ := startProxy(t, relay.addr, nil)
+	c := dial(t, addr)
+	c.do(args("PING"))
+	before := relay.writes.Load()
+	cmds := make([][]string, 100)
+	for i := range cmds {
+		cmds[i] = args(fmt.Sprintf("SET p%d %d", i, i))
+	}
+	got := c.do(cmds...)
+	if want := strings.Repeat("+OK\r\n", 100); string(got) != want {
+		t.Fatalf("replies: %q", trunc(got))
+	}
+	// One client write of ~2.5 KB may reach the proxy in a few reads; it
+	// must not become 100 backend writes.
+	if n := relay.writes.Load() - before; n > 3 {
+		t.Fatalf("100 pipelined commands reached the backend in %d writes", n)
+	}
+}
+
+func TestRequestLimits(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) {
+		c.MaxBulkLen = 1024
+		c.MaxMultibulkLen = 8
+		c.MaxInlineLen = 256
+	})
+	tests := []struct {
+		name string
+		give string
+		want string
+	}{
+		{"bulk over the limit", "*2\r\n$3\r\nGET\r\n$2000\r\nab", "-ERR Protocol error: invalid bulk length\r\n"},
+		{"declared but unsent", "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$999999999999\r\n", "-ERR Protocol error: invalid bulk length\r\n"},
+		{"negative bulk", "*1\r\n$-5\r\n", "-ERR Protocol error: invalid bulk length\r\n"},
+		{"too many arguments", "*9\r\n", "-ERR Protocol error: invalid multibulk length\r\n"},
+		{"absurd count", "*99999999999999999999\r\n", "-ERR Protocol error: too big mbulk count string\r\n"},
+		{"garbage length", "*x\r\n", "-ERR Protocol error: invalid multibulk length\r\n"},
+		{"inline too long", strings.Repeat("a", 300), "-ERR Protocol error: too big inline request\r\n"},
+		{"not a bulk", "*1\r\n:1\r\n", "-ERR Protocol error: expected '$', got ':'\r\n"},
+		{"good requests first", "*1\r\n$4\r\nPING\r\n*1\r\n$-5\r\n", "+PONG\r\n-ERR Protocol error: invalid bulk length\r\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := dial(t, addr)
+			c.send([]byte(tt.give))
+			got, closed := c.closedAfter(5 * time.Second)
+			if got != tt.want || !closed {
+				t.Fatalf("got %q (closed %v), want %q and a closed connection", got, closed, tt.want)
+			}
+		})
+	}
+	// Within the limits everything passes.
+	c := dial(t, addr)
+	val := strings.Repeat("v", 1024)
+	if got := string(c.do([]string{"SET", "k", val}, []string{"GET", "k"})); got != "+OK\r\n$1024\r\n"+val+"\r\n" {
+		t.Fatalf("at the limit: %q", trunc([]byte(got)))
+	}
+}
+
+func TestMaxClients(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.MaxClients = 2 })
+	a, b := dial(t, addr), dial(t, addr)
+	a.do(args("PING"))
+	b.do(args("PING"))
+	c := dial(t, addr)
+	if got, closed := c.closedAfter(5 * time.Second); got != "-ERR max number of clients reached\r\n" || !closed {
+		t.Fatalf("third client: %q closed=%v", got, closed)
+	}
+	a.c.Close()
+	eventually(t, "a slot to free up", func() bool {
+		d, err := net.Dial("tcp", addr)
+		if err != nil {
+			return false
+		}
+		defer d.Close()
+		d.Write(encode(args("PING")))
+		d.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 64)
+		n, _ := d.Read(buf)
+		return string(buf[:n]) == "+PONG\r\n"
+	})
+}
+
+func TestIdleTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+	idle := dial(t, addr)
+	idle.do(args("PING"))
+	blocked := dial(t, addr)
+	blocked.send(encode(args("BLPOP q 1")))
+	sub := dial(t, addr)
+	sub.do(args("SUBSCRIBE ch"))
+	if _, closed := idle.closedAfter(5 * time.Second); !closed {
+		t.Fatal("idle client was not closed")
+	}
+	// The blocked client gets its timeout reply a second later.
+	if got := string(blocked.read(1)); got != "*-1\r\n" {
+		t.Fatalf("blocked client: %q", got)
+	}
+	if got := string(sub.do(args("PING"))); got != "*2\r\n$4\r\npong\r\n$0\r\n\r\n" {
+		t.Fatalf("subscriber: %q", got)
+	}
+}
+
+func TestMonitor(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	m := dial(t, addr)
+	if got := string(m.do(args("MONITOR"))); got != "+OK\r\n" {
+		t.Fatalf("MONITOR: %q", got)
+	}
+	dial(t, addr).do(args("SET watched 1"))
+	line := string(m.read(1))
+	if !isMonitorLine([]byte(line)) || !strings.Contains(line, `"SET" "watched" "1"`) {
+		t.Fatalf("monitor line: %q", line)
+	}
+	if got := string(m.do(args("RESET"))); got != "+RESET\r\n" {
+		t.Fatalf("RESET: %q", got)
+	}
+	if got := string(m.do(args("GET watched"))); got != "$1\r\n1\r\n" {
+		t.Fatalf("after RESET: %q", got)
+	}
+}
+
+func TestShutdownLetsInflightFinish(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := DefaultConfig()
+	cfg.Backend.Addr = srv.Addr
+	p, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ln) }()
+	c := dial(t, ln.Addr().String())
+	c.send(encode(args("BLPOP q 0.3")))
+	waitBlocked(t, srv, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- p.Shutdown(ctx) }()
+	eventually(t, "listener closed", func() bool {
+		d, err := net.Dial("tcp", ln.Addr().String())
+		if err == nil {
+			d.Close()
+		}
+		return err != nil
+	})
+	if got := string(c.read(1)); got != "*-1\r\n" {
+		t.Fatalf("in-flight BLPOP: %q", got)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if _, closed := c.closedAfter(5 * time.Second); !closed {
+		t.Fatal("client still connected after shutdown")
+	}
+}
+
+// echoLocal answers ECHOLOCAL and WAITLOCAL (which waits for its context)
+// so that the tests can see where the proxy puts its own replies.
+type echoLocal struct {
+	closed *atomic.Int64
+}
+
+func (e echoLocal) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
+	if bytes.EqualFold(args[0], []byte("waitlocal")) {
+		<-ctx.Done()
+		return append(dst, "+done\r\n"...)
+	}
+	if resp3 {
+		return append(dst, "_\r\n"...)
+	}
+	return append(dst, fmt.Sprintf("$%d\r\n%s\r\n", len(args[1]), args[1])...)
+}
+
+func (e echoLocal) Close() { e.closed.Add(1) }
+
+func startLocalProxy(t *testing.T) (string, *redistest.Server, *atomic.Int64) {
+	srv := redistest.Start(t)
+	var closed atomic.Int64
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) {
+		c.IsLocal = func(name []byte) bool {
+			return bytes.EqualFold(name, []byte("echolocal")) || bytes.EqualFold(name, []byte("waitlocal"))
+		}
+		c.NewLocal = func() Local { return echoLocal{&closed} }
+	})
+	return addr, srv, &closed
+}
+
+func TestLocalRepliesKeepTheirPlace(t *testing.T) {
+	addr, _, _ := startLocalProxy(t)
+	c := dial(t, addr)
+	var cmds [][]string
+	var want strings.Builder
+	for i := range 50 {
+		cmds = append(cmds, args(fmt.Sprintf("SET k %d", i)), args(fmt.Sprintf("ECHOLOCAL e%d", i)), args("GET k"))
+		fmt.Fprintf(&want, "+OK\r\n$%d\r\ne%d\r\n$%d\r\n%d\r\n", len(fmt.Sprint(i))+1, i, len(fmt.Sprint(i)), i)
+	}
+	if got := string(c.do(cmds...)); got != want.String() {
+		t.Fatalf("got %q", trunc([]byte(got)))
+	}
+	if got := string(c.do(args("HELLO 3"), args("ECHOLOCAL x"))[len("%"):]); !strings.HasSuffix(got, "_\r\n") {
+		t.Fatalf("RESP3 null from the dispatch point: %q", got)
+	}
+}
+
+func TestLocalCommandContexts(t *testing.T) {
+	addr, _, _ := startLocalProxy(t)
+	c := dial(t, addr)
+	got := string(c.do(args("MULTI"), args("ECHOLOCAL x"), args("EXEC")))
+	if got != "+OK\r\n-ERR Command not allowed inside a transaction\r\n*0\r\n" {
+		t.Fatalf("in MULTI: %q", got)
+	}
+	c.do(args("SUBSCRIBE ch"))
+	want := "-ERR Can't execute 'echolocal': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"
+	if got := string(c.do(args("ECHOLOCAL x"))); got != want {
+		t.Fatalf("subscribed: %q", got)
+	}
+	c.do(args("UNSUBSCRIBE"))
+	if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
+		t.Fatalf("after UNSUBSCRIBE: %q", got)
+	}
+	got = string(c.read0(args("CLIENT REPLY OFF"), args("ECHOLOCAL hidden"), args("CLIENT REPLY ON"), args("ECHOLOCAL shown")))
+	if got != "+OK\r\n$5\r\nshown\r\n" {
+		t.Fatalf("CLIENT REPLY: %q", got)
+	}
+}
+
+// read0 sends cmds and reads the two replies that CLIENT REPLY lets through.
+func (c *client) read0(cmds ...[]string) []byte {
+	c.send(encode(cmds...))
+	return c.read(2)
+}
+
+func TestLocalCommandCancelledWhenClientLeaves(t *testing.T) {
+	addr, _, closed := startLocalProxy(t)
+	c := dial(t, addr)
+	c.send(encode(args("WAITLOCAL"), args("SET after 1")))
+	time.Sleep(50 * time.Millisecond) // let WAITLOCAL start; the test passes either way
+	c.c.Close()
+	eventually(t, "the local state closed", func() bool { return closed.Load() == 1 })
+}
