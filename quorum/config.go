@@ -1,0 +1,69 @@
+package quorum
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config tunes a Locker. Start from DefaultConfig and change what you need;
+// New rejects a Config that fails Validate. A Config is a plain value and
+// safe to share.
+type Config struct {
+	// NodeTimeout bounds one round trip to one lock node, connecting
+	// included. A node that does not answer in time counts as failed for
+	// that call. Every acquisition may spend up to NodeTimeout of the lock's
+	// ttl, so keep it much smaller than any ttl. The default is 50ms.
+	NodeTimeout time.Duration
+
+	// DriftFactor is the share of the ttl taken off a lock's validity to
+	// allow for the nodes' clocks running at different rates; 2ms are taken
+	// off on top of it. The default is 0.01.
+	DriftFactor float64
+
+	// KeyPrefix starts every key and channel the Locker uses on the lock
+	// nodes: "<prefix>lock:<resource>", "<prefix>fence" and
+	// "<prefix>released". Lockers that share nodes and resources must use
+	// the same prefix. The default is "lockproxy:".
+	KeyPrefix string
+
+	// RetryMin and RetryMax bound the random delay after which a waiting
+	// Lock tries again when neither a release notification arrived nor the
+	// holder's ttl ran out. The notification is the normal wake-up; the
+	// delay covers a lost one (a notification is at most once, for example
+	// while a subscription reconnects) and spreads out contenders that
+	// split the votes. The defaults are 5ms and 50ms.
+	RetryMin, RetryMax time.Duration
+}
+
+// DefaultConfig returns the defaults documented on each Config field.
+func DefaultConfig() Config {
+	return Config{
+		NodeTimeout: 50 * time.Millisecond,
+		DriftFactor: 0.01,
+		KeyPrefix:   "lockproxy:",
+		RetryMin:    5 * time.Millisecond,
+		RetryMax:    50 * time.Millisecond,
+	}
+}
+
+// Validate reports every field of c that New would reject, joined.
+func (c Config) Validate() error {
+	var errs []error
+	if c.NodeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("quorum: NodeTimeout must be positive, got %v", c.NodeTimeout))
+	}
+	if !(c.DriftFactor >= 0 && c.DriftFactor < 1) { // also rejects NaN
+		errs = append(errs, fmt.Errorf("quorum: DriftFactor must be in [0, 1), got %v", c.DriftFactor))
+	}
+	if c.KeyPrefix == "" {
+		errs = append(errs, errors.New("quorum: KeyPrefix must not be empty"))
+	}
+	if c.RetryMin <= 0 {
+		errs = append(errs, fmt.Errorf("quorum: RetryMin must be positive, got %v", c.RetryMin))
+	}
+	if c.RetryMax < c.RetryMin {
+		errs = append(errs, fmt.Errorf("quorum: RetryMax (%v) must not be below RetryMin (%v)", c.RetryMax, c.RetryMin))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,40 @@
+// Package quorum is lockproxy's lock engine: Redlock
+// (https://redis.io/docs/latest/develop/use/patterns/distributed-locks/) across
+// N independent Redis "lock nodes", with fencing tokens and FIFO waiting.
+//
+// A Locker acquires a resource by running one Lua script on every node in
+// parallel, each call bounded by Config.NodeTimeout, and holds the lock when a
+// majority (N/2+1) granted it and some validity is left: validity = ttl -
+// elapsed - (ttl*DriftFactor + 2ms), with elapsed measured on the monotonic
+// clock. A failed acquisition releases whatever it got on every node. Unlock
+// and Extend are compare-and-delete and compare-and-pexpire scripts that need a
+// majority too. One node is a plain single-instance lock. An even N is allowed
+// but tolerates no more failed nodes than N-1 does (4 nodes need 3).
+//
+// Redlock's safety rests on assumptions worth knowing before relying on it.
+// Nodes expire keys with their own clocks, so clocks must advance at about the
+// same rate (DriftFactor is the allowance); a jump of a node's wall clock or a
+// long pause of the holder (GC, swap, a stopped VM) can let a lock expire
+// while its holder still believes it holds it. Validity is the only
+// guarantee: a holder must finish, or Extend, before it runs out. Because a
+// paused holder cannot notice its own expiry, every Lock carries a fence, a
+// number that grows strictly for successive holders of a resource; storage
+// the lock protects should reject writes carrying a smaller fence than one it
+// has seen (see Martin Kleppmann, "How to do distributed locking",
+// https://martin.kleppmann.com/2016/02/08/how-to-do-distributed-locking.html).
+// Both mutual exclusion and fence order hold only while a majority of nodes
+// keeps its data: a node that restarts empty forgets the locks it granted,
+// and if that leaves a majority unaware of a live lock, a second holder can
+// get it. Run nodes with persistence (appendfsync always), or keep a
+// restarted node out of service for longer than the largest ttl.
+//
+// Waiters (Options.Wait) queue per resource in arrival order and are woken by
+// a release notification that Unlock publishes on "<prefix>released", which
+// every Locker subscribes to on every node, so a waiter wakes about a round
+// trip after the holder released, also when the holder used another Locker.
+//
+// All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
+// (a hash with the holder's token and fence, expiring with the lock),
+// "<prefix>fence" (one counter per node) and "<prefix>released". State on the
+// nodes therefore does not grow with the number of resources ever locked.
+package quorum

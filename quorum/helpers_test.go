@@ -1,0 +1,242 @@
+package quorum
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+)
+
+func TestMain(m *testing.M) {
+	// go-redis logs every failed dial through a package-level logger; the
+	// fault-injection tests kill nodes on purpose.
+	redis.SetLogger(discard{})
+	os.Exit(m.Run())
+}
+
+type discard struct{}
+
+func (discard) Printf(context.Context, string, ...any) {}
+
+// cluster is a set of real redis-server lock nodes with an admin client per
+// node for inspecting their state.
+type cluster struct {
+	servers []*redistest.Server
+	opts    []*redis.Options
+	admin   []*redis.Client
+	killed  []bool
+}
+
+func (c *cluster) kill(i int)    { c.servers[i].Kill(); c.killed[i] = true }
+func (c *cluster) restart(i int) { c.servers[i].Restart(); c.killed[i] = false }
+
+func startCluster(tb testing.TB, n int) *cluster {
+	tb.Helper()
+	c := &cluster{}
+	for range n {
+		s := redistest.Start(tb)
+		a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+		tb.Cleanup(func() { a.Close() })
+		c.servers = append(c.servers, s)
+		c.opts = append(c.opts, &redis.Options{Addr: s.Addr})
+		c.admin = append(c.admin, a)
+		c.killed = append(c.killed, false)
+	}
+	return c
+}
+
+// testConfig is DefaultConfig with a node timeout that survives a loaded CI
+// machine running -race.
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.NodeTimeout = 250 * time.Millisecond
+	return cfg
+}
+
+// noFallback makes notification and ttl expiry the only wake-ups a waiter
+// has within a test's lifetime.
+func noFallback(cfg Config) Config {
+	cfg.RetryMin, cfg.RetryMax = time.Minute, time.Minute
+	return cfg
+}
+
+func newLocker(tb testing.TB, c *cluster, cfg Config) *Locker {
+	tb.Helper()
+	return newLockerLog(tb, c, cfg, zaptest.NewLogger(tb))
+}
+
+func newLockerLog(tb testing.TB, c *cluster, cfg Config, logger *zap.Logger) *Locker {
+	tb.Helper()
+	l, err := New(c.opts, cfg, logger)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	return l
+}
+
+func ctxT(tb testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond every millisecond until it holds or 10s pass. It
+// awaits an event that has no channel to wait on (state on a node, a queue
+// length), never a fixed amount of time.
+func eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// lockKeys returns the lock keys on node i.
+func (c *cluster) lockKeys(tb testing.TB, i int) []string {
+	tb.Helper()
+	keys, err := c.admin[i].Keys(context.Background(), "lockproxy:lock:*").Result()
+	if err != nil {
+		tb.Fatalf("KEYS on node %d: %v", i, err)
+	}
+	return keys
+}
+
+func (c *cluster) counter(tb testing.TB, i int) int64 {
+	tb.Helper()
+	v, err := c.admin[i].Get(context.Background(), "lockproxy:fence").Int64()
+	if err != nil && err != redis.Nil {
+		tb.Fatalf("GET fence on node %d: %v", i, err)
+	}
+	return v
+}
+
+func (c *cluster) pttl(tb testing.TB, i int, resource string) time.Duration {
+	tb.Helper()
+	d, err := c.admin[i].PTTL(context.Background(), "lockproxy:lock:"+resource).Result()
+	if err != nil {
+		tb.Fatalf("PTTL on node %d: %v", i, err)
+	}
+	return d
+}
+
+// scriptCalls returns how many scripts node i ran since it started.
+func (c *cluster) scriptCalls(tb testing.TB, i int) int {
+	tb.Helper()
+	info, err := c.admin[i].Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("INFO on node %d: %v", i, err)
+	}
+	total := 0
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_eval") {
+			continue
+		}
+		var calls int
+		_, rest, _ := strings.Cut(line, "calls=")
+		for _, r := range rest {
+			if r < '0' || r > '9' {
+				break
+			}
+			calls = calls*10 + int(r-'0')
+		}
+		total += calls
+	}
+	return total
+}
+
+// waitSubscribed waits until every node has n subscribers on the release
+// channel.
+func (c *cluster) waitSubscribed(tb testing.TB, n int64) {
+	tb.Helper()
+	for i, a := range c.admin {
+		if c.killed[i] {
+			continue
+		}
+		eventually(tb, "release subscriptions", func() bool {
+			m, err := a.PubSubNumSub(context.Background(), "lockproxy:released").Result()
+			return err == nil && m["lockproxy:released"] == n
+		})
+	}
+}
+
+// waitClientUp waits until l's client for node i can reach the node again
+// after a restart (go-redis backs off dialing a node that kept failing).
+func waitClientUp(tb testing.TB, l *Locker, i int) {
+	tb.Helper()
+	eventually(tb, "client reconnect", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return l.nodes[i].client.Ping(ctx).Err() == nil
+	})
+}
+
+// queueLen returns how many local waiters are queued for resource.
+func queueLen(l *Locker, resource string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.queues[resource]; q != nil {
+		return len(q.waiters)
+	}
+	return 0
+}
+
+func waitQueued(tb testing.TB, l *Locker, resource string, n int) {
+	tb.Helper()
+	eventually(tb, "waiters queued", func() bool { return queueLen(l, resource) == n })
+}
+
+type lockResult struct {
+	lk  Lock
+	err error
+	at  time.Time
+}
+
+// lockAsync runs Lock in a goroutine that the test waits for at cleanup.
+func lockAsync(tb testing.TB, ctx context.Context, l *Locker, resource string, ttl time.Duration, opt Options) <-chan lockResult {
+	ch := make(chan lockResult, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		lk, err := l.Lock(ctx, resource, ttl, opt)
+		ch <- lockResult{lk, err, time.Now()}
+	}()
+	tb.Cleanup(func() { <-done })
+	return ch
+}
+
+func recv(tb testing.TB, ch <-chan lockResult) lockResult {
+	tb.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(15 * time.Second):
+		tb.Fatal("Lock did not return")
+		return lockResult{}
+	}
+}
+
+func mustLock(tb testing.TB, l *Locker, resource string, ttl time.Duration, opt Options) Lock {
+	tb.Helper()
+	lk, err := l.Lock(ctxT(tb), resource, ttl, opt)
+	if err != nil {
+		tb.Fatalf("Lock(%q): %v", resource, err)
+	}
+	return lk
+}
+
+func mustUnlock(tb testing.TB, l *Locker, resource, token string) {
+	tb.Helper()
+	if err := l.Unlock(ctxT(tb), resource, token); err != nil {
+		tb.Fatalf("Unlock(%q): %v", resource, err)
+	}
+}

@@ -1,0 +1,386 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Options are the optional parts of a Lock call. The zero value makes one
+// attempt with a fresh token.
+type Options struct {
+	// Wait, when positive, queues the call behind earlier waiters for the
+	// same resource on this Locker and retries until the lock is acquired or
+	// Wait has passed. Zero (or negative) makes one attempt, which fails at
+	// once, without asking the nodes, when local waiters are queued (unless
+	// Token is set), so it never jumps the queue.
+	Wait time.Duration
+
+	// Token, when set, is used instead of a fresh random one (a UUID v4, 122
+	// random bits). Locking again with the token of the current holder
+	// succeeds, refreshes the ttl and returns the same fence: an idempotent
+	// retry after a lost reply.
+	Token string
+}
+
+// Lock describes an acquired lock.
+type Lock struct {
+	// Token proves ownership to Unlock and Extend.
+	Token string
+	// Validity is how long, from Lock's return, the lock is guaranteed:
+	// ttl - elapsed - (ttl*DriftFactor + 2ms). It is always positive.
+	Validity time.Duration
+	// Fence grows strictly for successive holders of the resource, while a
+	// majority of nodes keeps its data; see Locker.Lock.
+	Fence int64
+}
+
+// Lock acquires resource for ttl (at least 1ms, whole milliseconds) on a
+// majority of the nodes.
+//
+// It returns ErrNotAcquired when another owner holds the resource (after
+// Options.Wait ran out, if set), a *NoQuorumError when fewer than a majority
+// of nodes answered the last attempt, and an error wrapping ctx.Err() when
+// ctx ends first. Every failed attempt releases what it got on every node
+// that granted it or did not answer. ctx bounds the whole call, waiting
+// included; if ctx ends while a lock is being acquired, the lock is released
+// and the context's error returned.
+//
+// Fencing. Each node has one counter. A fresh holding on a node advances the
+// node's counter and stores the value with the lock; the Lock's fence F is
+// the maximum over the majority that granted it. Nodes of that majority that
+// stored less are raised to F (counter = max(counter, F)) while the token
+// still owns the lock there, and the Lock is granted only if a majority of
+// nodes then has counter >= F. A later holder's majority shares at least one
+// node with that majority; on it, the earlier lock ended (deleted or
+// expired) before the later one was granted, so the later increment starts
+// from a counter >= F and the later fence is > F. Counters never decrease
+// unless a node loses its data, which is why the order holds only while a
+// majority keeps it, as Redlock's exclusion itself does.
+func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, opt Options) (Lock, error) {
+	ttl, err := checkTTL(ttl)
+	if err != nil {
+		return Lock{}, err
+	}
+	if l.isClosed() {
+		return Lock{}, errClosed
+	}
+	token := opt.Token
+	if token == "" {
+		token = uuid.NewString()
+	}
+	queued := l.queued(resource)
+	if queued && opt.Token != "" {
+		// The holder refreshing its lock must not queue behind waiters
+		// that wait for it to let go; anyone else must not jump the queue,
+		// so this attempt only refreshes an existing holding.
+		lk, _, err := l.attempt(ctx, resource, ttl, token, true)
+		if err == nil || opt.Wait <= 0 || !retryable(err) {
+			return lk, err
+		}
+		return l.wait(ctx, resource, ttl, token, opt.Wait)
+	}
+	if opt.Wait <= 0 {
+		if queued {
+			return Lock{}, ErrNotAcquired
+		}
+		lk, _, err := l.attempt(ctx, resource, ttl, token, false)
+		return lk, err
+	}
+	return l.wait(ctx, resource, ttl, token, opt.Wait)
+}
+
+// wait queues for resource and, once at the head, attempts until acquired,
+// the wait runs out, ctx ends or the Locker closes. Between attempts the head
+// sleeps until whichever comes first: a release notification, the holder's
+// remaining ttl, or a random delay in [RetryMin, RetryMax].
+func (l *Locker) wait(ctx context.Context, resource string, ttl time.Duration, token string, wait time.Duration) (Lock, error) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	w := l.enqueue(resource)
+	defer l.leave(resource, w)
+
+	select {
+	case <-w.turn:
+	case <-deadline.C:
+		return Lock{}, ErrNotAcquired
+	case <-ctx.Done():
+		return Lock{}, fmt.Errorf("lock %q: %w", resource, ctx.Err())
+	case <-l.done:
+		return Lock{}, errClosed
+	}
+	for {
+		wake := l.wakeChan(resource) // before the attempt: a release during it counts
+		lk, hint, err := l.attempt(ctx, resource, ttl, token, false)
+		if err == nil || !retryable(err) {
+			return lk, err
+		}
+		select {
+		case <-deadline.C:
+			return Lock{}, err
+		default:
+		}
+		delay := l.retryDelay()
+		if hint > 0 {
+			delay = min(delay, hint)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-deadline.C:
+			t.Stop()
+			return Lock{}, err
+		case <-ctx.Done():
+			t.Stop()
+			return Lock{}, fmt.Errorf("lock %q: %w", resource, ctx.Err())
+		case <-l.done:
+			t.Stop()
+			return Lock{}, errClosed
+		}
+		t.Stop()
+	}
+}
+
+// attempt runs one Redlock round. On failure it also returns the holder's
+// remaining ttl as reported by the nodes (0 when unknown).
+func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly bool) (Lock, time.Duration, error) {
+	keys := []string{l.lockPrefix + resource, l.fenceKey}
+	only := "0"
+	if refreshOnly {
+		only = "1"
+	}
+	start := time.Now() // monotonic
+	res := fanout(ctx, l, l.nodes, func(ctx context.Context, n *node) ([]int64, error) {
+		v, err := acquireScript.Run(ctx, n.client, keys, token, ttl.Milliseconds(), only).Int64Slice()
+		if err == nil && len(v) != 2 {
+			err = fmt.Errorf("quorum: acquire script returned %d values", len(v))
+		}
+		return v, err
+	})
+
+	var (
+		answered int
+		granted  []int   // indexes of the nodes that granted the lock
+		owned    []*node // nodes where the token may hold the lock
+		fence    int64
+		hint     time.Duration
+	)
+	for i, r := range res {
+		switch {
+		case r.err != nil:
+			owned = append(owned, l.nodes[i]) // it may have run the script
+		case r.val[0] == 1:
+			answered++
+			granted = append(granted, i)
+			owned = append(owned, l.nodes[i])
+			fence = max(fence, r.val[1])
+		default:
+			answered++
+			hint = max(hint, time.Duration(r.val[1])*time.Millisecond)
+		}
+	}
+	fail := func(err error) (Lock, time.Duration, error) {
+		l.release(context.WithoutCancel(ctx), owned, resource, token, false)
+		if cerr := ctxErr(ctx); cerr != nil {
+			err = fmt.Errorf("lock %q: %w", resource, cerr)
+		}
+		return Lock{}, hint, err
+	}
+	if answered < l.quorum {
+		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes)})
+	}
+	if len(granted) < l.quorum {
+		return fail(ErrNotAcquired)
+	}
+
+	confirmed := 0 // granted nodes whose counter is known to be >= fence
+	var behind []*node
+	for _, i := range granted {
+		if res[i].val[1] == fence {
+			confirmed++
+		} else {
+			behind = append(behind, l.nodes[i])
+		}
+	}
+	if len(behind) > 0 {
+		raised := fanout(ctx, l, behind, func(ctx context.Context, n *node) (int64, error) {
+			return raiseScript.Run(ctx, n.client, keys, token, fence).Int64()
+		})
+		for _, r := range raised {
+			if r.err == nil && r.val == 1 {
+				confirmed++
+			}
+		}
+	}
+	if confirmed < l.quorum {
+		return fail(ErrNotAcquired)
+	}
+	v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
+	if v <= 0 {
+		return fail(ErrNotAcquired)
+	}
+	if err := ctxErr(ctx); err != nil {
+		// The caller is gone: hand the lock on at once.
+		l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
+		return Lock{}, 0, fmt.Errorf("lock %q: %w", resource, err)
+	}
+	return Lock{Token: token, Validity: v, Fence: fence}, 0, nil
+}
+
+// release runs the compare-and-delete script on nodes and reports on how
+// many it deleted and how many answered. With publish, deleting nodes
+// announce the release and local waiters are woken. Cleanup of a failed
+// attempt does not publish: the waiters of other Lockers then retry after
+// their random delay instead of all at once, which would split the votes
+// again.
+func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int) {
+	if len(nodes) == 0 {
+		return 0, 0
+	}
+	keys := []string{l.lockPrefix + resource}
+	pub := "0"
+	if publish {
+		pub = "1"
+	}
+	res := fanout(ctx, l, nodes, func(ctx context.Context, n *node) (int64, error) {
+		return releaseScript.Run(ctx, n.client, keys, token, l.channel, resource, pub).Int64()
+	})
+	for _, r := range res {
+		if r.err == nil {
+			answered++
+			if r.val == 1 {
+				deleted++
+			}
+		}
+	}
+	if publish && deleted > 0 {
+		l.notify(resource)
+	}
+	return deleted, answered
+}
+
+// Unlock releases resource on every node where token owns it. It returns
+// nil when the lock was deleted on a majority, ErrNotHeld when token does
+// not own it on a majority, a *NoQuorumError when fewer than a majority
+// answered, or an error wrapping ctx.Err() when ctx ended first. ctx bounds
+// the call; each node gets at most NodeTimeout. Waiters on every Locker
+// sharing the nodes are notified.
+func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
+	if l.isClosed() {
+		return errClosed
+	}
+	if token == "" {
+		return ErrNotHeld
+	}
+	deleted, answered := l.release(ctx, l.nodes, resource, token, true)
+	switch {
+	case deleted >= l.quorum:
+		return nil
+	case ctxErr(ctx) != nil:
+		return fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
+	case answered < l.quorum:
+		return &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+	default:
+		return ErrNotHeld
+	}
+}
+
+// Extend resets the ttl of resource to ttl on every node where token owns
+// it and returns the new validity, computed as for Lock. It returns
+// ErrNotHeld when token does not own it on a majority (or no validity would
+// be left), a *NoQuorumError when fewer than a majority answered, or an
+// error wrapping ctx.Err() when ctx ended first. ctx bounds the call; each
+// node gets at most NodeTimeout.
+func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Duration) (time.Duration, error) {
+	ttl, err := checkTTL(ttl)
+	if err != nil {
+		return 0, err
+	}
+	if l.isClosed() {
+		return 0, errClosed
+	}
+	if token == "" {
+		return 0, ErrNotHeld
+	}
+	keys := []string{l.lockPrefix + resource}
+	start := time.Now()
+	res := fanout(ctx, l, l.nodes, func(ctx context.Context, n *node) (int64, error) {
+		return extendScript.Run(ctx, n.client, keys, token, ttl.Milliseconds()).Int64()
+	})
+	var answered, extended int
+	for _, r := range res {
+		if r.err == nil {
+			answered++
+			if r.val == 1 {
+				extended++
+			}
+		}
+	}
+	switch {
+	case extended >= l.quorum:
+		if v := validity(ttl, time.Since(start), l.cfg.DriftFactor); v > 0 {
+			return v, nil
+		}
+		return 0, ErrNotHeld
+	case ctxErr(ctx) != nil:
+		return 0, fmt.Errorf("extend %q: %w", resource, ctxErr(ctx))
+	case answered < l.quorum:
+		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+	default:
+		return 0, ErrNotHeld
+	}
+}
+
+// validity is Redlock's guaranteed lock time: ttl minus the time the
+// acquisition took minus the clock drift allowance ttl*driftFactor + 2ms.
+// Zero or less means the lock is not usable.
+func validity(ttl, elapsed time.Duration, driftFactor float64) time.Duration {
+	drift := time.Duration(float64(ttl)*driftFactor) + 2*time.Millisecond
+	return ttl - elapsed - drift
+}
+
+// checkTTL truncates ttl to whole milliseconds, the nodes' resolution.
+func checkTTL(ttl time.Duration) (time.Duration, error) {
+	if ttl < time.Millisecond {
+		return 0, errors.New("quorum: ttl must be at least 1ms, got " + ttl.String())
+	}
+	return ttl.Truncate(time.Millisecond), nil
+}
+
+// retryable reports whether a waiting Lock should try again after err.
+func retryable(err error) bool {
+	var nq *NoQuorumError
+	return errors.Is(err, ErrNotAcquired) || errors.As(err, &nq)
+}
+
+func (l *Locker) retryDelay() time.Duration {
+	return l.cfg.RetryMin + rand.N(l.cfg.RetryMax-l.cfg.RetryMin+1)
+}
+
+// ctxErr is ctx.Err(), except that a deadline counts as exceeded as soon as
+// it has passed. A node call bounded by that deadline fails with a socket
+// timeout that can arrive before the context's own timer has marked it
+// done, and the caller must not get a lock it can no longer use.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+func (l *Locker) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,226 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Locker runs Redlock across a fixed set of lock nodes. It is safe for
+// concurrent use. Several Lockers (in one process or many) may share nodes;
+// they then exclude each other and wake each other's waiters.
+type Locker struct {
+	cfg    Config
+	logger *zap.Logger
+	nodes  []*node
+	quorum int
+
+	lockPrefix string // "<prefix>lock:"
+	fenceKey   string // "<prefix>fence"
+	channel    string // "<prefix>released"
+
+	mu     sync.Mutex
+	queues map[string]*waitQueue // resources with local waiters only
+
+	subCtx    context.Context // ends the subscribers
+	subCancel context.CancelFunc
+	subWG     sync.WaitGroup
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type node struct {
+	index  int
+	addr   string
+	client *redis.Client
+	sub    *redis.PubSub
+	down   atomic.Bool // last call outcome; logged once per change
+}
+
+// New returns a Locker with one go-redis client per entry of nodes and
+// starts, for each node, a goroutine subscribed to release notifications;
+// Close stops them. New does not contact the nodes, so it succeeds while
+// nodes are down.
+//
+// The options are copied and overridden where they would defeat Redlock's
+// timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
+// ContextTimeoutEnabled is true, DialerRetries is 1, and DialTimeout,
+// ReadTimeout, WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
+//
+// Any number of nodes from 1 up works; the quorum is len(nodes)/2+1. A nil
+// logger means zap.NewNop(); the Locker logs only when a node goes down or
+// comes back.
+func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(nodes) == 0 {
+		return nil, errors.New("quorum: no lock nodes")
+	}
+	for i, o := range nodes {
+		if o == nil {
+			return nil, fmt.Errorf("quorum: lock node %d has nil options", i)
+		}
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Locker{
+		cfg:        cfg,
+		logger:     logger,
+		quorum:     len(nodes)/2 + 1,
+		lockPrefix: cfg.KeyPrefix + "lock:",
+		fenceKey:   cfg.KeyPrefix + "fence",
+		channel:    cfg.KeyPrefix + "released",
+		queues:     make(map[string]*waitQueue),
+		subCtx:     ctx,
+		subCancel:  cancel,
+		done:       make(chan struct{}),
+	}
+	for i, o := range nodes {
+		opt := *o
+		opt.MaxRetries = -1
+		opt.ContextTimeoutEnabled = true
+		opt.DialerRetries = 1
+		opt.DialTimeout = bound(opt.DialTimeout, cfg.NodeTimeout)
+		opt.ReadTimeout = bound(opt.ReadTimeout, cfg.NodeTimeout)
+		opt.WriteTimeout = bound(opt.WriteTimeout, cfg.NodeTimeout)
+		opt.PoolTimeout = bound(opt.PoolTimeout, cfg.NodeTimeout)
+		c := redis.NewClient(&opt)
+		l.nodes = append(l.nodes, &node{
+			index:  i,
+			addr:   opt.Addr,
+			client: c,
+			sub:    c.Subscribe(ctx), // no channel yet: no I/O here
+		})
+	}
+	for _, n := range l.nodes {
+		l.subWG.Add(1)
+		go l.subscribe(n)
+	}
+	return l, nil
+}
+
+// bound returns v, or limit when v is unset, disabled or larger.
+func bound(v, limit time.Duration) time.Duration {
+	if v <= 0 || v > limit {
+		return limit
+	}
+	return v
+}
+
+// Nodes returns the number of configured lock nodes.
+func (l *Locker) Nodes() int { return len(l.nodes) }
+
+// Close stops the notification subscribers, waits for them and closes the
+// node clients. Calls still running fail; waiting Lock calls return. Close
+// is idempotent and returns the same result every time.
+func (l *Locker) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.subCancel()
+		for _, n := range l.nodes {
+			n.sub.Close() // unblocks a pending Receive
+		}
+		l.subWG.Wait()
+		var errs []error
+		for _, n := range l.nodes {
+			if err := n.client.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close lock node %d (%s): %w", n.index, n.addr, err))
+			}
+		}
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}
+
+// outcome is one node's answer in a fan-out.
+type outcome[T any] struct {
+	val T
+	err error
+}
+
+// fanout calls call on every node of nodes in parallel, each bounded by
+// NodeTimeout, and waits for all of them, so no goroutine outlives it and
+// every call is over (answered or timed out) when it returns.
+func fanout[T any](ctx context.Context, l *Locker, nodes []*node, call func(context.Context, *node) (T, error)) []outcome[T] {
+	res := make([]outcome[T], len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, l.cfg.NodeTimeout)
+			defer cancel()
+			v, err := call(cctx, n)
+			l.observe(ctx, n, err)
+			res[i] = outcome[T]{v, err}
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// observe tracks whether n is up from the outcome of one call and warns once
+// per change. A call cut short by the caller's context says nothing about
+// the node.
+func (l *Locker) observe(ctx context.Context, n *node, err error) {
+	if err == nil {
+		if n.down.CompareAndSwap(true, false) {
+			l.logger.Warn("lock node up", zap.Int("node", n.index), zap.String("addr", n.addr))
+		}
+		return
+	}
+	if ctxErr(ctx) != nil {
+		return
+	}
+	if n.down.CompareAndSwap(false, true) {
+		l.logger.Warn("lock node down", zap.Int("node", n.index), zap.String("addr", n.addr), zap.Error(err))
+	}
+}
+
+// subscribe keeps n's subscription to the release channel alive until Close
+// and turns every notification into a wake-up of the local waiters. go-redis
+// reconnects and resubscribes on the Receive after a failure; notifications
+// published meanwhile are lost, so a (re)subscription wakes every waiter.
+func (l *Locker) subscribe(n *node) {
+	defer l.subWG.Done()
+	ctx := l.subCtx
+	_ = n.sub.Subscribe(ctx, l.channel) // on failure the next Receive retries
+	const maxBackoff = time.Second
+	backoff := l.cfg.NodeTimeout
+	for {
+		msg, err := n.sub.Receive(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		backoff = l.cfg.NodeTimeout
+		switch m := msg.(type) {
+		case *redis.Message:
+			l.notify(m.Payload)
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				l.notifyAll()
+			}
+		}
+	}
+}
