@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// startApp runs the whole program (run, as main does) with a config file
+// holding yaml and extra flags, and stops it at the end of the test.
+func startApp(t testing.TB, yaml string, flags ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	listening := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	args := append([]string{"-config", path, "-listen", "127.0.0.1:0", "-log-level", "warn"}, flags...)
+	go func() { done <- run(ctx, args, listening) }()
+	select {
+	case addr := <-listening:
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run: %v", err)
+			}
+		})
+		return addr.String()
+	case err := <-done:
+		cancel()
+		t.Fatalf("run: %v", err)
+	}
+	return ""
+}
+
+// startNodes starts n redis-servers for lock nodes.
+func startNodes(t testing.TB, n int) ([]*redistest.Server, string) {
+	nodes := make([]*redistest.Server, n)
+	addrs := make([]string, n)
+	for i := range nodes {
+		nodes[i] = redistest.Start(t)
+		addrs[i] = nodes[i].Addr
+	}
+	return nodes, strings.Join(addrs, ",")
+}
+
+func newClient(t testing.TB, addr string, protocol int) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: protocol, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// lockReply is LOCK's success reply.
+type lockReply struct {
+	token    string
+	validity time.Duration
+	fence    int64
+}
+
+func lock(ctx context.Context, c *redis.Client, args ...any) (lockReply, error) {
+	v, err := c.Do(ctx, append([]any{"LOCK"}, args...)...).Slice()
+	if err != nil {
+		return lockReply{}, err
+	}
+	if len(v) != 3 {
+		return lockReply{}, fmt.Errorf("LOCK replied %v", v)
+	}
+	return lockReply{token: v[0].(string), validity: time.Duration(v[1].(int64)) * time.Millisecond, fence: v[2].(int64)}, nil
+}
+
+func TestDefaultConfigRuns(t *testing.T) {
+	raw, err := os.ReadFile("config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := startApp(t, string(raw))
+	ctx := context.Background()
+	for _, protocol := range []int{2, 3} {
+		c := newClient(t, addr, protocol)
+		if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := c.Get(ctx, "k").Result(); v != "v" || err != nil {
+			t.Fatalf("GET: %q %v", v, err)
+		}
+		l, err := lock(ctx, c, "res", 5000)
+		if err != nil || l.validity <= 0 || l.fence <= 0 || len(l.token) < 32 {
+			t.Fatalf("LOCK: %+v %v", l, err)
+		}
+		if _, err := lock(ctx, c, "res", 5000); !errors.Is(err, redis.Nil) {
+			t.Fatalf("second LOCK: %v, want a null reply", err)
+		}
+		if n, err := c.Do(ctx, "UNLOCK", "res", l.token).Int(); n != 1 || err != nil {
+			t.Fatalf("UNLOCK: %d %v", n, err)
+		}
+	}
+}
+
+func TestEmbeddedLocksExpire(t *testing.T) {
+	raw, _ := os.ReadFile("config.yaml")
+	addr := startApp(t, string(raw))
+	c := newClient(t, addr, 2)
+	ctx := context.Background()
+	if _, err := lock(ctx, c, "short", 100); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	l, err := lock(ctx, c, "short", 1000, "WAIT", 5000)
+	if err != nil {
+		t.Fatalf("LOCK WAIT after the first lock expired: %v", err)
+	}
+	if l.fence <= 1 || time.Since(start) > 4*time.Second {
+		t.Fatalf("fence %d after %v", l.fence, time.Since(start))
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		give string
+		want string
+	}{
+		{"unknown key", "listen: 127.0.0.1:0\nbakend: {addr: x}\n", "field bakend not found"},
+		{"bad duration", "lock: {node_timeout: fast}\n", "`fast` into time.Duration"},
+		{"no nodes", "backend: {addr: 127.0.0.1:1}\nlock: {nodes: []}\n", "lock.nodes is empty"},
+		{"bad guard", "backend: {addr: embedded}\nlock: {nodes: [embedded], guard_backend: maybe}\n", "guard_backend"},
+		{"negative", "backend: {addr: embedded}\nlock: {nodes: [embedded], max_ttl: -1s}\n", "lock.max_ttl must not be negative"},
+		{"bad level", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\nlog: {level: loud}\n", "log.level"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			os.WriteFile(path, []byte(tt.give), 0o600)
+			err := run(context.Background(), []string{"-config", path, "-listen", "127.0.0.1:0"}, nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+const realConfig = "lock: {node_timeout: 50ms}\n"
+
+// TestMutualExclusion has 50 clients, spread over two proxies that share
+// three lock nodes, compete for a few resources. An independent checker
+// then requires that no two holdings of a resource overlapped within their
+// validity and that fences grew in acquisition order.
+func TestMutualExclusion(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	proxies := []string{
+		startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes),
+		startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes),
+	}
+	type holding struct {
+		resource   string
+		start, end time.Time // acquired (LOCK replied) and released (UNLOCK sent)
+		validUntil time.Time
+		fence      int64
+	}
+	var (
+		mu       sync.Mutex
+		holdings []holding
+		wg       sync.WaitGroup
+	)
+	resources := []string{"r0", "r1", "r2"}
+	ctx := context.Background()
+	deadline := time.Now().Add(3 * time.Second)
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := redis.NewClient(&redis.Options{Addr: proxies[i%2], MaxRetries: -1, ReadTimeout: 10 * time.Second})
+			defer c.Close()
+			res := resources[i%len(resources)]
+			for time.Now().Before(deadline) {
+				l, err := lock(ctx, c, res, 2000, "WAIT", 3000)
+				if errors.Is(err, redis.Nil) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("LOCK: %v", err)
+					return
+				}
+				start := time.Now()
+				time.Sleep(time.Millisecond) // the critical section
+				end := time.Now()
+				if n, err := c.Do(ctx, "UNLOCK", res, l.token).Int(); n != 1 || err != nil {
+					t.Errorf("UNLOCK: %d %v", n, err)
+				}
+				mu.Lock()
+				holdings = append(holdings, holding{res, start, end, start.Add(l.validity), l.fence})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(holdings) < 50 {
+		t.Fatalf("only %d acquisitions", len(holdings))
+	}
+	for _, res := range resources {
+		var hs []holding
+		for _, h := range holdings {
+			if h.resource == res {
+				hs = append(hs, h)
+			}
+		}
+		sort.Slice(hs, func(i, j int) bool { return hs[i].start.Before(hs[j].start) })
+		for i := 1; i < len(hs); i++ {
+			prev, cur := hs[i-1], hs[i]
+			// The previous holder was done (it released) or its validity
+			// ran out before the next holder's LOCK replied.
+			if cur.start.Before(prev.end) && cur.start.Before(prev.validUntil) {
+				t.Errorf("%s: holdings overlap: %+v and %+v", res, prev, cur)
+			}
+			if cur.fence <= prev.fence {
+				t.Errorf("%s: fence did not grow: %d then %d", res, prev.fence, cur.fence)
+			}
+		}
+	}
+	t.Logf("%d acquisitions checked", len(holdings))
+}
+
+// TestHandoffAcrossProxies: a waiter on one proxy takes over when the
+// holder unlocks through another, long before the holder's ttl.
+func TestHandoffAcrossProxies(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	a := newClient(t, startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes), 2)
+	b := newClient(t, startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes), 3)
+	ctx := context.Background()
+	held, err := lock(ctx, a, "job", 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var waited lockReply
+	go func() {
+		var err error
+		waited, err = lock(ctx, b, "job", 30000, "WAIT", 20000)
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the waiter queue; the test holds either way
+	released := time.Now()
+	if n, err := a.Do(ctx, "UNLOCK", "job", held.token).Int(); n != 1 || err != nil {
+		t.Fatalf("UNLOCK: %d %v", n, err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	if d := time.Since(released); d > 5*time.Second {
+		t.Fatalf("handoff took %v", d)
+	}
+	if waited.fence <= held.fence {
+		t.Fatalf("fence %d after %d", waited.fence, held.fence)
+	}
+}
+
+// TestClientKilledWhileWaiting: a waiter that hangs up gives up its place
+// and never ends up holding the lock.
+func TestClientKilledWhileWaiting(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	addr := startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
+	ctx := context.Background()
+	holder := newClient(t, addr, 2)
+	held, err := lock(ctx, holder, "q", 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Write([]byte("*5\r\n$4\r\nLOCK\r\n$1\r\nq\r\n$5\r\n30000\r\n$4\r\nWAIT\r\n$5\r\n20000\r\n"))
+	time.Sleep(100 * time.Millisecond)
+	raw.Close()
+	time.Sleep(100 * time.Millisecond)
+	holder.Do(ctx, "UNLOCK", "q", held.token)
+	// The next waiter gets the lock at once: nobody holds it for the
+	// client that left.
+	other := newClient(t, addr, 2)
+	if _, err := lock(ctx, other, "q", 1000, "WAIT", 2000); err != nil {
+		t.Fatalf("after the waiter left: %v", err)
+	}
+}
+
+// TestKeepaliveReleasedWhenClientDies: a KEEPALIVE lock outlives its ttl
+// while its client is connected and is free at once when it disconnects.
+func TestKeepaliveReleasedWhenClientDies(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	addr := startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
+	ctx := context.Background()
+	owner := newClient(t, addr, 2)
+	if _, err := lock(ctx, owner, "kept", 300, "KEEPALIVE"); err != nil {
+		t.Fatal(err)
+	}
+	other := newClient(t, addr, 2)
+	time.Sleep(900 * time.Millisecond) // three ttls
+	if _, err := lock(ctx, other, "kept", 1000); !errors.Is(err, redis.Nil) {
+		t.Fatalf("the kept lock was free after three ttls: %v", err)
+	}
+	owner.Close()
+	if _, err := lock(ctx, other, "kept", 1000, "WAIT", 250); err != nil {
+		t.Fatalf("not released when the owner disconnected: %v", err)
+	}
+}
+
+// TestGuardWhenBackendIsLockNode: lock state on a node that is also the
+// backend cannot be read or changed through the proxy.
+func TestGuardWhenBackendIsLockNode(t *testing.T) {
+	nodes, addrs := startNodes(t, 3)
+	addr := startApp(t, realConfig, "-backend", nodes[0].Addr, "-lock-nodes", addrs)
+	ctx := context.Background()
+	c := newClient(t, addr, 2)
+	if _, err := lock(ctx, c, "secret", 10000); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]any{
+		{"HGETALL", "lockproxy:lock:secret"},
+		{"DEL", "lockproxy:lock:secret"},
+		{"GET", "lockproxy:fence"},
+		{"MSET", "a", "1", "lockproxy:fence", "0"},
+		{"EVAL", "return redis.call('DEL', KEYS[1])", "1", "lockproxy:lock:secret"},
+		{"SORT", "list", "BY", "lockproxy:lock:*->t"},
+		{"OBJECT", "ENCODING", "lockproxy:fence"},
+		{"FLUSHALL"},
+	} {
+		err := c.Do(ctx, cmd...).Err()
+		if err == nil || !strings.Contains(err.Error(), "lock state") {
+			t.Errorf("%v: %v, want a refusal", cmd, err)
+		}
+	}
+	if err := c.Set(ctx, "ordinary", "1", 0).Err(); err != nil {
+		t.Fatalf("ordinary keys: %v", err)
+	}
+	if n, _ := c.Exists(ctx, "ordinary").Result(); n != 1 {
+		t.Fatal("EXISTS ordinary")
+	}
+	if _, err := lock(ctx, c, "secret", 10000); !errors.Is(err, redis.Nil) {
+		t.Fatalf("the lock state was changed: %v", err)
+	}
+}
