@@ -1,0 +1,135 @@
+package commands
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// Config bounds the arguments the commands accept. The zero value is not
+// useful; start from DefaultConfig.
+type Config struct {
+	// MaxTTL is the largest ttl-ms that LOCK and EXTEND accept. A larger one
+	// is rejected with an ERR reply before any lock node is asked. The
+	// default is 1h.
+	MaxTTL time.Duration
+	// MaxWait is the largest WAIT timeout-ms that LOCK accepts. Zero allows
+	// only WAIT 0. The default is 60s.
+	MaxWait time.Duration
+}
+
+// DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s.
+func DefaultConfig() Config {
+	return Config{MaxTTL: time.Hour, MaxWait: time.Minute}
+}
+
+// Validate reports whether c can be used: MaxTTL must be at least 1ms and
+// MaxWait must not be negative.
+func (c Config) Validate() error {
+	if c.MaxTTL < time.Millisecond {
+		return fmt.Errorf("commands: MaxTTL %v is below 1ms", c.MaxTTL)
+	}
+	if c.MaxWait < 0 {
+		return fmt.Errorf("commands: MaxWait %v is negative", c.MaxWait)
+	}
+	return nil
+}
+
+// releaseTimeout bounds the release of a lock whose client is gone (Close,
+// or a LOCK that succeeded after the client disconnected). Each node round in
+// quorum is already bounded by its NodeTimeout, so this only guards against
+// a release that would otherwise wait forever on a context that never ends.
+const releaseTimeout = 2 * time.Second
+
+// Errors in replies to bad arguments. Their texts follow Redis and redcon,
+// so client libraries show them like any other Redis error.
+var (
+	errSyntax       = errors.New("ERR syntax error")
+	errNotInteger   = errors.New("ERR value is not an integer or out of range")
+	errEmptyToken   = errors.New("ERR token must not be empty")
+	errWaitNegative = errors.New("ERR WAIT timeout-ms is negative")
+	errNoToken      = errors.New("ERR no token given and this connection does not hold the lock")
+	errClosed       = errors.New("ERR connection closed")
+	errUnknown      = errors.New("ERR unknown command")
+
+	errArityLock   = errors.New("ERR wrong number of arguments for 'lock' command")
+	errArityUnlock = errors.New("ERR wrong number of arguments for 'unlock' command")
+	errArityExtend = errors.New("ERR wrong number of arguments for 'extend' command")
+
+	errExpireLock   = errors.New("ERR invalid expire time in 'lock' command")
+	errExpireExtend = errors.New("ERR invalid expire time in 'extend' command")
+)
+
+// Replies for errors from the lock engine other than NoQuorumError.
+const (
+	msgTimedOut   = "ERR command timed out"
+	msgCancelled  = "ERR command cancelled"
+	msgUnexpected = "ERR unexpected error from the lock engine"
+)
+
+// Handler serves LOCK, UNLOCK and EXTEND for any number of connections. It
+// is safe for concurrent use; per-connection state lives in Conn.
+type Handler struct {
+	locker *quorum.Locker
+	logger *zap.Logger
+
+	maxTTL  int64 // milliseconds
+	maxWait int64 // milliseconds
+	// The texts naming the maxima are built once so that parsing never
+	// allocates.
+	errTTLMax  error
+	errWaitMax error
+}
+
+// New returns a Handler that runs the commands on l. cfg should have passed
+// Validate; a MaxTTL below 1ms is replaced by the default and a negative
+// MaxWait by zero. A nil logger logs nothing. Per-command events are logged
+// at Debug level, a lost KEEPALIVE at Warn. Tokens are never logged.
+func New(l *quorum.Locker, cfg Config, logger *zap.Logger) *Handler {
+	if cfg.MaxTTL < time.Millisecond {
+		cfg.MaxTTL = DefaultConfig().MaxTTL
+	}
+	cfg.MaxWait = max(cfg.MaxWait, 0)
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	h := &Handler{
+		locker:  l,
+		logger:  logger,
+		maxTTL:  cfg.MaxTTL.Milliseconds(),
+		maxWait: cfg.MaxWait.Milliseconds(),
+	}
+	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
+	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)
+	return h
+}
+
+// Is reports whether name, in any case, is one of the commands the Handler
+// serves: LOCK, UNLOCK or EXTEND. It does not allocate.
+func (h *Handler) Is(name []byte) bool {
+	return equalFold(name, "lock") || equalFold(name, "unlock") || equalFold(name, "extend")
+}
+
+// NewConn returns the state of one new client connection. The caller must
+// call Conn.Close when the connection ends.
+func (h *Handler) NewConn() *Conn {
+	return &Conn{h: h, held: make(map[string]*holding)}
+}
+
+// equalFold reports whether b equals lower, ignoring ASCII case. lower must
+// consist of lower-case ASCII letters.
+func equalFold(b []byte, lower string) bool {
+	if len(b) != len(lower) {
+		return false
+	}
+	for i := range len(b) {
+		if b[i]|0x20 != lower[i] {
+			return false
+		}
+	}
+	return true
+}

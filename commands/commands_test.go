@@ -1,0 +1,686 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// env is a Handler on a real quorum.Locker over real redis-server nodes.
+type env struct {
+	h     *Handler
+	nodes []*redistest.Server
+	logs  *observer.ObservedLogs
+}
+
+// newEnv starts n lock nodes and a Handler with DefaultConfig on them. Its
+// log goes both to the test log and to e.logs.
+func newEnv(tb testing.TB, n int) *env {
+	tb.Helper()
+	e := &env{}
+	opts := make([]*redis.Options, n)
+	for i := range n {
+		s := redistest.Start(tb)
+		e.nodes = append(e.nodes, s)
+		opts[i] = &redis.Options{Addr: s.Addr}
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	logger := zap.New(zapcore.NewTee(zaptest.NewLogger(tb).Core(), core))
+	l, err := quorum.New(opts, quorum.DefaultConfig(), logger.Named("quorum"))
+	if err != nil {
+		tb.Fatalf("quorum.New: %v", err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	e.h = New(l, DefaultConfig(), logger.Named("commands"))
+	e.logs = logs
+	return e
+}
+
+// client is one connection's Conn, closed by the test's cleanup.
+type client struct {
+	tb    testing.TB
+	c     *Conn
+	resp3 bool
+}
+
+func (e *env) client(tb testing.TB, resp3 bool) *client {
+	c := e.h.NewConn()
+	tb.Cleanup(c.Close)
+	return &client{tb: tb, c: c, resp3: resp3}
+}
+
+// do serves one command with a background context and returns the reply.
+func (cl *client) do(args ...string) string {
+	return cl.doCtx(context.Background(), args...)
+}
+
+func (cl *client) doCtx(ctx context.Context, args ...string) string {
+	prev := []byte("+prev\r\n")
+	reply := cl.c.Serve(ctx, prev, argv(args...), cl.resp3)
+	if !strings.HasPrefix(string(reply), string(prev)) {
+		cl.tb.Fatalf("%q: Serve did not append to dst: %q", args, reply)
+	}
+	return string(reply[len(prev):])
+}
+
+// lock runs a LOCK that must succeed and returns its parsed reply.
+func (cl *client) lock(args ...string) lockReply {
+	cl.tb.Helper()
+	reply := cl.do(args...)
+	lr, err := parseLockReply(reply)
+	if err != nil {
+		cl.tb.Fatalf("%q = %q: %v", args, reply, err)
+	}
+	return lr
+}
+
+type lockReply struct {
+	token    string
+	validity int64
+	fence    int64
+}
+
+// parseLockReply parses the successful LOCK reply: an array of a bulk
+// string and two integers, and nothing after it.
+func parseLockReply(reply string) (lockReply, error) {
+	var lr lockReply
+	rest, ok := strings.CutPrefix(reply, "*3\r\n$")
+	if !ok {
+		return lr, fmt.Errorf("not an array of 3 starting with a bulk string")
+	}
+	n, rest, ok := strings.Cut(rest, "\r\n")
+	size, err := strconv.Atoi(n)
+	if !ok || err != nil || size < 0 || len(rest) < size+2 || rest[size:size+2] != "\r\n" {
+		return lr, fmt.Errorf("bad bulk string")
+	}
+	lr.token, rest = rest[:size], rest[size+2:]
+	for _, v := range []*int64{&lr.validity, &lr.fence} {
+		if rest, ok = strings.CutPrefix(rest, ":"); !ok {
+			return lr, fmt.Errorf("integer expected")
+		}
+		var num string
+		num, rest, ok = strings.Cut(rest, "\r\n")
+		if *v, err = strconv.ParseInt(num, 10, 64); !ok || err != nil {
+			return lr, fmt.Errorf("bad integer %q", num)
+		}
+	}
+	if rest != "" {
+		return lr, fmt.Errorf("%q after the array", rest)
+	}
+	return lr, nil
+}
+
+// intReply parses an integer reply.
+func intReply(tb testing.TB, reply string) int64 {
+	tb.Helper()
+	num, ok := strings.CutPrefix(reply, ":")
+	num, ok2 := strings.CutSuffix(num, "\r\n")
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || !ok2 || err != nil {
+		tb.Fatalf("reply %q is not an integer", reply)
+	}
+	return n
+}
+
+func nullReply(resp3 bool) string {
+	if resp3 {
+		return "_\r\n"
+	}
+	return "*-1\r\n"
+}
+
+// onNodes runs a set-up command on every node and returns the replies.
+func (e *env) onNodes(tb testing.TB, args ...string) []string {
+	tb.Helper()
+	var replies []string
+	for _, s := range e.nodes {
+		r, err := s.Do(args...)
+		if err != nil {
+			tb.Fatalf("%q on %s: %v", args, s.Addr, err)
+		}
+		replies = append(replies, r)
+	}
+	return replies
+}
+
+// eventually polls cond every 10ms until it holds or d has passed.
+func eventually(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+const keyPrefix = "lockproxy:lock:" // quorum.DefaultConfig's KeyPrefix + "lock:"
+
+func forEachProtocol(t *testing.T, f func(t *testing.T, resp3 bool)) {
+	for _, resp3 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "RESP2", true: "RESP3"}[resp3], func(t *testing.T) {
+			t.Parallel()
+			f(t, resp3)
+		})
+	}
+}
+
+func TestReplies(t *testing.T) {
+	t.Parallel()
+	forEachProtocol(t, func(t *testing.T, resp3 bool) {
+		e := newEnv(t, 3)
+		a, b := e.client(t, resp3), e.client(t, resp3)
+
+		got := a.lock("LOCK", "r", "10000")
+		if len(got.token) != 36 || got.validity <= 9000 || got.validity > 10000 || got.fence <= 0 {
+			t.Errorf("LOCK r 10000 = %+v, want a uuid token, validity in (9000, 10000] and a positive fence", got)
+		}
+		if reply := b.do("lock", "r", "10000"); reply != nullReply(resp3) {
+			t.Errorf("LOCK of a held resource = %q, want %q", reply, nullReply(resp3))
+		}
+
+		if v := intReply(t, a.do("EXTEND", "r", "20000")); v <= 19000 || v > 20000 {
+			t.Errorf("token-less EXTEND r 20000 = %d, want validity in (19000, 20000]", v)
+		}
+		if v := intReply(t, b.do("EXTEND", "r", "30000", got.token)); v <= 29000 || v > 30000 {
+			t.Errorf("EXTEND r 30000 <token> from another connection = %d, want validity in (29000, 30000]", v)
+		}
+		replies := []struct {
+			c    *client
+			give []string
+			want string
+		}{
+			{c: b, give: []string{"EXTEND", "r", "1000", "not-the-token"}, want: ":0\r\n"},
+			{c: b, give: []string{"UNLOCK", "r", "not-the-token"}, want: ":0\r\n"},
+			{c: b, give: []string{"UNLOCK", "r"}, want: "-ERR no token given and this connection does not hold the lock\r\n"},
+			{c: b, give: []string{"EXTEND", "r", "1000"}, want: "-ERR no token given and this connection does not hold the lock\r\n"},
+			{c: a, give: []string{"UNLOCK", "r"}, want: ":1\r\n"},
+			{c: a, give: []string{"UNLOCK", "r"}, want: "-ERR no token given and this connection does not hold the lock\r\n"},
+			{c: a, give: []string{"UNLOCK", "r", got.token}, want: ":0\r\n"},
+			{c: a, give: []string{"EXTEND", "r", "1000", got.token}, want: ":0\r\n"},
+		}
+		for _, tt := range replies {
+			if reply := tt.c.do(tt.give...); reply != tt.want {
+				t.Errorf("%q = %q, want %q", tt.give, reply, tt.want)
+			}
+		}
+
+		next := b.lock("LOCK", "r", "1000")
+		if next.fence <= got.fence || next.token == got.token {
+			t.Errorf("LOCK after UNLOCK = %+v, want a new token and a fence above %d", next, got.fence)
+		}
+	})
+}
+
+func TestLockWithToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, true)
+
+	first := a.lock("LOCK", "r", "5000", "TOKEN", "my-token")
+	if first.token != "my-token" {
+		t.Fatalf("LOCK ... TOKEN my-token returned token %q", first.token)
+	}
+	again := a.lock("LOCK", "r", "8000", "token", "my-token")
+	if again.fence != first.fence || again.validity <= 7000 {
+		t.Errorf("idempotent LOCK = %+v, want fence %d and validity above 7000", again, first.fence)
+	}
+	// After a reconnect, the token alone proves ownership.
+	if other := b.lock("LOCK", "r", "5000", "TOKEN", "my-token"); other.fence != first.fence {
+		t.Errorf("LOCK with the holder's token on another connection: fence %d, want %d", other.fence, first.fence)
+	}
+	if reply := b.do("LOCK", "r", "5000"); reply != "_\r\n" {
+		t.Errorf("LOCK without the token = %q, want null", reply)
+	}
+	if reply := b.do("UNLOCK", "r"); reply != ":1\r\n" {
+		t.Errorf("token-less UNLOCK on the connection that re-acquired = %q, want :1", reply)
+	}
+	if reply := a.do("UNLOCK", "r"); reply != ":0\r\n" {
+		t.Errorf("token-less UNLOCK of a lock released elsewhere = %q, want :0", reply)
+	}
+	if reply := a.do("UNLOCK", "r"); !strings.HasPrefix(reply, "-ERR no token given") {
+		t.Errorf("UNLOCK after :0 = %q, want the no-token error (record cleared)", reply)
+	}
+}
+
+func TestTokenlessAfterExpiry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a := e.client(t, false)
+	a.lock("LOCK", "r", "50")
+	time.Sleep(150 * time.Millisecond)
+	if reply := a.do("EXTEND", "r", "1000"); reply != ":0\r\n" {
+		t.Errorf("token-less EXTEND of an expired lock = %q, want :0", reply)
+	}
+	if reply := a.do("EXTEND", "r", "1000"); !strings.HasPrefix(reply, "-ERR no token given") {
+		t.Errorf("second token-less EXTEND = %q, want the no-token error", reply)
+	}
+}
+
+// TestBadArguments runs every bad command against lock nodes that are all
+// down: a command that reached quorum would reply NOQUORUM instead.
+func TestBadArguments(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	for _, s := range e.nodes {
+		s.Kill()
+	}
+	tests := []struct {
+		give []string
+		want string
+	}{
+		{give: []string{"LOCK"}, want: "-ERR wrong number of arguments for 'lock' command\r\n"},
+		{give: []string{"lock", "r"}, want: "-ERR wrong number of arguments for 'lock' command\r\n"},
+		{give: []string{"UNLOCK"}, want: "-ERR wrong number of arguments for 'unlock' command\r\n"},
+		{give: []string{"UnLock", "r", "t", "x"}, want: "-ERR wrong number of arguments for 'unlock' command\r\n"},
+		{give: []string{"EXTEND", "r"}, want: "-ERR wrong number of arguments for 'extend' command\r\n"},
+		{give: []string{"EXTEND", "r", "1", "t", "x"}, want: "-ERR wrong number of arguments for 'extend' command\r\n"},
+		{give: []string{"LOCK", "r", "ten"}, want: "-ERR value is not an integer or out of range\r\n"},
+		{give: []string{"LOCK", "r", "1.5"}, want: "-ERR value is not an integer or out of range\r\n"},
+		{give: []string{"LOCK", "r", "0"}, want: "-ERR invalid expire time in 'lock' command\r\n"},
+		{give: []string{"LOCK", "r", "-1"}, want: "-ERR invalid expire time in 'lock' command\r\n"},
+		{give: []string{"LOCK", "r", "3600001"}, want: "-ERR ttl-ms exceeds the maximum of 3600000\r\n"},
+		{give: []string{"LOCK", "r", "100", "WAIT"}, want: "-ERR syntax error\r\n"},
+		{give: []string{"LOCK", "r", "100", "WAIT", "soon"}, want: "-ERR value is not an integer or out of range\r\n"},
+		{give: []string{"LOCK", "r", "100", "WAIT", "-1"}, want: "-ERR WAIT timeout-ms is negative\r\n"},
+		{give: []string{"LOCK", "r", "100", "WAIT", "60001"}, want: "-ERR WAIT timeout-ms exceeds the maximum of 60000\r\n"},
+		{give: []string{"LOCK", "r", "100", "TOKEN", ""}, want: "-ERR token must not be empty\r\n"},
+		{give: []string{"LOCK", "r", "100", "TOKEN"}, want: "-ERR syntax error\r\n"},
+		{give: []string{"LOCK", "r", "100", "KEEPALIVE", "keepalive"}, want: "-ERR syntax error\r\n"},
+		{give: []string{"LOCK", "r", "100", "WAIT", "1", "wait", "2"}, want: "-ERR syntax error\r\n"},
+		{give: []string{"LOCK", "r", "100", "TOKEN", "a", "TOKEN", "b"}, want: "-ERR syntax error\r\n"},
+		{give: []string{"LOCK", "r", "100", "PX", "5"}, want: "-ERR syntax error\r\n"},
+		{give: []string{"EXTEND", "r", "x", "t"}, want: "-ERR value is not an integer or out of range\r\n"},
+		{give: []string{"EXTEND", "r", "0", "t"}, want: "-ERR invalid expire time in 'extend' command\r\n"},
+		{give: []string{"EXTEND", "r", "3600001", "t"}, want: "-ERR ttl-ms exceeds the maximum of 3600000\r\n"},
+		{give: []string{"EXTEND", "r", "100", ""}, want: "-ERR token must not be empty\r\n"},
+		{give: []string{"UNLOCK", "r", ""}, want: "-ERR token must not be empty\r\n"},
+		{give: []string{"UNLOCK", "r"}, want: "-ERR no token given and this connection does not hold the lock\r\n"},
+		{give: []string{"EXTEND", "r", "100"}, want: "-ERR no token given and this connection does not hold the lock\r\n"},
+		{give: []string{"GET", "r"}, want: "-ERR unknown command\r\n"},
+		{give: []string{}, want: "-ERR unknown command\r\n"},
+	}
+	for _, resp3 := range []bool{false, true} {
+		c := e.client(t, resp3)
+		for _, tt := range tests {
+			if reply := c.do(tt.give...); reply != tt.want {
+				t.Errorf("resp3=%v %q = %q, want %q", resp3, tt.give, reply, tt.want)
+			}
+		}
+	}
+	// The control: a good command does reach the (dead) nodes.
+	if reply := e.client(t, false).do("LOCK", "r", "100"); reply != "-NOQUORUM 0 of 3 lock nodes answered\r\n" {
+		t.Errorf("LOCK with every node down = %q, want NOQUORUM 0 of 3", reply)
+	}
+}
+
+func TestNoQuorum(t *testing.T) {
+	t.Parallel()
+	forEachProtocol(t, func(t *testing.T, resp3 bool) {
+		e := newEnv(t, 3)
+		a := e.client(t, resp3)
+		held := a.lock("LOCK", "held", "10000")
+		e.nodes[1].Kill()
+		e.nodes[2].Kill()
+
+		const want = "-NOQUORUM 1 of 3 lock nodes answered\r\n"
+		for _, give := range [][]string{
+			{"LOCK", "free", "1000"},
+			{"LOCK", "free", "1000", "KEEPALIVE"},
+			{"EXTEND", "held", "1000"},
+			{"EXTEND", "held", "1000", held.token},
+			{"UNLOCK", "held"},
+			{"UNLOCK", "held"}, // the record survives a NOQUORUM: the retry still has the token
+			{"UNLOCK", "held", held.token},
+		} {
+			if reply := a.do(give...); reply != want {
+				t.Errorf("%q with 1 of 3 nodes up = %q, want %q", give, reply, want)
+			}
+		}
+		if r, _ := e.nodes[0].Do("EXISTS", keyPrefix+"free"); r != ":0" {
+			t.Errorf("after NOQUORUM, EXISTS on the live node = %s, want :0 (nothing left locked)", r)
+		}
+	})
+}
+
+func TestNoQuorumFiveNodes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 5)
+	a := e.client(t, false)
+	e.nodes[0].Kill()
+	e.nodes[1].Kill()
+	a.lock("LOCK", "three-of-five", "1000") // a majority is still up
+	e.nodes[2].Kill()
+	if reply := a.do("LOCK", "two-of-five", "1000"); reply != "-NOQUORUM 2 of 5 lock nodes answered\r\n" {
+		t.Errorf("LOCK with 2 of 5 nodes up = %q, want NOQUORUM 2 of 5", reply)
+	}
+	for _, s := range e.nodes[3:] {
+		if r, _ := s.Do("EXISTS", keyPrefix+"two-of-five"); r != ":0" {
+			t.Errorf("after NOQUORUM, EXISTS on a live node = %s, want :0", r)
+		}
+	}
+}
+
+func TestKeepAliveOutlivesTTL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "r", "300", "KEEPALIVE")
+	time.Sleep(time.Second)
+	if reply := b.do("LOCK", "r", "300"); reply != "*-1\r\n" {
+		t.Fatalf("LOCK 1s after a 300ms KEEPALIVE lock = %q, want null (still held)", reply)
+	}
+	if v := intReply(t, a.do("EXTEND", "r", "300")); v <= 0 {
+		t.Errorf("EXTEND of the kept lock = %d, want > 0", v)
+	}
+	if reply := a.do("UNLOCK", "r"); reply != ":1\r\n" {
+		t.Fatalf("UNLOCK = %q, want :1", reply)
+	}
+	// UNLOCK stopped the extender: nothing brings the key back.
+	time.Sleep(250 * time.Millisecond)
+	for i, r := range e.onNodes(t, "EXISTS", keyPrefix+"r") {
+		if r != ":0" {
+			t.Errorf("node %d: EXISTS after UNLOCK = %s, want :0", i, r)
+		}
+	}
+	if e.logs.FilterMessage("keepalive lost").Len() != 0 {
+		t.Errorf("UNLOCK of a kept lock logged a lost keepalive")
+	}
+}
+
+// TestKeepAliveAfterWait keeps alive a lock that was acquired after a WAIT
+// longer than its own validity: the validity counts from the acquisition,
+// not from the start of the command.
+func TestKeepAliveAfterWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b, c := e.client(t, false), e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "r", "600") // expires, nobody releases it
+	b.lock("LOCK", "r", "300", "WAIT", "3000", "KEEPALIVE")
+	time.Sleep(time.Second)
+	if reply := c.do("LOCK", "r", "300"); reply != "*-1\r\n" {
+		t.Errorf("LOCK 1s after a WAIT ... KEEPALIVE acquisition = %q, want null (kept alive)", reply)
+	}
+	if n := e.logs.FilterMessage("keepalive lost").Len(); n != 0 {
+		t.Errorf("keepalive lost logged %d times, want 0", n)
+	}
+}
+
+func TestKeepAliveUsesExtendedTTL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a := e.client(t, false)
+	a.lock("LOCK", "r", "300", "KEEPALIVE")
+	if v := intReply(t, a.do("EXTEND", "r", "5000")); v <= 4000 {
+		t.Fatalf("EXTEND r 5000 = %d", v)
+	}
+	// The extender now extends to 5000ms about every 1.7s; with the old
+	// ttl the key would never have more than 300ms left.
+	time.Sleep(2 * time.Second)
+	for i, r := range e.onNodes(t, "PTTL", keyPrefix+"r") {
+		if ms, err := strconv.Atoi(strings.TrimPrefix(r, ":")); err != nil || ms < 2500 {
+			t.Errorf("node %d: PTTL = %s, want above 2500 (the EXTENDed ttl)", i, r)
+		}
+	}
+}
+
+func TestKeepAliveLostWhenDeleted(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range [][]string{{"EXTEND", "r", "1000"}, {"UNLOCK", "r"}} {
+		t.Run(cmd[0], func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 3)
+			a := e.client(t, false)
+			lk := a.lock("LOCK", "r", "300", "KEEPALIVE")
+			e.onNodes(t, "DEL", keyPrefix+"r")
+			if !eventually(2*time.Second, func() bool { return e.logs.FilterMessage("keepalive lost").Len() > 0 }) {
+				t.Fatal("no keepalive lost logged after the key was deleted on every node")
+			}
+			// Put the very same lock back. Only the lost keepalive can
+			// make the next command say that the lock is gone.
+			e.onNodes(t, "HSET", keyPrefix+"r", "token", lk.token, "fence", strconv.FormatInt(lk.fence, 10))
+			e.onNodes(t, "PEXPIRE", keyPrefix+"r", "10000")
+			if reply := a.do(cmd...); reply != ":0\r\n" {
+				t.Errorf("%q after the keepalive was lost = %q, want :0", cmd, reply)
+			}
+			if reply := a.do(cmd...); !strings.HasPrefix(reply, "-ERR no token given") {
+				t.Errorf("second %q = %q, want the no-token error (record cleared)", cmd, reply)
+			}
+
+			lost := e.logs.FilterMessage("keepalive lost").All()[0]
+			if lost.Level != zapcore.WarnLevel || lost.ContextMap()["resource"] != "r" {
+				t.Errorf("keepalive lost entry = %v %v, want Warn with resource r", lost.Level, lost.ContextMap())
+			}
+			for _, entry := range e.logs.All() {
+				if strings.Contains(fmt.Sprint(entry.Message, entry.ContextMap()), lk.token) {
+					t.Errorf("a log entry shows the token: %s %v", entry.Message, entry.ContextMap())
+				}
+			}
+		})
+	}
+}
+
+func TestKeepAliveSurvivesShortOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "r", "900", "KEEPALIVE")
+	e.nodes[1].Pause()
+	e.nodes[2].Pause()
+	time.Sleep(400 * time.Millisecond) // the extension at ~300ms fails; validity lasts ~880ms
+	e.nodes[1].Resume()
+	e.nodes[2].Resume()
+	time.Sleep(1200 * time.Millisecond)
+	if reply := b.do("LOCK", "r", "300"); reply != "*-1\r\n" {
+		t.Errorf("LOCK after a short outage of 2 of 3 nodes = %q, want null (kept alive by retries)", reply)
+	}
+	if n := e.logs.FilterMessage("keepalive lost").Len(); n != 0 {
+		t.Errorf("keepalive lost logged %d times, want 0", n)
+	}
+	if v := intReply(t, a.do("EXTEND", "r", "900")); v <= 0 {
+		t.Errorf("EXTEND after the outage = %d, want > 0", v)
+	}
+}
+
+func TestKeepAliveLostWithoutQuorum(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a := e.client(t, true)
+	a.lock("LOCK", "r", "300", "KEEPALIVE")
+	e.nodes[1].Pause()
+	e.nodes[2].Pause()
+	if !eventually(2*time.Second, func() bool { return e.logs.FilterMessage("keepalive lost").Len() > 0 }) {
+		t.Fatal("no keepalive lost logged with 2 of 3 nodes paused past the validity")
+	}
+	e.nodes[1].Resume()
+	e.nodes[2].Resume()
+	if reply := a.do("EXTEND", "r", "300"); reply != ":0\r\n" {
+		t.Errorf("EXTEND after the keepalive was lost = %q, want :0", reply)
+	}
+}
+
+func TestRelockReplacesKeepAlive(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "r", "300", "TOKEN", "t", "KEEPALIVE")
+	a.lock("LOCK", "r", "300", "TOKEN", "t") // same holding, no longer kept alive
+	time.Sleep(600 * time.Millisecond)
+	b.lock("LOCK", "r", "300")
+}
+
+func TestCloseReleasesKeptLocks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "kept", "10000", "KEEPALIVE")
+	a.lock("LOCK", "kept2", "10000", "KEEPALIVE")
+	a.lock("LOCK", "plain", "10000")
+	a.c.Close()
+	a.c.Close() // idempotent
+
+	b.lock("LOCK", "kept", "1000")
+	b.lock("LOCK", "kept2", "1000")
+	if reply := b.do("LOCK", "plain", "1000"); reply != "*-1\r\n" {
+		t.Errorf("LOCK of a lock taken without KEEPALIVE after Close = %q, want null (held until its ttl)", reply)
+	}
+	if reply := a.do("LOCK", "late", "10000", "KEEPALIVE"); reply != "-ERR connection closed\r\n" {
+		t.Errorf("LOCK on a closed Conn = %q, want connection closed", reply)
+	}
+	b.lock("LOCK", "late", "1000") // the late LOCK released what it got
+	if reply := a.do("UNLOCK", "plain"); reply != "-ERR connection closed\r\n" {
+		t.Errorf("UNLOCK on a closed Conn = %q, want connection closed", reply)
+	}
+}
+
+// TestCloseDuringServe closes a Conn while LOCK ... KEEPALIVE commands run:
+// every lock is released, whether it was recorded before Close or not.
+func TestCloseDuringServe(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	var wg sync.WaitGroup
+	started := make(chan struct{})
+	n := 0
+	wg.Go(func() {
+		for ; ; n++ {
+			if n == 10 {
+				close(started)
+			}
+			reply := a.c.Serve(context.Background(), nil, argv("LOCK", "r"+strconv.Itoa(n), "10000", "KEEPALIVE"), false)
+			if string(reply) == "-ERR connection closed\r\n" {
+				return
+			}
+		}
+	})
+	<-started
+	a.c.Close()
+	wg.Wait()
+	for i := range n + 1 {
+		b.lock("LOCK", "r"+strconv.Itoa(i), "1000")
+	}
+}
+
+func TestWait(t *testing.T) {
+	t.Parallel()
+	forEachProtocol(t, func(t *testing.T, resp3 bool) {
+		e := newEnv(t, 3)
+		a, b, c := e.client(t, resp3), e.client(t, resp3), e.client(t, resp3)
+		a.lock("LOCK", "r", "10000")
+
+		start := time.Now()
+		if reply := c.do("LOCK", "r", "1000", "WAIT", "200"); reply != nullReply(resp3) {
+			t.Errorf("LOCK ... WAIT 200 on a held lock = %q, want null", reply)
+		}
+		if d := time.Since(start); d < 200*time.Millisecond {
+			t.Errorf("LOCK ... WAIT 200 gave up after %v", d)
+		}
+
+		type result struct {
+			reply string
+			at    time.Time
+		}
+		done := make(chan result, 1)
+		go func() {
+			reply := b.do("LOCK", "r", "10000", "WAIT", "5000", "KEEPALIVE")
+			done <- result{reply, time.Now()}
+		}()
+		time.Sleep(100 * time.Millisecond)
+		released := time.Now()
+		if reply := a.do("UNLOCK", "r"); reply != ":1\r\n" {
+			t.Fatalf("UNLOCK = %q", reply)
+		}
+		res := <-done
+		if _, err := parseLockReply(res.reply); err != nil {
+			t.Fatalf("waiting LOCK = %q: %v", res.reply, err)
+		}
+		if d := res.at.Sub(released); d > time.Second {
+			t.Errorf("waiting LOCK got the lock %v after the release, want well under 1s", d)
+		}
+		if reply := b.do("UNLOCK", "r"); reply != ":1\r\n" {
+			t.Errorf("token-less UNLOCK by the waiter = %q, want :1", reply)
+		}
+	})
+}
+
+func TestContextEnded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, true)
+
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if reply := a.doCtx(cancelled, "LOCK", "r", "10000", "KEEPALIVE"); reply != "-ERR command cancelled\r\n" {
+		t.Errorf("LOCK with a cancelled context = %q, want command cancelled", reply)
+	}
+	if reply := a.do("UNLOCK", "r"); !strings.HasPrefix(reply, "-ERR no token given") {
+		t.Errorf("UNLOCK after a cancelled LOCK = %q, want the no-token error (nothing recorded)", reply)
+	}
+	b.lock("LOCK", "r", "10000")
+
+	// A client that leaves while waiting gives up its place.
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	if reply := a.doCtx(ctx, "LOCK", "r", "1000", "WAIT", "5000"); reply != "-ERR command cancelled\r\n" {
+		t.Errorf("LOCK ... WAIT cancelled = %q, want command cancelled", reply)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("cancelled WAIT returned after %v", d)
+	}
+
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if reply := a.doCtx(ctx, "LOCK", "r", "1000", "WAIT", "5000"); reply != "-ERR command timed out\r\n" {
+		t.Errorf("LOCK ... WAIT past the deadline = %q, want command timed out", reply)
+	}
+	if reply := a.doCtx(cancelled, "EXTEND", "r", "1000", "x"); reply != "-ERR command cancelled\r\n" {
+		t.Errorf("EXTEND with a cancelled context = %q, want command cancelled", reply)
+	}
+	if reply := b.doCtx(cancelled, "UNLOCK", "r"); reply != "-ERR command cancelled\r\n" {
+		t.Errorf("UNLOCK with a cancelled context = %q, want command cancelled", reply)
+	}
+	if reply := b.do("UNLOCK", "r"); reply != ":1\r\n" {
+		t.Errorf("UNLOCK after a cancelled UNLOCK = %q, want :1", reply)
+	}
+}
+
+func BenchmarkLockUnlock(b *testing.B) {
+	for _, n := range []int{3, 5} {
+		b.Run(strconv.Itoa(n)+"nodes", func(b *testing.B) {
+			e := newEnv(b, n)
+			h := New(e.h.locker, DefaultConfig(), nil) // no per-command logging
+			c := h.NewConn()
+			defer c.Close()
+			lock, unlock := argv("LOCK", "bench", "10000"), argv("UNLOCK", "bench")
+			ctx := context.Background()
+			var buf []byte
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				buf = c.Serve(ctx, buf[:0], lock, false)
+				if buf[0] != '*' {
+					b.Fatalf("LOCK = %q", buf)
+				}
+				buf = c.Serve(ctx, buf[:0], unlock, false)
+				if string(buf) != ":1\r\n" {
+					b.Fatalf("UNLOCK = %q", buf)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,335 @@
+package commands
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tidwall/redcon"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// Conn is the state of one client connection: the locks it acquired and
+// the KEEPALIVE extenders it owns. Serve must not be called concurrently for
+// one Conn; Close may be called concurrently with Serve and more than once.
+type Conn struct {
+	h *Handler
+
+	mu     sync.Mutex
+	held   map[string]*holding // resource -> the current holding; guarded by mu
+	closed bool                // guarded by mu
+
+	extenders sync.WaitGroup // running extenders; Add only under mu while !closed
+	closeOnce sync.Once
+}
+
+// holding is one lock acquired on this connection.
+type holding struct {
+	token string
+	// base carries the values of the LOCK command's context without its
+	// cancellation, for work that outlives the command: extending and the
+	// release in Close.
+	base context.Context
+	// keep reports whether the lock was taken with KEEPALIVE, so Close
+	// releases it. It stays true after a failed UNLOCK stopped the extender.
+	keep bool
+	ext  *extender // nil without KEEPALIVE
+}
+
+// lost reports whether the keepalive of h gave the lock up. h may be nil.
+func (h *holding) lost() bool { return h != nil && h.ext != nil && h.ext.lost.Load() }
+
+// Serve answers one command and appends exactly one RESP reply to dst.
+// args[0] is the command name as sent, in any case. resp3 selects RESP3
+// encodings, which differ only for the null reply.
+//
+// ctx governs the calls to the lock nodes, including a WAIT; it should end
+// when the client disconnects. A lock acquired when ctx has already ended is
+// released at once and not recorded. Extenders started by LOCK ... KEEPALIVE
+// keep ctx's values but not its cancellation: they run until UNLOCK, a lost
+// extension or Close.
+//
+// A successful LOCK replaces what this connection recorded for the
+// resource: an idempotent LOCK ... TOKEN by the holder keeps the lock alive
+// from then on if it says KEEPALIVE, and stops keeping it alive if not.
+func (c *Conn) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
+	if len(args) == 0 {
+		return appendErr(dst, errUnknown)
+	}
+	switch name := args[0]; {
+	case equalFold(name, "lock"):
+		return c.lock(ctx, dst, args, resp3)
+	case equalFold(name, "unlock"):
+		return c.unlock(ctx, dst, args)
+	case equalFold(name, "extend"):
+		return c.extend(ctx, dst, args)
+	}
+	return appendErr(dst, errUnknown)
+}
+
+func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
+	a, err := c.h.parseLock(args)
+	if err != nil {
+		return appendErr(dst, err)
+	}
+	resource := string(a.resource)
+	start := time.Now()
+	lk, err := c.h.locker.Lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token)})
+	// Validity counts from Lock's return, which may come long after start
+	// when the call waited.
+	until := time.Now().Add(lk.Validity)
+	c.h.debug("lock", resource, start, err)
+	switch {
+	case errors.Is(err, quorum.ErrNotAcquired):
+		return appendNull(dst, resp3)
+	case err != nil:
+		return appendEngineErr(dst, err)
+	}
+	if err := ctx.Err(); err != nil {
+		// The client is gone (or the command ran out of time) just after
+		// the nodes granted the lock. Nobody will ever see the token, so
+		// give the lock back now instead of blocking others for the ttl.
+		c.h.release(ctx, resource, lk.Token)
+		return appendEngineErr(dst, err)
+	}
+	if !c.record(ctx, resource, lk, a.ttl, until, a.keepalive) {
+		c.h.release(ctx, resource, lk.Token)
+		return appendErr(dst, errClosed)
+	}
+	dst = redcon.AppendArray(dst, 3)
+	dst = redcon.AppendBulkString(dst, lk.Token)
+	dst = redcon.AppendInt(dst, lk.Validity.Milliseconds())
+	return redcon.AppendInt(dst, lk.Fence)
+}
+
+// record makes lk the holding of resource on this connection, replacing
+// (and stopping the extender of) an earlier one, and starts an extender if
+// keepalive is set. until is the end of lk's validity. It reports false if
+// the connection is closed.
+func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	if old := c.held[resource]; old != nil && old.ext != nil {
+		old.ext.stop()
+	}
+	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive}
+	if keepalive {
+		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
+	}
+	c.held[resource] = h
+	return true
+}
+
+// lookup returns the token to use for resource and, when that token is the
+// one recorded on this connection, the holding. token is nil when the
+// client left it out.
+func (c *Conn) lookup(resource string, token []byte) (*holding, string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, "", errClosed
+	}
+	h := c.held[resource]
+	switch {
+	case token == nil && h == nil:
+		return nil, "", errNoToken
+	case token == nil:
+		return h, h.token, nil
+	case h != nil && h.token == string(token):
+		return h, h.token, nil
+	}
+	return nil, string(token), nil
+}
+
+// forget removes h from the connection if it is still the holding of
+// resource, stopping its extender.
+func (c *Conn) forget(resource string, h *holding) {
+	if h == nil {
+		return
+	}
+	if h.ext != nil {
+		h.ext.stop()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[resource] == h {
+		delete(c.held, resource)
+	}
+}
+
+func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte) []byte {
+	a, err := parseUnlock(args)
+	if err != nil {
+		return appendErr(dst, err)
+	}
+	resource := string(a.resource)
+	h, token, err := c.lookup(resource, a.token)
+	if err != nil {
+		return appendErr(dst, err)
+	}
+	if h != nil && h.ext != nil {
+		// Stop extending first, so that the extender does not report the
+		// release as a lost lock.
+		h.ext.stop()
+		if h.lost() {
+			c.forget(resource, h)
+			return redcon.AppendInt(dst, 0)
+		}
+	}
+	start := time.Now()
+	err = c.h.locker.Unlock(ctx, resource, token)
+	c.h.debug("unlock", resource, start, err)
+	switch {
+	case err == nil:
+		c.forget(resource, h)
+		return redcon.AppendInt(dst, 1)
+	case errors.Is(err, quorum.ErrNotHeld):
+		c.forget(resource, h)
+		return redcon.AppendInt(dst, 0)
+	}
+	// The lock may still be held: keep the record, so that the client can
+	// retry without a token and Close still releases a kept lock.
+	return appendEngineErr(dst, err)
+}
+
+func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte) []byte {
+	a, err := c.h.parseExtend(args)
+	if err != nil {
+		return appendErr(dst, err)
+	}
+	resource := string(a.resource)
+	h, token, err := c.lookup(resource, a.token)
+	if err != nil {
+		return appendErr(dst, err)
+	}
+	if h.lost() {
+		c.forget(resource, h)
+		return redcon.AppendInt(dst, 0)
+	}
+	start := time.Now()
+	validity, err := c.h.locker.Extend(ctx, resource, token, a.ttl)
+	until := time.Now().Add(validity) // validity counts from Extend's return
+	c.h.debug("extend", resource, start, err)
+	ms := validity.Milliseconds()
+	switch {
+	case err == nil && ms > 0:
+		if h != nil && h.ext != nil {
+			c.rekeep(resource, h, a.ttl, until)
+		}
+		return redcon.AppendInt(dst, ms)
+	case err == nil || errors.Is(err, quorum.ErrNotHeld):
+		// Less than a millisecond of validity left is as good as gone; a
+		// reply of 0 must mean that the lock is not held.
+		c.forget(resource, h)
+		return redcon.AppendInt(dst, 0)
+	}
+	return appendEngineErr(dst, err)
+}
+
+// rekeep hands the new ttl and validity of a kept lock to its extender. If
+// the extender gave the lock up (or was stopped) while the EXTEND was under
+// way, the EXTEND proved the lock held again, so a new extender takes over.
+func (c *Conn) rekeep(resource string, h *holding, ttl time.Duration, until time.Time) {
+	if h.ext.update(ttl, until) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.held[resource] != h {
+		return
+	}
+	h.ext = c.startExtender(h.base, resource, h.token, ttl, until)
+}
+
+// Close stops every KEEPALIVE extender of the connection, waits for them,
+// and then releases the locks they kept, concurrently, each bounded by a
+// short timeout. Locks taken without KEEPALIVE stay until their ttl, as in
+// Redis: the client may still release them with their token from another
+// connection. Close is idempotent and safe to call concurrently with Serve;
+// a LOCK that completes after Close releases its lock and replies with an
+// error.
+func (c *Conn) Close() {
+	c.closeOnce.Do(c.close)
+}
+
+func (c *Conn) close() {
+	c.mu.Lock()
+	c.closed = true
+	held := c.held
+	c.held = nil
+	c.mu.Unlock()
+
+	for _, h := range held {
+		if h.ext != nil {
+			h.ext.cancel()
+		}
+	}
+	c.extenders.Wait()
+
+	var wg sync.WaitGroup
+	for resource, h := range held {
+		if !h.keep || h.lost() {
+			continue
+		}
+		wg.Go(func() { c.h.release(h.base, resource, h.token) })
+	}
+	wg.Wait()
+}
+
+// release gives up a lock whose client cannot be told about it. It must
+// not reuse a context that has ended, so it keeps only ctx's values.
+func (h *Handler) release(ctx context.Context, resource, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	start := time.Now()
+	err := h.locker.Unlock(ctx, resource, token)
+	h.debug("release", resource, start, err)
+}
+
+// debug logs one command at Debug level. It never logs tokens.
+func (h *Handler) debug(op, resource string, start time.Time, err error) {
+	if ce := h.logger.Check(zap.DebugLevel, "lock command"); ce != nil {
+		ce.Write(zap.String("op", op), zap.String("resource", resource),
+			zap.Duration("elapsed", time.Since(start)), zap.Error(err))
+	}
+}
+
+// appendErr appends an argument error, whose text is the whole reply.
+func appendErr(dst []byte, err error) []byte {
+	return redcon.AppendError(dst, err.Error())
+}
+
+// appendNull appends the null reply: RESP2's null array or RESP3's null.
+func appendNull(dst []byte, resp3 bool) []byte {
+	if resp3 {
+		return append(dst, "_\r\n"...)
+	}
+	return append(dst, "*-1\r\n"...)
+}
+
+// appendEngineErr appends the reply for an error from quorum. Their texts
+// are not passed on: they are for logs, and only this short reply reaches
+// the client.
+func appendEngineErr(dst []byte, err error) []byte {
+	var nq *quorum.NoQuorumError
+	switch {
+	case errors.As(err, &nq):
+		dst = append(dst, "-NOQUORUM "...)
+		dst = strconv.AppendInt(dst, int64(nq.Answered), 10)
+		dst = append(dst, " of "...)
+		dst = strconv.AppendInt(dst, int64(nq.Total), 10)
+		return append(dst, " lock nodes answered\r\n"...)
+	case errors.Is(err, context.DeadlineExceeded):
+		return redcon.AppendError(dst, msgTimedOut)
+	case errors.Is(err, context.Canceled):
+		return redcon.AppendError(dst, msgCancelled)
+	}
+	return redcon.AppendError(dst, msgUnexpected)
+}

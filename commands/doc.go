@@ -1,0 +1,14 @@
+// Package commands implements the proxy's own Redis commands, LOCK, UNLOCK
+// and EXTEND, on top of the Redlock engine in package quorum.
+//
+// A Handler parses the arguments of one command the way Redis parses its own
+// (case-insensitive names and options, times as integer milliseconds, Redis
+// wording for errors), rejects bad arguments before any lock node is asked,
+// calls the quorum.Locker and encodes the result as a RESP2 or RESP3 reply.
+// Each client connection gets a Conn, which remembers the locks it acquired so
+// that UNLOCK and EXTEND may leave out the token, and which owns the KEEPALIVE
+// extenders: one goroutine per kept lock, extending it about every ttl/3
+// until UNLOCK or Close. The user-facing contract is PROTOCOL.md; the package
+// contains no algorithm of its own and does not know about network
+// connections, which belong to package proxy.
+package commands
