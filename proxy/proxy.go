@@ -51,6 +51,15 @@ type Config struct {
 	// them. Both nil: everything is forwarded.
 	IsLocal  func(name []byte) bool
 	NewLocal func() Local
+	// Users, when not empty, makes the proxy require authentication:
+	// it answers AUTH (and HELLO ... AUTH) itself against these user
+	// names and passwords, with Redis's replies; "default" is the user of
+	// AUTH <password>. Clients' credentials never reach the backend. Empty:
+	// AUTH is forwarded to the backend like any command.
+	Users map[string]string
+	// TLS, when set, makes clients connect with TLS. Set ClientAuth and
+	// ClientCAs in it to verify client certificates.
+	TLS *tls.Config
 	// ProtectedPrefix, when set, refuses forwarded commands that name a key
 	// with this prefix (the lock state, when the backend is also a lock
 	// node).
@@ -135,6 +144,10 @@ type Proxy struct {
 	log   *zap.Logger
 	srv   *redcon.Server
 	guard *keyGuard
+	auth  *authenticator
+	// setup is what every new backend connection is sent first: the
+	// proxy's own AUTH and SELECT.
+	setup [][]byte
 
 	root   context.Context
 	cancel context.CancelFunc
@@ -167,6 +180,17 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		release:  make(chan struct{}),
 		served:   make(chan struct{}),
 	}
+	p.auth = newAuthenticator(cfg.Users)
+	b := &cfg.Backend
+	switch {
+	case b.Password != "" && b.Username != "":
+		p.setup = append(p.setup, command("AUTH", b.Username, b.Password))
+	case b.Password != "":
+		p.setup = append(p.setup, command("AUTH", b.Password))
+	}
+	if b.DB != 0 {
+		p.setup = append(p.setup, command("SELECT", strconv.Itoa(b.DB)))
+	}
 	if cfg.ProtectedPrefix != "" {
 		p.guard = newKeyGuard(cfg.ProtectedPrefix, p)
 	}
@@ -190,6 +214,9 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.inner = ln
 	p.mu.Unlock()
 	defer close(p.served)
+	if p.cfg.TLS != nil {
+		ln = tls.NewListener(ln, p.cfg.TLS)
+	}
 	return p.srv.Serve(&listener{Listener: ln, p: p})
 }
 
@@ -257,6 +284,7 @@ func (p *Proxy) busy() bool {
 // the whole pipeline goes to the backend in one write.
 func (p *Proxy) ServeRESP(conn redcon.Conn, cmd redcon.Command) {
 	s := conn.Context().(*session)
+	defer s.recoverPanic()
 	s.handle(cmd)
 	for _, c := range conn.ReadPipeline() {
 		s.handle(c)
@@ -378,16 +406,7 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 		w:    bufio.NewWriterSize(nc, 16<<10),
 		done: make(chan struct{}),
 	}
-	var setup [][]byte
-	switch {
-	case b.Password != "" && b.Username != "":
-		setup = append(setup, command("AUTH", b.Username, b.Password))
-	case b.Password != "":
-		setup = append(setup, command("AUTH", b.Password))
-	}
-	if b.DB != 0 {
-		setup = append(setup, command("SELECT", strconv.Itoa(b.DB)))
-	}
+	setup := append([][]byte(nil), p.setup...)
 	for _, raw := range [][]byte{state.auth, state.hello, state.name, state.db} {
 		if raw != nil {
 			setup = append(setup, raw)

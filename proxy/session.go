@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -45,6 +46,9 @@ const (
 	entryQuit
 	entryMulti
 	entryExec // EXEC or DISCARD
+	// entryInternal is a command the proxy sent on its own behalf (its
+	// AUTH after a client's RESET); its reply is not the client's.
+	entryInternal
 )
 
 // Pub/sub families: channels, patterns, shard channels.
@@ -108,6 +112,7 @@ type session struct {
 	be       *backend
 	replyOff bool // CLIENT REPLY OFF
 	skipNext bool // CLIENT REPLY SKIP
+	authed   bool // under proxy authentication
 	loc      Local
 	buf      []byte
 
@@ -124,8 +129,9 @@ type session struct {
 	monitor, inMulti    bool
 	state               replayState
 
-	wmu sync.Mutex // guards out
-	out *bufio.Writer
+	wmu     sync.Mutex // guards out
+	out     *bufio.Writer
+	discard *bufio.Writer // replies to the proxy's own commands
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -135,6 +141,8 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.ctx, s.cancel = context.WithCancel(p.root)
 	s.cond.L = &s.mu
 	s.out = bufio.NewWriterSize(nc, 4096)
+	s.discard = bufio.NewWriterSize(io.Discard, 64)
+	s.authed = p.auth == nil
 	return s
 }
 
@@ -168,6 +176,7 @@ func (s *session) handle(cmd redcon.Command) {
 // it until none is left, and hands forwarding back to redcon's goroutine.
 func (s *session) runLocal(it localItem) {
 	defer s.wg.Done()
+	defer s.recoverPanic()
 	s.answer(it)
 	for {
 		s.mu.Lock()
@@ -197,6 +206,15 @@ func (s *session) runLocal(it localItem) {
 func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	var nb [24]byte
 	name := lower(&nb, cmd.Args[0])
+	if s.p.auth != nil {
+		reply, rewritten := s.p.auth.gate(s, name, cmd.Args)
+		if reply != nil {
+			return localItem{reply: reply, silent: s.silent()}, false
+		}
+		if rewritten != nil {
+			cmd.Raw = rewritten
+		}
+	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
@@ -223,10 +241,23 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if _, err := s.be.w.Write(cmd.Raw); err != nil {
 		s.be.nc.Close() // the reader sees it and answers what is pending
 	}
+	if e.kind == entryReset {
+		s.reauth()
+	}
 	if ce := s.log.Check(zap.DebugLevel, "forward"); ce != nil {
 		ce.Write(zap.ByteString("command", name))
 	}
 	return localItem{}, true
+}
+
+// reauth follows a client's RESET, which signs the backend connection out,
+// with the proxy's own AUTH and SELECT, whose replies the client never sees.
+func (s *session) reauth() {
+	for _, raw := range s.p.setup {
+		if s.push(entry{kind: entryInternal}) {
+			s.be.w.Write(raw)
+		}
+	}
 }
 
 // silent reports whether the next reply is suppressed by CLIENT REPLY, and
@@ -374,11 +405,20 @@ func (s *session) connect() error {
 func (s *session) readBackend(be *backend) {
 	defer s.wg.Done()
 	defer close(be.done)
+	defer s.recoverPanic()
 	var ri replyInfo
 	for {
 		if _, err := be.r.Peek(1); err != nil {
 			s.backendLost(be, err)
 			return
+		}
+		if s.internalNext(be) {
+			if err := copyReply(s.discard, be.r, &ri); err != nil {
+				s.backendLost(be, err)
+				return
+			}
+			s.account(&ri)
+			continue
 		}
 		s.wmu.Lock()
 		err := copyReply(s.out, be.r, &ri)
@@ -402,6 +442,18 @@ func (s *session) readBackend(be *backend) {
 	}
 }
 
+// internalNext reports whether the next reply answers the proxy's own
+// command (a push never does).
+func (s *session) internalNext(be *backend) bool {
+	b, _ := be.r.Peek(1)
+	if len(b) == 0 || b[0] == '>' {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.head < len(s.fifo) && s.fifo[s.head].kind == entryInternal
+}
+
 // backendLost answers every command still waiting on be with an error and
 // marks be dead. A client whose stream broke mid-reply, or that was
 // subscribed or monitoring, is disconnected instead: its state is gone and
@@ -411,6 +463,12 @@ func (s *session) backendLost(be *backend, cause error) {
 	s.mu.Lock()
 	be.dead = true
 	n := len(s.fifo) - s.head
+	visible := 0
+	for _, e := range s.fifo[s.head:] {
+		if e.kind != entryInternal {
+			visible++
+		}
+	}
 	drop := s.closed || s.nc.broken.Load() || errors.Is(cause, errMidReply) ||
 		s.nChan+s.nPat+s.nShard > 0 || s.monitor
 	s.nChan, s.nPat, s.nShard, s.monitor, s.inMulti = 0, 0, 0, false, false
@@ -421,9 +479,9 @@ func (s *session) backendLost(be *backend, cause error) {
 	}
 	if drop {
 		s.nc.Close()
-	} else if n > 0 {
+	} else if visible > 0 {
 		s.wmu.Lock()
-		for range n {
+		for range visible {
 			s.out.Write(replyConnLost)
 		}
 		s.out.Flush()
@@ -637,6 +695,23 @@ func (s *session) protocolError(err error) {
 	s.out.WriteString("-ERR " + err.Error() + "\r\n")
 	s.out.Flush()
 	s.wmu.Unlock()
+}
+
+// recoverPanic contains a panic to this client: it is logged and the
+// client's connection is closed, and the process and every other client
+// carry on. It is deferred at the top of every goroutine that works for the
+// session.
+func (s *session) recoverPanic() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	s.log.Error("panic serving client; closing its connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+	s.nc.Close()
+	s.mu.Lock()
+	s.busy = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
 }
 
 // waiting reports whether the client is waiting on the server rather than
