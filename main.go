@@ -44,7 +44,18 @@ const embedded = "embedded"
 type fileConfig struct {
 	Listen          string        `yaml:"listen"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	Log             struct {
+	TLS             struct {
+		Enabled           bool   `yaml:"enabled"`
+		CertFile          string `yaml:"cert_file"`
+		KeyFile           string `yaml:"key_file"`
+		ClientCAFile      string `yaml:"client_ca_file"`
+		RequireClientCert bool   `yaml:"require_client_cert"`
+	} `yaml:"tls"`
+	Auth struct {
+		Requirepass string            `yaml:"requirepass"`
+		Users       map[string]string `yaml:"users"`
+	} `yaml:"auth"`
+	Log struct {
 		Level  string `yaml:"level"`
 		Format string `yaml:"format"`
 	} `yaml:"log"`
@@ -172,6 +183,18 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	setIf(&pcfg.IdleTimeout, cfg.Limits.IdleTimeout)
 	pcfg.CommandTimeout = ccfg.MaxWait + 30*time.Second
 	setIf(&pcfg.CommandTimeout, cfg.Limits.CommandTimeout)
+	if pcfg.TLS, err = cfg.serverTLS(); err != nil {
+		return fmt.Errorf("tls: %w", err)
+	}
+	if cfg.Auth.Requirepass != "" || len(cfg.Auth.Users) > 0 {
+		pcfg.Users = map[string]string{}
+		for u, pw := range cfg.Auth.Users {
+			pcfg.Users[u] = pw
+		}
+		if cfg.Auth.Requirepass != "" {
+			pcfg.Users["default"] = cfg.Auth.Requirepass
+		}
+	}
 	pcfg.IsLocal = cmds.Is
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
 	switch cfg.Lock.GuardBackend {
@@ -195,7 +218,9 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 		zap.String("addr", ln.Addr().String()),
 		zap.String("backend", backendAddr),
 		zap.Strings("lock_nodes", lockAddrs),
-		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""))
+		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""),
+		zap.Bool("tls", pcfg.TLS != nil),
+		zap.Bool("auth", len(pcfg.Users) > 0))
 	if listening != nil {
 		listening <- ln.Addr()
 	}
@@ -337,6 +362,37 @@ func newLogger(level, format string) (*zap.Logger, error) {
 	zc.Level = zap.NewAtomicLevelAt(lvl)
 	zc.DisableStacktrace = true
 	return zc.Build()
+}
+
+// serverTLS is the TLS configuration for clients, or nil.
+func (c *fileConfig) serverTLS() (*tls.Config, error) {
+	t := c.TLS
+	if !t.Enabled {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if t.ClientCAFile != "" {
+		pem, err := os.ReadFile(t.ClientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ClientCAs = x509.NewCertPool()
+		if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s: no certificate found", t.ClientCAFile)
+		}
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	if t.RequireClientCert {
+		if cfg.ClientCAs == nil {
+			return nil, errors.New("require_client_cert needs client_ca_file")
+		}
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
 }
 
 func (c tlsConfig) build() (*tls.Config, error) {

@@ -356,3 +356,52 @@ func TestGuardWhenBackendIsLockNode(t *testing.T) {
 		t.Fatalf("the lock state was changed: %v", err)
 	}
 }
+
+// TestTLSEverywhere: clients, backend and lock nodes all speak TLS with
+// certificates made in the test, clients must present a certificate, and
+// the proxy requires a password.
+func TestTLSEverywhere(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	backend := redistest.StartTLS(t, certs)
+	addrs := make([]string, 3)
+	for i := range addrs {
+		addrs[i] = redistest.StartTLS(t, certs).Addr
+	}
+	tlsBlock := fmt.Sprintf("{enabled: true, ca_file: %q, cert_file: %q, key_file: %q, server_name: localhost}",
+		certs.CA, certs.ClientCert, certs.ClientKey)
+	yaml := fmt.Sprintf(`
+tls: {enabled: true, cert_file: %q, key_file: %q, client_ca_file: %q, require_client_cert: true}
+auth: {requirepass: s3cret}
+backend: {addr: %q, tls: %s}
+lock: {nodes: [%s], tls: %s, node_timeout: 1s}  # TLS handshakes under -race are slow
+`, certs.ServerCert, certs.ServerKey, certs.CA, backend.Addr, tlsBlock, strings.Join(addrs, ", "), tlsBlock)
+	addr := startApp(t, yaml)
+	ctx := context.Background()
+
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret", TLSConfig: certs.ClientTLS(t), MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET over TLS: %v", err)
+	}
+	if _, err := lock(ctx, c, "tls-res", 1000); err != nil {
+		t.Fatalf("LOCK over TLS: %v", err)
+	}
+
+	noCert := certs.ClientTLS(t)
+	noCert.Certificates = nil
+	bad := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret", TLSConfig: noCert, MaxRetries: -1})
+	defer bad.Close()
+	if err := bad.Ping(ctx).Err(); err == nil {
+		t.Fatal("a client without a certificate was served")
+	}
+	plain := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret", MaxRetries: -1, ReadTimeout: time.Second})
+	defer plain.Close()
+	if err := plain.Ping(ctx).Err(); err == nil {
+		t.Fatal("a plain-text client was served")
+	}
+	noPass := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: certs.ClientTLS(t), MaxRetries: -1})
+	defer noPass.Close()
+	if err := noPass.Get(ctx, "k").Err(); err == nil || !strings.HasPrefix(err.Error(), "NOAUTH") {
+		t.Fatalf("without AUTH: %v", err)
+	}
+}

@@ -9,6 +9,7 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -31,6 +32,7 @@ type Server struct {
 	tb   testing.TB
 	dir  string
 	args []string
+	tls  *tls.Config // set for a server that speaks only TLS
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -42,10 +44,15 @@ type Server struct {
 // example "--maxmemory", "10mb") and waits until it answers PING.
 func Start(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
+	return start(tb, extra, nil)
+}
+
+func start(tb testing.TB, extra []string, tlsc *tls.Config) *Server {
+	tb.Helper()
 	if err := install(); err != nil {
 		tb.Fatalf("redis-server is missing and could not be installed: %v", err)
 	}
-	s := &Server{tb: tb, dir: tb.TempDir(), args: extra}
+	s := &Server{tb: tb, dir: tb.TempDir(), args: extra, tls: tlsc}
 	var err error
 	for range 5 {
 		s.Addr, err = freeAddr()
@@ -71,8 +78,12 @@ func (s *Server) Port() int {
 }
 
 func (s *Server) start() error {
+	port := []string{"--port", strconv.Itoa(s.Port())}
+	if s.tls != nil {
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port())}
+	}
 	args := []string{
-		"--port", strconv.Itoa(s.Port()),
+		port[0], port[1],
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
@@ -81,6 +92,7 @@ func (s *Server) start() error {
 		"--daemonize", "no",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}
+	args = append(args, port[2:]...)
 	args = append(args, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -94,7 +106,7 @@ func (s *Server) start() error {
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr); err == nil {
+		if err := ping(s.Addr, s.tls); err == nil {
 			break
 		}
 		select {
@@ -178,6 +190,9 @@ func (s *Server) Do(args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if s.tls != nil {
+		c = tls.Client(c, s.tls)
+	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	var b strings.Builder
@@ -237,10 +252,13 @@ func install() error {
 	return installOnce.err
 }
 
-func ping(addr string) error {
+func ping(addr string, tlsc *tls.Config) error {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
 		return err
+	}
+	if tlsc != nil {
+		c = tls.Client(c, tlsc)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
