@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/tidwall/redcon"
+)
+
+// scannedReader feeds r through a requestScanner the way clientConn does.
+type scannedReader struct {
+	r   io.Reader
+	sc  requestScanner
+	err error
+}
+
+func (s *scannedReader) Read(b []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.r.Read(b)
+	if n > 0 {
+		k, verr := s.sc.scan(b[:n])
+		if verr != nil {
+			s.err = verr
+			return k, nil
+		}
+	}
+	return n, err
+}
+
+// chunked returns data in reads of at most n bytes.
+type chunked struct {
+	data []byte
+	n    int
+}
+
+func (c *chunked) Read(b []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	k := min(len(b), c.n, len(c.data))
+	copy(b, c.data[:k])
+	c.data = c.data[k:]
+	return k, nil
+}
+
+// FuzzRequestPath sends any bytes, in reads of any size, through the
+// request limits and redcon's parser, as a client connection does. Nothing
+// may panic, and no accepted command may exceed a limit.
+func FuzzRequestPath(f *testing.F) {
+	for _, s := range []string{
+		"*1\r\n$4\r\nPING\r\n", "PING\r\n", "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", "*-1\r\n", "*0\r\n",
+		"*1\r\n$-1\r\n", "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$9999999999\r\n", "\"unbalanced\r\n",
+		"*2\r\n$4\r\nLOCK\r\n:1\r\n", "SET a 'b c'\r\n", "*1\r\n$4\r\nPI",
+	} {
+		f.Add([]byte(s), uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, chunk uint8) {
+		sr := &scannedReader{
+			r:  &chunked{data: data, n: int(chunk%64) + 1},
+			sc: requestScanner{maxBulk: 64, maxMultibulk: 8, maxInline: 128},
+		}
+		rd := redcon.NewReader(sr)
+		for range 1000 {
+			cmds, err := rd.ReadCommands()
+			for _, c := range cmds {
+				if len(c.Args) > 8 {
+					t.Fatalf("a command of %d arguments passed the limit of 8", len(c.Args))
+				}
+				for _, a := range c.Args {
+					if len(a) > 128 { // the larger of the bulk and inline limits
+						t.Fatalf("an argument of %d bytes passed the limits", len(a))
+					}
+				}
+			}
+			if err != nil {
+				var pe *ProtocolError
+				if sr.err != nil && !errors.As(sr.err, &pe) {
+					t.Fatalf("scanner error of type %T", sr.err)
+				}
+				return
+			}
+		}
+	})
+}
+
+// FuzzReplyReader copies any bytes as backend replies. Nothing may panic,
+// and a reply that is copied whole must be copied exactly.
+func FuzzReplyReader(f *testing.F) {
+	for _, s := range []string{
+		"+OK\r\n", "-ERR x\r\n", ":1\r\n", "$3\r\nabc\r\n", "$-1\r\n", "*-1\r\n", "*2\r\n$1\r\na\r\n:2\r\n",
+		"%1\r\n+a\r\n:1\r\n", ">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n", "_\r\n", ",1.5\r\n", "#t\r\n",
+		"|1\r\n+k\r\n+v\r\n+OK\r\n", "=7\r\ntxt:abc\r\n", "(123\r\n", "~1\r\n:1\r\n", "*99999999999\r\n",
+		"$99999999999999999999\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := bufio.NewReaderSize(bytes.NewReader(data), 16)
+		var out bytes.Buffer
+		w := bufio.NewWriterSize(&out, 16)
+		var ri replyInfo
+		consumed := 0
+		for {
+			before := r.Buffered()
+			_ = before
+			if err := copyReply(w, r, &ri); err != nil {
+				return
+			}
+			w.Flush()
+			consumed = out.Len()
+			if !bytes.Equal(out.Bytes(), data[:consumed]) {
+				t.Fatalf("copied %q, input began %q", out.Bytes(), data[:consumed])
+			}
+		}
+	})
+}
