@@ -36,6 +36,9 @@ import (
 	"github.com/lockproxy/lockproxy/quorum"
 )
 
+// version is set at build time: go build -ldflags "-X main.version=1.2.3".
+var version = "dev"
+
 // embedded is the address that asks for an in-process Redis-compatible
 // node instead of a real one.
 const embedded = "embedded"
@@ -110,10 +113,15 @@ func main() {
 // not nil it receives the address the proxy listens on.
 func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	cfg, err := configure(args)
+	if errors.Is(err, errVersion) {
+		fmt.Println("lockproxy", version)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	logger, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+	level := zap.NewAtomicLevel()
+	logger, err := newLogger(cfg.Log.Level, cfg.Log.Format, level)
 	if err != nil {
 		return err
 	}
@@ -229,10 +237,23 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+wait:
+	for {
+		select {
+		case err := <-served:
+			return err
+		case <-ctx.Done():
+			break wait
+		case <-hup:
+			if err := reload(args, level, p); err != nil {
+				logger.Warn("reload failed; keeping the running settings", zap.Error(err))
+				continue
+			}
+			logger.Info("reloaded log level and limits", zap.Stringer("level", level.Level()))
+		}
 	}
 	logger.Info("shutting down", zap.Duration("timeout", cfg.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
@@ -247,6 +268,35 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	return nil
 }
 
+// errVersion asks run to print the version.
+var errVersion = errors.New("version requested")
+
+// reload re-reads the configuration on SIGHUP and applies what can change
+// while running: the log level and the client limits. Everything else
+// (addresses, nodes, TLS, authentication, timeouts) needs a restart.
+func reload(args []string, level zap.AtomicLevel, p *proxy.Proxy) error {
+	cfg, err := configure(args)
+	if err != nil {
+		return err
+	}
+	lvl, err := zapcore.ParseLevel(cfg.Log.Level)
+	if err != nil {
+		return fmt.Errorf("log.level: %w", err)
+	}
+	d := proxy.DefaultConfig()
+	l := proxy.Limits{MaxClients: d.MaxClients, MaxBulkLen: d.MaxBulkLen, MaxMultibulkLen: d.MaxMultibulkLen, MaxInlineLen: d.MaxInlineLen}
+	setIf(&l.MaxClients, cfg.Limits.MaxClients)
+	setIf(&l.MaxBulkLen, cfg.Limits.MaxBulkLen)
+	setIf(&l.MaxMultibulkLen, cfg.Limits.MaxMultibulkLen)
+	setIf(&l.MaxInlineLen, cfg.Limits.MaxInlineLen)
+	l.IdleTimeout = cfg.Limits.IdleTimeout
+	if err := p.SetLimits(l); err != nil {
+		return err
+	}
+	level.SetLevel(lvl)
+	return nil
+}
+
 // configure reads the config file named by -config and applies the flags
 // over it.
 func configure(args []string) (*fileConfig, error) {
@@ -256,8 +306,12 @@ func configure(args []string) (*fileConfig, error) {
 	backend := fs.String("backend", "", "backend Redis address (overrides backend.addr)")
 	lockNodes := fs.String("lock-nodes", "", "comma-separated lock node addresses (overrides lock.nodes)")
 	level := fs.String("log-level", "", "debug, info, warn or error (overrides log.level)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *showVersion {
+		return nil, errVersion
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -344,11 +398,14 @@ func setIf[T comparable](dst *T, v T) {
 	}
 }
 
-func newLogger(level, format string) (*zap.Logger, error) {
+// newLogger builds the logger; its level is atomic so that SIGHUP can
+// change it.
+func newLogger(level, format string, atomic zap.AtomicLevel) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("log.level: %w", err)
 	}
+	atomic.SetLevel(lvl)
 	var zc zap.Config
 	switch format {
 	case "json":
@@ -359,7 +416,7 @@ func newLogger(level, format string) (*zap.Logger, error) {
 	default:
 		return nil, fmt.Errorf("log.format %q: want console or json", format)
 	}
-	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.Level = atomic
 	zc.DisableStacktrace = true
 	return zc.Build()
 }

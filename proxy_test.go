@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -403,5 +404,53 @@ lock: {nodes: [%s], tls: %s, node_timeout: 1s}  # TLS handshakes under -race are
 	defer noPass.Close()
 	if err := noPass.Get(ctx, "k").Err(); err == nil || !strings.HasPrefix(err.Error(), "NOAUTH") {
 		t.Fatalf("without AUTH: %v", err)
+	}
+}
+
+// TestReloadOnSIGHUP: SIGHUP re-reads the file and applies new limits to
+// clients that connect afterwards.
+func TestReloadOnSIGHUP(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 1)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	os.WriteFile(path, []byte("limits: {max_clients: 100}\n"), 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	listening := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-config", path, "-listen", "127.0.0.1:0", "-backend", backend.Addr, "-lock-nodes", nodes}, listening)
+	}()
+	addr := (<-listening).String()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	first := newClient(t, addr, 2)
+	if err := first.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(path, []byte("limits: {max_clients: 1}\nlog: {level: debug}\n"), 0o600)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// The proxy greets a client over the limit with the error and
+		// closes; read it on a raw connection.
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 128)
+		n, _ := c.Read(buf)
+		c.Close()
+		if strings.Contains(string(buf[:n]), "max number of clients") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new max_clients did not apply: read %q", buf[:n])
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

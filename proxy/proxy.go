@@ -127,6 +127,30 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Limits are the settings SetLimits can change while the proxy runs; see
+// the fields of the same names on Config.
+type Limits struct {
+	MaxClients      int
+	MaxBulkLen      int64
+	MaxMultibulkLen int64
+	MaxInlineLen    int64
+	IdleTimeout     time.Duration
+}
+
+// SetLimits changes the limits for clients that connect from now on (and
+// the client count for all). Connected clients keep the request limits and
+// idle timeout they started with. It is safe to call at any time.
+func (p *Proxy) SetLimits(l Limits) error {
+	c := p.cfg
+	c.MaxClients, c.MaxBulkLen, c.MaxMultibulkLen, c.MaxInlineLen, c.IdleTimeout =
+		l.MaxClients, l.MaxBulkLen, l.MaxMultibulkLen, l.MaxInlineLen, l.IdleTimeout
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	p.limits.Store(&l)
+	return nil
+}
+
 // BackendError is the reply to a forwarded command when the backend cannot
 // be reached.
 type BackendError struct{ Err error }
@@ -153,6 +177,7 @@ type Proxy struct {
 	cancel context.CancelFunc
 
 	clients atomic.Int64
+	limits  atomic.Pointer[Limits]
 	wg      sync.WaitGroup // one per session, until its cleanup is done
 
 	mu       sync.Mutex
@@ -180,6 +205,13 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		release:  make(chan struct{}),
 		served:   make(chan struct{}),
 	}
+	p.limits.Store(&Limits{
+		MaxClients:      cfg.MaxClients,
+		MaxBulkLen:      cfg.MaxBulkLen,
+		MaxMultibulkLen: cfg.MaxMultibulkLen,
+		MaxInlineLen:    cfg.MaxInlineLen,
+		IdleTimeout:     cfg.IdleTimeout,
+	})
 	p.auth = newAuthenticator(cfg.Users)
 	b := &cfg.Backend
 	switch {
@@ -305,7 +337,7 @@ func (p *Proxy) accept(conn redcon.Conn) bool {
 	if closing {
 		return false
 	}
-	if n := p.clients.Add(1); n > int64(p.cfg.MaxClients) {
+	if n := p.clients.Add(1); n > int64(p.limits.Load().MaxClients) {
 		p.clients.Add(-1)
 		cc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		cc.Conn.Write(replyMaxClients)
@@ -365,7 +397,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		return nil, err
 	}
-	cfg := &l.p.cfg
+	cfg := l.p.limits.Load()
 	return &clientConn{
 		Conn: c,
 		idle: cfg.IdleTimeout,

@@ -1,0 +1,138 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// forwardCase is one request the benchmarks send through the proxy, with
+// the exact reply the backend gives to it.
+type forwardCase struct {
+	name  string
+	cmd   []string
+	reply string
+}
+
+var forwardCases = []forwardCase{
+	{name: "GET", cmd: []string{"GET", "bench:key"}, reply: "$3\r\nxxx\r\n"},
+	{name: "SET", cmd: []string{"SET", "bench:key", "xxx"}, reply: "+OK\r\n"},
+}
+
+// benchConn is a client connection whose round trip allocates nothing, so
+// that allocs/op counts the proxy's allocations only.
+type benchConn struct {
+	c     net.Conn
+	req   []byte // the pipeline, encoded once
+	want  []byte // the replies to it, byte for byte
+	reply []byte // read buffer, len(want)
+}
+
+func newBenchConn(tb testing.TB, addr string, tc forwardCase, depth int) *benchConn {
+	tb.Helper()
+	cmds := make([][]string, depth)
+	for i := range cmds {
+		cmds[i] = tc.cmd
+	}
+	bc := &benchConn{
+		c:    dial(tb, addr).c,
+		req:  encode(cmds...),
+		want: bytes.Repeat([]byte(tc.reply), depth),
+	}
+	bc.reply = make([]byte, len(bc.want))
+	// One deadline for the whole run: a stuck proxy fails the benchmark
+	// instead of hanging it, without a SetDeadline per round trip.
+	bc.c.SetDeadline(time.Now().Add(5 * time.Minute))
+	return bc
+}
+
+// roundTrip writes the pipeline in one write and reads all its replies.
+func (bc *benchConn) roundTrip() error {
+	if _, err := bc.c.Write(bc.req); err != nil {
+		return err
+	}
+	if _, err := io.ReadFull(bc.c, bc.reply); err != nil {
+		return err
+	}
+	if !bytes.Equal(bc.reply, bc.want) {
+		return fmt.Errorf("replies %q, want %q", bc.reply, bc.want)
+	}
+	return nil
+}
+
+// startBenchProxy starts a backend with bench:key set and a proxy for it.
+func startBenchProxy(b *testing.B) string {
+	b.Helper()
+	srv := redistest.Start(b)
+	if reply, err := srv.Do("SET", "bench:key", "xxx"); err != nil || reply != "+OK" {
+		b.Fatalf("SET on the backend: %q, %v", reply, err)
+	}
+	addr, _ := startProxy(b, srv.Addr, nil)
+	return addr
+}
+
+// BenchmarkForward sends one command, or a pipeline of 16 in one write,
+// through the proxy on one connection and waits for the replies. One op is
+// one round trip; the bytes are the request and reply bytes of it.
+func BenchmarkForward(b *testing.B) {
+	addr := startBenchProxy(b)
+	for _, depth := range []int{1, 16} {
+		for _, tc := range forwardCases {
+			b.Run(tc.name+"/pipeline="+strconv.Itoa(depth), func(b *testing.B) {
+				bc := newBenchConn(b, addr, tc, depth)
+				if err := bc.roundTrip(); err != nil { // the backend connection is opened lazily
+					b.Fatal(err)
+				}
+				b.SetBytes(int64(len(bc.req) + len(bc.want)))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if err := bc.roundTrip(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkForwardParallel runs 25 clients per GOMAXPROCS (50 on two
+// cores, as redis-benchmark -c 50), each on its own connection, sending
+// one command per round trip. This is where batching across clients
+// shows.
+func BenchmarkForwardParallel(b *testing.B) {
+	const perProc = 25
+	addr := startBenchProxy(b)
+	for _, tc := range forwardCases {
+		b.Run(tc.name, func(b *testing.B) {
+			conns := make([]*benchConn, perProc*runtime.GOMAXPROCS(0))
+			for i := range conns {
+				conns[i] = newBenchConn(b, addr, tc, 1)
+				if err := conns[i].roundTrip(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var next atomic.Int64
+			b.SetParallelism(perProc)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				bc := conns[next.Add(1)-1]
+				for pb.Next() {
+					if err := bc.roundTrip(); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
