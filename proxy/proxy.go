@@ -60,6 +60,12 @@ type Config struct {
 	// TLS, when set, makes clients connect with TLS. Set ClientAuth and
 	// ClientCAs in it to verify client certificates.
 	TLS *tls.Config
+	// Info, when set, answers INFO lockproxy: it returns the section's
+	// lines ("key:value\r\n"), which follow "# Lockproxy". Plain INFO and
+	// every other section stay the backend's.
+	Info func() string
+	// Docs, when set, adds the proxy's own commands to COMMAND's replies.
+	Docs *Docs
 	// ProtectedPrefix, when set, refuses forwarded commands that name a key
 	// with this prefix (the lock state, when the backend is also a lock
 	// node).
@@ -177,6 +183,7 @@ type Proxy struct {
 	cancel context.CancelFunc
 
 	clients atomic.Int64
+	m       *metrics
 	limits  atomic.Pointer[Limits]
 	wg      sync.WaitGroup // one per session, until its cleanup is done
 
@@ -204,6 +211,7 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		sessions: make(map[*session]struct{}),
 		release:  make(chan struct{}),
 		served:   make(chan struct{}),
+		m:        newMetrics(),
 	}
 	p.limits.Store(&Limits{
 		MaxClients:      cfg.MaxClients,
@@ -339,10 +347,12 @@ func (p *Proxy) accept(conn redcon.Conn) bool {
 	}
 	if n := p.clients.Add(1); n > int64(p.limits.Load().MaxClients) {
 		p.clients.Add(-1)
+		p.m.maxClients.Add(1)
 		cc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		cc.Conn.Write(replyMaxClients)
 		return false
 	}
+	p.m.connections.Add(1)
 	s := newSession(p, cc, p.log.With(zap.String("remote", conn.RemoteAddr())))
 	cc.sess = s
 	conn.SetContext(s)
@@ -451,6 +461,20 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 		}
 	}
 	return be, nil
+}
+
+// Ready reports whether the backend answers: it opens a connection as
+// the proxy would, sends PING and waits for the reply, all within ctx.
+func (p *Proxy) Ready(ctx context.Context) error {
+	be, err := p.dial(ctx, replayState{})
+	if err != nil {
+		return &BackendError{Err: err}
+	}
+	defer be.nc.Close()
+	if err := be.setup(ctx, [][]byte{command("PING")}); err != nil {
+		return &BackendError{Err: err}
+	}
+	return nil
 }
 
 // setup sends cmds in one write and checks that none failed.

@@ -67,6 +67,7 @@ type entry struct {
 	// confirmation tells how many there will be.
 	n   int64
 	arg int64  // HELLO's protocol version
+	at  int64  // when it was sent, from metrics.since
 	raw []byte // the request, for state replayed on reconnect
 }
 
@@ -80,9 +81,12 @@ type replayState struct {
 // localItem is a command answered by the proxy rather than the backend,
 // in its place in the client's stream.
 type localItem struct {
-	args   [][]byte
-	reply  []byte // set when the answer is already known (an error)
-	silent bool   // CLIENT REPLY OFF or SKIP is in effect
+	args  [][]byte
+	reply []byte // set when the answer is already known (an error)
+	// build makes the reply of a forwardable command the proxy answers
+	// itself (INFO lockproxy, COMMAND ...), in the client's protocol.
+	build  func(resp3 bool) ([]byte, error)
+	silent bool // CLIENT REPLY OFF or SKIP is in effect
 }
 
 // backend is one connection to the backend Redis, dedicated to a session.
@@ -218,6 +222,9 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
+	if build, ok := s.intercept(name, cmd.Args); ok {
+		return localItem{build: build, silent: s.silent()}, false
+	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
 			return localItem{reply: errorReply(err), silent: s.silent()}, false
@@ -229,6 +236,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 			if s.ctx.Err() == nil {
 				s.log.Debug("backend unavailable", zap.Error(err))
 			}
+			s.p.m.unavailable.Add(1)
 			return localItem{reply: errorReply(&BackendError{Err: err}), silent: !replies}, false
 		}
 		if !replies {
@@ -244,6 +252,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if e.kind == entryReset {
 		s.reauth()
 	}
+	s.p.m.forwarded.Add(1)
 	if ce := s.log.Check(zap.DebugLevel, "forward"); ce != nil {
 		ce.Write(zap.ByteString("command", name))
 	}
@@ -351,6 +360,7 @@ func (s *session) push(e entry) bool {
 	if s.be.dead {
 		return false
 	}
+	e.at = s.p.m.since()
 	s.fifo = append(s.fifo, e)
 	return true
 }
@@ -480,6 +490,7 @@ func (s *session) backendLost(be *backend, cause error) {
 	if drop {
 		s.nc.Close()
 	} else if visible > 0 {
+		s.p.m.connLost.Add(uint64(visible))
 		s.wmu.Lock()
 		for range visible {
 			s.out.Write(replyConnLost)
@@ -523,6 +534,9 @@ func (s *session) account(ri *replyInfo) (quit bool) {
 	}
 	if e == nil {
 		return false
+	}
+	if e.kind != entryInternal {
+		s.p.m.latency.Observe(float64(s.p.m.since()-e.at) / 1e9)
 	}
 	ok := ri.typ != '-' && ri.typ != '!'
 	switch e.kind {
@@ -636,6 +650,7 @@ func isMonitorLine(b []byte) bool {
 // answer writes the reply to a locally answered command once every reply
 // before it has reached the client.
 func (s *session) answer(it localItem) {
+	s.p.m.local.Add(1)
 	s.mu.Lock()
 	for s.head < len(s.fifo) && !s.closed {
 		s.cond.Wait()
@@ -651,6 +666,11 @@ func (s *session) answer(it localItem) {
 	if reply == nil {
 		var nb [24]byte
 		switch {
+		case it.build != nil:
+			var err error
+			if reply, err = it.build(proto == 3); err != nil {
+				reply = errorReply(err)
+			}
 		case inMulti:
 			reply = replyNotInMulti
 		case proto == 2 && subscribed:
@@ -678,6 +698,7 @@ func (s *session) answer(it localItem) {
 // after the replies to the requests before it (waiting at most a second
 // for them). redcon closes the connection next.
 func (s *session) protocolError(err error) {
+	s.p.m.protocolErrors.Add(1)
 	s.mu.Lock()
 	var timedOut atomic.Bool
 	t := time.AfterFunc(time.Second, func() {

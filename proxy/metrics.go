@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var _ prometheus.Collector = (*Proxy)(nil)
+
+// metrics are the proxy's counters. The hot path only adds to atomics and
+// observes the latency histogram; Collect turns the atomics into metrics.
+type metrics struct {
+	start          time.Time
+	connections    atomic.Uint64
+	maxClients     atomic.Uint64
+	protocolErrors atomic.Uint64
+	forwarded      atomic.Uint64
+	unavailable    atomic.Uint64
+	connLost       atomic.Uint64
+	local          atomic.Uint64
+	latency        prometheus.Histogram
+}
+
+var (
+	descClients     = prometheus.NewDesc("lockproxy_client_connections", "Client connections open now.", nil, nil)
+	descConnections = prometheus.NewDesc("lockproxy_client_connections_total", "Client connections accepted.", nil, nil)
+	descRejected    = prometheus.NewDesc("lockproxy_clients_rejected_total", "Client connections closed for breaking a limit.", []string{"reason"}, nil)
+	descForwarded   = prometheus.NewDesc("lockproxy_commands_forwarded_total", "Commands forwarded to the backend.", nil, nil)
+	descForwardErrs = prometheus.NewDesc("lockproxy_forward_errors_total", "Forwarded commands answered with an error because the backend could not be reached (unavailable) or its connection broke before the reply (connection_lost).", []string{"reason"}, nil)
+	descLocal       = prometheus.NewDesc("lockproxy_local_commands_total", "Commands the proxy answered itself (lock commands, INFO lockproxy, COMMAND, refusals).", nil, nil)
+)
+
+func newMetrics() *metrics {
+	return &metrics{
+		start: time.Now(),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lockproxy_backend_latency_seconds",
+			Help:    "Time from writing a forwarded command to the backend to reading its reply (blocking commands included).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 20),
+		}),
+	}
+}
+
+// since returns the time since the proxy started, as a cheap monotonic
+// timestamp for the fifo entries.
+func (m *metrics) since() int64 { return int64(time.Since(m.start)) }
+
+// Describe implements prometheus.Collector.
+func (p *Proxy) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(p, ch) }
+
+// Collect implements prometheus.Collector.
+func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
+	m := p.m
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	ch <- prometheus.MustNewConstMetric(descClients, prometheus.GaugeValue, float64(p.clients.Load()))
+	counter(descConnections, m.connections.Load())
+	counter(descRejected, m.maxClients.Load(), "max_clients")
+	counter(descRejected, m.protocolErrors.Load(), "protocol")
+	counter(descForwarded, m.forwarded.Load())
+	counter(descForwardErrs, m.unavailable.Load(), "unavailable")
+	counter(descForwardErrs, m.connLost.Load(), "connection_lost")
+	counter(descLocal, m.local.Load())
+	m.latency.Collect(ch)
+}
+
+// Stats is a snapshot of the proxy's counters, for INFO.
+type Stats struct {
+	Clients, Connections, Forwarded, ForwardErrors, Local uint64
+}
+
+// Stats returns the proxy's counters. It is safe for concurrent use.
+func (p *Proxy) Stats() Stats {
+	m := p.m
+	return Stats{
+		Clients:       uint64(p.clients.Load()),
+		Connections:   m.connections.Load(),
+		Forwarded:     m.forwarded.Load(),
+		ForwardErrors: m.unavailable.Load() + m.connLost.Load(),
+		Local:         m.local.Load(),
+	}
+}
