@@ -184,6 +184,7 @@ type Proxy struct {
 
 	clients atomic.Int64
 	m       *metrics
+	backoff backoff
 	limits  atomic.Pointer[Limits]
 	wg      sync.WaitGroup // one per session, until its cleanup is done
 
@@ -475,6 +476,37 @@ func (p *Proxy) Ready(ctx context.Context) error {
 		return &BackendError{Err: err}
 	}
 	return nil
+}
+
+// backoff spaces out connection attempts to a backend that is down:
+// after a failed dial, clients get the same error at once until the wait
+// (25ms, doubling up to 250ms) has passed; then the next command tries again.
+// A backend that comes back is used again within that wait.
+type backoff struct {
+	mu    sync.Mutex
+	err   error
+	until time.Time
+	wait  time.Duration
+}
+
+func (b *backoff) check() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil && time.Now().Before(b.until) {
+		return b.err
+	}
+	return nil
+}
+
+func (b *backoff) record(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err == nil || errors.Is(err, context.Canceled) {
+		b.err, b.wait = nil, 0
+		return
+	}
+	b.wait = min(max(2*b.wait, 25*time.Millisecond), 250*time.Millisecond)
+	b.err, b.until = err, time.Now().Add(b.wait)
 }
 
 // setup sends cmds in one write and checks that none failed.

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
 
@@ -63,6 +66,10 @@ func TestBackendRestart(t *testing.T) {
 	}
 
 	srv.Restart()
+	// Within the dial backoff the proxy uses the backend again.
+	eventually(t, "the backend to be used again", func() bool {
+		return !strings.HasPrefix(string(c.do(args("PING"))), "-ERR backend unavailable")
+	})
 	// The connection is usable again and the new backend connection has
 	// the client's database and name.
 	if got := string(c.do(args("SET k2 v2"), args("CLIENT GETNAME"))); got != "+OK\r\n$6\r\nkeeper\r\n" {
@@ -467,4 +474,72 @@ func TestLocalCommandCancelledWhenClientLeaves(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // let WAITLOCAL start; the test passes either way
 	c.c.Close()
 	eventually(t, "the local state closed", func() bool { return closed.Load() == 1 })
+}
+
+// TestSecretsNeverLogged: passwords sent with AUTH and HELLO never reach the
+// log, even at debug level.
+func TestSecretsNeverLogged(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "backend-pw")
+	core, logs := observer.New(zap.DebugLevel)
+	cfg := DefaultConfig()
+	cfg.Backend.Addr = srv.Addr
+	cfg.Backend.Password = "backend-pw"
+	cfg.Users = map[string]string{"default": "client-pw"}
+	p, err := New(cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go p.Serve(ln)
+	defer p.Shutdown(context.Background())
+	c := dial(t, ln.Addr().String())
+	c.do(args("AUTH wrong-pw"), args("AUTH client-pw"), args("HELLO 3 AUTH default client-pw"), args("SET k v"), args("RESET"))
+	srv.Kill()
+	c.do(args("GET k"))
+	c.c.Close()
+	eventually(t, "the client to go", func() bool { return p.clients.Load() == 0 })
+	if logs.Len() == 0 {
+		t.Fatal("nothing was logged at debug level; the test would prove nothing")
+	}
+	for _, e := range logs.All() {
+		line := fmt.Sprint(e.Message, e.ContextMap())
+		for _, secret := range []string{"client-pw", "backend-pw", "wrong-pw"} {
+			if strings.Contains(line, secret) {
+				t.Errorf("log entry shows a password: %s", line)
+			}
+		}
+	}
+}
+
+// TestPausedBackendDoesNotBlockOthers: a backend stopped with SIGSTOP
+// holds up only the clients waiting on it.
+func TestPausedBackendDoesNotBlockOthers(t *testing.T) {
+	addr, srv, _ := startLocalProxy(t)
+	stuck := dial(t, addr)
+	stuck.do(args("PING"))
+	srv.Pause()
+	stuck.send(encode(args("GET k")))
+	other := dial(t, addr)
+	start := time.Now()
+	if got := string(other.do(args("ECHOLOCAL fine"))); got != "$4\r\nfine\r\n" || time.Since(start) > 5*time.Second {
+		t.Fatalf("a local command of another client: %q after %v", got, time.Since(start))
+	}
+	srv.Resume()
+	if got := string(stuck.read(1)); got != "$-1\r\n" {
+		t.Fatalf("the paused client after resume: %q", got)
+	}
+}
+
+func TestBackendBackoff(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	srv.Kill()
+	c := dial(t, addr)
+	for range 20 {
+		if got := string(c.do(args("PING"))); !strings.HasPrefix(got, "-ERR backend unavailable: ") {
+			t.Fatalf("with the backend down: %q", got)
+		}
+	}
+	srv.Restart()
+	eventually(t, "the backend to be used again", func() bool { return string(c.do(args("PING"))) == "+PONG\r\n" })
 }

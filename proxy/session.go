@@ -393,7 +393,11 @@ func (s *session) connect() error {
 	s.mu.Lock()
 	state := s.state
 	s.mu.Unlock()
+	if err := s.p.backoff.check(); err != nil {
+		return err
+	}
 	be, err := s.p.dial(s.ctx, state)
+	s.p.backoff.record(err)
 	if err != nil {
 		return err
 	}
@@ -428,6 +432,12 @@ func (s *session) readBackend(be *backend) {
 				return
 			}
 			s.account(&ri)
+			if be.r.Buffered() == 0 {
+				// What the client's replies before it left in the buffer.
+				s.wmu.Lock()
+				s.out.Flush()
+				s.wmu.Unlock()
+			}
 			continue
 		}
 		s.wmu.Lock()
