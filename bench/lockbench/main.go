@@ -1,0 +1,609 @@
+// Command lockbench compares lockproxy's LOCK/UNLOCK with the Redlock library
+// github.com/go-redsync/redsync/v4 (go-redis v9 pools) talking straight to the
+// same lock nodes.
+//
+// Two scenarios run in interleaved rounds and are summarised as markdown
+// tables of medians (min–max over rounds):
+//
+//   - uncontended: -clients goroutines, each with its own connection (proxy)
+//     or mutex (redsync), LOCK and UNLOCK their own resource in a loop for
+//     -duration. Reported: LOCK+UNLOCK pairs per second and the latency of
+//     one pair.
+//   - contended: -contenders goroutines compete for one resource and hold it
+//     for -hold before releasing it and asking again at once. Through the
+//     proxy they use LOCK ... WAIT; redsync uses its default retry settings
+//     (32 tries, 50–250 ms apart) and a failed Lock is simply called again.
+//     Reported: acquisitions per second, the wait from asking to holding
+//     (p50/p99), fairness (fewest/most acquisitions of one client), how often
+//     the client that just released is the next holder, and overlapping
+//     holders (which must be 0).
+//
+// Every client uses go-redis with RESP2 and no CLIENT SETINFO, so neither
+// side pays for connection set-up the other does not.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	redsyncredis "github.com/go-redsync/redsync/v4/redis"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+)
+
+type config struct {
+	proxy       string
+	nodes       []string
+	rounds      int
+	duration    time.Duration
+	contDur     time.Duration
+	warmup      time.Duration
+	clients     int
+	contenders  int
+	hold        time.Duration
+	ttl         time.Duration
+	poolSize    int
+	only        string
+	maxWaitCall time.Duration
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, out io.Writer) error {
+	var cfg config
+	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
+	fs.StringVar(&cfg.proxy, "proxy", "127.0.0.1:6380", "lockproxy address")
+	nodes := fs.String("nodes", "", "comma-separated lock node addresses (the proxy's -lock-nodes)")
+	fs.IntVar(&cfg.rounds, "rounds", 3, "interleaved rounds")
+	fs.DurationVar(&cfg.duration, "duration", 3*time.Second, "length of one uncontended run")
+	fs.DurationVar(&cfg.contDur, "contended-duration", 3*time.Second, "length of one contended run")
+	fs.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "unreported warm-up run of each scenario before the rounds")
+	fs.IntVar(&cfg.clients, "clients", 50, "concurrent clients, uncontended")
+	fs.IntVar(&cfg.contenders, "contenders", 8, "concurrent clients, contended")
+	fs.DurationVar(&cfg.hold, "hold", time.Millisecond, "how long a contended holder keeps the lock")
+	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock ttl (proxy ttl-ms and redsync expiry)")
+	fs.IntVar(&cfg.poolSize, "redsync-pool", 0, "go-redis PoolSize per lock node for redsync (0: as many as clients)")
+	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\"")
+	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *nodes == "" {
+		return errors.New("-nodes is required")
+	}
+	cfg.nodes = strings.Split(*nodes, ",")
+	if cfg.poolSize == 0 {
+		cfg.poolSize = max(cfg.clients, cfg.contenders)
+	}
+	if cfg.rounds < 1 || cfg.clients < 1 || cfg.contenders < 1 {
+		return errors.New("-rounds, -clients and -contenders must be positive")
+	}
+
+	b, err := newBench(cfg)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	runUnc := cfg.only == "" || cfg.only == "uncontended"
+	runCont := cfg.only == "" || cfg.only == "contended"
+	type scenario struct {
+		name string
+		d    time.Duration
+		fn   func(time.Duration) (result, error)
+	}
+	var pairs [][2]scenario
+	if runUnc {
+		pairs = append(pairs, [2]scenario{
+			{"proxy uncontended", cfg.duration, b.proxyUncontended},
+			{"redsync uncontended", cfg.duration, b.redsyncUncontended},
+		})
+	}
+	if runCont {
+		pairs = append(pairs, [2]scenario{
+			{"proxy contended", cfg.contDur, b.proxyContended},
+			{"redsync contended", cfg.contDur, b.redsyncContended},
+		})
+	}
+	if cfg.warmup > 0 {
+		for _, p := range pairs {
+			for _, s := range p {
+				if _, err := s.fn(cfg.warmup); err != nil {
+					return fmt.Errorf("warm-up %s: %w", s.name, err)
+				}
+			}
+		}
+	}
+	results := map[string][]result{}
+	for r := range cfg.rounds {
+		for _, p := range pairs {
+			order := []scenario{p[0], p[1]}
+			if r%2 == 1 {
+				order[0], order[1] = order[1], order[0]
+			}
+			for _, s := range order {
+				res, err := s.fn(s.d)
+				if err != nil {
+					return fmt.Errorf("round %d, %s: %w", r+1, s.name, err)
+				}
+				fmt.Fprintf(os.Stderr, "lockbench: round %d %-20s %s\n", r+1, s.name, res.summary())
+				results[s.name] = append(results[s.name], res)
+			}
+		}
+	}
+	if runUnc {
+		printUncontended(out, cfg, results["proxy uncontended"], results["redsync uncontended"])
+	}
+	if runCont {
+		printContended(out, cfg, results["proxy contended"], results["redsync contended"])
+	}
+	return nil
+}
+
+// bench holds the clients of both sides.
+type bench struct {
+	cfg    config
+	proxy  *redis.Client
+	nodes  []*redis.Client
+	rs     *redsync.Redsync
+	ttlArg string
+	runs   atomic.Int64 // numbers the runs, so that no run meets a lock an earlier one leaked
+}
+
+// resourceName returns a name unique to this run, client and generation. A
+// client whose LOCK or UNLOCK failed (a node timed out on a loaded machine)
+// moves on to the next generation instead of waiting for the ttl of a lock
+// that may have been left behind.
+func resourceName(side string, run int64, client, gen int) string {
+	return fmt.Sprintf("bench:%s:%d:%d:%d", side, run, client, gen)
+}
+
+func newBench(cfg config) (*bench, error) {
+	b := &bench{cfg: cfg, ttlArg: strconv.FormatInt(cfg.ttl.Milliseconds(), 10)}
+	b.proxy = redis.NewClient(&redis.Options{
+		Addr:            cfg.proxy,
+		Protocol:        2,
+		DisableIdentity: true,
+		PoolSize:        max(cfg.clients, cfg.contenders) + 1,
+		ReadTimeout:     cfg.maxWaitCall + 10*time.Second, // LOCK ... WAIT blocks
+		MaxRetries:      -1,
+	})
+	var pools []redsyncredis.Pool
+	for _, addr := range cfg.nodes {
+		c := redis.NewClient(&redis.Options{
+			Addr:            addr,
+			Protocol:        2,
+			DisableIdentity: true,
+			PoolSize:        cfg.poolSize,
+		})
+		b.nodes = append(b.nodes, c)
+		pools = append(pools, goredis.NewPool(c))
+	}
+	b.rs = redsync.New(pools...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.proxy.Ping(ctx).Err(); err != nil {
+		b.close()
+		return nil, fmt.Errorf("proxy %s: %w", cfg.proxy, err)
+	}
+	for i, c := range b.nodes {
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.close()
+			return nil, fmt.Errorf("lock node %s: %w", cfg.nodes[i], err)
+		}
+	}
+	return b, nil
+}
+
+func (b *bench) close() {
+	b.proxy.Close()
+	for _, c := range b.nodes {
+		c.Close()
+	}
+}
+
+// result is one run of one scenario.
+type result struct {
+	elapsed  time.Duration
+	ops      int             // pairs (uncontended) or acquisitions (contended)
+	lat      []time.Duration // pair latency, or wait for the lock
+	perCli   []int           // acquisitions per client (contended)
+	seq      []int32         // holder of each acquisition, in order (contended)
+	overlaps int64           // acquisitions while another client held the lock
+	failed   int64           // failed LOCK calls (redsync ErrFailed; proxy nil reply)
+	errs     int64           // other errors
+	firstErr error
+}
+
+func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
+
+func (r result) quantile(q float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.lat)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func (r result) fairness() float64 {
+	if len(r.perCli) == 0 || slices.Max(r.perCli) == 0 {
+		return 0
+	}
+	return float64(slices.Min(r.perCli)) / float64(slices.Max(r.perCli))
+}
+
+// reacquire is the share of acquisitions made by the client that held the
+// lock just before.
+func (r result) reacquire() float64 {
+	if len(r.seq) < 2 {
+		return 0
+	}
+	same := 0
+	for i := 1; i < len(r.seq); i++ {
+		if r.seq[i] == r.seq[i-1] {
+			same++
+		}
+	}
+	return float64(same) / float64(len(r.seq)-1)
+}
+
+func (r result) summary() string {
+	s := fmt.Sprintf("%9.0f/s p50 %s p99 %s", r.rate(), ms(r.quantile(0.5)), ms(r.quantile(0.99)))
+	if r.perCli != nil {
+		s += fmt.Sprintf(" fairness %.2f reacquire %.0f%% overlaps %d", r.fairness(), 100*r.reacquire(), r.overlaps)
+	}
+	if r.failed > 0 || r.errs > 0 {
+		s += fmt.Sprintf(" failed %d errors %d", r.failed, r.errs)
+	}
+	if r.firstErr != nil {
+		s += fmt.Sprintf(" (first error: %v)", r.firstErr)
+	}
+	return s
+}
+
+// collector gathers the workers' outcomes of one run.
+type collector struct {
+	mu       sync.Mutex
+	res      result
+	holders  atomic.Int32
+	overlaps atomic.Int64
+	failed   atomic.Int64
+	errs     atomic.Int64
+}
+
+func newCollector(clients int, contended bool) *collector {
+	c := &collector{}
+	if contended {
+		c.res.perCli = make([]int, clients)
+	}
+	return c
+}
+
+func (c *collector) err(err error) {
+	c.errs.Add(1)
+	c.mu.Lock()
+	if c.res.firstErr == nil {
+		c.res.firstErr = err
+	}
+	c.mu.Unlock()
+}
+
+// acquired records that client now holds the contended lock. It runs while
+// the caller holds the lock, so the order of seq is the order of holders.
+func (c *collector) acquired(client int, wait time.Duration) {
+	if c.holders.Add(1) != 1 {
+		c.overlaps.Add(1)
+	}
+	c.mu.Lock()
+	c.res.ops++
+	c.res.perCli[client]++
+	c.res.seq = append(c.res.seq, int32(client))
+	c.res.lat = append(c.res.lat, wait)
+	c.mu.Unlock()
+}
+
+func (c *collector) released() { c.holders.Add(-1) }
+
+// runWorkers runs n workers until all return and fills in elapsed and the
+// counters.
+func (c *collector) runWorkers(n int, worker func(i int)) result {
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { worker(i) })
+	}
+	wg.Wait()
+	c.res.elapsed = time.Since(start)
+	c.res.overlaps = c.overlaps.Load()
+	c.res.failed = c.failed.Load()
+	c.res.errs = c.errs.Load()
+	return c.res
+}
+
+func (b *bench) proxyUncontended(d time.Duration) (result, error) {
+	col := newCollector(b.cfg.clients, false)
+	ctx := context.Background()
+	conns, err := b.proxyConns(b.cfg.clients)
+	if err != nil {
+		return result{}, err
+	}
+	defer closeAll(conns)
+	run := b.runs.Add(1)
+	stop := time.Now().Add(d)
+	res := col.runWorkers(b.cfg.clients, func(i int) {
+		conn := conns[i]
+		gen := 0
+		resource := resourceName("proxy", run, i, gen)
+		var lat []time.Duration
+		for time.Now().Before(stop) {
+			t0 := time.Now()
+			v, err := conn.Do(ctx, "LOCK", resource, b.ttlArg).Slice()
+			if err != nil {
+				if errors.Is(err, redis.Nil) {
+					col.failed.Add(1)
+				} else {
+					col.err(err)
+				}
+				gen++ // the failed attempt's clean-up may have timed out too
+				resource = resourceName("proxy", run, i, gen)
+				continue
+			}
+			token, _ := v[0].(string)
+			n, err := conn.Do(ctx, "UNLOCK", resource, token).Int()
+			if err != nil || n != 1 {
+				col.err(fmt.Errorf("UNLOCK = %d, %v", n, err))
+				gen++
+				resource = resourceName("proxy", run, i, gen)
+				continue
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		col.mu.Lock()
+		col.res.ops += len(lat)
+		col.res.lat = append(col.res.lat, lat...)
+		col.mu.Unlock()
+	})
+	return res, nil
+}
+
+func (b *bench) redsyncUncontended(d time.Duration) (result, error) {
+	col := newCollector(b.cfg.clients, false)
+	run := b.runs.Add(1)
+	stop := time.Now().Add(d)
+	res := col.runWorkers(b.cfg.clients, func(i int) {
+		gen := 0
+		m := b.rs.NewMutex(resourceName("redsync", run, i, gen), redsync.WithExpiry(b.cfg.ttl))
+		var lat []time.Duration
+		for time.Now().Before(stop) {
+			t0 := time.Now()
+			if err := m.Lock(); err != nil {
+				if errors.Is(err, redsync.ErrFailed) {
+					col.failed.Add(1)
+				} else {
+					col.err(err)
+				}
+				gen++
+				m = b.rs.NewMutex(resourceName("redsync", run, i, gen), redsync.WithExpiry(b.cfg.ttl))
+				continue
+			}
+			if ok, err := m.Unlock(); !ok || err != nil {
+				col.err(fmt.Errorf("Unlock = %v, %v", ok, err))
+				gen++
+				m = b.rs.NewMutex(resourceName("redsync", run, i, gen), redsync.WithExpiry(b.cfg.ttl))
+				continue
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		col.mu.Lock()
+		col.res.ops += len(lat)
+		col.res.lat = append(col.res.lat, lat...)
+		col.mu.Unlock()
+	})
+	return res, nil
+}
+
+func (b *bench) proxyContended(d time.Duration) (result, error) {
+	n := b.cfg.contenders
+	col := newCollector(n, true)
+	ctx := context.Background()
+	conns, err := b.proxyConns(n)
+	if err != nil {
+		return result{}, err
+	}
+	defer closeAll(conns)
+	resource := resourceName("proxy", b.runs.Add(1), -1, 0)
+	stop := time.Now().Add(d)
+	res := col.runWorkers(n, func(i int) {
+		conn := conns[i]
+		for {
+			t0 := time.Now()
+			left := stop.Sub(t0)
+			if left <= 0 {
+				return
+			}
+			wait := (min(left, b.cfg.maxWaitCall) + time.Millisecond - 1) / time.Millisecond
+			v, err := conn.Do(ctx, "LOCK", resource, b.ttlArg, "WAIT", int64(wait)).Slice()
+			if err != nil {
+				if errors.Is(err, redis.Nil) {
+					if time.Now().Before(stop) { // not just the end of the run
+						col.failed.Add(1)
+					}
+				} else {
+					col.err(err)
+				}
+				continue
+			}
+			got := time.Now()
+			token, _ := v[0].(string)
+			if got.Before(stop) {
+				col.acquired(i, got.Sub(t0))
+				time.Sleep(b.cfg.hold)
+				col.released()
+			}
+			if n, err := conn.Do(ctx, "UNLOCK", resource, token).Int(); err != nil || n != 1 {
+				col.err(fmt.Errorf("UNLOCK = %d, %v", n, err))
+			}
+		}
+	})
+	return res, nil
+}
+
+func (b *bench) redsyncContended(d time.Duration) (result, error) {
+	n := b.cfg.contenders
+	col := newCollector(n, true)
+	resource := resourceName("redsync", b.runs.Add(1), -1, 0)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(d))
+	defer cancel()
+	stop, _ := ctx.Deadline()
+	res := col.runWorkers(n, func(i int) {
+		m := b.rs.NewMutex(resource, redsync.WithExpiry(b.cfg.ttl))
+		for {
+			t0 := time.Now()
+			var err error
+			for {
+				// A failed Lock (32 tries) is called again: the client
+				// still wants the lock, and its wait goes on.
+				if err = m.LockContext(ctx); err == nil || ctx.Err() != nil {
+					break
+				}
+				col.failed.Add(1)
+			}
+			if err != nil {
+				return // the run is over
+			}
+			got := time.Now()
+			if got.Before(stop) {
+				col.acquired(i, got.Sub(t0))
+				time.Sleep(b.cfg.hold)
+				col.released()
+			}
+			if ok, err := m.Unlock(); !ok || err != nil {
+				col.err(fmt.Errorf("Unlock = %v, %v", ok, err))
+			}
+		}
+	})
+	return res, nil
+}
+
+// proxyConns returns n dedicated, connected proxy connections: one per
+// client, as n separate applications would have.
+func (b *bench) proxyConns(n int) ([]*redis.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conns := make([]*redis.Conn, n)
+	for i := range conns {
+		conns[i] = b.proxy.Conn()
+		if err := conns[i].Ping(ctx).Err(); err != nil {
+			closeAll(conns[:i+1])
+			return nil, fmt.Errorf("proxy connection: %w", err)
+		}
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*redis.Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+// stat summarises one metric over rounds: median (min–max).
+func stat(rs []result, f func(result) float64) (med, lo, hi float64) {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		med = v[n/2]
+	} else {
+		med = (v[n/2-1] + v[n/2]) / 2
+	}
+	return med, v[0], v[n-1]
+}
+
+func cell(rs []result, format string, f func(result) float64) string {
+	med, lo, hi := stat(rs, f)
+	if len(rs) == 1 {
+		return fmt.Sprintf(format, med)
+	}
+	return fmt.Sprintf(format+" ("+format+"–"+format+")", med, lo, hi)
+}
+
+func ratio(a, b []result, f func(result) float64) string {
+	ma, _, _ := stat(a, f)
+	mb, _, _ := stat(b, f)
+	if mb == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2fx", ma/mb)
+}
+
+func sum(rs []result, f func(result) int64) int64 {
+	var n int64
+	for _, r := range rs {
+		n += f(r)
+	}
+	return n
+}
+
+func msOf(q float64) func(result) float64 {
+	return func(r result) float64 { return float64(r.quantile(q)) / float64(time.Millisecond) }
+}
+
+func printUncontended(w io.Writer, cfg config, px, rs []result) {
+	fmt.Fprintf(w, "\n#### Lock path, uncontended: %d clients, each LOCK+UNLOCK of its own resource (%d rounds × %v, median (min–max))\n\n",
+		cfg.clients, cfg.rounds, cfg.duration)
+	fmt.Fprintln(w, "| metric | lockproxy LOCK/UNLOCK | redsync v4 direct | proxy/redsync |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	rate := func(r result) float64 { return r.rate() }
+	fmt.Fprintf(w, "| pairs/s | %s | %s | **%s** |\n", cell(px, "%.0f", rate), cell(rs, "%.0f", rate), ratio(px, rs, rate))
+	fmt.Fprintf(w, "| pair latency p50 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.5)), cell(rs, "%.2f", msOf(0.5)), ratio(px, rs, msOf(0.5)))
+	fmt.Fprintf(w, "| pair latency p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.99)), cell(rs, "%.2f", msOf(0.99)), ratio(px, rs, msOf(0.99)))
+	fmt.Fprintf(w, "| not acquired / errors (all rounds) | %d / %d | %d / %d | |\n",
+		sum(px, func(r result) int64 { return r.failed }), sum(px, func(r result) int64 { return r.errs }),
+		sum(rs, func(r result) int64 { return r.failed }), sum(rs, func(r result) int64 { return r.errs }))
+}
+
+func printContended(w io.Writer, cfg config, px, rs []result) {
+	fmt.Fprintf(w, "\n#### Lock path, contended: %d clients, one resource, held %v (%d rounds × %v, median (min–max))\n\n",
+		cfg.contenders, cfg.hold, cfg.rounds, cfg.contDur)
+	fmt.Fprintln(w, "| metric | lockproxy LOCK ... WAIT | redsync v4 default retries | proxy/redsync |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	rate := func(r result) float64 { return r.rate() }
+	fair := func(r result) float64 { return r.fairness() }
+	re := func(r result) float64 { return 100 * r.reacquire() }
+	fmt.Fprintf(w, "| acquisitions/s | %s | %s | **%s** |\n", cell(px, "%.0f", rate), cell(rs, "%.0f", rate), ratio(px, rs, rate))
+	fmt.Fprintf(w, "| wait p50 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.5)), cell(rs, "%.2f", msOf(0.5)), ratio(px, rs, msOf(0.5)))
+	fmt.Fprintf(w, "| wait p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.99)), cell(rs, "%.2f", msOf(0.99)), ratio(px, rs, msOf(0.99)))
+	fmt.Fprintf(w, "| fairness: fewest/most acquisitions per client | %s | %s | |\n", cell(px, "%.2f", fair), cell(rs, "%.2f", fair))
+	fmt.Fprintf(w, "| releaser re-acquires (%% of acquisitions) | %s | %s | |\n", cell(px, "%.0f%%", re), cell(rs, "%.0f%%", re))
+	ov := func(r result) int64 { return r.overlaps }
+	failed := func(r result) int64 { return r.failed }
+	errs := func(r result) int64 { return r.errs }
+	fmt.Fprintf(w, "| overlapping holders (must be 0) | %d | %d | |\n", sum(px, ov), sum(rs, ov))
+	fmt.Fprintf(w, "| LOCK calls that gave up / errors (all rounds) | %d / %d | %d / %d | |\n",
+		sum(px, failed), sum(px, errs), sum(rs, failed), sum(rs, errs))
+}

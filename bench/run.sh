@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# bench/run.sh: lockproxy against what users would pick instead, in one run.
+#
+#   bash bench/run.sh
+#
+# 1. Forwarding: redis-benchmark -c 50 -t set,get -r 100000 against direct
+#    Redis, twemproxy (nutcracker, one server, redis: true) and lockproxy, all
+#    in front of the same redis-server; without pipelining and with -P 16; in
+#    interleaved rounds. One markdown table: medians, min–max, p50/p99 and the
+#    ratios to direct Redis and to twemproxy.
+# 2. Lock path: bench/lockbench, lockproxy vs redsync on the same three lock
+#    nodes, uncontended and contended.
+# 3. Memory: bench/idleconns, 10,000 idle clients on a freshly started
+#    lockproxy, VmRSS.
+#
+# Everything listens on 127.0.0.1 on free ports; every process started here
+# is stopped on exit. Missing redis-server, redis-tools or nutcracker are
+# installed with apt-get (run as root). The report goes to stdout (and to
+# $OUT when set); progress goes to stderr.
+#
+# Environment (defaults in brackets):
+#   ROUNDS [3]          interleaved rounds of every comparison
+#   N [200000]          requests per redis-benchmark test without pipelining
+#   NP [1000000]        requests per redis-benchmark test with -P 16
+#   CLIENTS [50]        redis-benchmark -c
+#   LOCK_DURATION [3s]  one lockbench run (each of 4 scenarios per round)
+#   IDLE_CONNS [10000]  idle connections for the memory measurement
+#   SKIP                space-separated parts to skip: forward lock memory
+#   OUT                 also write the report to this file
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+N=${N:-200000}
+NP=${NP:-1000000}
+CLIENTS=${CLIENTS:-50}
+LOCK_DURATION=${LOCK_DURATION:-3s}
+IDLE_CONNS=${IDLE_CONNS:-10000}
+SKIP=${SKIP:-}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tmp=$(mktemp -d /tmp/lockproxy-bench.XXXXXX)
+pids=()
+
+log() { printf 'bench: %s\n' "$*" >&2; }
+
+cleanup() {
+	local rc=$? pid
+	trap - EXIT INT TERM
+	# Stop in reverse order of start: proxies before the servers behind them.
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		pid=${pids[i]}
+		kill -TERM "$pid" 2>/dev/null || continue
+	done
+	for pid in "${pids[@]}"; do
+		for _ in $(seq 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.05
+		done
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	rm -rf "$tmp"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+skipped() { [[ " $SKIP " == *" $1 "* ]]; }
+
+# --- prerequisites ----------------------------------------------------------
+
+missing=()
+for bin in redis-server:redis-server redis-cli:redis-tools redis-benchmark:redis-tools nutcracker:nutcracker; do
+	command -v "${bin%%:*}" >/dev/null 2>&1 || missing+=("${bin##*:}")
+done
+if ((${#missing[@]})); then
+	log "installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq redis-server redis-tools nutcracker >/dev/null
+	# Debian starts the packaged services; this script runs its own.
+	if command -v systemctl >/dev/null 2>&1; then
+		systemctl stop redis-server nutcracker >/dev/null 2>&1 || true
+	fi
+fi
+command -v go >/dev/null 2>&1 || {
+	log "go is not on PATH"
+	exit 1
+}
+
+# 10,000 idle clients need 10,000 sockets in the client, the proxy and Redis.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+log "open files limit $(ulimit -n)"
+
+log "building lockproxy, lockbench and idleconns"
+(cd "$root" && go build -o "$tmp/lockproxy" .)
+(cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench && go build -o "$tmp/idleconns" ./idleconns)
+
+# --- processes ----------------------------------------------------------------
+
+used=" "
+# freeport prints a port on 127.0.0.1 that nothing listens on, below the
+# ephemeral range so that client sockets never take it meanwhile.
+freeport() {
+	local p
+	while :; do
+		p=$((20000 + RANDOM % 12000))
+		[[ "$used" == *" $p "* ]] && continue
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return
+		fi
+	done
+}
+
+# waitping PORT NAME: wait until PING on PORT answers PONG.
+waitping() {
+	for _ in $(seq 200); do
+		if [[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]]; then
+			return 0
+		fi
+		sleep 0.05
+	done
+	log "$2 on port $1 did not answer PING"
+	return 1
+}
+
+# start_redis VAR: start a redis-server, set VAR to its port.
+start_redis() {
+	local port dir
+	port=$(freeport)
+	used+="$port "
+	dir="$tmp/redis-$port"
+	mkdir -p "$dir"
+	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+		--daemonize no --protected-mode no --maxclients 20000 --logfile "$dir/redis.log" &
+	pids+=($!)
+	waitping "$port" redis-server
+	printf -v "$1" '%s' "$port"
+}
+
+# start_proxy VAR PIDVAR: start lockproxy on the backend and lock nodes, set
+# VAR to its port and PIDVAR to its process id.
+start_proxy() {
+	local port
+	port=$(freeport)
+	used+="$port "
+	"$tmp/lockproxy" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$port" \
+		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" -log-level warn \
+		>>"$tmp/lockproxy.log" 2>&1 &
+	pids+=($!)
+	printf -v "$2" '%s' "$!"
+	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	printf -v "$1" '%s' "$port"
+}
+
+start_redis backend
+start_redis node1
+start_redis node2
+start_redis node3
+lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
+
+twem=$(freeport)
+used+="$twem "
+twem_stats=$(freeport)
+used+="$twem_stats "
+cat >"$tmp/nutcracker.yml" <<EOF
+bench:
+  listen: 127.0.0.1:$twem
+  hash: fnv1a_64
+  distribution: ketama
+  redis: true
+  server_connections: 1
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:$backend:1
+EOF
+nutcracker -c "$tmp/nutcracker.yml" -s "$twem_stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
+	-o "$tmp/nutcracker.log" -v 4 &
+pids+=($!)
+waitping "$twem" twemproxy
+
+# The flags give the addresses; the file raises max_clients above the
+# memory measurement's 10,000 clients.
+cat >"$tmp/lockproxy.yaml" <<EOF
+shutdown_timeout: 5s
+log:
+  level: warn
+limits:
+  max_clients: 20000
+EOF
+start_proxy proxy proxy_pid
+
+log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy"
+
+report="$tmp/report.md"
+{
+	echo "### lockproxy benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
+	echo
+	echo "Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(uname -sr)." \
+		"lockproxy $(git -C "$root" describe --always --dirty 2>/dev/null || echo '(no git)')," \
+		"$(redis-server --version | awk '{print $1, $2, $3}'), nutcracker $(nutcracker -V 2>&1 | awk '/nutcracker-/{sub(/.*nutcracker-/, ""); print; exit}'), $(go version | awk '{print $3}')."
+} >"$report"
+
+# --- 1. forwarding --------------------------------------------------------------
+
+if ! skipped forward; then
+	targets=(direct twemproxy lockproxy)
+	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy)
+	rows="$tmp/forward.tsv"
+	: >"$rows"
+	# Warm-up, not reported: fill the key space, let every target open its
+	# connections.
+	redis-benchmark -h 127.0.0.1 -p "$backend" -c "$CLIENTS" -t set -r 100000 -n 300000 -P 16 -q >/dev/null
+	for t in "${targets[@]}"; do
+		redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t set,get -r 100000 -n 20000 -q >/dev/null
+	done
+	for ((r = 1; r <= ROUNDS; r++)); do
+		for p in 1 16; do
+			n=$N
+			((p == 1)) || n=$NP
+			# Rotate the order every round so no target always goes first.
+			for ((k = 0; k < 3; k++)); do
+				t=${targets[(k + r - 1) % 3]}
+				csv="$tmp/rb-$r-$p-$t.csv"
+				redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t set,get -r 100000 \
+					-n "$n" -P "$p" --csv >"$csv" 2>"$csv.err" || {
+					log "redis-benchmark against $t failed: $(tail -2 "$csv.err")"
+					exit 1
+				}
+				# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+				tr -d '"' <"$csv" | awk -F, -v p="$p" -v t="$t" -v r="$r" \
+					'$1 == "SET" || $1 == "GET" { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, p, t, r, $2, $5, $7 }' >>"$rows"
+				log "forward round $r -P $p $t: $(tr -d '"' <"$csv" | awk -F, '$1=="SET"||$1=="GET"{printf "%s %.0f/s  ", $1, $2}')"
+			done
+		done
+	done
+	{
+		echo
+		echo "#### Forwarding: redis-benchmark -c $CLIENTS -t set,get -r 100000 (n=$N, with -P 16 n=$NP), $ROUNDS interleaved rounds"
+		echo
+		echo "Medians over rounds; throughput as median (min–max). Ratios are of medians in this run."
+		echo
+		echo "| test | target | requests/s | p50 ms | p99 ms | vs direct | vs twemproxy |"
+		echo "|---|---|---|---|---|---|---|"
+		awk -F'\t' '
+			function median(s, a, n, i, j, x) {
+				n = split(s, a, " ")
+				for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x }
+				lo = a[1]; hi = a[n]
+				return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+			}
+			{ k = $1 SUBSEP $2 SUBSEP $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7 }
+			END {
+				nt = split("direct twemproxy lockproxy", tg, " ")
+				split("1 16", ps, " "); split("SET GET", ops, " ")
+				for (pi = 1; pi <= 2; pi++) for (oi = 1; oi <= 2; oi++) {
+					p = ps[pi]; op = ops[oi]
+					for (ti = 1; ti <= nt; ti++) { k = op SUBSEP p SUBSEP tg[ti]; m[tg[ti]] = median(rps[k]); l[tg[ti]] = lo; h[tg[ti]] = hi }
+					for (ti = 1; ti <= nt; ti++) {
+						t = tg[ti]; k = op SUBSEP p SUBSEP t
+						vd = m["direct"] > 0 ? sprintf("%.2fx", m[t] / m["direct"]) : "-"
+						vt = m["twemproxy"] > 0 ? sprintf("%.2fx", m[t] / m["twemproxy"]) : "-"
+						if (t == "lockproxy") { vd = "**" vd "**"; vt = "**" vt "**" }
+						printf "| %s -P %s | %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %s | %s |\n", op, p, t, m[t], l[t], h[t], median(p50[k]), median(p99[k]), vd, vt
+					}
+				}
+			}' "$rows"
+	} >>"$report"
+fi
+
+# --- 2. lock path ---------------------------------------------------------------
+
+if ! skipped lock; then
+	log "lock comparison: $ROUNDS rounds of 4 runs of $LOCK_DURATION"
+	"$tmp/lockbench" -proxy "127.0.0.1:$proxy" -nodes "$lock_nodes" -rounds "$ROUNDS" \
+		-duration "$LOCK_DURATION" -contended-duration "$LOCK_DURATION" >>"$report"
+fi
+
+# --- 3. memory ------------------------------------------------------------------
+
+if ! skipped memory; then
+	# A fresh proxy, so that the RSS is not what the benchmarks above left.
+	start_proxy mem_proxy mem_pid
+	log "memory: $IDLE_CONNS idle connections to a fresh lockproxy (pid $mem_pid)"
+	"$tmp/idleconns" -addr "127.0.0.1:$mem_proxy" -pid "$mem_pid" -n "$IDLE_CONNS" >>"$report"
+fi
+
+{
+	echo
+	echo "lockproxy log at warn and above during the run: $(wc -l <"$tmp/lockproxy.log") lines," \
+		"$(grep -c 'lock node down' "$tmp/lockproxy.log" || true) of them \"lock node down\" (a lock node missed lock.node_timeout)."
+} >>"$report"
+if [[ -s "$tmp/lockproxy.log" ]]; then
+	log "lockproxy logged $(wc -l <"$tmp/lockproxy.log") lines at warn or above; the last ones:"
+	tail -5 "$tmp/lockproxy.log" >&2
+fi
+cat "$report"
+if [[ -n "${OUT:-}" ]]; then
+	cp "$report" "$OUT"
+fi
