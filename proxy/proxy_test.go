@@ -398,6 +398,9 @@ type echoLocal struct {
 }
 
 func (e echoLocal) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
+	if bytes.EqualFold(args[0], []byte("paniclocal")) {
+		panic("a bug in a local command")
+	}
 	if bytes.EqualFold(args[0], []byte("waitlocal")) {
 		<-ctx.Done()
 		return append(dst, "+done\r\n"...)
@@ -415,7 +418,8 @@ func startLocalProxy(t *testing.T) (string, *redistest.Server, *atomic.Int64) {
 	var closed atomic.Int64
 	addr, _ := startProxy(t, srv.Addr, func(c *Config) {
 		c.IsLocal = func(name []byte) bool {
-			return bytes.EqualFold(name, []byte("echolocal")) || bytes.EqualFold(name, []byte("waitlocal"))
+			return bytes.EqualFold(name, []byte("echolocal")) || bytes.EqualFold(name, []byte("waitlocal")) ||
+				bytes.EqualFold(name, []byte("paniclocal"))
 		}
 		c.NewLocal = func() Local { return echoLocal{&closed} }
 	})
@@ -542,4 +546,24 @@ func TestBackendBackoff(t *testing.T) {
 	}
 	srv.Restart()
 	eventually(t, "the backend to be used again", func() bool { return string(c.do(args("PING"))) == "+PONG\r\n" })
+}
+
+// TestPanicClosesOnlyThatClient: a panic while answering a client is
+// contained to that client's connection.
+func TestPanicClosesOnlyThatClient(t *testing.T) {
+	addr, _, closed := startLocalProxy(t)
+	bystander := dial(t, addr)
+	bystander.do(args("SET k v"))
+	victim := dial(t, addr)
+	victim.send(encode(args("PANICLOCAL")))
+	if _, gone := victim.closedAfter(5 * time.Second); !gone {
+		t.Fatal("the panicking client's connection stayed open")
+	}
+	eventually(t, "the victim's state closed", func() bool { return closed.Load() == 1 })
+	if got := string(bystander.do(args("GET k"), args("ECHOLOCAL still"))); got != "$1\r\nv\r\n$5\r\nstill\r\n" {
+		t.Fatalf("the other client: %q", got)
+	}
+	if got := string(dial(t, addr).do(args("PING"))); got != "+PONG\r\n" {
+		t.Fatalf("a new client: %q", got)
+	}
 }
