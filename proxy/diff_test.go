@@ -100,9 +100,19 @@ func mask(b []byte) []byte { return variable.ReplaceAll(b, []byte("${1}<id>")) }
 // TestDifferential plays the same sessions against Redis directly and
 // through the proxy and requires byte-identical replies.
 func TestDifferential(t *testing.T) {
-	srv := redistest.Start(t)
-	addr, _ := startProxy(t, srv.Addr, nil)
+	for _, model := range []struct {
+		name   string
+		shared int
+	}{{"shared connections", 2}, {"dedicated connections only", -1}} {
+		t.Run(model.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = model.shared })
+			differential(t, srv, addr)
+		})
+	}
+}
 
+func differential(t *testing.T, srv *redistest.Server, addr string) {
 	big := strings.Repeat("0123456789", 1<<20) // 10 MB
 	pipeline := make([]string, 0, 1000)
 	for i := range 500 {

@@ -85,6 +85,11 @@ type BackendConfig struct {
 	TLS *tls.Config
 	// DialTimeout bounds connecting and authenticating. Default 2s.
 	DialTimeout time.Duration
+	// SharedConnections is how many backend connections carry the
+	// stateless commands of clients that have set no connection state
+	// (see package doc). Default 2; negative: every client gets a
+	// dedicated connection.
+	SharedConnections int
 	// WriteTimeout bounds sending a batch of commands to the backend; a
 	// backend that takes nothing for this long is treated as gone.
 	// Default 10s.
@@ -100,8 +105,9 @@ func DefaultConfig() Config {
 		MaxInlineLen:    64 << 10,
 		CommandTimeout:  2 * time.Minute,
 		Backend: BackendConfig{
-			DialTimeout:  2 * time.Second,
-			WriteTimeout: 10 * time.Second,
+			SharedConnections: 2,
+			DialTimeout:       2 * time.Second,
+			WriteTimeout:      10 * time.Second,
 		},
 	}
 }
@@ -185,8 +191,12 @@ type Proxy struct {
 	clients atomic.Int64
 	m       *metrics
 	backoff backoff
-	limits  atomic.Pointer[Limits]
-	wg      sync.WaitGroup // one per session, until its cleanup is done
+
+	shared     []*shared
+	nextShared atomic.Uint64
+	sharedWG   sync.WaitGroup // the shared connections' readers
+	limits     atomic.Pointer[Limits]
+	wg         sync.WaitGroup // one per session, until its cleanup is done
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -221,6 +231,9 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		MaxInlineLen:    cfg.MaxInlineLen,
 		IdleTimeout:     cfg.IdleTimeout,
 	})
+	for range max(cfg.Backend.SharedConnections, 0) {
+		p.shared = append(p.shared, &shared{p: p})
+	}
 	p.auth = newAuthenticator(cfg.Users)
 	b := &cfg.Backend
 	switch {
@@ -307,7 +320,19 @@ drain:
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	for _, sh := range p.shared {
+		sh.close()
+	}
+	p.sharedWG.Wait()
 	return err
+}
+
+// pickShared hands out the shared connections in turn.
+func (p *Proxy) pickShared() *shared {
+	if len(p.shared) == 0 {
+		return nil
+	}
+	return p.shared[p.nextShared.Add(1)%uint64(len(p.shared))]
 }
 
 func (p *Proxy) busy() bool {

@@ -567,3 +567,26 @@ func TestPanicClosesOnlyThatClient(t *testing.T) {
 		t.Fatalf("a new client: %q", got)
 	}
 }
+
+// TestClientsShareBackendConnections: stateless commands of many clients
+// travel on the shared connections; a client that sets state gets its own.
+func TestClientsShareBackendConnections(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = 2 })
+	clients := make([]*client, 20)
+	for i := range clients {
+		clients[i] = dial(t, addr)
+		if got := string(clients[i].do(args(fmt.Sprintf("SET k%d %d", i, i)), args(fmt.Sprintf("GET k%d", i)))); got != fmt.Sprintf("+OK\r\n$%d\r\n%d\r\n", len(fmt.Sprint(i)), i) {
+			t.Fatalf("client %d: %q", i, got)
+		}
+	}
+	if n := connectedClients(t, srv); n > 2 {
+		t.Fatalf("20 stateless clients use %d backend connections, want at most 2", n)
+	}
+	if got := string(clients[0].do(args("SELECT 1"), args("GET k0"), args("SELECT 0"), args("GET k0"))); got != "+OK\r\n$-1\r\n+OK\r\n$1\r\n0\r\n" {
+		t.Fatalf("after SELECT: %q", got)
+	}
+	if n := connectedClients(t, srv); n != 3 {
+		t.Fatalf("%d backend connections after one client selected a db, want 3", n)
+	}
+}

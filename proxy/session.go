@@ -94,8 +94,10 @@ type backend struct {
 	nc   net.Conn
 	r    *bufio.Reader
 	w    *bufio.Writer
-	dead bool // guarded by session.mu
+	dead bool // guarded by session.mu, or by shared.mu on a shared connection
 	done chan struct{}
+	// pending is set on a shared connection: whose replies are coming.
+	pending *pending
 }
 
 // session is one client connection. Commands are handled in order by a
@@ -113,12 +115,15 @@ type session struct {
 	cancel context.CancelFunc
 
 	// Used only by the forwarder.
-	be       *backend
-	replyOff bool // CLIENT REPLY OFF
-	skipNext bool // CLIENT REPLY SKIP
-	authed   bool // under proxy authentication
-	loc      Local
-	buf      []byte
+	sh        *shared // nil when multiplexing is off
+	dedicated bool    // the client has left its shared connection for good
+	sharedOut bool    // commands were sent on the shared connection since the last flush
+	be        *backend
+	replyOff  bool // CLIENT REPLY OFF
+	skipNext  bool // CLIENT REPLY SKIP
+	authed    bool // under proxy authentication
+	loc       Local
+	buf       []byte
 
 	mu      sync.Mutex
 	cond    sync.Cond
@@ -137,6 +142,11 @@ type session struct {
 	out     *bufio.Writer
 	discard *bufio.Writer // replies to the proxy's own commands
 
+	// sink collects the replies from the shared connection until the
+	// forwarder writes them to the client.
+	sinkMu sync.Mutex
+	sink   []byte
+
 	wg sync.WaitGroup // the backend readers and the local runner
 }
 
@@ -147,6 +157,7 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.out = bufio.NewWriterSize(nc, 4096)
 	s.discard = bufio.NewWriterSize(io.Discard, 64)
 	s.authed = p.auth == nil
+	s.sh = p.pickShared()
 	return s
 }
 
@@ -231,6 +242,21 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		}
 	}
 	e, replies := s.classify(name, cmd)
+	if s.sh != nil && !s.dedicated {
+		if replies && stateless(name) {
+			if err := s.sh.send(s, e, cmd.Raw); err != nil {
+				s.p.m.unavailable.Add(1)
+				return localItem{reply: errorReply(&BackendError{Err: err})}, false
+			}
+			s.sharedOut = true
+			s.p.m.forwarded.Add(1)
+			return localItem{}, true
+		}
+		// Replies on the shared connection come first; from now on the
+		// client's commands go to a connection of its own.
+		s.flush()
+		s.dedicated = true
+	}
 	for {
 		if err := s.connect(); err != nil {
 			if s.ctx.Err() == nil {
@@ -367,6 +393,11 @@ func (s *session) push(e entry) bool {
 
 // flush sends what the forwarder has written to the backend.
 func (s *session) flush() {
+	if s.sharedOut {
+		s.sharedOut = false
+		s.sh.flush()
+		s.drainShared()
+	}
 	if s.be == nil || s.be.w.Buffered() == 0 {
 		return
 	}
@@ -374,6 +405,30 @@ func (s *session) flush() {
 	if err := s.be.w.Flush(); err != nil {
 		s.be.nc.Close()
 	}
+}
+
+// drainShared waits for the replies to the commands the client sent on
+// its shared connection and writes them to the client.
+func (s *session) drainShared() {
+	s.mu.Lock()
+	for s.head < len(s.fifo) && !s.closed {
+		s.cond.Wait()
+	}
+	s.mu.Unlock()
+	s.sinkMu.Lock()
+	out := s.sink
+	s.sink = s.sink[:0]
+	if cap(s.sink) > 64<<10 {
+		s.sink = nil
+	}
+	s.sinkMu.Unlock()
+	if len(out) == 0 {
+		return
+	}
+	s.wmu.Lock()
+	s.out.Write(out)
+	s.out.Flush()
+	s.wmu.Unlock()
 }
 
 // connect makes sure the forwarder has a live backend connection.

@@ -1,0 +1,198 @@
+package proxy
+
+import (
+	"bufio"
+	"sync"
+	"time"
+)
+
+// shared is one backend connection that carries the stateless commands of
+// many clients. Commands are appended to one write buffer and whoever finds
+// no write in progress writes everything buffered, so the commands of all
+// clients that arrive during a write go out in the next one: Redis reads
+// and answers many clients' commands per system call. Replies come back in
+// the same order; the reader appends each to its client's sink.
+//
+// A client uses its shared connection until it sends a command that
+// changes or depends on its connection's state (see stateless); from then
+// on it has a dedicated connection of its own.
+type shared struct {
+	p *Proxy
+
+	mu      sync.Mutex
+	be      *backend // nil until dialled; replaced when it dies
+	wbuf    []byte   // commands waiting to be written
+	spare   []byte
+	writing bool
+}
+
+// pending is who the replies on one shared backend connection belong to.
+type pending struct {
+	sessions []*session
+	head     int
+}
+
+// send queues one command of s; it returns an error when the backend
+// cannot be reached.
+func (sh *shared) send(s *session, e entry, raw []byte) error {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.be == nil || sh.be.dead {
+		if err := sh.connect(); err != nil {
+			return err
+		}
+	}
+	sh.wbuf = append(sh.wbuf, raw...)
+	q := sh.be.pending
+	q.sessions = append(q.sessions, s)
+	s.mu.Lock()
+	e.at = s.p.m.since()
+	s.fifo = append(s.fifo, e)
+	s.mu.Unlock()
+	return nil
+}
+
+// connect dials a new shared connection; sh.mu is held.
+func (sh *shared) connect() error {
+	p := sh.p
+	if err := p.backoff.check(); err != nil {
+		return err
+	}
+	be, err := p.dial(p.root, replayState{})
+	p.backoff.record(err)
+	if err != nil {
+		return err
+	}
+	be.pending = &pending{}
+	sh.be = be
+	sh.wbuf = sh.wbuf[:0]
+	p.sharedWG.Add(1)
+	go sh.read(be)
+	return nil
+}
+
+// flush writes what is buffered unless another client's goroutine is
+// writing already; that one writes ours too before it stops.
+func (sh *shared) flush() {
+	sh.mu.Lock()
+	if sh.writing || len(sh.wbuf) == 0 {
+		sh.mu.Unlock()
+		return
+	}
+	sh.writing = true
+	for len(sh.wbuf) > 0 {
+		buf, be := sh.wbuf, sh.be
+		sh.wbuf = sh.spare[:0]
+		sh.mu.Unlock()
+		be.nc.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
+		_, err := be.nc.Write(buf)
+		if err != nil {
+			be.nc.Close() // the reader answers everything pending with an error
+		}
+		sh.mu.Lock()
+		sh.spare = buf[:0]
+	}
+	sh.writing = false
+	sh.mu.Unlock()
+}
+
+// read hands every reply on be to the client it belongs to.
+func (sh *shared) read(be *backend) {
+	defer sh.p.sharedWG.Done()
+	var ri replyInfo
+	sink := &sinkWriter{}
+	w := bufio.NewWriterSize(sink, 4096)
+	for {
+		if _, err := be.r.Peek(1); err != nil {
+			sh.fail(be, nil)
+			return
+		}
+		sh.mu.Lock()
+		q := be.pending
+		var s *session
+		if q.head < len(q.sessions) {
+			s = q.sessions[q.head]
+			q.sessions[q.head] = nil
+			q.head++
+			if q.head == len(q.sessions) {
+				q.sessions, q.head = q.sessions[:0], 0
+			}
+		}
+		sh.mu.Unlock()
+		sink.s = s
+		err := copyReply(w, be.r, &ri)
+		w.Flush()
+		if err != nil {
+			sh.fail(be, s)
+			return
+		}
+		if s != nil {
+			s.account(&ri)
+		}
+	}
+}
+
+// fail ends be: every client waiting on it gets a connection-lost error,
+// and cut, whose reply was cut short, is disconnected.
+func (sh *shared) fail(be *backend, cut *session) {
+	be.nc.Close()
+	sh.mu.Lock()
+	be.dead = true
+	q := be.pending
+	waiting := q.sessions[q.head:]
+	q.sessions, q.head = nil, 0
+	sh.mu.Unlock()
+	if cut != nil {
+		cut.nc.Close()
+		cut.account(&replyInfo{typ: '-'})
+	}
+	for _, s := range waiting {
+		s.p.m.connLost.Add(1)
+		s.sinkMu.Lock()
+		s.sink = append(s.sink, replyConnLost...)
+		s.sinkMu.Unlock()
+		s.account(&replyInfo{typ: '-'})
+	}
+}
+
+// close closes the connection; the reader ends.
+func (sh *shared) close() {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.be != nil {
+		sh.be.nc.Close()
+	}
+}
+
+// sinkWriter appends to the sink of the session whose reply is copied.
+type sinkWriter struct{ s *session }
+
+func (w *sinkWriter) Write(b []byte) (int, error) {
+	if w.s == nil {
+		return len(b), nil // a reply nobody waits for
+	}
+	w.s.sinkMu.Lock()
+	w.s.sink = append(w.s.sink, b...)
+	w.s.sinkMu.Unlock()
+	return len(b), nil
+}
+
+// stateless reports whether a command may share a backend connection with
+// other clients: it neither changes nor reads the connection's own state,
+// and it never blocks. Everything else moves the client to a dedicated
+// connection: state (SELECT, AUTH, HELLO, CLIENT ..., transactions,
+// pub/sub, MONITOR, RESET, QUIT, READONLY, CLIENT REPLY), blocking commands,
+// and commands that stall the connection for everyone (DEBUG, WAIT).
+func stateless(name []byte) bool {
+	switch string(name) {
+	case "select", "auth", "hello", "client", "reset", "quit",
+		"multi", "exec", "discard", "watch", "unwatch",
+		"subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe",
+		"monitor", "readonly", "readwrite", "asking", "sync", "psync", "replconf",
+		"wait", "waitaof", "debug", "shutdown", "failover",
+		"blpop", "brpop", "brpoplpush", "blmove", "blmpop", "bzpopmin", "bzpopmax", "bzmpop",
+		"xread", "xreadgroup":
+		return false
+	}
+	return name != nil
+}
