@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -26,6 +27,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -58,6 +62,9 @@ type fileConfig struct {
 		Requirepass string            `yaml:"requirepass"`
 		Users       map[string]string `yaml:"users"`
 	} `yaml:"auth"`
+	Metrics struct {
+		Listen string `yaml:"listen"`
+	} `yaml:"metrics"`
 	Log struct {
 		Level  string `yaml:"level"`
 		Format string `yaml:"format"`
@@ -203,6 +210,10 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 			pcfg.Users["default"] = cfg.Auth.Requirepass
 		}
 	}
+	var p *proxy.Proxy
+	started := time.Now()
+	pcfg.Info = func() string { return infoSection(started, p, locker, cmds) }
+	pcfg.Docs = &proxy.Docs{Names: commands.Names, AppendInfo: commands.AppendCommandInfo, AppendDocs: commands.AppendCommandDocs}
 	pcfg.IsLocal = cmds.Is
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
 	switch cfg.Lock.GuardBackend {
@@ -213,9 +224,16 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 			pcfg.ProtectedPrefix = qcfg.KeyPrefix
 		}
 	}
-	p, err := proxy.New(pcfg, logger.Named("proxy"))
+	p, err = proxy.New(pcfg, logger.Named("proxy"))
 	if err != nil {
 		return err
+	}
+	if cfg.Metrics.Listen != "" {
+		stopHTTP, err := serveHTTP(cfg.Metrics.Listen, logger, p, locker, cmds)
+		if err != nil {
+			return fmt.Errorf("metrics.listen: %w", err)
+		}
+		defer stopHTTP()
 	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -266,6 +284,77 @@ wait:
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// serveHTTP serves /metrics, /healthz (the process is alive) and /readyz
+// (the backend answers and a majority of lock nodes answer) on addr. The
+// returned function stops the server and waits for it.
+func serveHTTP(addr string, logger *zap.Logger, p *proxy.Proxy, locker *quorum.Locker, cmds *commands.Handler) (func(), error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), p, locker, cmds)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := errors.Join(p.Ready(ctx), locker.Ready(ctx)); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Warn("metrics server stopped", zap.Error(err))
+		}
+	}()
+	logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
+
+// infoSection is the body of INFO lockproxy.
+func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds *commands.Handler) string {
+	ps, cs := p.Stats(), cmds.Stats()
+	up := locker.NodesUp()
+	var b strings.Builder
+	for _, kv := range []struct {
+		k string
+		v any
+	}{
+		{"version", version},
+		{"uptime_in_seconds", int64(time.Since(started).Seconds())},
+		{"lock_nodes", locker.Nodes()},
+		{"lock_nodes_up", up},
+		{"lock_nodes_down", locker.Nodes() - up},
+		{"connected_clients", ps.Clients},
+		{"total_connections_received", ps.Connections},
+		{"commands_forwarded", ps.Forwarded},
+		{"forward_errors", ps.ForwardErrors},
+		{"locks_acquired", cs.Acquired},
+		{"locks_not_acquired", cs.NotAcquired},
+		{"locks_noquorum", cs.NoQuorum},
+		{"locks_released", cs.Released},
+		{"locks_extended", cs.Extended},
+		{"keepalive_extensions", cs.KeepaliveExtensions},
+		{"keepalive_lost", cs.KeepaliveLost},
+		{"locks_held", cs.Held},
+	} {
+		fmt.Fprintf(&b, "%s:%v\r\n", kv.k, kv.v)
+	}
+	return b.String()
 }
 
 // errVersion asks run to print the version.

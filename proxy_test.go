@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -452,5 +454,75 @@ func TestReloadOnSIGHUP(t *testing.T) {
 			t.Fatalf("the new max_clients did not apply: read %q", buf[:n])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestObservability: /metrics, /healthz, /readyz and INFO lockproxy through
+// the whole program.
+func TestObservability(t *testing.T) {
+	backend := redistest.Start(t)
+	nodes, addrs := startNodes(t, 3)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	addr := startApp(t, fmt.Sprintf("metrics: {listen: %q}\nlock: {node_timeout: 250ms}\n", metricsAddr),
+		"-backend", backend.Addr, "-lock-nodes", addrs)
+	ctx := context.Background()
+	c := newClient(t, addr, 2)
+	l, err := lock(ctx, c, "observed", 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Set(ctx, "k", "v", 0)
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + metricsAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/metrics")
+	for _, want := range []string{
+		`lockproxy_commands_total{command="lock",outcome="acquired"} 1`,
+		`lockproxy_locks_held 1`,
+		`lockproxy_lock_node_up{addr="` + nodes[0].Addr + `",node="0"} 1`,
+		`lockproxy_client_connections 1`,
+		`lockproxy_backend_latency_seconds_count`,
+		`go_goroutines`,
+	} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics (%d) lacks %q", code, want)
+		}
+	}
+	if code, body := get("/healthz"); code != 200 {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	if code, body := get("/readyz"); code != 200 {
+		t.Errorf("/readyz with everything up: %d %s", code, body)
+	}
+
+	info, err := c.Info(ctx, "lockproxy").Result()
+	if err != nil || !strings.HasPrefix(info, "# Lockproxy\r\n") || !strings.Contains(info, "locks_acquired:1\r\n") ||
+		!strings.Contains(info, "lock_nodes_up:3\r\n") {
+		t.Errorf("INFO lockproxy: %q %v", info, err)
+	}
+	if n, err := c.Do(ctx, "UNLOCK", "observed", l.token).Int(); n != 1 || err != nil {
+		t.Fatalf("UNLOCK: %d %v", n, err)
+	}
+
+	nodes[1].Kill()
+	nodes[2].Kill()
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "1 of 3 lock nodes answered") {
+		t.Errorf("/readyz with 2 of 3 nodes down: %d %s", code, body)
+	}
+	backend.Kill()
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "backend unavailable") {
+		t.Errorf("/readyz with the backend down: %d %s", code, body)
 	}
 }

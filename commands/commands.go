@@ -3,6 +3,8 @@ package commands
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -72,7 +74,9 @@ const (
 )
 
 // Handler serves LOCK, UNLOCK and EXTEND for any number of connections. It
-// is safe for concurrent use; per-connection state lives in Conn.
+// is safe for concurrent use; per-connection state lives in Conn. It counts
+// the commands' outcomes and the locks its connections hold: see Collect
+// and Stats.
 type Handler struct {
 	locker *quorum.Locker
 	logger *zap.Logger
@@ -83,6 +87,15 @@ type Handler struct {
 	// allocates.
 	errTTLMax  error
 	errWaitMax error
+
+	mu    sync.Mutex
+	conns map[*Conn]struct{} // open connections; guarded by mu
+
+	// Serving a command costs one atomic add here; the rest of the
+	// metrics is computed when they are collected.
+	outcomes            [numOutcomes]atomic.Uint64
+	keepaliveExtensions atomic.Uint64
+	keepaliveLost       atomic.Uint64
 }
 
 // New returns a Handler that runs the commands on l. cfg should have passed
@@ -102,6 +115,7 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) *Handler {
 		logger:  logger,
 		maxTTL:  cfg.MaxTTL.Milliseconds(),
 		maxWait: cfg.MaxWait.Milliseconds(),
+		conns:   make(map[*Conn]struct{}),
 	}
 	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
 	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)
@@ -115,9 +129,14 @@ func (h *Handler) Is(name []byte) bool {
 }
 
 // NewConn returns the state of one new client connection. The caller must
-// call Conn.Close when the connection ends.
+// call Conn.Close when the connection ends; until then the Handler counts
+// the connection's locks in lockproxy_locks_held.
 func (h *Handler) NewConn() *Conn {
-	return &Conn{h: h, held: make(map[string]*holding)}
+	c := &Conn{h: h, held: make(map[string]*holding)}
+	h.mu.Lock()
+	h.conns[c] = struct{}{}
+	h.mu.Unlock()
+	return c
 }
 
 // equalFold reports whether b equals lower, ignoring ASCII case. lower must

@@ -30,6 +30,12 @@ type env struct {
 // log goes both to the test log and to e.logs.
 func newEnv(tb testing.TB, n int) *env {
 	tb.Helper()
+	return newEnvQuorum(tb, n, quorum.DefaultConfig())
+}
+
+// newEnvQuorum is newEnv with the Locker's Config qcfg.
+func newEnvQuorum(tb testing.TB, n int, qcfg quorum.Config) *env {
+	tb.Helper()
 	e := &env{}
 	opts := make([]*redis.Options, n)
 	for i := range n {
@@ -39,7 +45,7 @@ func newEnv(tb testing.TB, n int) *env {
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	logger := zap.New(zapcore.NewTee(zaptest.NewLogger(tb).Core(), core))
-	l, err := quorum.New(opts, quorum.DefaultConfig(), logger.Named("quorum"))
+	l, err := quorum.New(opts, qcfg, logger.Named("quorum"))
 	if err != nil {
 		tb.Fatalf("quorum.New: %v", err)
 	}

@@ -38,10 +38,29 @@ type holding struct {
 	// releases it. It stays true after a failed UNLOCK stopped the extender.
 	keep bool
 	ext  *extender // nil without KEEPALIVE
+	// until is the end of the validity known from LOCK and EXTEND on this
+	// connection; the extender of a kept lock knows a later one. Guarded by
+	// the Conn's mu.
+	until time.Time
 }
 
 // lost reports whether the keepalive of h gave the lock up. h may be nil.
 func (h *holding) lost() bool { return h != nil && h.ext != nil && h.ext.lost.Load() }
+
+// validAt reports whether the lock's last known validity lasts beyond now.
+// The Conn's mu must be held.
+func (h *holding) validAt(now time.Time) bool {
+	if h.lost() {
+		return false
+	}
+	until := h.until
+	if h.ext != nil {
+		if _, u := h.ext.state(); u.After(until) {
+			until = u
+		}
+	}
+	return now.Before(until)
+}
 
 // Serve answers one command and appends exactly one RESP reply to dst.
 // args[0] is the command name as sent, in any case. resp3 selects RESP3
@@ -74,6 +93,7 @@ func (c *Conn) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool)
 func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
 	a, err := c.h.parseLock(args)
 	if err != nil {
+		c.h.count(lockBadRequest)
 		return appendErr(dst, err)
 	}
 	resource := string(a.resource)
@@ -85,21 +105,26 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 	c.h.debug("lock", resource, start, err)
 	switch {
 	case errors.Is(err, quorum.ErrNotAcquired):
+		c.h.count(lockNotAcquired)
 		return appendNull(dst, resp3)
 	case err != nil:
+		c.h.countEngineErr(err, lockNoQuorum, lockError)
 		return appendEngineErr(dst, err)
 	}
 	if err := ctx.Err(); err != nil {
 		// The client is gone (or the command ran out of time) just after
 		// the nodes granted the lock. Nobody will ever see the token, so
 		// give the lock back now instead of blocking others for the ttl.
+		c.h.count(lockError)
 		c.h.release(ctx, resource, lk.Token)
 		return appendEngineErr(dst, err)
 	}
 	if !c.record(ctx, resource, lk, a.ttl, until, a.keepalive) {
+		c.h.count(lockError)
 		c.h.release(ctx, resource, lk.Token)
 		return appendErr(dst, errClosed)
 	}
+	c.h.count(lockAcquired)
 	dst = redcon.AppendArray(dst, 3)
 	dst = redcon.AppendBulkString(dst, lk.Token)
 	dst = redcon.AppendInt(dst, lk.Validity.Milliseconds())
@@ -119,7 +144,7 @@ func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl 
 	if old := c.held[resource]; old != nil && old.ext != nil {
 		old.ext.stop()
 	}
-	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive}
+	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until}
 	if keepalive {
 		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
 	}
@@ -167,11 +192,13 @@ func (c *Conn) forget(resource string, h *holding) {
 func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte) []byte {
 	a, err := parseUnlock(args)
 	if err != nil {
+		c.h.count(unlockBadRequest)
 		return appendErr(dst, err)
 	}
 	resource := string(a.resource)
 	h, token, err := c.lookup(resource, a.token)
 	if err != nil {
+		c.h.count(argOutcome(err, unlockBadRequest, unlockError))
 		return appendErr(dst, err)
 	}
 	if h != nil && h.ext != nil {
@@ -179,6 +206,7 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte) []byte {
 		// release as a lost lock.
 		h.ext.stop()
 		if h.lost() {
+			c.h.count(unlockNotHeld)
 			c.forget(resource, h)
 			return redcon.AppendInt(dst, 0)
 		}
@@ -188,28 +216,34 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte) []byte {
 	c.h.debug("unlock", resource, start, err)
 	switch {
 	case err == nil:
+		c.h.count(unlockReleased)
 		c.forget(resource, h)
 		return redcon.AppendInt(dst, 1)
 	case errors.Is(err, quorum.ErrNotHeld):
+		c.h.count(unlockNotHeld)
 		c.forget(resource, h)
 		return redcon.AppendInt(dst, 0)
 	}
 	// The lock may still be held: keep the record, so that the client can
 	// retry without a token and Close still releases a kept lock.
+	c.h.countEngineErr(err, unlockNoQuorum, unlockError)
 	return appendEngineErr(dst, err)
 }
 
 func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte) []byte {
 	a, err := c.h.parseExtend(args)
 	if err != nil {
+		c.h.count(extendBadRequest)
 		return appendErr(dst, err)
 	}
 	resource := string(a.resource)
 	h, token, err := c.lookup(resource, a.token)
 	if err != nil {
+		c.h.count(argOutcome(err, extendBadRequest, extendError))
 		return appendErr(dst, err)
 	}
 	if h.lost() {
+		c.h.count(extendNotHeld)
 		c.forget(resource, h)
 		return redcon.AppendInt(dst, 0)
 	}
@@ -220,6 +254,10 @@ func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte) []byte {
 	ms := validity.Milliseconds()
 	switch {
 	case err == nil && ms > 0:
+		c.h.count(extendExtended)
+		if h != nil {
+			c.setUntil(h, until)
+		}
 		if h != nil && h.ext != nil {
 			c.rekeep(resource, h, a.ttl, until)
 		}
@@ -227,10 +265,19 @@ func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte) []byte {
 	case err == nil || errors.Is(err, quorum.ErrNotHeld):
 		// Less than a millisecond of validity left is as good as gone; a
 		// reply of 0 must mean that the lock is not held.
+		c.h.count(extendNotHeld)
 		c.forget(resource, h)
 		return redcon.AppendInt(dst, 0)
 	}
+	c.h.countEngineErr(err, extendNoQuorum, extendError)
 	return appendEngineErr(dst, err)
+}
+
+// setUntil records until as the end of h's validity.
+func (c *Conn) setUntil(h *holding, until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h.until = until
 }
 
 // rekeep hands the new ttl and validity of a kept lock to its extender. If
@@ -265,6 +312,9 @@ func (c *Conn) close() {
 	held := c.held
 	c.held = nil
 	c.mu.Unlock()
+	c.h.mu.Lock()
+	delete(c.h.conns, c)
+	c.h.mu.Unlock()
 
 	for _, h := range held {
 		if h.ext != nil {

@@ -8,7 +8,9 @@
 // Each client connection gets a Conn, which remembers the locks it acquired so
 // that UNLOCK and EXTEND may leave out the token, and which owns the KEEPALIVE
 // extenders: one goroutine per kept lock, extending it about every ttl/3
-// until UNLOCK or Close. The user-facing contract is PROTOCOL.md; the package
-// contains no algorithm of its own and does not know about network
-// connections, which belong to package proxy.
+// until UNLOCK or Close. The Handler counts the outcome of every command and
+// the locks its open connections hold, as Prometheus metrics
+// (Handler.Collect) and for INFO (Handler.Stats). The user-facing contract is
+// PROTOCOL.md; the package contains no algorithm of its own and does not
+// know about network connections, which belong to package proxy.
 package commands

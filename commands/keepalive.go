@@ -57,7 +57,7 @@ func (c *Conn) startExtender(base context.Context, resource, token string, ttl t
 	go func() {
 		defer c.extenders.Done()
 		defer close(e.done)
-		e.run(c.h.locker, c.h.logger)
+		e.run(c.h)
 	}()
 	return e
 }
@@ -94,7 +94,8 @@ func (e *extender) state() (time.Duration, time.Time) {
 	return e.ttl, e.until
 }
 
-func (e *extender) run(l *quorum.Locker, logger *zap.Logger) {
+func (e *extender) run(h *Handler) {
+	l := h.locker
 	defer func() {
 		e.mu.Lock()
 		e.exited = true
@@ -116,7 +117,7 @@ func (e *extender) run(l *quorum.Locker, logger *zap.Logger) {
 
 		ttl, until := e.state()
 		if !time.Now().Before(until) {
-			e.lose(logger, errValidityOver)
+			e.lose(h, errValidityOver)
 			return
 		}
 		// An extension that ends after the validity is useless: by then
@@ -134,9 +135,10 @@ func (e *extender) run(l *quorum.Locker, logger *zap.Logger) {
 				e.until = v
 			}
 			e.mu.Unlock()
+			h.keepaliveExtensions.Add(1)
 			t.Reset(ttl / 3)
 		case err == nil || errors.Is(err, quorum.ErrNotHeld):
-			e.lose(logger, quorum.ErrNotHeld)
+			e.lose(h, quorum.ErrNotHeld)
 			return
 		default:
 			// No quorum or a timeout: the lock may well still be held.
@@ -144,7 +146,7 @@ func (e *extender) run(l *quorum.Locker, logger *zap.Logger) {
 			_, until := e.state()
 			left := time.Until(until)
 			if left <= 0 {
-				e.lose(logger, err)
+				e.lose(h, err)
 				return
 			}
 			t.Reset(retryDelay(ttl, left))
@@ -159,7 +161,8 @@ func retryDelay(ttl, left time.Duration) time.Duration {
 	return max(min(ttl/10, left/2), time.Millisecond)
 }
 
-func (e *extender) lose(logger *zap.Logger, err error) {
+func (e *extender) lose(h *Handler, err error) {
 	e.lost.Store(true)
-	logger.Warn("keepalive lost", zap.String("resource", e.resource), zap.Error(err))
+	h.keepaliveLost.Add(1)
+	h.logger.Warn("keepalive lost", zap.String("resource", e.resource), zap.Error(err))
 }

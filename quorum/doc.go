@@ -37,4 +37,8 @@
 // (a hash with the holder's token and fence, expiring with the lock),
 // "<prefix>fence" (one counter per node) and "<prefix>released". State on the
 // nodes therefore does not grow with the number of resources ever locked.
+//
+// A Locker tracks whether each node's last call succeeded (NodesUp, Ready for
+// a readiness probe) and exports that, per-node errors and timeouts, and the
+// wait and handoff times of waiters as Prometheus metrics (Locker.Collect).
 package quorum

@@ -62,6 +62,7 @@ type Lock struct {
 // unless a node loses its data, which is why the order holds only while a
 // majority keeps it, as Redlock's exclusion itself does.
 func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, opt Options) (Lock, error) {
+	start := time.Now()
 	ttl, err := checkTTL(ttl)
 	if err != nil {
 		return Lock{}, err
@@ -79,10 +80,13 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 		// that wait for it to let go; anyone else must not jump the queue,
 		// so this attempt only refreshes an existing holding.
 		lk, _, err := l.attempt(ctx, resource, ttl, token, true)
+		if err == nil && opt.Wait > 0 {
+			l.waitSeconds.Observe(sinceSeconds(start))
+		}
 		if err == nil || opt.Wait <= 0 || !retryable(err) {
 			return lk, err
 		}
-		return l.wait(ctx, resource, ttl, token, opt.Wait)
+		return l.wait(ctx, start, resource, ttl, token, opt.Wait)
 	}
 	if opt.Wait <= 0 {
 		if queued {
@@ -91,14 +95,15 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 		lk, _, err := l.attempt(ctx, resource, ttl, token, false)
 		return lk, err
 	}
-	return l.wait(ctx, resource, ttl, token, opt.Wait)
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait)
 }
 
 // wait queues for resource and, once at the head, attempts until acquired,
 // the wait runs out, ctx ends or the Locker closes. Between attempts the head
 // sleeps until whichever comes first: a release notification, the holder's
-// remaining ttl, or a random delay in [RetryMin, RetryMax].
-func (l *Locker) wait(ctx context.Context, resource string, ttl time.Duration, token string, wait time.Duration) (Lock, error) {
+// remaining ttl, or a random delay in [RetryMin, RetryMax]. start is when
+// Lock was called, for the wait histogram.
+func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration) (Lock, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	w := l.enqueue(resource)
@@ -113,12 +118,21 @@ func (l *Locker) wait(ctx context.Context, resource string, ttl time.Duration, t
 	case <-l.done:
 		return Lock{}, errClosed
 	}
+	var woken time.Time // when a release notification woke this attempt
 	for {
 		wake := l.wakeChan(resource) // before the attempt: a release during it counts
 		lk, hint, err := l.attempt(ctx, resource, ttl, token, false)
-		if err == nil || !retryable(err) {
+		if err == nil {
+			l.waitSeconds.Observe(sinceSeconds(start))
+			if !woken.IsZero() {
+				l.handoffSeconds.Observe(sinceSeconds(woken))
+			}
+			return lk, nil
+		}
+		if !retryable(err) {
 			return lk, err
 		}
+		woken = time.Time{}
 		select {
 		case <-deadline.C:
 			return Lock{}, err
@@ -131,6 +145,7 @@ func (l *Locker) wait(ctx context.Context, resource string, ttl time.Duration, t
 		t := time.NewTimer(delay)
 		select {
 		case <-wake:
+			woken = time.Now()
 		case <-t.C:
 		case <-deadline.C:
 			t.Stop()

@@ -8,13 +8,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
 // Locker runs Redlock across a fixed set of lock nodes. It is safe for
 // concurrent use. Several Lockers (in one process or many) may share nodes;
-// they then exclude each other and wake each other's waiters.
+// they then exclude each other and wake each other's waiters. A Locker is a
+// prometheus.Collector of its node health and wait times; see Collect.
 type Locker struct {
 	cfg    Config
 	logger *zap.Logger
@@ -34,6 +36,9 @@ type Locker struct {
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
 	closeErr  error
+
+	waitSeconds    prometheus.Histogram // Lock calls with a wait that acquired
+	handoffSeconds prometheus.Histogram // wake-up by a release to acquisition
 }
 
 type node struct {
@@ -42,6 +47,9 @@ type node struct {
 	client *redis.Client
 	sub    *redis.PubSub
 	down   atomic.Bool // last call outcome; logged once per change
+
+	errorCount   atomic.Uint64 // failed calls other than timeouts
+	timeoutCount atomic.Uint64 // timed-out calls
 }
 
 // New returns a Locker with one go-redis client per entry of nodes and
@@ -84,6 +92,9 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		subCtx:     ctx,
 		subCancel:  cancel,
 		done:       make(chan struct{}),
+
+		waitSeconds:    newWaitHistogram(),
+		handoffSeconds: newHandoffHistogram(),
 	}
 	for i, o := range nodes {
 		opt := *o
@@ -169,9 +180,9 @@ func fanout[T any](ctx context.Context, l *Locker, nodes []*node, call func(cont
 	return res
 }
 
-// observe tracks whether n is up from the outcome of one call and warns once
-// per change. A call cut short by the caller's context says nothing about
-// the node.
+// observe tracks whether n is up from the outcome of one call, warns once
+// per change and counts failures. A call cut short by the caller's context
+// says nothing about the node.
 func (l *Locker) observe(ctx context.Context, n *node, err error) {
 	if err == nil {
 		if n.down.CompareAndSwap(true, false) {
@@ -182,6 +193,7 @@ func (l *Locker) observe(ctx context.Context, n *node, err error) {
 	if ctxErr(ctx) != nil {
 		return
 	}
+	n.countFailure(err)
 	if n.down.CompareAndSwap(false, true) {
 		l.logger.Warn("lock node down", zap.Int("node", n.index), zap.String("addr", n.addr), zap.Error(err))
 	}
