@@ -152,6 +152,11 @@ type clientConn struct {
 }
 
 func (c *clientConn) Write(b []byte) (int, error) {
+	if len(b) == 0 {
+		// redcon flushes its own, always empty, writer after every batch;
+		// an empty Write would still cost a system call.
+		return 0, nil
+	}
 	n, err := c.Conn.Write(b)
 	if err != nil {
 		c.broken.Store(true)

@@ -67,7 +67,7 @@ type entry struct {
 	// confirmation tells how many there will be.
 	n   int64
 	arg int64  // HELLO's protocol version
-	at  int64  // when it was sent, from metrics.since
+	at  int64  // when it was sent, from metrics.stamp; 0 when not sampled
 	raw []byte // the request, for state replayed on reconnect
 }
 
@@ -138,8 +138,8 @@ type session struct {
 	monitor, inMulti    bool
 	state               replayState
 
-	wmu     sync.Mutex // guards out
-	out     *bufio.Writer
+	wmu     sync.Mutex    // guards out
+	out     *bufio.Writer // made on first use: an idle client needs none
 	discard *bufio.Writer // replies to the proxy's own commands
 
 	// sink collects the replies from the shared connection until the
@@ -154,7 +154,6 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s := &session{p: p, nc: nc, log: log, proto: 2}
 	s.ctx, s.cancel = context.WithCancel(p.root)
 	s.cond.L = &s.mu
-	s.out = bufio.NewWriterSize(nc, 4096)
 	s.discard = bufio.NewWriterSize(io.Discard, 64)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
@@ -386,7 +385,7 @@ func (s *session) push(e entry) bool {
 	if s.be.dead {
 		return false
 	}
-	e.at = s.p.m.since()
+	e.at = s.p.m.stamp()
 	s.fifo = append(s.fifo, e)
 	return true
 }
@@ -405,6 +404,14 @@ func (s *session) flush() {
 	if err := s.be.w.Flush(); err != nil {
 		s.be.nc.Close()
 	}
+}
+
+// output returns the client's buffered writer; s.wmu is held.
+func (s *session) output() *bufio.Writer {
+	if s.out == nil {
+		s.out = bufio.NewWriterSize(s.nc, 4096)
+	}
+	return s.out
 }
 
 // drainShared waits for the replies to the commands the client sent on
@@ -426,8 +433,7 @@ func (s *session) drainShared() {
 		return
 	}
 	s.wmu.Lock()
-	s.out.Write(out)
-	s.out.Flush()
+	s.nc.Write(out) // no other writer: the client has no dedicated connection yet
 	s.wmu.Unlock()
 }
 
@@ -490,15 +496,15 @@ func (s *session) readBackend(be *backend) {
 			if be.r.Buffered() == 0 {
 				// What the client's replies before it left in the buffer.
 				s.wmu.Lock()
-				s.out.Flush()
+				s.output().Flush()
 				s.wmu.Unlock()
 			}
 			continue
 		}
 		s.wmu.Lock()
-		err := copyReply(s.out, be.r, &ri)
+		err := copyReply(s.output(), be.r, &ri)
 		if err == nil && be.r.Buffered() == 0 {
-			err = s.out.Flush()
+			err = s.output().Flush()
 		}
 		s.wmu.Unlock()
 		if err != nil {
@@ -508,7 +514,7 @@ func (s *session) readBackend(be *backend) {
 		if s.account(&ri) {
 			// QUIT: Redis closes the connection after its +OK.
 			s.wmu.Lock()
-			s.out.Flush()
+			s.output().Flush()
 			s.wmu.Unlock()
 			s.nc.Close()
 			s.backendLost(be, errClosed)
@@ -558,9 +564,9 @@ func (s *session) backendLost(be *backend, cause error) {
 		s.p.m.connLost.Add(uint64(visible))
 		s.wmu.Lock()
 		for range visible {
-			s.out.Write(replyConnLost)
+			s.output().Write(replyConnLost)
 		}
-		s.out.Flush()
+		s.output().Flush()
 		s.wmu.Unlock()
 	}
 	s.mu.Lock()
@@ -600,7 +606,7 @@ func (s *session) account(ri *replyInfo) (quit bool) {
 	if e == nil {
 		return false
 	}
-	if e.kind != entryInternal {
+	if e.at != 0 && e.kind != entryInternal {
 		s.p.m.latency.Observe(float64(s.p.m.since()-e.at) / 1e9)
 	}
 	ok := ri.typ != '-' && ri.typ != '!'
@@ -754,8 +760,8 @@ func (s *session) answer(it localItem) {
 		return
 	}
 	s.wmu.Lock()
-	s.out.Write(reply)
-	s.out.Flush()
+	s.output().Write(reply)
+	s.output().Flush()
 	s.wmu.Unlock()
 }
 
@@ -778,8 +784,8 @@ func (s *session) protocolError(err error) {
 	s.mu.Unlock()
 	t.Stop()
 	s.wmu.Lock()
-	s.out.WriteString("-ERR " + err.Error() + "\r\n")
-	s.out.Flush()
+	s.output().WriteString("-ERR " + err.Error() + "\r\n")
+	s.output().Flush()
 	s.wmu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -46,7 +47,7 @@ func (sh *shared) send(s *session, e entry, raw []byte) error {
 	q := sh.be.pending
 	q.sessions = append(q.sessions, s)
 	s.mu.Lock()
-	e.at = s.p.m.since()
+	e.at = s.p.m.stamp()
 	s.fifo = append(s.fifo, e)
 	s.mu.Unlock()
 	return nil
@@ -80,6 +81,12 @@ func (sh *shared) flush() {
 		return
 	}
 	sh.writing = true
+	// Let the other clients that are ready to run append their commands
+	// first: on a machine with few cores they would otherwise wait for
+	// this write to finish and each write alone.
+	sh.mu.Unlock()
+	runtime.Gosched()
+	sh.mu.Lock()
 	for len(sh.wbuf) > 0 {
 		buf, be := sh.wbuf, sh.be
 		sh.wbuf = sh.spare[:0]
