@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tidwall/redcon"
@@ -146,6 +147,10 @@ type session struct {
 	// forwarder writes them to the client.
 	sinkMu sync.Mutex
 	sink   []byte
+	spare  []byte
+	// raw is the client's socket when it is plain TCP: the shared reader
+	// then writes replies to it directly (see pushOut).
+	raw syscall.RawConn
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -157,6 +162,9 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.discard = bufio.NewWriterSize(io.Discard, 64)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
+	if sc, ok := nc.Conn.(syscall.Conn); ok && s.sh != nil {
+		s.raw, _ = sc.SyscallConn()
+	}
 	return s
 }
 
@@ -395,7 +403,9 @@ func (s *session) flush() {
 	if s.sharedOut {
 		s.sharedOut = false
 		s.sh.flush()
-		s.drainShared()
+		if s.raw == nil {
+			s.drainShared() // a TLS client's replies are written by its own goroutine
+		}
 	}
 	if s.be == nil || s.be.w.Buffered() == 0 {
 		return
@@ -415,26 +425,114 @@ func (s *session) output() *bufio.Writer {
 }
 
 // drainShared waits for the replies to the commands the client sent on
-// its shared connection and writes them to the client.
+// its shared connection and makes sure they have been written to the
+// client, so that what the forwarder writes next comes after them.
 func (s *session) drainShared() {
 	s.mu.Lock()
 	for s.head < len(s.fifo) && !s.closed {
 		s.cond.Wait()
 	}
 	s.mu.Unlock()
+	s.wmu.Lock()
+	s.writeSink()
+	s.wmu.Unlock()
+}
+
+// takeSink swaps the sink for the spare buffer and returns what it held.
+func (s *session) takeSink() []byte {
 	s.sinkMu.Lock()
+	defer s.sinkMu.Unlock()
 	out := s.sink
-	s.sink = s.sink[:0]
-	if cap(s.sink) > 64<<10 {
-		s.sink = nil
-	}
-	s.sinkMu.Unlock()
-	if len(out) == 0 {
+	s.sink, s.spare = s.spare[:0], nil
+	return out
+}
+
+// recycle keeps a written sink buffer as the next spare, unless it grew
+// large for one big reply.
+func (s *session) recycle(b []byte) {
+	if cap(b) > 64<<10 {
 		return
 	}
-	s.wmu.Lock()
-	s.nc.Write(out) // no other writer: the client has no dedicated connection yet
+	s.sinkMu.Lock()
+	s.spare = b[:0]
+	s.sinkMu.Unlock()
+}
+
+// writeSink writes everything in the sink, blocking; s.wmu is held.
+func (s *session) writeSink() {
+	for {
+		out := s.takeSink()
+		if len(out) == 0 {
+			s.recycle(out)
+			return
+		}
+		s.nc.Write(out)
+		s.recycle(out)
+	}
+}
+
+// pushOut writes the sink to the client from the shared connection's reader
+// without ever blocking it: if another goroutine holds s.wmu, that one
+// writes the sink before it lets go; if the socket takes only part, a
+// goroutine of its own writes the rest. Only plain TCP clients are pushed
+// to; the goroutine of a TLS client writes its replies itself.
+func (s *session) pushOut() {
+	for s.wmu.TryLock() {
+		out := s.takeSink()
+		if len(out) > 0 {
+			n := s.tryWrite(out)
+			if n < len(out) {
+				// The client reads slowly: hand s.wmu over to a goroutine
+				// that may block.
+				s.p.sharedWG.Add(1)
+				go s.finish(out, n)
+				return
+			}
+		}
+		s.recycle(out)
+		s.wmu.Unlock()
+		// A reply appended while s.wmu was held elsewhere is written by
+		// whoever takes s.wmu next; make sure someone does.
+		s.sinkMu.Lock()
+		empty := len(s.sink) == 0
+		s.sinkMu.Unlock()
+		if empty {
+			return
+		}
+	}
+}
+
+// finish writes out[n:] and then the sink, blocking, with s.wmu held.
+func (s *session) finish(out []byte, n int) {
+	defer s.p.sharedWG.Done()
+	s.nc.Write(out[n:])
+	s.recycle(out)
+	s.writeSink()
 	s.wmu.Unlock()
+	s.sinkMu.Lock()
+	empty := len(s.sink) == 0
+	s.sinkMu.Unlock()
+	if !empty {
+		s.pushOut()
+	}
+}
+
+// tryWrite writes as much of b as the socket takes without waiting.
+func (s *session) tryWrite(b []byte) int {
+	n := 0
+	s.raw.Write(func(fd uintptr) bool {
+		for n < len(b) {
+			k, err := syscall.Write(int(fd), b[n:])
+			if k > 0 {
+				n += k
+			}
+			if err != nil {
+				break // EAGAIN: the rest goes to finish; other errors show there too
+			}
+		}
+		return true
+	})
+	return n
 }
 
 // connect makes sure the forwarder has a live backend connection.
@@ -760,6 +858,7 @@ func (s *session) answer(it localItem) {
 		return
 	}
 	s.wmu.Lock()
+	s.writeSink()
 	s.output().Write(reply)
 	s.output().Flush()
 	s.wmu.Unlock()

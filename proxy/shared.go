@@ -135,8 +135,21 @@ func (sh *shared) read(be *backend) {
 		}
 		if s != nil {
 			s.account(&ri)
+			if s.raw != nil && (be.r.Buffered() == 0 || sh.next(be) != s) {
+				s.pushOut()
+			}
 		}
 	}
+}
+
+// next returns the session the next reply on be belongs to.
+func (sh *shared) next(be *backend) *session {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if q := be.pending; q.head < len(q.sessions) {
+		return q.sessions[q.head]
+	}
+	return nil
 }
 
 // fail ends be: every client waiting on it gets a connection-lost error,
@@ -159,6 +172,9 @@ func (sh *shared) fail(be *backend, cut *session) {
 		s.sink = append(s.sink, replyConnLost...)
 		s.sinkMu.Unlock()
 		s.account(&replyInfo{typ: '-'})
+		if s.raw != nil {
+			s.pushOut()
+		}
 	}
 }
 
