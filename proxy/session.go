@@ -262,6 +262,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		// Replies on the shared connection come first; from now on the
 		// client's commands go to a connection of its own.
 		s.flush()
+		s.drainShared()
 		s.dedicated = true
 	}
 	for {
@@ -883,6 +884,7 @@ func (s *session) protocolError(err error) {
 	s.mu.Unlock()
 	t.Stop()
 	s.wmu.Lock()
+	s.writeSink()
 	s.output().WriteString("-ERR " + err.Error() + "\r\n")
 	s.output().Flush()
 	s.wmu.Unlock()
