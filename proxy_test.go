@@ -156,7 +156,9 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-const realConfig = "lock: {node_timeout: 50ms}\n"
+// realConfig is for tests against real redis-servers: a node timeout that
+// a loaded 2-core machine running -race meets (the default is 50ms).
+const realConfig = "lock: {node_timeout: 250ms}\n"
 
 // TestMutualExclusion has 50 clients, spread over two proxies that share
 // three lock nodes, compete for a few resources. An independent checker

@@ -27,10 +27,15 @@ type env struct {
 }
 
 // newEnv starts n lock nodes and a Handler with DefaultConfig on them. Its
-// log goes both to the test log and to e.logs.
+// log goes both to the test log and to e.logs. The node timeout is 250ms
+// rather than the default 50ms: the suite runs under -race, with other
+// packages' tests, on two cores, where 50ms is sometimes missed; a missed
+// timeout would turn a test of something else into a NOQUORUM.
 func newEnv(tb testing.TB, n int) *env {
 	tb.Helper()
-	return newEnvQuorum(tb, n, quorum.DefaultConfig())
+	qcfg := quorum.DefaultConfig()
+	qcfg.NodeTimeout = 250 * time.Millisecond
+	return newEnvQuorum(tb, n, qcfg)
 }
 
 // newEnvQuorum is newEnv with the Locker's Config qcfg.
