@@ -43,9 +43,7 @@ for proto in 2 3; do # redis-cli -2 speaks RESP2, -3 RESP3 (HELLO 3)
   check "UNLOCK again" "$(cli UNLOCK "$res" "$token")" '^0$'
 
   # Token-less EXTEND/UNLOCK need the connection that holds the lock:
-  # commands on stdin go through one redis-cli connection. (redis-cli 7.0
-  # asks for COMMAND DOCS first and aborts on the embedded backend's reply:
-  # run this against a proxy with a real Redis backend.)
+  # commands on stdin go through one redis-cli connection.
   mapfile -t r < <(printf '%s\n' "LOCK $res 10000" "EXTEND $res 5000" "UNLOCK $res" | cli)
   check "LOCK (one connection)" "${r[0]:-}" '^[[:graph:]]{16,}$'
   ((${r[2]:-0} > fence)) || fail "fence did not grow: '${r[2]:-}' after $fence"
