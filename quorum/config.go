@@ -10,9 +10,10 @@ import (
 // New rejects a Config that fails Validate. A Config is a plain value and
 // safe to share.
 type Config struct {
-	// NodeTimeout bounds one round trip to one lock node, connecting
-	// included. A node that does not answer in time counts as failed for
-	// that call. Every acquisition may spend up to NodeTimeout of the lock's
+	// NodeTimeout bounds one call to one lock node, from the moment it is
+	// made: waiting for the node's batch in flight, connecting and the round
+	// trip included. A node that does not answer in time counts as failed
+	// for that call. Every acquisition may spend up to NodeTimeout of the lock's
 	// ttl, so keep it much smaller than any ttl. The default is 50ms.
 	NodeTimeout time.Duration
 

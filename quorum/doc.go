@@ -11,6 +11,12 @@
 // majority too. One node is a plain single-instance lock. An even N is allowed
 // but tolerates no more failed nodes than N-1 does (4 nodes need 3).
 //
+// The calls of concurrent callers share round trips: each node has one
+// goroutine that sends every call waiting for that node as one pipeline, so
+// a node reads and writes once for many callers. Each call keeps its own
+// deadline, and a batch that times out counts as a timeout of each call in
+// it.
+//
 // Redlock's safety rests on assumptions worth knowing before relying on it.
 // Nodes expire keys with their own clocks, so clocks must advance at about the
 // same rate (DriftFactor is the allowance); a jump of a node's wall clock or a
@@ -32,6 +38,9 @@
 // a release notification that Unlock publishes on "<prefix>released", which
 // every Locker subscribes to on every node, so a waiter wakes about a round
 // trip after the holder released, also when the holder used another Locker.
+// A waiter's attempt marks the lock on the nodes where someone else holds
+// it, and only a marked lock's release is published, so locks nobody waits
+// for cost no messages.
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
 // (a hash with the holder's token and fence, expiring with the lock),

@@ -79,7 +79,7 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 		// The holder refreshing its lock must not queue behind waiters
 		// that wait for it to let go; anyone else must not jump the queue,
 		// so this attempt only refreshes an existing holding.
-		lk, _, err := l.attempt(ctx, resource, ttl, token, true)
+		lk, _, err := l.attempt(ctx, resource, ttl, token, true, opt.Wait > 0)
 		if err == nil && opt.Wait > 0 {
 			l.waitSeconds.Observe(sinceSeconds(start))
 		}
@@ -92,7 +92,7 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 		if queued {
 			return Lock{}, ErrNotAcquired
 		}
-		lk, _, err := l.attempt(ctx, resource, ttl, token, false)
+		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false)
 		return lk, err
 	}
 	return l.wait(ctx, start, resource, ttl, token, opt.Wait)
@@ -121,7 +121,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	var woken time.Time // when a release notification woke this attempt
 	for {
 		wake := l.wakeChan(resource) // before the attempt: a release during it counts
-		lk, hint, err := l.attempt(ctx, resource, ttl, token, false)
+		lk, hint, err := l.attempt(ctx, resource, ttl, token, false, true)
 		if err == nil {
 			l.waitSeconds.Observe(sinceSeconds(start))
 			if !woken.IsZero() {
@@ -162,43 +162,41 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 }
 
 // attempt runs one Redlock round. On failure it also returns the holder's
-// remaining ttl as reported by the nodes (0 when unknown).
-func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly bool) (Lock, time.Duration, error) {
-	keys := []string{l.lockPrefix + resource, l.fenceKey}
-	only := "0"
-	if refreshOnly {
-		only = "1"
-	}
+// remaining ttl as reported by the nodes (0 when unknown). With waits, the
+// nodes where another token holds the lock mark it, so that its release
+// wakes the caller (see releaseScript).
+func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
+	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
-	res := fanout(ctx, l, l.nodes, func(ctx context.Context, n *node) ([]int64, error) {
-		v, err := acquireScript.Run(ctx, n.client, keys, token, ttl.Milliseconds(), only).Int64Slice()
-		if err == nil && len(v) != 2 {
-			err = fmt.Errorf("quorum: acquire script returned %d values", len(v))
-		}
-		return v, err
-	})
-
 	var (
-		answered int
-		granted  []int   // indexes of the nodes that granted the lock
-		owned    []*node // nodes where the token may hold the lock
-		fence    int64
-		hint     time.Duration
+		answered   int
+		grantedBuf [smallRound]int
+		fencesBuf  [smallRound]int64
+		ownedBuf   [smallRound]*node
+		granted    = grantedBuf[:0] // indexes of the nodes that granted the lock
+		fences     = fencesBuf[:0]  // the fence each of them granted
+		owned      = ownedBuf[:0]   // nodes where the token may hold the lock
+		fence      int64
+		hint       time.Duration
 	)
-	for i, r := range res {
-		switch {
-		case r.err != nil:
-			owned = append(owned, l.nodes[i]) // it may have run the script
-		case r.val[0] == 1:
-			answered++
-			granted = append(granted, i)
-			owned = append(owned, l.nodes[i])
-			fence = max(fence, r.val[1])
-		default:
-			answered++
-			hint = max(hint, time.Duration(r.val[1])*time.Millisecond)
+	r := l.evalsha(ctx, acquireScript, len(l.nodes), 2, key, l.fenceArg, token, ttl.Milliseconds(), flag(refreshOnly), flag(waits))
+	l.fanout(l.nodes, r, func(res []reply) {
+		for i, r := range res {
+			switch {
+			case r.err != nil:
+				owned = append(owned, l.nodes[i]) // it may have run the script
+			case r.val > 0:
+				answered++
+				granted = append(granted, i)
+				fences = append(fences, r.val)
+				owned = append(owned, l.nodes[i])
+				fence = max(fence, r.val)
+			default:
+				answered++
+				hint = max(hint, time.Duration(-1-r.val)*time.Millisecond)
+			}
 		}
-	}
+	})
 	fail := func(err error) (Lock, time.Duration, error) {
 		l.release(context.WithoutCancel(ctx), owned, resource, token, false)
 		if cerr := ctxErr(ctx); cerr != nil {
@@ -215,22 +213,22 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 
 	confirmed := 0 // granted nodes whose counter is known to be >= fence
 	var behind []*node
-	for _, i := range granted {
-		if res[i].val[1] == fence {
+	for j, i := range granted {
+		if fences[j] == fence {
 			confirmed++
 		} else {
 			behind = append(behind, l.nodes[i])
 		}
 	}
 	if len(behind) > 0 {
-		raised := fanout(ctx, l, behind, func(ctx context.Context, n *node) (int64, error) {
-			return raiseScript.Run(ctx, n.client, keys, token, fence).Int64()
-		})
-		for _, r := range raised {
-			if r.err == nil && r.val == 1 {
-				confirmed++
+		r := l.evalsha(ctx, raiseScript, len(behind), 2, key, l.fenceArg, token, fence)
+		l.fanout(behind, r, func(res []reply) {
+			for _, r := range res {
+				if r.err == nil && r.val == 1 {
+					confirmed++
+				}
 			}
-		}
+		})
 	}
 	if confirmed < l.quorum {
 		return fail(ErrNotAcquired)
@@ -249,30 +247,25 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 
 // release runs the compare-and-delete script on nodes and reports on how
 // many it deleted and how many answered. With publish, deleting nodes
-// announce the release and local waiters are woken. Cleanup of a failed
-// attempt does not publish: the waiters of other Lockers then retry after
-// their random delay instead of all at once, which would split the votes
-// again.
+// announce the release if a waiter marked the lock there, and local waiters
+// are woken. Cleanup of a failed attempt does not publish: the waiters of
+// other Lockers then retry after their random delay instead of all at once,
+// which would split the votes again.
 func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int) {
 	if len(nodes) == 0 {
 		return 0, 0
 	}
-	keys := []string{l.lockPrefix + resource}
-	pub := "0"
-	if publish {
-		pub = "1"
-	}
-	res := fanout(ctx, l, nodes, func(ctx context.Context, n *node) (int64, error) {
-		return releaseScript.Run(ctx, n.client, keys, token, l.channel, resource, pub).Int64()
-	})
-	for _, r := range res {
-		if r.err == nil {
-			answered++
-			if r.val == 1 {
-				deleted++
+	r := l.evalsha(ctx, releaseScript, len(nodes), 1, l.lockPrefix+resource, token, l.channelArg, resource, flag(publish))
+	l.fanout(nodes, r, func(res []reply) {
+		for _, r := range res {
+			if r.err == nil {
+				answered++
+				if r.val == 1 {
+					deleted++
+				}
 			}
 		}
-	}
+	})
 	if publish && deleted > 0 {
 		l.notify(resource)
 	}
@@ -322,20 +315,19 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	if token == "" {
 		return 0, ErrNotHeld
 	}
-	keys := []string{l.lockPrefix + resource}
 	start := time.Now()
-	res := fanout(ctx, l, l.nodes, func(ctx context.Context, n *node) (int64, error) {
-		return extendScript.Run(ctx, n.client, keys, token, ttl.Milliseconds()).Int64()
-	})
 	var answered, extended int
-	for _, r := range res {
-		if r.err == nil {
-			answered++
-			if r.val == 1 {
-				extended++
+	r := l.evalsha(ctx, extendScript, len(l.nodes), 1, l.lockPrefix+resource, token, ttl.Milliseconds())
+	l.fanout(l.nodes, r, func(res []reply) {
+		for _, r := range res {
+			if r.err == nil {
+				answered++
+				if r.val == 1 {
+					extended++
+				}
 			}
 		}
-	}
+	})
 	switch {
 	case extended >= l.quorum:
 		if v := validity(ttl, time.Since(start), l.cfg.DriftFactor); v > 0 {

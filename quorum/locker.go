@@ -24,8 +24,9 @@ type Locker struct {
 	quorum int
 
 	lockPrefix string // "<prefix>lock:"
-	fenceKey   string // "<prefix>fence"
 	channel    string // "<prefix>released"
+	fenceArg   any    // "<prefix>fence" and the channel as script arguments,
+	channelArg any    // boxed once
 
 	mu     sync.Mutex
 	queues map[string]*waitQueue // resources with local waiters only
@@ -33,7 +34,8 @@ type Locker struct {
 	subCtx    context.Context // ends the subscribers
 	subCancel context.CancelFunc
 	subWG     sync.WaitGroup
-	done      chan struct{} // closed by Close
+	batchWG   sync.WaitGroup // the node batchers
+	done      chan struct{}  // closed by Close
 	closeOnce sync.Once
 	closeErr  error
 
@@ -50,17 +52,29 @@ type node struct {
 
 	errorCount   atomic.Uint64 // failed calls other than timeouts
 	timeoutCount atomic.Uint64 // timed-out calls
+
+	// The batcher's queue (see batch.go).
+	wake    chan struct{} // capacity 1: pending is not empty
+	mu      sync.Mutex
+	pending []request
+	closed  bool // the batcher stopped; requests fail at once
+
+	pipe redis.Pipeliner // used by the batcher only
+	cmds []redis.Cmder   // used by the batcher only
 }
 
 // New returns a Locker with one go-redis client per entry of nodes and
-// starts, for each node, a goroutine subscribed to release notifications;
-// Close stops them. New does not contact the nodes, so it succeeds while
-// nodes are down.
+// starts, for each node, a goroutine subscribed to release notifications and
+// one that sends the node's calls in batches; Close stops them. New does not
+// contact the nodes, so it succeeds while nodes are down.
 //
 // The options are copied and overridden where they would defeat Redlock's
 // timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
 // ContextTimeoutEnabled is true, DialerRetries is 1, and DialTimeout,
 // ReadTimeout, WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
+// An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in
+// both, and RESP3 makes go-redis look for push notifications before every
+// reply it reads, which costs CPU on every call.
 //
 // Any number of nodes from 1 up works; the quorum is len(nodes)/2+1. A nil
 // logger means zap.NewNop(); the Locker logs only when a node goes down or
@@ -86,8 +100,9 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		logger:     logger,
 		quorum:     len(nodes)/2 + 1,
 		lockPrefix: cfg.KeyPrefix + "lock:",
-		fenceKey:   cfg.KeyPrefix + "fence",
 		channel:    cfg.KeyPrefix + "released",
+		fenceArg:   cfg.KeyPrefix + "fence",
+		channelArg: cfg.KeyPrefix + "released",
 		queues:     make(map[string]*waitQueue),
 		subCtx:     ctx,
 		subCancel:  cancel,
@@ -105,17 +120,24 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		opt.ReadTimeout = bound(opt.ReadTimeout, cfg.NodeTimeout)
 		opt.WriteTimeout = bound(opt.WriteTimeout, cfg.NodeTimeout)
 		opt.PoolTimeout = bound(opt.PoolTimeout, cfg.NodeTimeout)
+		if opt.Protocol == 0 {
+			opt.Protocol = 2
+		}
 		c := redis.NewClient(&opt)
 		l.nodes = append(l.nodes, &node{
 			index:  i,
 			addr:   opt.Addr,
 			client: c,
 			sub:    c.Subscribe(ctx), // no channel yet: no I/O here
+			wake:   make(chan struct{}, 1),
+			pipe:   c.Pipeline(),
 		})
 	}
 	for _, n := range l.nodes {
 		l.subWG.Add(1)
 		go l.subscribe(n)
+		l.batchWG.Add(1)
+		go l.batch(n)
 	}
 	return l, nil
 }
@@ -131,9 +153,10 @@ func bound(v, limit time.Duration) time.Duration {
 // Nodes returns the number of configured lock nodes.
 func (l *Locker) Nodes() int { return len(l.nodes) }
 
-// Close stops the notification subscribers, waits for them and closes the
-// node clients. Calls still running fail; waiting Lock calls return. Close
-// is idempotent and returns the same result every time.
+// Close stops the notification subscribers and the batchers, waits for them
+// and closes the node clients. Calls still running fail (a batch already
+// sent is awaited, at most NodeTimeout); waiting Lock calls return. Close is
+// idempotent and returns the same result every time.
 func (l *Locker) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
@@ -142,6 +165,7 @@ func (l *Locker) Close() error {
 			n.sub.Close() // unblocks a pending Receive
 		}
 		l.subWG.Wait()
+		l.batchWG.Wait()
 		var errs []error
 		for _, n := range l.nodes {
 			if err := n.client.Close(); err != nil {
@@ -153,44 +177,17 @@ func (l *Locker) Close() error {
 	return l.closeErr
 }
 
-// outcome is one node's answer in a fan-out.
-type outcome[T any] struct {
-	val T
-	err error
-}
-
-// fanout calls call on every node of nodes in parallel, each bounded by
-// NodeTimeout, and waits for all of them, so no goroutine outlives it and
-// every call is over (answered or timed out) when it returns.
-func fanout[T any](ctx context.Context, l *Locker, nodes []*node, call func(context.Context, *node) (T, error)) []outcome[T] {
-	res := make([]outcome[T], len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, l.cfg.NodeTimeout)
-			defer cancel()
-			v, err := call(cctx, n)
-			l.observe(ctx, n, err)
-			res[i] = outcome[T]{v, err}
-		}()
-	}
-	wg.Wait()
-	return res
-}
-
 // observe tracks whether n is up from the outcome of one call, warns once
 // per change and counts failures. A call cut short by the caller's context
 // says nothing about the node.
 func (l *Locker) observe(ctx context.Context, n *node, err error) {
 	if err == nil {
-		if n.down.CompareAndSwap(true, false) {
+		if n.down.Load() && n.down.CompareAndSwap(true, false) {
 			l.logger.Warn("lock node up", zap.Int("node", n.index), zap.String("addr", n.addr))
 		}
 		return
 	}
-	if ctxErr(ctx) != nil {
+	if ctxErr(ctx) != nil || errors.Is(err, errClosed) {
 		return
 	}
 	n.countFailure(err)

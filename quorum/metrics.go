@@ -101,15 +101,16 @@ func (l *Locker) Ready(ctx context.Context) error {
 	if l.isClosed() {
 		return errClosed
 	}
-	res := fanout(ctx, l, l.nodes, func(ctx context.Context, n *node) (struct{}, error) {
-		return struct{}{}, n.client.Ping(ctx).Err()
-	})
 	answered := 0
-	for _, r := range res {
-		if r.err == nil {
-			answered++
+	r := l.newRound(ctx, opPing, len(l.nodes))
+	r.args = append(r.args, "ping")
+	l.fanout(l.nodes, r, func(res []reply) {
+		for _, r := range res {
+			if r.err == nil {
+				answered++
+			}
 		}
-	}
+	})
 	if answered >= l.quorum {
 		return nil
 	}

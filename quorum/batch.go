@@ -1,0 +1,371 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every node has one batcher goroutine (owned by the Locker: started in New,
+// stopped and waited for in Close). A call that needs a node queues a request
+// there, and the batcher sends every request waiting for its node as one
+// pipeline: one write and one read on one connection, however many callers
+// are in it. Concurrent callers therefore share round trips, and the node
+// (whose CPU, on a small machine, is the budget) reads and writes once per
+// batch instead of once per call. While a batch is in flight the next one
+// collects, so batches grow with the load, and a lone caller does not wait
+// for company.
+//
+// Each request keeps its own deadline: the earlier of its caller's context
+// deadline and NodeTimeout after the call started. A batch is bounded by the
+// earliest deadline in it, so it never keeps a caller past its deadline, and
+// when a batch times out, every request in it fails with the timeout and is
+// counted (metrics, node up/down) as a timed-out single call would be. A
+// request whose deadline passed while it was queued fails as a timeout
+// without being sent. Requests whose deadline is much later than the
+// earliest one go in a separate batch after it, so that one caller with
+// little time left cannot cut short the round trip of many with plenty.
+//
+// A node has one batch in flight at a time, and a request whose caller is
+// gone is dropped if it was not sent yet. So the cleanup of an attempt that
+// its caller abandoned (its context ended) never runs on a node before the
+// attempt itself.
+
+// op is the command that a round runs on each of its nodes: a script, whose
+// reply is an integer, or PING.
+type op struct {
+	name string
+	src  string // the Lua source; empty for PING
+	sha  any    // hex SHA1 of src, boxed once
+}
+
+// opPing is PING, for Ready.
+var opPing = &op{name: "ping"}
+
+// reply is one node's answer in a round.
+type reply struct {
+	val int64 // the script's integer
+	err error
+}
+
+// smallRound is the number of nodes, and roundArgs the number of command
+// arguments, that fit in a round without more allocations.
+const (
+	smallRound = 8
+	roundArgs  = 10
+)
+
+// round is one command sent to a set of nodes for one caller. The batchers
+// write res[i], then set fin[i], then count left down; the one that reaches
+// zero signals done, and the caller reads res after that.
+type round struct {
+	ctx         context.Context // the caller's
+	ctxDeadline time.Time       // ctx's deadline, if any
+	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
+	op          *op
+	args        []any // the command: EVALSHA sha numkeys keys... argv..., or PING
+
+	res  []reply
+	fin  []atomic.Bool // fin[i]: res[i] is written
+	left atomic.Int32
+	done chan struct{} // one value when left reaches zero
+
+	argsBuf [roundArgs]any
+	resBuf  [smallRound]reply
+	finBuf  [smallRound]atomic.Bool
+}
+
+var rounds = sync.Pool{New: func() any { return &round{done: make(chan struct{}, 1)} }}
+
+// newRound returns a round of op o for ctx and nodes nodes; its args are
+// empty, for the caller to append to.
+func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
+	r := rounds.Get().(*round)
+	r.ctx, r.op = ctx, o
+	r.args = r.argsBuf[:0]
+	if nodes <= smallRound {
+		r.res, r.fin = r.resBuf[:nodes], r.finBuf[:nodes]
+	} else {
+		r.res, r.fin = make([]reply, nodes), make([]atomic.Bool, nodes)
+	}
+	r.deadline = time.Now().Add(l.cfg.NodeTimeout)
+	r.ctxDeadline = time.Time{}
+	if d, ok := ctx.Deadline(); ok {
+		r.ctxDeadline = d
+		if d.Before(r.deadline) {
+			r.deadline = d
+		}
+	}
+	r.left.Store(int32(nodes))
+	return r
+}
+
+// evalsha returns a round that runs the script o with the first numKeys of
+// keysArgv as KEYS and the others as ARGV.
+func (l *Locker) evalsha(ctx context.Context, o *op, nodes, numKeys int, keysArgv ...any) *round {
+	r := l.newRound(ctx, o, nodes)
+	r.args = append(r.args, "evalsha", o.sha, numKeys)
+	r.args = append(r.args, keysArgv...)
+	return r
+}
+
+// flag is a script's boolean argument, "1" or "0", boxed once.
+func flag(b bool) any {
+	if b {
+		return flagTrue
+	}
+	return flagFalse
+}
+
+var flagTrue, flagFalse any = "1", "0"
+
+// free returns r to the pool. r must not be used afterwards.
+func (r *round) free() {
+	clear(r.argsBuf[:])
+	clear(r.resBuf[:])
+	for i := range r.finBuf {
+		r.finBuf[i].Store(false)
+	}
+	r.ctx, r.op, r.args, r.res, r.fin = nil, nil, nil, nil, nil
+	rounds.Put(r)
+}
+
+// complete records rep as the answer of the round's i-th node.
+func (r *round) complete(i int, rep reply) {
+	r.res[i] = rep
+	r.fin[i].Store(true)
+	if r.left.Add(-1) == 0 {
+		r.done <- struct{}{}
+	}
+}
+
+// request is the i-th node's part of a round, queued at that node.
+type request struct {
+	r *round
+	i int
+}
+
+// fanout runs r on every node of nodes, batched with the requests of other
+// callers, and calls f with the replies in the order of nodes. Each node
+// gets until r's deadline. fanout returns when every node answered or
+// failed, or when r's context ends; then the replies that are still missing
+// are the context's error (requests not sent yet are dropped, and replies
+// to those in flight are discarded). fanout takes r over.
+func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
+	if len(nodes) == 0 {
+		f(nil)
+		r.free()
+		return
+	}
+	for i, n := range nodes {
+		n.submit(request{r, i})
+	}
+	select {
+	case <-r.done:
+	case <-r.ctx.Done():
+		select {
+		case <-r.done:
+		default:
+			// Abandoned: a batcher may still write the unfinished replies,
+			// so r is not reused.
+			out := make([]reply, len(nodes))
+			for i := range out {
+				if r.fin[i].Load() {
+					out[i] = r.res[i]
+				} else {
+					out[i].err = r.ctx.Err()
+				}
+			}
+			f(out)
+			return
+		}
+	}
+	f(r.res)
+	r.free()
+}
+
+// submit queues q for n's batcher, or fails it at once when the Locker is
+// closed.
+func (n *node) submit(q request) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		q.r.complete(q.i, reply{err: errClosed})
+		return
+	}
+	n.pending = append(n.pending, q)
+	first := len(n.pending) == 1
+	n.mu.Unlock()
+	if first {
+		select {
+		case n.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
+}
+
+// batch runs n's batcher until Close.
+func (l *Locker) batch(n *node) {
+	defer l.batchWG.Done()
+	var spare []request // the last batch, emptied, to queue the next one in
+	for {
+		select {
+		case <-n.wake:
+		case <-l.done:
+			n.shut()
+			return
+		}
+		for !l.isClosed() {
+			n.mu.Lock()
+			q := n.pending
+			n.pending = spare
+			n.mu.Unlock()
+			if len(q) == 0 {
+				spare = q
+				break
+			}
+			l.sendPending(n, q)
+			clear(q)
+			spare = q[:0]
+		}
+	}
+}
+
+// shut fails every queued request of n and makes later ones fail at once.
+func (n *node) shut() {
+	n.mu.Lock()
+	n.closed = true
+	q := n.pending
+	n.pending = nil
+	n.mu.Unlock()
+	for _, req := range q {
+		req.r.complete(req.i, reply{err: errClosed})
+	}
+}
+
+// sendPending sends q, the requests that were queued at n, in batches: it
+// fails those whose caller is gone or whose deadline has passed, and sends
+// the others in groups of similar deadlines, each bounded by its earliest.
+func (l *Locker) sendPending(n *node, q []request) {
+	now := time.Now()
+	live := q[:0]
+	for _, req := range q {
+		r := req.r
+		if err := r.ctx.Err(); err != nil {
+			// The caller is gone; the node never sees the request.
+			r.complete(req.i, reply{err: err})
+			continue
+		}
+		if !now.Before(r.deadline) {
+			err := context.DeadlineExceeded
+			if r.deadline != r.ctxDeadline {
+				// Its NodeTimeout ran out in the queue, behind a slow
+				// batch: the node did not answer in time.
+				l.observe(r.ctx, n, err)
+			}
+			r.complete(req.i, reply{err: err})
+			continue
+		}
+		live = append(live, req)
+	}
+	forEachGroup(live, l.cfg.NodeTimeout/2, func(batch []request, deadline time.Time) {
+		l.send(n, batch, deadline)
+	})
+}
+
+// forEachGroup calls send with the requests of q in groups whose deadlines
+// lie less than spread apart, bounded by the earliest deadline in the
+// group, the most urgent group first. Usually all deadlines are NodeTimeout
+// after calls made within one round trip of each other, and q is one group
+// in its order.
+func forEachGroup(q []request, spread time.Duration, send func(batch []request, deadline time.Time)) {
+	if len(q) == 0 {
+		return
+	}
+	first, last := q[0].r.deadline, q[0].r.deadline
+	for _, req := range q[1:] {
+		if d := req.r.deadline; d.Before(first) {
+			first = d
+		} else if d.After(last) {
+			last = d
+		}
+	}
+	if last.Sub(first) < spread {
+		send(q, first)
+		return
+	}
+	slices.SortStableFunc(q, func(a, b request) int { return a.r.deadline.Compare(b.r.deadline) })
+	for len(q) > 0 {
+		d := q[0].r.deadline
+		j := 1
+		for j < len(q) && q[j].r.deadline.Sub(d) < spread {
+			j++
+		}
+		send(q[:j], d)
+		q = q[j:]
+	}
+}
+
+// send runs batch on n as one pipeline bounded by deadline and completes
+// every request in it.
+func (l *Locker) send(n *node, batch []request, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	cmds := n.cmds[:0]
+	for _, req := range batch {
+		cmds = append(cmds, redis.NewCmd(ctx, req.r.args...))
+	}
+	n.exec(ctx, cmds)
+
+	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the scripts:
+	// run those requests again with EVAL, which also caches the script.
+	var again []redis.Cmder
+	for i, c := range cmds {
+		if isNoScript(c.Err()) {
+			args := slices.Clone(batch[i].r.args)
+			args[0], args[1] = "eval", batch[i].r.op.src
+			cmds[i] = redis.NewCmd(ctx, args...)
+			again = append(again, cmds[i])
+		}
+	}
+	if len(again) > 0 {
+		n.exec(ctx, again)
+	}
+
+	for i, req := range batch {
+		rep := parseReply(req.r.op, cmds[i].(*redis.Cmd))
+		l.observe(req.r.ctx, n, rep.err)
+		req.r.complete(req.i, rep)
+	}
+	clear(cmds)
+	n.cmds = cmds[:0]
+}
+
+// exec sends cmds to n in one pipeline. Every command carries its own
+// outcome, so the pipeline's error is not needed.
+func (n *node) exec(ctx context.Context, cmds []redis.Cmder) {
+	_ = n.pipe.BatchProcess(ctx, cmds...)
+	_, _ = n.pipe.Exec(ctx)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// parseReply turns c's reply into o's integer.
+func parseReply(o *op, c *redis.Cmd) reply {
+	v, err := c.Result()
+	if err != nil || o == opPing {
+		return reply{err: err}
+	}
+	if x, ok := v.(int64); ok {
+		return reply{val: x}
+	}
+	return reply{err: fmt.Errorf("quorum: %s script replied %v, not an integer", o.name, v)}
+}

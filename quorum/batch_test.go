@@ -1,0 +1,194 @@
+package quorum
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestForEachGroup(t *testing.T) {
+	const spread = 25 * time.Millisecond
+	tests := []struct {
+		name string
+		give []int   // deadlines, ms after a base time, in queue order
+		want [][]int // the deadlines of each group sent, in order
+	}{
+		{"one", []int{50}, [][]int{{50}}},
+		{"close together keep their order", []int{52, 50, 51}, [][]int{{52, 50, 51}}},
+		{"just under the spread", []int{50, 74}, [][]int{{50, 74}}},
+		{"urgent caller first and alone", []int{50, 51, 10, 52}, [][]int{{10}, {50, 51, 52}}},
+		{"three groups", []int{100, 10, 60, 12, 61}, [][]int{{10, 12}, {60, 61}, {100}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := time.Now()
+			var q []request
+			for _, ms := range tt.give {
+				q = append(q, request{r: &round{deadline: base.Add(time.Duration(ms) * time.Millisecond)}})
+			}
+			var got [][]int
+			forEachGroup(q, spread, func(batch []request, deadline time.Time) {
+				var g []int
+				earliest := batch[0].r.deadline
+				for _, req := range batch {
+					g = append(g, int(req.r.deadline.Sub(base)/time.Millisecond))
+					if req.r.deadline.Before(earliest) {
+						earliest = req.r.deadline
+					}
+				}
+				if !deadline.Equal(earliest) {
+					t.Errorf("group %v bounded by %v, want its earliest deadline", g, deadline.Sub(base))
+				}
+				got = append(got, g)
+			})
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("groups %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// stat returns a field of INFO stats on node i.
+func (c *cluster) stat(tb testing.TB, i int, field string) int {
+	tb.Helper()
+	info, err := c.admin[i].Info(context.Background(), "stats").Result()
+	if err != nil {
+		tb.Fatalf("INFO on node %d: %v", i, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				tb.Fatalf("INFO %s on node %d: %q", field, i, v)
+			}
+			return n
+		}
+	}
+	tb.Fatalf("no %s in INFO on node %d", field, i)
+	return 0
+}
+
+// hammer runs Lock+Unlock of its own resource rounds times in each of
+// clients goroutines and reports every error.
+func hammer(t *testing.T, l *Locker, clients, rounds int) {
+	t.Helper()
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for c := range clients {
+		wg.Go(func() {
+			r := fmt.Sprintf("r%d", c)
+			for range rounds {
+				lk, err := l.Lock(ctx, r, 10*time.Second, Options{})
+				if err == nil {
+					err = l.Unlock(ctx, r, lk.Token)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", r, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestConcurrentCallsShareRoundTrips(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	mustUnlock(t, l, "warmup", mustLock(t, l, "warmup", time.Second, Options{}).Token)
+	reads, scripts := make([]int, 3), make([]int, 3)
+	for i := range 3 {
+		reads[i], scripts[i] = c.stat(t, i, "total_reads_processed"), c.scriptCalls(t, i)
+	}
+
+	const clients, rounds = 50, 10
+	hammer(t, l, clients, rounds)
+
+	for i := range 3 {
+		r := c.stat(t, i, "total_reads_processed") - reads[i]
+		s := c.scriptCalls(t, i) - scripts[i]
+		// More when concurrent acquisitions met the nodes in different
+		// orders and a lagging fence had to be raised.
+		if s < 2*clients*rounds {
+			t.Errorf("node %d ran %d scripts, want at least %d", i, s, 2*clients*rounds)
+		}
+		// Two of the reads are this test's INFO calls.
+		if r-2 >= s {
+			t.Errorf("node %d read %d times for %d scripts: no batching", i, r-2, s)
+		}
+		t.Logf("node %d: %d scripts in %d reads", i, s, r-2)
+	}
+}
+
+func TestScriptCacheLostUnderLoad(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	ctx := ctxT(t)
+	mustUnlock(t, l, "warmup", mustLock(t, l, "warmup", time.Second, Options{}).Token)
+	for _, a := range c.admin {
+		if err := a.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Concurrent callers meet NOSCRIPT in the same batches.
+	hammer(t, l, 20, 5)
+	for i, a := range c.admin {
+		ok, err := a.ScriptExists(ctx, acquireScript.sha.(string), releaseScript.sha.(string)).Result()
+		if err != nil || !ok[0] || !ok[1] {
+			t.Errorf("node %d: scripts cached %v, %v; want both", i, ok, err)
+		}
+	}
+}
+
+// TestShortDeadlineDoesNotWait gives a call a context deadline far shorter
+// than NodeTimeout while another call's request is in flight to, or queued
+// at, a node that does not answer. The short call returns at its deadline
+// with the answers of the other nodes, and neither call's outcome counts
+// against the node: the short call's context ended, and the long call was
+// not cut short by the short one's deadline.
+func TestShortDeadlineDoesNotWait(t *testing.T) {
+	c := startCluster(t, 3)
+	cfg := testConfig()
+	cfg.NodeTimeout = 3 * time.Second
+	l := newLocker(t, c, cfg)
+	reg := registry(t, l)
+	holder := mustLock(t, l, "orders", 10*time.Second, Options{})
+
+	c.servers[2].Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			c.servers[2].Resume()
+		}
+	}()
+	long := lockAsync(t, ctxT(t), l, "other", 10*time.Second, Options{})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	v, err := l.Extend(ctx, "orders", holder.Token, 10*time.Second)
+	if err != nil || v <= 0 {
+		t.Errorf("Extend with node 2 paused = %v, %v; want success on nodes 0 and 1", v, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Extend took %v with a 200ms deadline", d)
+	}
+
+	c.servers[2].Resume()
+	resumed = true
+	if r := recv(t, long); r.err != nil {
+		t.Fatalf("Lock with node 2 paused for a while: %v", r.err)
+	}
+	if got := nodeStats(t, reg, c, 2); got != (nodeMetrics{up: 1}) {
+		t.Errorf("node 2 metrics %+v, want up and no failures", got)
+	}
+}
