@@ -75,9 +75,10 @@ type fileConfig struct {
 		Username     string        `yaml:"username"`
 		Password     string        `yaml:"password"`
 		DB           int           `yaml:"db"`
-		DialTimeout  time.Duration `yaml:"dial_timeout"`
-		WriteTimeout time.Duration `yaml:"write_timeout"`
-		TLS          tlsConfig     `yaml:"tls"`
+		DialTimeout       time.Duration `yaml:"dial_timeout"`
+		WriteTimeout      time.Duration `yaml:"write_timeout"`
+		SharedConnections int           `yaml:"shared_connections"`
+		TLS               tlsConfig     `yaml:"tls"`
 	} `yaml:"backend"`
 	Lock struct {
 		Nodes        []string      `yaml:"nodes"`
@@ -189,6 +190,7 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	pcfg.Backend.DB = cfg.Backend.DB
 	setIf(&pcfg.Backend.DialTimeout, cfg.Backend.DialTimeout)
 	setIf(&pcfg.Backend.WriteTimeout, cfg.Backend.WriteTimeout)
+	setIf(&pcfg.Backend.SharedConnections, cfg.Backend.SharedConnections)
 	if pcfg.Backend.TLS, err = cfg.Backend.TLS.build(); err != nil {
 		return fmt.Errorf("backend.tls: %w", err)
 	}

@@ -3,16 +3,18 @@
 // connection, and forwards every other command to the backend Redis as raw
 // RESP, copying the backend's replies back byte for byte.
 //
-// Connection model: each client gets a dedicated backend connection, opened
-// on its first forwarded command, so everything a client can set on a Redis
-// connection (SELECT, AUTH, HELLO 3, CLIENT SETNAME, MULTI, WATCH,
-// subscriptions, MONITOR, blocking commands) stays the client's own. A
-// pipeline read from the client in one go is written to the backend in one
-// go. Replies are copied by a reader goroutine per backend connection; a
-// fifo of the commands in flight keeps the proxy's own replies in their
-// place in the stream, and recognises pub/sub and MONITOR traffic that
-// answers no request. The seam for a later shared-connection model is
-// session.forward and session.connect.
+// Connection model: the stateless commands of clients that have set no
+// connection state go over a few shared backend connections (shared.go):
+// commands of many clients leave in one write and each reply is routed
+// back to its client. At its first command that sets or reads connection
+// state, or blocks, a client moves to a dedicated backend connection, so
+// everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
+// CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
+// stays the client's own. A pipeline read from the client in one go is
+// written to the backend in one go. A fifo of the commands in flight keeps
+// the proxy's own replies in their place in the stream, and recognises
+// pub/sub and MONITOR traffic that answers no request. session.forward is
+// where a command's connection is chosen.
 //
 // When the backend connection breaks, the commands waiting on it are
 // answered with "-ERR backend unavailable: ...", and the next command opens
