@@ -71,10 +71,10 @@ type fileConfig struct {
 		Format string `yaml:"format"`
 	} `yaml:"log"`
 	Backend struct {
-		Addr         string        `yaml:"addr"`
-		Username     string        `yaml:"username"`
-		Password     string        `yaml:"password"`
-		DB           int           `yaml:"db"`
+		Addr              string        `yaml:"addr"`
+		Username          string        `yaml:"username"`
+		Password          string        `yaml:"password"`
+		DB                int           `yaml:"db"`
 		DialTimeout       time.Duration `yaml:"dial_timeout"`
 		WriteTimeout      time.Duration `yaml:"write_timeout"`
 		SharedConnections int           `yaml:"shared_connections"`
