@@ -530,13 +530,8 @@ func (c *fileConfig) serverTLS() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
-		if err != nil {
+		if cfg.ClientCAs, err = certPool(t.ClientCAFile); err != nil {
 			return nil, err
-		}
-		cfg.ClientCAs = x509.NewCertPool()
-		if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: no certificate found", t.ClientCAFile)
 		}
 		cfg.ClientAuth = tls.VerifyClientCertIfGiven
 	}
@@ -549,19 +544,28 @@ func (c *fileConfig) serverTLS() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// certPool reads the PEM certificates in path.
+func certPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no certificate found", path)
+	}
+	return pool, nil
+}
+
 func (c tlsConfig) build() (*tls.Config, error) {
 	if !c.Enabled {
 		return nil, nil
 	}
 	t := &tls.Config{ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
 	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
+		var err error
+		if t.RootCAs, err = certPool(c.CAFile); err != nil {
 			return nil, err
-		}
-		t.RootCAs = x509.NewCertPool()
-		if !t.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: no certificate found", c.CAFile)
 		}
 	}
 	if c.CertFile != "" || c.KeyFile != "" {
