@@ -589,4 +589,15 @@ func TestClientsShareBackendConnections(t *testing.T) {
 	if n := connectedClients(t, srv); n != 3 {
 		t.Fatalf("%d backend connections after one client selected a db, want 3", n)
 	}
+	// QUIT of a client without a connection of its own opens none.
+	q := dial(t, addr)
+	if got := string(q.do(args("GET k1"), args("QUIT"))); got != "$1\r\n1\r\n+OK\r\n" {
+		t.Fatalf("GET, QUIT: %q", got)
+	}
+	if _, closed := q.closedAfter(5 * time.Second); !closed {
+		t.Fatal("QUIT left the connection open")
+	}
+	if n := connectedClients(t, srv); n != 3 {
+		t.Fatalf("%d backend connections after a shared client's QUIT, want 3", n)
+	}
 }

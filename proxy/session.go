@@ -88,6 +88,7 @@ type localItem struct {
 	// itself (INFO lockproxy, COMMAND ...), in the client's protocol.
 	build  func(resp3 bool) ([]byte, error)
 	silent bool // CLIENT REPLY OFF or SKIP is in effect
+	quit   bool // close the connection after the reply
 }
 
 // backend is one connection to the backend Redis, dedicated to a session.
@@ -249,6 +250,11 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		}
 	}
 	e, replies := s.classify(name, cmd)
+	if s.sh != nil && !s.dedicated && e.kind == entryQuit {
+		// A client without a connection of its own has nothing to close
+		// on the backend: the proxy answers QUIT as Redis does.
+		return localItem{reply: replyOK, silent: !replies, quit: true}, false
+	}
 	if s.sh != nil && !s.dedicated {
 		if replies && stateless(name) {
 			if err := s.sh.send(s, e, cmd.Raw); err != nil {
@@ -854,6 +860,9 @@ func (s *session) answer(it localItem) {
 			cancel()
 			reply = s.buf
 		}
+	}
+	if it.quit {
+		defer s.nc.Close()
 	}
 	if it.silent {
 		return
