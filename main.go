@@ -194,11 +194,7 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	if pcfg.Backend.TLS, err = cfg.Backend.TLS.build(); err != nil {
 		return fmt.Errorf("backend.tls: %w", err)
 	}
-	setIf(&pcfg.MaxClients, cfg.Limits.MaxClients)
-	setIf(&pcfg.MaxBulkLen, cfg.Limits.MaxBulkLen)
-	setIf(&pcfg.MaxMultibulkLen, cfg.Limits.MaxMultibulkLen)
-	setIf(&pcfg.MaxInlineLen, cfg.Limits.MaxInlineLen)
-	setIf(&pcfg.IdleTimeout, cfg.Limits.IdleTimeout)
+	pcfg.Limits = cfg.clientLimits()
 	pcfg.CommandTimeout = ccfg.MaxWait + 30*time.Second
 	setIf(&pcfg.CommandTimeout, cfg.Limits.CommandTimeout)
 	if pcfg.TLS, err = cfg.serverTLS(); err != nil {
@@ -365,6 +361,18 @@ func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds 
 	return b.String()
 }
 
+// clientLimits are the proxy's defaults with the file's limits over them;
+// start-up and SIGHUP both use it.
+func (c *fileConfig) clientLimits() proxy.Limits {
+	l := proxy.DefaultConfig().Limits
+	setIf(&l.MaxClients, c.Limits.MaxClients)
+	setIf(&l.MaxBulkLen, c.Limits.MaxBulkLen)
+	setIf(&l.MaxMultibulkLen, c.Limits.MaxMultibulkLen)
+	setIf(&l.MaxInlineLen, c.Limits.MaxInlineLen)
+	l.IdleTimeout = c.Limits.IdleTimeout
+	return l
+}
+
 // errVersion asks run to print the version.
 var errVersion = errors.New("version requested")
 
@@ -380,14 +388,7 @@ func reload(args []string, level zap.AtomicLevel, p *proxy.Proxy) error {
 	if err != nil {
 		return fmt.Errorf("log.level: %w", err)
 	}
-	d := proxy.DefaultConfig()
-	l := proxy.Limits{MaxClients: d.MaxClients, MaxBulkLen: d.MaxBulkLen, MaxMultibulkLen: d.MaxMultibulkLen, MaxInlineLen: d.MaxInlineLen}
-	setIf(&l.MaxClients, cfg.Limits.MaxClients)
-	setIf(&l.MaxBulkLen, cfg.Limits.MaxBulkLen)
-	setIf(&l.MaxMultibulkLen, cfg.Limits.MaxMultibulkLen)
-	setIf(&l.MaxInlineLen, cfg.Limits.MaxInlineLen)
-	l.IdleTimeout = cfg.Limits.IdleTimeout
-	if err := p.SetLimits(l); err != nil {
+	if err := p.SetLimits(cfg.clientLimits()); err != nil {
 		return err
 	}
 	level.SetLevel(lvl)

@@ -32,18 +32,8 @@ type Local interface {
 type Config struct {
 	// Backend is the Redis every ordinary command is forwarded to.
 	Backend BackendConfig
-	// MaxClients bounds the connected clients. Default 10000.
-	MaxClients int
-	// MaxBulkLen bounds one argument of a request. Default 512 MB.
-	MaxBulkLen int64
-	// MaxMultibulkLen bounds the arguments of a request. Default 1048576.
-	MaxMultibulkLen int64
-	// MaxInlineLen bounds an inline (telnet-style) request. Default 64 KB.
-	MaxInlineLen int64
-	// IdleTimeout closes a client that sent nothing for this long, unless
-	// it waits on a blocking command, a subscription or MONITOR. Default 0:
-	// never.
-	IdleTimeout time.Duration
+	// Limits bound the clients; SetLimits changes them while running.
+	Limits
 	// CommandTimeout bounds one of the proxy's own commands. Default 2m.
 	CommandTimeout time.Duration
 	// IsLocal reports whether a command name (any case) is one the proxy
@@ -99,11 +89,13 @@ type BackendConfig struct {
 // DefaultConfig returns the defaults, with no backend address.
 func DefaultConfig() Config {
 	return Config{
-		MaxClients:      10000,
-		MaxBulkLen:      512 << 20,
-		MaxMultibulkLen: 1 << 20,
-		MaxInlineLen:    64 << 10,
-		CommandTimeout:  2 * time.Minute,
+		Limits: Limits{
+			MaxClients:      10000,
+			MaxBulkLen:      512 << 20,
+			MaxMultibulkLen: 1 << 20,
+			MaxInlineLen:    64 << 10,
+		},
+		CommandTimeout: 2 * time.Minute,
 		Backend: BackendConfig{
 			SharedConnections: 2,
 			DialTimeout:       2 * time.Second,
@@ -139,14 +131,20 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Limits are the settings SetLimits can change while the proxy runs; see
-// the fields of the same names on Config.
+// Limits are the settings SetLimits can change while the proxy runs.
 type Limits struct {
-	MaxClients      int
-	MaxBulkLen      int64
+	// MaxClients bounds the connected clients. Default 10000.
+	MaxClients int
+	// MaxBulkLen bounds one argument of a request. Default 512 MB.
+	MaxBulkLen int64
+	// MaxMultibulkLen bounds the arguments of a request. Default 1048576.
 	MaxMultibulkLen int64
-	MaxInlineLen    int64
-	IdleTimeout     time.Duration
+	// MaxInlineLen bounds an inline (telnet-style) request. Default 64 KB.
+	MaxInlineLen int64
+	// IdleTimeout closes a client that sent nothing for this long, unless
+	// it waits on a blocking command, a subscription or MONITOR. Default 0:
+	// never.
+	IdleTimeout time.Duration
 }
 
 // SetLimits changes the limits for clients that connect from now on (and
@@ -154,8 +152,7 @@ type Limits struct {
 // idle timeout they started with. It is safe to call at any time.
 func (p *Proxy) SetLimits(l Limits) error {
 	c := p.cfg
-	c.MaxClients, c.MaxBulkLen, c.MaxMultibulkLen, c.MaxInlineLen, c.IdleTimeout =
-		l.MaxClients, l.MaxBulkLen, l.MaxMultibulkLen, l.MaxInlineLen, l.IdleTimeout
+	c.Limits = l
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -224,13 +221,8 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		served:   make(chan struct{}),
 		m:        newMetrics(),
 	}
-	p.limits.Store(&Limits{
-		MaxClients:      cfg.MaxClients,
-		MaxBulkLen:      cfg.MaxBulkLen,
-		MaxMultibulkLen: cfg.MaxMultibulkLen,
-		MaxInlineLen:    cfg.MaxInlineLen,
-		IdleTimeout:     cfg.IdleTimeout,
-	})
+	limits := cfg.Limits
+	p.limits.Store(&limits)
 	for range max(cfg.Backend.SharedConnections, 0) {
 		p.shared = append(p.shared, &shared{p: p})
 	}
