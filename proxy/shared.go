@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // shared is one backend connection that carries the stateless commands of
@@ -106,6 +108,14 @@ func (sh *shared) flush() {
 // read hands every reply on be to the client it belongs to.
 func (sh *shared) read(be *backend) {
 	defer sh.p.sharedWG.Done()
+	defer func() {
+		// A panic here ends this backend connection, not the process: its
+		// clients get connection-lost errors and the next command dials.
+		if r := recover(); r != nil {
+			sh.p.log.Error("panic reading a shared backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+			sh.fail(be, nil)
+		}
+	}()
 	var ri replyInfo
 	sink := &sinkWriter{}
 	w := bufio.NewWriterSize(sink, 4096)
