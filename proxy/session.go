@@ -267,8 +267,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		}
 		// Replies on the shared connection come first; from now on the
 		// client's commands go to a connection of its own.
-		s.flush()
-		s.drainShared()
+		s.settleShared()
 		s.dedicated = true
 	}
 	for {
@@ -429,6 +428,16 @@ func (s *session) output() *bufio.Writer {
 		s.out = bufio.NewWriterSize(s.nc, 4096)
 	}
 	return s.out
+}
+
+// settleShared sends what is queued on the shared connection and waits
+// until all the client's replies from it have been written.
+func (s *session) settleShared() {
+	if s.sharedOut {
+		s.sharedOut = false
+		s.sh.flush()
+	}
+	s.drainShared()
 }
 
 // drainShared waits for the replies to the commands the client sent on
