@@ -161,8 +161,9 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	}
 }
 
-// attempt runs one Redlock round. On failure it also returns the holder's
-// remaining ttl as reported by the nodes (0 when unknown). With waits, the
+// attempt runs one Redlock round. On failure it also returns how long the
+// holder's lock may still live on the nodes that reported it (0 when no node
+// did). With waits, the
 // nodes where another token holds the lock mark it, so that its release
 // wakes the caller (see releaseScript).
 func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
@@ -192,8 +193,11 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 				owned = append(owned, l.nodes[i])
 				fence = max(fence, r.val)
 			default:
+				// -1-pttl: PTTL is truncated to the millisecond and a key
+				// with 0 left is still alive, so the lock is free at the
+				// latest pttl+1 ms from now.
 				answered++
-				hint = max(hint, time.Duration(-1-r.val)*time.Millisecond)
+				hint = max(hint, time.Duration(-r.val)*time.Millisecond)
 			}
 		}
 	})

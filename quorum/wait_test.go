@@ -256,3 +256,24 @@ func TestNoWaitDoesNotJumpQueue(t *testing.T) {
 		t.Errorf("waiter: %v", r.err)
 	}
 }
+
+// TestWaitWakesAtExpiry lets short locks run out without UNLOCK: each time
+// the waiter must take over when the holder's ttl ends, including when its
+// attempt lands in the last millisecond of the ttl (PTTL 0, still held).
+func TestWaitWakesAtExpiry(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, noFallback(testConfig()))
+	ctx := ctxT(t)
+
+	for i := range 30 {
+		holder := mustLock(t, l, "orders", time.Duration(10+i)*time.Millisecond, Options{})
+		lk, err := l.Lock(ctx, "orders", time.Second, Options{Wait: 3 * time.Second})
+		if err != nil {
+			t.Fatalf("round %d: waiter after a %dms holding: %v", i, 10+i, err)
+		}
+		if lk.Fence <= holder.Fence {
+			t.Fatalf("round %d: fence %d after %d", i, lk.Fence, holder.Fence)
+		}
+		mustUnlock(t, l, "orders", lk.Token)
+	}
+}
