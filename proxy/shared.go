@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"runtime"
 	"sync"
 	"time"
 
@@ -10,11 +9,15 @@ import (
 )
 
 // shared is one backend connection that carries the stateless commands of
-// many clients. Commands are appended to one write buffer and whoever finds
-// no write in progress writes everything buffered, so the commands of all
-// clients that arrive during a write go out in the next one: Redis reads
-// and answers many clients' commands per system call. Replies come back in
-// the same order; the reader appends each to its client's sink.
+// many clients. Commands are appended to one write buffer. A client writes
+// the buffer itself only when the connection is idle (no command waiting for
+// its reply); otherwise the reader writes it as soon as it has handed out
+// every reply that has arrived, just before it would wait for more. So
+// under load the commands of all the clients that arrived while Redis was
+// busy go out in one write, and Redis reads and answers many clients'
+// commands per system call; when idle, a command goes out at once. Replies
+// come back in the same order; the reader appends each to its client's
+// sink.
 //
 // A client uses its shared connection until it sends a command that
 // changes or depends on its connection's state (see stateless); from then
@@ -25,6 +28,8 @@ type shared struct {
 	mu      sync.Mutex
 	be      *backend // nil until dialled; replaced when it dies
 	wbuf    []byte   // commands waiting to be written
+	wn      int      // how many commands wbuf holds
+	out     int      // commands written whose replies have not been read
 	spare   []byte
 	writing bool
 }
@@ -46,6 +51,7 @@ func (sh *shared) send(s *session, e entry, raw []byte) error {
 		}
 	}
 	sh.wbuf = append(sh.wbuf, raw...)
+	sh.wn++
 	q := sh.be.pending
 	q.sessions = append(q.sessions, s)
 	s.mu.Lock()
@@ -68,30 +74,35 @@ func (sh *shared) connect() error {
 	}
 	be.pending = &pending{}
 	sh.be = be
-	sh.wbuf = sh.wbuf[:0]
+	sh.wbuf, sh.wn, sh.out = sh.wbuf[:0], 0, 0
 	p.sharedWG.Add(1)
 	go sh.read(be)
 	return nil
 }
 
-// flush writes what is buffered unless another client's goroutine is
-// writing already; that one writes ours too before it stops.
+// flush writes what is buffered if the connection is idle. Otherwise the
+// reader writes it once the replies in flight have been handed out.
 func (sh *shared) flush() {
 	sh.mu.Lock()
-	if sh.writing || len(sh.wbuf) == 0 {
+	if sh.out > 0 {
+		sh.mu.Unlock()
+		return
+	}
+	sh.write()
+}
+
+// write writes everything buffered unless a write is in progress (whose
+// goroutine then writes it). sh.mu is held on entry and released on return.
+func (sh *shared) write() {
+	if sh.writing {
 		sh.mu.Unlock()
 		return
 	}
 	sh.writing = true
-	// Let the other clients that are ready to run append their commands
-	// first: on a machine with few cores they would otherwise wait for
-	// this write to finish and each write alone.
-	sh.mu.Unlock()
-	runtime.Gosched()
-	sh.mu.Lock()
 	for len(sh.wbuf) > 0 {
 		buf, be := sh.wbuf, sh.be
-		sh.wbuf = sh.spare[:0]
+		sh.out += sh.wn
+		sh.wbuf, sh.wn = sh.spare[:0], 0
 		sh.mu.Unlock()
 		be.nc.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
 		_, err := be.nc.Write(buf)
@@ -143,11 +154,23 @@ func (sh *shared) read(be *backend) {
 			sh.fail(be, s)
 			return
 		}
+		idle := be.r.Buffered() == 0 // the reader would wait for more next
 		if s != nil {
 			s.account(&ri)
-			if s.raw != nil && (be.r.Buffered() == 0 || sh.next(be) != s) {
-				s.pushOut()
-			}
+		}
+		// Send what queued up meanwhile before writing to the client, so
+		// that Redis works on it while the replies go out.
+		sh.mu.Lock()
+		if sh.be == be && sh.out > 0 {
+			sh.out--
+		}
+		if sh.be == be && (idle || sh.out == 0) && len(sh.wbuf) > 0 {
+			sh.write()
+		} else {
+			sh.mu.Unlock()
+		}
+		if s != nil && s.raw != nil && (idle || sh.next(be) != s) {
+			s.pushOut()
 		}
 	}
 }
