@@ -163,9 +163,8 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 
 // attempt runs one Redlock round. On failure it also returns how long the
 // holder's lock may still live on the nodes that reported it (0 when no node
-// did). With waits, the
-// nodes where another token holds the lock mark it, so that its release
-// wakes the caller (see releaseScript).
+// did). With waits, the nodes where another token holds the lock mark it,
+// so that its release wakes the caller (see releaseScript).
 func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
