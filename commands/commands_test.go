@@ -463,8 +463,7 @@ func TestKeepAliveLostWhenDeleted(t *testing.T) {
 			}
 			// Put the very same lock back. Only the lost keepalive can
 			// make the next command say that the lock is gone.
-			e.onNodes(t, "HSET", keyPrefix+"r", "token", lk.token, "fence", strconv.FormatInt(lk.fence, 10))
-			e.onNodes(t, "PEXPIRE", keyPrefix+"r", "10000")
+			e.onNodes(t, "SET", keyPrefix+"r", "0"+strconv.FormatInt(lk.fence, 10)+":"+lk.token, "PX", "10000")
 			if reply := a.do(cmd...); reply != ":0\r\n" {
 				t.Errorf("%q after the keepalive was lost = %q, want :0", cmd, reply)
 			}

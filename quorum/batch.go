@@ -37,16 +37,19 @@ import (
 // its caller abandoned (its context ended) never runs on a node before the
 // attempt itself.
 
-// op is the command that a round runs on each of its nodes: a script, whose
-// reply is an integer, or PING.
+// op is what a round runs on each of its nodes: one operation of opsScript,
+// whose result is an integer, or PING.
 type op struct {
 	name string
-	src  string // the Lua source; empty for PING
-	sha  any    // hex SHA1 of src, boxed once
 }
 
-// opPing is PING, for Ready.
-var opPing = &op{name: "ping"}
+var (
+	opAcquire = &op{name: "acquire"}
+	opRaise   = &op{name: "raise"}
+	opRelease = &op{name: "release"}
+	opExtend  = &op{name: "extend"}
+	opPing    = &op{name: "ping"} // for Ready
+)
 
 // reply is one node's answer in a round.
 type reply struct {
@@ -54,12 +57,14 @@ type reply struct {
 	err error
 }
 
-// smallRound is the number of nodes, and roundArgs the number of command
-// arguments, that fit in a round without more allocations.
-const (
-	smallRound = 8
-	roundArgs  = 10
-)
+// smallRound is the number of nodes that fit in a round without more
+// allocations.
+const smallRound = 8
+
+// maxOps is the most operations one opsScript call carries; a larger batch
+// is split into several calls in the same pipeline, so that one call never
+// keeps the node busy for long.
+const maxOps = 128
 
 // round is one command sent to a set of nodes for one caller. The batchers
 // write res[i], then set fin[i], then count left down; the one that reaches
@@ -69,26 +74,29 @@ type round struct {
 	ctxDeadline time.Time       // ctx's deadline, if any
 	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
 	op          *op
-	args        []any // the command: EVALSHA sha numkeys keys... argv..., or PING
+	// The operation's arguments in opsScript (unused for PING): the lock
+	// key, the operation code, the token, and x.
+	key   string
+	code  any
+	token string
+	x     any
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
 	left atomic.Int32
 	done chan struct{} // one value when left reaches zero
 
-	argsBuf [roundArgs]any
-	resBuf  [smallRound]reply
+	resBuf [smallRound]reply
 	finBuf  [smallRound]atomic.Bool
 }
 
 var rounds = sync.Pool{New: func() any { return &round{done: make(chan struct{}, 1)} }}
 
-// newRound returns a round of op o for ctx and nodes nodes; its args are
-// empty, for the caller to append to.
+// newRound returns a round of op o for ctx and nodes nodes, without
+// arguments.
 func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	r := rounds.Get().(*round)
 	r.ctx, r.op = ctx, o
-	r.args = r.argsBuf[:0]
 	if nodes <= smallRound {
 		r.res, r.fin = r.resBuf[:nodes], r.finBuf[:nodes]
 	} else {
@@ -106,33 +114,22 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	return r
 }
 
-// evalsha returns a round that runs the script o with the first numKeys of
-// keysArgv as KEYS and the others as ARGV.
-func (l *Locker) evalsha(ctx context.Context, o *op, nodes, numKeys int, keysArgv ...any) *round {
+// call returns a round that runs the opsScript operation o with key, code,
+// token and x.
+func (l *Locker) call(ctx context.Context, o *op, nodes int, key string, code any, token string, x any) *round {
 	r := l.newRound(ctx, o, nodes)
-	r.args = append(r.args, "evalsha", o.sha, numKeys)
-	r.args = append(r.args, keysArgv...)
+	r.key, r.code, r.token, r.x = key, code, token, x
 	return r
 }
 
-// flag is a script's boolean argument, "1" or "0", boxed once.
-func flag(b bool) any {
-	if b {
-		return flagTrue
-	}
-	return flagFalse
-}
-
-var flagTrue, flagFalse any = "1", "0"
-
 // free returns r to the pool. r must not be used afterwards.
 func (r *round) free() {
-	clear(r.argsBuf[:])
 	clear(r.resBuf[:])
 	for i := range r.finBuf {
 		r.finBuf[i].Store(false)
 	}
-	r.ctx, r.op, r.args, r.res, r.fin = nil, nil, nil, nil, nil
+	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
+	r.key, r.code, r.token, r.x = "", nil, "", nil
 	rounds.Put(r)
 }
 
@@ -313,23 +310,35 @@ func forEachGroup(q []request, spread time.Duration, send func(batch []request, 
 }
 
 // send runs batch on n as one pipeline bounded by deadline and completes
-// every request in it.
+// every request in it: the script operations as opsScript calls of at most
+// maxOps operations each, and PINGs as PINGs.
 func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmds := n.cmds[:0]
+	var pings, ops []request
 	for _, req := range batch {
-		cmds = append(cmds, redis.NewCmd(ctx, req.r.args...))
+		if req.r.op == opPing {
+			pings = append(pings, req)
+		} else {
+			ops = append(ops, req)
+		}
+	}
+	for range pings {
+		cmds = append(cmds, redis.NewCmd(ctx, "ping"))
+	}
+	for i := 0; i < len(ops); i += maxOps {
+		cmds = append(cmds, redis.NewCmd(ctx, l.opsArgs(ops[i:min(i+maxOps, len(ops))])...))
 	}
 	n.exec(ctx, cmds)
 
-	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the scripts:
-	// run those requests again with EVAL, which also caches the script.
+	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
+	// run those calls again with EVAL, which also caches it.
 	var again []redis.Cmder
-	for i, c := range cmds {
-		if isNoScript(c.Err()) {
-			args := slices.Clone(batch[i].r.args)
-			args[0], args[1] = "eval", batch[i].r.op.src
+	for i := len(pings); i < len(cmds); i++ {
+		if isNoScript(cmds[i].Err()) {
+			args := slices.Clone(cmds[i].Args())
+			args[0], args[1] = "eval", opsScript.src
 			cmds[i] = redis.NewCmd(ctx, args...)
 			again = append(again, cmds[i])
 		}
@@ -338,13 +347,34 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		n.exec(ctx, again)
 	}
 
-	for i, req := range batch {
-		rep := parseReply(req.r.op, cmds[i].(*redis.Cmd))
-		l.observe(req.r.ctx, n, rep.err)
-		req.r.complete(req.i, rep)
+	for i, req := range pings {
+		l.complete(n, req, reply{err: cmds[i].Err()})
+	}
+	for i, req := range ops {
+		l.complete(n, req, opReply(req.r.op, cmds[len(pings)+i/maxOps].(*redis.Cmd), i%maxOps))
 	}
 	clear(cmds)
 	n.cmds = cmds[:0]
+}
+
+// complete records rep as n's answer to req.
+func (l *Locker) complete(n *node, req request, rep reply) {
+	l.observe(req.r.ctx, n, rep.err)
+	req.r.complete(req.i, rep)
+}
+
+// opsArgs returns the opsScript call that runs ops.
+func (l *Locker) opsArgs(ops []request) []any {
+	args := make([]any, 0, 3+len(ops)+1+3*len(ops)+1)
+	args = append(args, "evalsha", opsScript.sha, len(ops)+1)
+	for _, req := range ops {
+		args = append(args, req.r.key)
+	}
+	args = append(args, l.fenceArg)
+	for _, req := range ops {
+		args = append(args, req.r.code, req.r.token, req.r.x)
+	}
+	return append(args, l.channelArg)
 }
 
 // exec sends cmds to n in one pipeline. Every command carries its own
@@ -358,14 +388,20 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// parseReply turns c's reply into o's integer.
-func parseReply(o *op, c *redis.Cmd) reply {
+// opReply returns the result of the i-th operation of the opsScript call c,
+// which ran o there.
+func opReply(o *op, c *redis.Cmd, i int) reply {
 	v, err := c.Result()
-	if err != nil || o == opPing {
+	if err != nil {
 		return reply{err: err}
 	}
-	if x, ok := v.(int64); ok {
-		return reply{val: x}
+	if a, ok := v.([]any); ok && i < len(a) {
+		switch x := a[i].(type) {
+		case int64:
+			return reply{val: x}
+		case error:
+			return reply{err: x}
+		}
 	}
-	return reply{err: fmt.Errorf("quorum: %s script replied %v, not an integer", o.name, v)}
+	return reply{err: fmt.Errorf("quorum: %s replied %v, not an array of integers", o.name, v)}
 }

@@ -12,8 +12,9 @@
 // but tolerates no more failed nodes than N-1 does (4 nodes need 3).
 //
 // The calls of concurrent callers share round trips: each node has one
-// goroutine that sends every call waiting for that node as one pipeline, so
-// a node reads and writes once for many callers. Each call keeps its own
+// goroutine that sends every call waiting for that node as one pipeline and
+// runs them all in one script call, so a node reads, writes and enters Lua
+// once for many callers. Each call keeps its own
 // deadline, and a batch that times out counts as a timeout of each call in
 // it.
 //
@@ -43,7 +44,7 @@
 // for cost no messages.
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
-// (a hash with the holder's token and fence, expiring with the lock),
+// (a string with the holder's fence and token, expiring with the lock),
 // "<prefix>fence" (one counter per node) and "<prefix>released". State on the
 // nodes therefore does not grow with the number of resources ever locked.
 //

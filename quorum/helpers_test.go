@@ -132,13 +132,20 @@ func (c *cluster) pttl(tb testing.TB, i int, resource string) time.Duration {
 // scriptCalls returns how many scripts node i ran since it started.
 func (c *cluster) scriptCalls(tb testing.TB, i int) int {
 	tb.Helper()
+	return c.calls(tb, i, "eval")
+}
+
+// calls returns how many times node i ran the commands whose names start
+// with prefix (lower case), on their own or from a script.
+func (c *cluster) calls(tb testing.TB, i int, prefix string) int {
+	tb.Helper()
 	info, err := c.admin[i].Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		tb.Fatalf("INFO on node %d: %v", i, err)
 	}
 	total := 0
 	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_eval") {
+		if !strings.HasPrefix(line, "cmdstat_"+prefix) {
 			continue
 		}
 		var calls int

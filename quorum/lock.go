@@ -164,7 +164,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 // attempt runs one Redlock round. On failure it also returns how long the
 // holder's lock may still live on the nodes that reported it (0 when no node
 // did). With waits, the nodes where another token holds the lock mark it,
-// so that its release wakes the caller (see releaseScript).
+// so that its release wakes the caller (see opsScript).
 func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
@@ -179,7 +179,16 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 		fence      int64
 		hint       time.Duration
 	)
-	r := l.evalsha(ctx, acquireScript, len(l.nodes), 2, key, l.fenceArg, token, ttl.Milliseconds(), flag(refreshOnly), flag(waits))
+	code := codeAcquire
+	switch {
+	case refreshOnly && waits:
+		code = codeRefreshWait
+	case refreshOnly:
+		code = codeRefresh
+	case waits:
+		code = codeAcquireWait
+	}
+	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, ttl.Milliseconds())
 	l.fanout(l.nodes, r, func(res []reply) {
 		for i, r := range res {
 			switch {
@@ -224,7 +233,7 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 		}
 	}
 	if len(behind) > 0 {
-		r := l.evalsha(ctx, raiseScript, len(behind), 2, key, l.fenceArg, token, fence)
+		r := l.call(ctx, opRaise, len(behind), key, codeRaise, token, fence)
 		l.fanout(behind, r, func(res []reply) {
 			for _, r := range res {
 				if r.err == nil && r.val == 1 {
@@ -258,7 +267,11 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 	if len(nodes) == 0 {
 		return 0, 0
 	}
-	r := l.evalsha(ctx, releaseScript, len(nodes), 1, l.lockPrefix+resource, token, l.channelArg, resource, flag(publish))
+	code := codeRelease
+	if publish {
+		code = codeReleasePub
+	}
+	r := l.call(ctx, opRelease, len(nodes), l.lockPrefix+resource, code, token, resource)
 	l.fanout(nodes, r, func(res []reply) {
 		for _, r := range res {
 			if r.err == nil {
@@ -320,7 +333,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	}
 	start := time.Now()
 	var answered, extended int
-	r := l.evalsha(ctx, extendScript, len(l.nodes), 1, l.lockPrefix+resource, token, ttl.Milliseconds())
+	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, ttl.Milliseconds())
 	l.fanout(l.nodes, r, func(res []reply) {
 		for _, r := range res {
 			if r.err == nil {

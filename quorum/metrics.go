@@ -103,7 +103,6 @@ func (l *Locker) Ready(ctx context.Context) error {
 	}
 	answered := 0
 	r := l.newRound(ctx, opPing, len(l.nodes))
-	r.args = append(r.args, "ping")
 	l.fanout(l.nodes, r, func(res []reply) {
 		for _, r := range res {
 			if r.err == nil {

@@ -1,0 +1,181 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// scriptOp is one operation of an opsScript call in these tests.
+type scriptOp struct {
+	key, code, token string
+	x                any
+}
+
+// runOps calls opsScript on node a with ops and returns its results, each
+// an int64 or an error.
+func runOps(t *testing.T, a *redis.Client, ops ...scriptOp) []any {
+	t.Helper()
+	keys := []string{}
+	args := []any{}
+	for _, o := range ops {
+		keys = append(keys, "lockproxy:lock:"+o.key)
+		args = append(args, o.code, o.token, o.x)
+	}
+	keys = append(keys, "lockproxy:fence")
+	args = append(args, "lockproxy:released")
+	v, err := a.Eval(context.Background(), opsScript.src, keys, args...).Slice()
+	if err != nil {
+		t.Fatalf("opsScript %v: %v", ops, err)
+	}
+	if len(v) != len(ops) {
+		t.Fatalf("opsScript %v replied %v: want one result per operation", ops, v)
+	}
+	return v
+}
+
+// TestOpsScript runs each operation of the node script directly on one node
+// and checks both its result and what it leaves on the node.
+func TestOpsScript(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	get := func(key string) string {
+		t.Helper()
+		v, err := a.Get(ctx, "lockproxy:lock:"+key).Result()
+		if err == redis.Nil {
+			return "<none>"
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	want := func(what string, got any, want int64) {
+		t.Helper()
+		if g, ok := got.(int64); !ok || g != want {
+			t.Errorf("%s = %v, want %d", what, got, want)
+		}
+	}
+
+	// A token may contain ':'; the fence ends at the first one after it.
+	const tok = "t:1:x"
+	r := runOps(t, a, scriptOp{"r", "a", tok, 10000})
+	want("fresh acquire", r[0], 1)
+	if v := get("r"); v != "01:"+tok {
+		t.Errorf("stored %q, want %q", v, "01:"+tok)
+	}
+	// Refresh keeps the fence; the counter advanced on the attempt anyway.
+	a.PExpire(ctx, "lockproxy:lock:r", time.Second)
+	r = runOps(t, a, scriptOp{"r", "a", tok, 10000})
+	want("refresh", r[0], 1)
+	if d := a.PTTL(ctx, "lockproxy:lock:r").Val(); d < 5*time.Second {
+		t.Errorf("ttl after refresh %v, want it reset to 10s", d)
+	}
+	want("counter", c.counter(t, 0), 2)
+
+	// Another token: held, with the ttl as hint; only aw marks the lock.
+	r = runOps(t, a, scriptOp{"r", "a", "t", 10000})
+	if v, ok := r[0].(int64); !ok || v > -5000 {
+		t.Errorf("acquire of a held lock = %v, want -1-pttl", r[0])
+	}
+	if v := get("r"); v[0] != '0' {
+		t.Errorf("plain acquire marked the lock: %q", v)
+	}
+	runOps(t, a, scriptOp{"r", "aw", "t", 10000})
+	if v := get("r"); v != "11:"+tok {
+		t.Errorf("after a waiting acquire %q, want %q", v, "11:"+tok)
+	}
+	// The mark is kept by raise and read by release.
+	r = runOps(t, a, scriptOp{"r", "f", tok, 7}, scriptOp{"r", "f", "t", 9})
+	want("raise by the owner", r[0], 1)
+	want("raise by another", r[1], 0)
+	if v := get("r"); v != "17:"+tok {
+		t.Errorf("after raise %q, want %q", v, "17:"+tok)
+	}
+	want("counter after raise", c.counter(t, 0), 7)
+	r = runOps(t, a, scriptOp{"r", "r", tok, 10000})
+	want("refresh after raise", r[0], 7)
+
+	// Extend and release only for the owner; the release publishes only
+	// when asked and marked.
+	sub := a.Subscribe(ctx, "lockproxy:released")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = runOps(t, a, scriptOp{"r", "e", "t", 10000}, scriptOp{"r", "e", tok, 20000}, scriptOp{"r", "u", "t", "r"})
+	want("extend by another", r[0], 0)
+	want("extend by the owner", r[1], 1)
+	want("release by another", r[2], 0)
+	if d := a.PTTL(ctx, "lockproxy:lock:r").Val(); d < 15*time.Second {
+		t.Errorf("ttl after extend %v, want 20s", d)
+	}
+	r = runOps(t, a, scriptOp{"r", "up", tok, "r"})
+	want("release by the owner", r[0], 1)
+	if v := get("r"); v != "<none>" {
+		t.Errorf("after release %q is left", v)
+	}
+	msg, err := sub.ReceiveTimeout(ctx, 2*time.Second)
+	if m, ok := msg.(*redis.Message); err != nil || !ok || m.Payload != "r" {
+		t.Errorf("release of a marked lock published %v, %v; want r", msg, err)
+	}
+	runOps(t, a, scriptOp{"q", "a", "t", 10000})
+	runOps(t, a, scriptOp{"q", "aw", "u", 10000}) // marked
+	r = runOps(t, a, scriptOp{"q", "u", "t", "q"})
+	want("release without publish", r[0], 1)
+	if msg, err := sub.ReceiveTimeout(ctx, 200*time.Millisecond); err == nil {
+		t.Errorf("release without publish published %v", msg)
+	}
+
+	// Refresh-only never takes a free lock.
+	r = runOps(t, a, scriptOp{"free", "r", "t", 10000}, scriptOp{"free", "rw", "t", 10000})
+	want("refresh-only of a free lock", r[0], -1)
+	want("refresh-only (waiting) of a free lock", r[1], -1)
+	if v := get("free"); v != "<none>" {
+		t.Errorf("refresh-only took the lock: %q", v)
+	}
+
+	// A key of another type is held by someone else and left alone.
+	a.HSet(ctx, "lockproxy:lock:h", "token", "t", "fence", "1")
+	a.PExpire(ctx, "lockproxy:lock:h", 10*time.Second)
+	r = runOps(t, a, scriptOp{"h", "aw", "t", 10000}, scriptOp{"h", "r", "t", 10000},
+		scriptOp{"h", "e", "t", 10000}, scriptOp{"h", "f", "t", 99}, scriptOp{"h", "u", "t", "h"})
+	if v, ok := r[0].(int64); !ok || v > -5000 {
+		t.Errorf("acquire over a hash = %v, want -1-pttl", r[0])
+	}
+	if v, ok := r[1].(int64); !ok || v > -5000 {
+		t.Errorf("refresh over a hash = %v, want -1-pttl", r[1])
+	}
+	want("extend of a hash", r[2], 0)
+	want("raise of a hash", r[3], 0)
+	want("release of a hash", r[4], 0)
+	if v := a.HGet(ctx, "lockproxy:lock:h", "token").Val(); v != "t" {
+		t.Errorf("the hash was changed: token %q", v)
+	}
+
+	// One operation's error leaves the others in the call to run.
+	runOps(t, a, scriptOp{"k", "a", "t", 10000})
+	a.Set(ctx, "lockproxy:fence", "not a number", 0)
+	r = runOps(t, a, scriptOp{"n", "a", "t", 10000}, scriptOp{"k", "u", "t", "k"}, scriptOp{"k", "zz", "t", 0})
+	var e redis.Error
+	if !errors.As(asErr(r[0]), &e) || !strings.HasPrefix(e.Error(), "ERR value is not an integer") {
+		t.Errorf("acquire with a broken counter = %v, want the INCR error", r[0])
+	}
+	want("release next to a failing acquire", r[1], 1)
+	if !errors.As(asErr(r[2]), &e) || e.Error() != "ERR unknown lock operation zz" {
+		t.Errorf("unknown code = %v, want an error", r[2])
+	}
+	if v := get("k"); v != "<none>" {
+		t.Errorf("release did not run: %q left", v)
+	}
+}
+
+func asErr(v any) error {
+	err, _ := v.(error)
+	return err
+}
