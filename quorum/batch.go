@@ -87,7 +87,7 @@ type round struct {
 	done chan struct{} // one value when left reaches zero
 
 	resBuf [smallRound]reply
-	finBuf  [smallRound]atomic.Bool
+	finBuf [smallRound]atomic.Bool
 }
 
 var rounds = sync.Pool{New: func() any { return &round{done: make(chan struct{}, 1)} }}
