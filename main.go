@@ -214,6 +214,7 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	pcfg.Info = func() string { return infoSection(started, p, locker, cmds) }
 	pcfg.Docs = &proxy.Docs{Names: commands.Names, AppendInfo: commands.AppendCommandInfo, AppendDocs: commands.AppendCommandDocs}
 	pcfg.IsLocal = cmds.Is
+	pcfg.MayWait = cmds.MayWait
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
 	switch cfg.Lock.GuardBackend {
 	case "on":

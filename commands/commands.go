@@ -128,6 +128,21 @@ func (h *Handler) Is(name []byte) bool {
 	return equalFold(name, "lock") || equalFold(name, "unlock") || equalFold(name, "extend")
 }
 
+// MayWait reports whether the command in args may take longer than its
+// round trips to the lock nodes: a LOCK with a WAIT option. It errs towards
+// yes: a TOKEN named "wait" counts too.
+func (h *Handler) MayWait(args [][]byte) bool {
+	if len(args) < 4 || !equalFold(args[0], "lock") {
+		return false
+	}
+	for _, a := range args[3:] {
+		if equalFold(a, "wait") {
+			return true
+		}
+	}
+	return false
+}
+
 // NewConn returns the state of one new client connection. The caller must
 // call Conn.Close when the connection ends; until then the Handler counts
 // the connection's locks in lockproxy_locks_held.

@@ -41,6 +41,13 @@ type Config struct {
 	// them. Both nil: everything is forwarded.
 	IsLocal  func(name []byte) bool
 	NewLocal func() Local
+	// MayWait reports whether a local command may take longer than its
+	// round trips to the lock nodes (a LOCK with WAIT). Such a command is
+	// answered on a goroutine of its own, so that the client's hanging up
+	// is seen while it waits; the others are answered on the client's own
+	// goroutine when no reply is due before theirs. Nil: every local
+	// command may wait.
+	MayWait func(args [][]byte) bool
 	// Users, when not empty, makes the proxy require authentication:
 	// it answers AUTH (and HELLO ... AUTH) itself against these user
 	// names and passwords, with Redis's replies; "default" is the user of

@@ -413,7 +413,7 @@ func (e echoLocal) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 b
 
 func (e echoLocal) Close() { e.closed.Add(1) }
 
-func startLocalProxy(t *testing.T) (string, *redistest.Server, *atomic.Int64) {
+func startLocalProxy(t *testing.T, opts ...func(*Config)) (string, *redistest.Server, *atomic.Int64) {
 	srv := redistest.Start(t)
 	var closed atomic.Int64
 	addr, _ := startProxy(t, srv.Addr, func(c *Config) {
@@ -421,7 +421,11 @@ func startLocalProxy(t *testing.T) (string, *redistest.Server, *atomic.Int64) {
 			return bytes.EqualFold(name, []byte("echolocal")) || bytes.EqualFold(name, []byte("waitlocal")) ||
 				bytes.EqualFold(name, []byte("paniclocal"))
 		}
+		c.MayWait = func(args [][]byte) bool { return bytes.EqualFold(args[0], []byte("waitlocal")) }
 		c.NewLocal = func() Local { return echoLocal{&closed} }
+		for _, o := range opts {
+			o(c)
+		}
 	})
 	return addr, srv, &closed
 }
@@ -550,21 +554,29 @@ func TestBackendBackoff(t *testing.T) {
 
 // TestPanicClosesOnlyThatClient: a panic while answering a client is
 // contained to that client's connection.
+// TestPanicClosesOnlyThatClient panics in a local command answered on the
+// client's own goroutine and in one answered on a goroutine of its own.
 func TestPanicClosesOnlyThatClient(t *testing.T) {
-	addr, _, closed := startLocalProxy(t)
-	bystander := dial(t, addr)
-	bystander.do(args("SET k v"))
-	victim := dial(t, addr)
-	victim.send(encode(args("PANICLOCAL")))
-	if _, gone := victim.closedAfter(5 * time.Second); !gone {
-		t.Fatal("the panicking client's connection stayed open")
-	}
-	eventually(t, "the victim's state closed", func() bool { return closed.Load() == 1 })
-	if got := string(bystander.do(args("GET k"), args("ECHOLOCAL still"))); got != "$1\r\nv\r\n$5\r\nstill\r\n" {
-		t.Fatalf("the other client: %q", got)
-	}
-	if got := string(dial(t, addr).do(args("PING"))); got != "+PONG\r\n" {
-		t.Fatalf("a new client: %q", got)
+	for _, mayWait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mayWait=%v", mayWait), func(t *testing.T) {
+			addr, _, closed := startLocalProxy(t, func(c *Config) {
+				c.MayWait = func([][]byte) bool { return mayWait }
+			})
+			bystander := dial(t, addr)
+			bystander.do(args("SET k v"))
+			victim := dial(t, addr)
+			victim.send(encode(args("PANICLOCAL")))
+			if _, gone := victim.closedAfter(5 * time.Second); !gone {
+				t.Fatal("the panicking client's connection stayed open")
+			}
+			eventually(t, "the victim's state closed", func() bool { return closed.Load() == 1 })
+			if got := string(bystander.do(args("GET k"), args("ECHOLOCAL still"))); got != "$1\r\nv\r\n$5\r\nstill\r\n" {
+				t.Fatalf("the other client: %q", got)
+			}
+			if got := string(dial(t, addr).do(args("PING"))); got != "+PONG\r\n" {
+				t.Fatalf("a new client: %q", got)
+			}
+		})
 	}
 }
 

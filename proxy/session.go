@@ -189,10 +189,37 @@ func (s *session) handle(cmd redcon.Command) {
 	}
 	s.flush()
 	s.mu.Lock()
+	// A command that is quick to answer, with no reply due before it, is
+	// answered here, on redcon's goroutine; the others get a goroutine of
+	// their own, so that this one goes on reading and sees the client hang
+	// up while they wait.
+	now := s.head == len(s.fifo) && !s.mayWait(it)
 	s.busy = true
 	s.mu.Unlock()
 	s.wg.Add(1)
+	if now {
+		s.answerNow(it)
+		return
+	}
 	go s.runLocal(it)
+}
+
+// mayWait reports whether answering it may take longer than a round trip
+// to the lock nodes: a LOCK with WAIT, as Config.MayWait tells.
+func (s *session) mayWait(it localItem) bool {
+	return it.args != nil && (s.p.cfg.MayWait == nil || s.p.cfg.MayWait(it.args))
+}
+
+// answerNow answers it on the calling goroutine. Nothing can have queued
+// behind it meanwhile: that goroutine is the one that reads the client.
+func (s *session) answerNow(it localItem) {
+	defer s.wg.Done()
+	defer s.recoverPanic()
+	s.answer(it)
+	s.mu.Lock()
+	s.busy = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
 }
 
 // runLocal answers it, then goes on with the commands that queued behind
