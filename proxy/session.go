@@ -152,6 +152,7 @@ type session struct {
 	// raw is the client's socket when it is plain TCP: the shared reader
 	// then writes replies to it directly (see pushOut).
 	raw syscall.RawConn
+	rw  rawWrite // tryWrite's state; s.wmu is held
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -320,7 +321,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	}
 	s.p.m.forwarded.Add(1)
 	if ce := s.log.Check(zap.DebugLevel, "forward"); ce != nil {
-		ce.Write(zap.ByteString("command", name))
+		ce.Write(zap.String("command", string(name))) // a copy: name stays on the stack
 	}
 	return localItem{}, true
 }
@@ -562,20 +563,33 @@ func (s *session) finish(out []byte, n int) {
 
 // tryWrite writes as much of b as the socket takes without waiting.
 func (s *session) tryWrite(b []byte) int {
-	n := 0
-	s.raw.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			k, err := syscall.Write(int(fd), b[n:])
-			if k > 0 {
-				n += k
-			}
-			if err != nil {
-				break // EAGAIN: the rest goes to finish; other errors show there too
-			}
+	if s.rw.f == nil {
+		s.rw.f = s.rw.write // one closure per session, not per write
+	}
+	s.rw.b, s.rw.n = b, 0
+	s.raw.Write(s.rw.f)
+	s.rw.b = nil
+	return s.rw.n
+}
+
+// rawWrite writes b to a socket without waiting for it to become writable.
+type rawWrite struct {
+	b []byte
+	n int // how much of b was written
+	f func(fd uintptr) bool
+}
+
+func (w *rawWrite) write(fd uintptr) bool {
+	for w.n < len(w.b) {
+		k, err := syscall.Write(int(fd), w.b[w.n:])
+		if k > 0 {
+			w.n += k
 		}
-		return true
-	})
-	return n
+		if err != nil {
+			break // EAGAIN: the rest goes to finish; other errors show there too
+		}
+	}
+	return true
 }
 
 // connect makes sure the forwarder has a live backend connection.
