@@ -148,7 +148,7 @@ type session struct {
 	// forwarder writes them to the client.
 	sinkMu sync.Mutex
 	sink   []byte
-	spare  []byte
+	spare  []byte // the last sink written, for the next takeSink; s.wmu is held
 	// raw is the client's socket when it is plain TCP: the shared reader
 	// then writes replies to it directly (see pushOut).
 	raw syscall.RawConn
@@ -482,24 +482,24 @@ func (s *session) drainShared() {
 	s.wmu.Unlock()
 }
 
-// takeSink swaps the sink for the spare buffer and returns what it held.
+// takeSink swaps the sink for the spare buffer and returns what it held;
+// s.wmu is held.
 func (s *session) takeSink() []byte {
+	spare := s.spare
+	s.spare = nil
 	s.sinkMu.Lock()
-	defer s.sinkMu.Unlock()
 	out := s.sink
-	s.sink, s.spare = s.spare[:0], nil
+	s.sink = spare[:0]
+	s.sinkMu.Unlock()
 	return out
 }
 
 // recycle keeps a written sink buffer as the next spare, unless it grew
-// large for one big reply.
+// large for one big reply; s.wmu is held.
 func (s *session) recycle(b []byte) {
-	if cap(b) > 64<<10 {
-		return
+	if cap(b) <= 64<<10 {
+		s.spare = b[:0]
 	}
-	s.sinkMu.Lock()
-	s.spare = b[:0]
-	s.sinkMu.Unlock()
 }
 
 // writeSink writes everything in the sink, blocking; s.wmu is held.

@@ -135,16 +135,24 @@ func (sh *shared) read(be *backend) {
 			sh.fail(be, nil)
 			return
 		}
+		// One lock per reply: take its session, count it as answered
+		// (a client that finds nothing in flight writes its command
+		// itself), and note whose reply comes next.
 		sh.mu.Lock()
 		q := be.pending
-		var s *session
+		var s, next *session
 		if q.head < len(q.sessions) {
 			s = q.sessions[q.head]
 			q.sessions[q.head] = nil
 			q.head++
 			if q.head == len(q.sessions) {
 				q.sessions, q.head = q.sessions[:0], 0
+			} else {
+				next = q.sessions[q.head]
 			}
+		}
+		if sh.be == be && sh.out > 0 {
+			sh.out--
 		}
 		sh.mu.Unlock()
 		sink.s = s
@@ -158,31 +166,24 @@ func (sh *shared) read(be *backend) {
 		if s != nil {
 			s.account(&ri)
 		}
-		// Send what queued up meanwhile before writing to the client, so
-		// that Redis works on it while the replies go out.
-		sh.mu.Lock()
-		if sh.be == be && sh.out > 0 {
-			sh.out--
+		// Before waiting for more, send what queued up meanwhile, and do
+		// it before writing to the client, so that Redis works on it while
+		// the replies go out.
+		if idle {
+			sh.mu.Lock()
+			if sh.be == be && len(sh.wbuf) > 0 {
+				sh.write()
+			} else {
+				sh.mu.Unlock()
+			}
 		}
-		if sh.be == be && (idle || sh.out == 0) && len(sh.wbuf) > 0 {
-			sh.write()
-		} else {
-			sh.mu.Unlock()
-		}
-		if s != nil && s.raw != nil && (idle || sh.next(be) != s) {
+		// A client's consecutive replies go out in one write. next may be
+		// stale (nil) when more commands were queued after it was read;
+		// the client is then pushed to once more than needed.
+		if s != nil && s.raw != nil && (idle || next != s) {
 			s.pushOut()
 		}
 	}
-}
-
-// next returns the session the next reply on be belongs to.
-func (sh *shared) next(be *backend) *session {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if q := be.pending; q.head < len(q.sessions) {
-		return q.sessions[q.head]
-	}
-	return nil
 }
 
 // fail ends be: every client waiting on it gets a connection-lost error,
