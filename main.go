@@ -22,6 +22,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -52,6 +53,7 @@ const embedded = "embedded"
 type fileConfig struct {
 	Listen          string        `yaml:"listen"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	GOMAXPROCS      int           `yaml:"gomaxprocs"`
 	TLS             struct {
 		Enabled           bool   `yaml:"enabled"`
 		CertFile          string `yaml:"cert_file"`
@@ -135,6 +137,9 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 		return err
 	}
 	defer logger.Sync()
+	if cfg.GOMAXPROCS > 0 {
+		runtime.GOMAXPROCS(cfg.GOMAXPROCS)
+	}
 
 	var nodes embeddedNodes
 	defer nodes.close()
@@ -246,7 +251,8 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 		zap.Strings("lock_nodes", lockAddrs),
 		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""),
 		zap.Bool("tls", pcfg.TLS != nil),
-		zap.Bool("auth", len(pcfg.Users) > 0))
+		zap.Bool("auth", len(pcfg.Users) > 0),
+		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)))
 	if listening != nil {
 		listening <- ln.Addr()
 	}
@@ -466,6 +472,9 @@ func (c *fileConfig) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("shutdown_timeout must be positive"))
+	}
+	if c.GOMAXPROCS < 0 {
+		errs = append(errs, errors.New("gomaxprocs must not be negative"))
 	}
 	for name, d := range map[string]time.Duration{
 		"backend.dial_timeout": c.Backend.DialTimeout, "backend.write_timeout": c.Backend.WriteTimeout,

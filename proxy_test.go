@@ -143,6 +143,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad guard", "backend: {addr: embedded}\nlock: {nodes: [embedded], guard_backend: maybe}\n", "guard_backend"},
 		{"negative", "backend: {addr: embedded}\nlock: {nodes: [embedded], max_ttl: -1s}\n", "lock.max_ttl must not be negative"},
 		{"bad level", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\nlog: {level: loud}\n", "log.level"},
+		{"gomaxprocs", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\ngomaxprocs: -1\n", "gomaxprocs must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

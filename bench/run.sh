@@ -4,8 +4,9 @@
 #   bash bench/run.sh
 #
 # 1. Forwarding: redis-benchmark -c 50 -t set,get -r 100000 against direct
-#    Redis, twemproxy (nutcracker, one server, redis: true) and lockproxy, all
-#    in front of the same redis-server; without pipelining and with -P 16; in
+#    Redis, twemproxy (nutcracker, one server, redis: true) and lockproxy
+#    (with Go's default GOMAXPROCS, and with gomaxprocs: 1), all in front of
+#    the same redis-server; without pipelining and with -P 16; in
 #    interleaved rounds. One markdown table: medians, min–max, p50/p99 and the
 #    ratios to direct Redis and to twemproxy.
 # 2. Lock path: bench/lockbench, lockproxy vs redsync on the same three lock
@@ -19,7 +20,7 @@
 # $OUT when set); progress goes to stderr.
 #
 # Environment (defaults in brackets):
-#   ROUNDS [3]          interleaved rounds of every comparison
+#   ROUNDS [5]          interleaved rounds of every comparison
 #   N [200000]          requests per redis-benchmark test without pipelining
 #   NP [1000000]        requests per redis-benchmark test with -P 16
 #   CLIENTS [50]        redis-benchmark -c
@@ -29,7 +30,7 @@
 #   OUT                 also write the report to this file
 set -euo pipefail
 
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 N=${N:-200000}
 NP=${NP:-1000000}
 CLIENTS=${CLIENTS:-50}
@@ -140,13 +141,14 @@ start_redis() {
 	printf -v "$1" '%s' "$port"
 }
 
-# start_proxy VAR PIDVAR: start lockproxy on the backend and lock nodes, set
-# VAR to its port and PIDVAR to its process id.
+# start_proxy VAR PIDVAR [CONFIG]: start lockproxy on the backend and lock
+# nodes with CONFIG (default lockproxy.yaml), set VAR to its port and PIDVAR
+# to its process id.
 start_proxy() {
 	local port
 	port=$(freeport)
 	used+="$port "
-	"$tmp/lockproxy" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$port" \
+	"$tmp/lockproxy" -config "$tmp/${3:-lockproxy.yaml}" -listen "127.0.0.1:$port" \
 		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" -log-level warn \
 		>>"$tmp/lockproxy.log" 2>&1 &
 	pids+=($!)
@@ -191,8 +193,15 @@ limits:
   max_clients: 20000
 EOF
 start_proxy proxy proxy_pid
+# The same with gomaxprocs: 1, one thread like twemproxy's, for the
+# forwarding comparison.
+{
+	cat "$tmp/lockproxy.yaml"
+	echo "gomaxprocs: 1"
+} >"$tmp/lockproxy-1p.yaml"
+start_proxy proxy1p proxy1p_pid lockproxy-1p.yaml
 
-log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy"
+log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy (gomaxprocs 1: :$proxy1p)"
 
 report="$tmp/report.md"
 {
@@ -206,8 +215,8 @@ report="$tmp/report.md"
 # --- 1. forwarding --------------------------------------------------------------
 
 if ! skipped forward; then
-	targets=(direct twemproxy lockproxy)
-	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy)
+	targets=(direct twemproxy lockproxy lockproxy-1p)
+	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy [lockproxy-1p]=$proxy1p)
 	rows="$tmp/forward.tsv"
 	: >"$rows"
 	# Warm-up, not reported: fill the key space, let every target open its
@@ -221,8 +230,8 @@ if ! skipped forward; then
 			n=$N
 			((p == 1)) || n=$NP
 			# Rotate the order every round so no target always goes first.
-			for ((k = 0; k < 3; k++)); do
-				t=${targets[(k + r - 1) % 3]}
+			for ((k = 0; k < ${#targets[@]}; k++)); do
+				t=${targets[(k + r - 1) % ${#targets[@]}]}
 				csv="$tmp/rb-$r-$p-$t.csv"
 				redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t set,get -r 100000 \
 					-n "$n" -P "$p" --csv >"$csv" 2>"$csv.err" || {
@@ -241,6 +250,8 @@ if ! skipped forward; then
 		echo "#### Forwarding: redis-benchmark -c $CLIENTS -t set,get -r 100000 (n=$N, with -P 16 n=$NP), $ROUNDS interleaved rounds"
 		echo
 		echo "Medians over rounds; throughput as median (min–max). Ratios are of medians in this run."
+		echo "lockproxy runs with Go's default GOMAXPROCS ($(nproc) here), lockproxy-1p with \`gomaxprocs: 1\`"
+		echo "(one thread running Go code, as twemproxy runs one); both are the same binary and configuration otherwise."
 		echo
 		echo "| test | target | requests/s | p50 ms | p99 ms | vs direct | vs twemproxy |"
 		echo "|---|---|---|---|---|---|---|"
@@ -253,7 +264,7 @@ if ! skipped forward; then
 			}
 			{ k = $1 SUBSEP $2 SUBSEP $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7 }
 			END {
-				nt = split("direct twemproxy lockproxy", tg, " ")
+				nt = split("direct twemproxy lockproxy lockproxy-1p", tg, " ")
 				split("1 16", ps, " "); split("SET GET", ops, " ")
 				for (pi = 1; pi <= 2; pi++) for (oi = 1; oi <= 2; oi++) {
 					p = ps[pi]; op = ops[oi]
@@ -262,7 +273,7 @@ if ! skipped forward; then
 						t = tg[ti]; k = op SUBSEP p SUBSEP t
 						vd = m["direct"] > 0 ? sprintf("%.2fx", m[t] / m["direct"]) : "-"
 						vt = m["twemproxy"] > 0 ? sprintf("%.2fx", m[t] / m["twemproxy"]) : "-"
-						if (t == "lockproxy") { vd = "**" vd "**"; vt = "**" vt "**" }
+						if (t ~ /^lockproxy/) { vd = "**" vd "**"; vt = "**" vt "**" }
 						printf "| %s -P %s | %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %s | %s |\n", op, p, t, m[t], l[t], h[t], median(p50[k]), median(p99[k]), vd, vt
 					}
 				}
