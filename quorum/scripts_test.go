@@ -3,6 +3,7 @@ package quorum
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,37 @@ func TestOpsScript(t *testing.T) {
 func asErr(v any) error {
 	err, _ := v.(error)
 	return err
+}
+
+// TestLargeBatchIsSplit sends one batch of more operations than one script
+// call carries: they go out as several calls in one pipeline, and every
+// operation gets its own result.
+func TestLargeBatchIsSplit(t *testing.T) {
+	c := startCluster(t, 1)
+	l := newLocker(t, c, testConfig())
+	n := l.nodes[0]
+	mustUnlock(t, l, "warmup", mustLock(t, l, "warmup", time.Second, Options{}).Token) // caches the script
+	const ops = 2*maxOps + 44
+	before, counter := c.scriptCalls(t, 0), c.counter(t, 0)
+	var batch []request
+	for i := range ops {
+		r := l.call(context.Background(), opAcquire, 1, l.lockPrefix+"r"+strconv.Itoa(i), codeAcquire, "t", int64(10000))
+		batch = append(batch, request{r, 0})
+	}
+	l.send(n, batch, time.Now().Add(5*time.Second))
+	for i, req := range batch {
+		if !req.r.fin[0].Load() {
+			t.Fatalf("operation %d not completed", i)
+		}
+		if rep := req.r.res[0]; rep.err != nil || rep.val != counter+int64(i+1) {
+			t.Errorf("operation %d: fence %d, %v; want %d (the counter's next value)", i, rep.val, rep.err, counter+int64(i+1))
+		}
+		req.r.free()
+	}
+	if got := c.scriptCalls(t, 0) - before; got != 3 {
+		t.Errorf("%d operations took %d script calls, want 3", ops, got)
+	}
+	if keys := c.lockKeys(t, 0); len(keys) != ops {
+		t.Errorf("%d locks on the node, want %d", len(keys), ops)
+	}
 }
