@@ -316,7 +316,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmds := n.cmds[:0]
-	var pings, ops []request
+	pings, ops := n.pings[:0], n.ops[:0]
 	for _, req := range batch {
 		if req.r.op == opPing {
 			pings = append(pings, req)
@@ -327,8 +327,11 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	for range pings {
 		cmds = append(cmds, redis.NewCmd(ctx, "ping"))
 	}
+	args := n.args[:0]
 	for i := 0; i < len(ops); i += maxOps {
-		cmds = append(cmds, redis.NewCmd(ctx, l.opsArgs(ops[i:min(i+maxOps, len(ops))])...))
+		from := len(args)
+		args = l.appendOpsArgs(args, ops[i:min(i+maxOps, len(ops))])
+		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
 	}
 	n.exec(ctx, cmds)
 
@@ -354,7 +357,10 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		l.complete(n, req, opReply(req.r.op, cmds[len(pings)+i/maxOps].(*redis.Cmd), i%maxOps))
 	}
 	clear(cmds)
-	n.cmds = cmds[:0]
+	clear(pings)
+	clear(ops)
+	clear(args)
+	n.cmds, n.pings, n.ops, n.args = cmds[:0], pings[:0], ops[:0], args[:0]
 }
 
 // complete records rep as n's answer to req.
@@ -363,9 +369,8 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 	req.r.complete(req.i, rep)
 }
 
-// opsArgs returns the opsScript call that runs ops.
-func (l *Locker) opsArgs(ops []request) []any {
-	args := make([]any, 0, 3+len(ops)+1+3*len(ops)+1)
+// appendOpsArgs appends to args the opsScript call that runs ops.
+func (l *Locker) appendOpsArgs(args []any, ops []request) []any {
 	args = append(args, "evalsha", opsScript.sha, len(ops)+1)
 	for _, req := range ops {
 		args = append(args, req.r.key)

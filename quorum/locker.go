@@ -59,8 +59,11 @@ type node struct {
 	pending []request
 	closed  bool // the batcher stopped; requests fail at once
 
-	pipe redis.Pipeliner // used by the batcher only
-	cmds []redis.Cmder   // used by the batcher only
+	// Used by the batcher only: its pipeline, and buffers send reuses.
+	pipe       redis.Pipeliner
+	cmds       []redis.Cmder
+	pings, ops []request
+	args       []any
 }
 
 // New returns a Locker with one go-redis client per entry of nodes and
