@@ -14,14 +14,18 @@ import (
 func BenchmarkLockerLockUnlock(b *testing.B) {
 	for _, n := range []int{3, 5} {
 		b.Run(strconv.Itoa(n)+"nodes", func(b *testing.B) {
-			l := newLocker(b, startCluster(b, n), testConfig())
+			c := startCluster(b, n)
+			l := newLocker(b, c, testConfig())
 			ctx := context.Background()
 			lockUnlock(b, ctx, l, "bench") // connections, scripts loaded
+			cpu := c.cpu(b)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
 				lockUnlock(b, ctx, l, "bench")
 			}
+			b.StopTimer()
+			reportNodeCPU(b, c, cpu)
 		})
 	}
 }
@@ -31,9 +35,11 @@ func BenchmarkLockerLockUnlock(b *testing.B) {
 // unlocking its own resource on one shared Locker over 3 nodes. This is
 // where batching the node round trips of concurrent clients shows.
 func BenchmarkLockerLockUnlockParallel(b *testing.B) {
-	l := newLocker(b, startCluster(b, 3), testConfig())
+	c := startCluster(b, 3)
+	l := newLocker(b, c, testConfig())
 	ctx := context.Background()
 	lockUnlock(b, ctx, l, "bench")
+	cpu := c.cpu(b)
 	var next atomic.Int64
 	b.SetParallelism(25)
 	b.ReportAllocs()
@@ -52,6 +58,16 @@ func BenchmarkLockerLockUnlockParallel(b *testing.B) {
 			}
 		}
 	})
+	b.StopTimer()
+	reportNodeCPU(b, c, cpu)
+}
+
+// reportNodeCPU reports the CPU time the nodes of c used since they had
+// used before (from c.cpu), per op, as node-µs/op: the nodes' own count
+// (INFO cpu), so it holds however busy the machine was, unlike a node
+// timing its commands by the clock (INFO commandstats).
+func reportNodeCPU(b *testing.B, c *cluster, before time.Duration) {
+	b.ReportMetric(float64((c.cpu(b)-before).Microseconds())/float64(b.N), "node-µs/op")
 }
 
 func lockUnlock(b *testing.B, ctx context.Context, l *Locker, resource string) {

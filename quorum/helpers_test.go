@@ -3,6 +3,7 @@ package quorum
 import (
 	"context"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +134,31 @@ func (c *cluster) pttl(tb testing.TB, i int, resource string) time.Duration {
 func (c *cluster) scriptCalls(tb testing.TB, i int) int {
 	tb.Helper()
 	return c.calls(tb, i, "eval")
+}
+
+// cpu returns the CPU time (user and system) that the nodes of c have used
+// so far, as they report it in INFO cpu.
+func (c *cluster) cpu(tb testing.TB) time.Duration {
+	tb.Helper()
+	var total time.Duration
+	for i, a := range c.admin {
+		info, err := a.Info(context.Background(), "cpu").Result()
+		if err != nil {
+			tb.Fatalf("INFO cpu on node %d: %v", i, err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+			if k != "used_cpu_user" && k != "used_cpu_sys" {
+				continue
+			}
+			sec, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				tb.Fatalf("INFO cpu on node %d: %s is %q", i, k, v)
+			}
+			total += time.Duration(sec * float64(time.Second))
+		}
+	}
+	return total
 }
 
 // calls returns how many times node i ran the commands whose names start
