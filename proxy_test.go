@@ -358,6 +358,21 @@ func TestGuardWhenBackendIsLockNode(t *testing.T) {
 	if n, _ := c.Exists(ctx, "ordinary").Result(); n != 1 {
 		t.Fatal("EXISTS ordinary")
 	}
+	// A refusal inside a transaction aborts it, as an error while queuing
+	// does in Redis: the SET before it never runs. So does a LOCK.
+	for _, refused := range [][]any{{"DEL", "lockproxy:lock:secret"}, {"LOCK", "other", "1000"}} {
+		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, "ordinary", "2", 0)
+			p.Do(ctx, refused...)
+			return nil
+		})
+		if err == nil || !strings.HasPrefix(err.Error(), "EXECABORT") {
+			t.Fatalf("transaction with %v: %v, want EXECABORT", refused, err)
+		}
+		if v, _ := c.Get(ctx, "ordinary").Result(); v != "1" {
+			t.Fatalf("the aborted transaction ran: ordinary = %q", v)
+		}
+	}
 	if _, err := lock(ctx, c, "secret", 10000); !errors.Is(err, redis.Nil) {
 		t.Fatalf("the lock state was changed: %v", err)
 	}

@@ -61,6 +61,28 @@ func TestCommandListsOwnCommands(t *testing.T) {
 	}
 }
 
+func TestCommandInTransactionIsQueued(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) {
+		c.Docs = testDocs
+		c.Info = func() string { return "answer:42\r\n" }
+	})
+	direct, c := dial(t, srv.Addr), dial(t, addr)
+	// Inside MULTI, Redis queues COMMAND and INFO and answers them in
+	// EXEC's array; so does the proxy, with the backend's answers.
+	tx := [][]string{args("MULTI"), args("COMMAND COUNT"), args("INFO lockproxy"), args("EXEC")}
+	if got, want := string(c.do(tx...)), string(direct.do(tx...)); got != want {
+		t.Fatalf("in MULTI:\n got %q\nwant %q", got, want)
+	}
+	// After EXEC, DISCARD and RESET they are the proxy's again.
+	for _, end := range []string{"EXEC", "DISCARD", "RESET"} {
+		got := string(c.do(args("MULTI"), args(end), args("INFO lockproxy")))
+		if !strings.HasSuffix(got, "answer:42\r\n\r\n") {
+			t.Fatalf("after MULTI, %s: %q", end, got)
+		}
+	}
+}
+
 func TestInfoSection(t *testing.T) {
 	srv := redistest.Start(t)
 	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Info = func() string { return "answer:42\r\n" } })

@@ -450,9 +450,21 @@ func TestLocalRepliesKeepTheirPlace(t *testing.T) {
 func TestLocalCommandContexts(t *testing.T) {
 	addr, _, _ := startLocalProxy(t)
 	c := dial(t, addr)
-	got := string(c.do(args("MULTI"), args("ECHOLOCAL x"), args("EXEC")))
-	if got != "+OK\r\n-ERR Command not allowed inside a transaction\r\n*0\r\n" {
+	// A refused command makes EXEC abort, as an error while queuing does in
+	// Redis: nothing of the transaction runs.
+	got := string(c.do(args("MULTI"), args("SET tx 1"), args("ECHOLOCAL x"), args("SET tx 2"), args("EXEC"), args("EXISTS tx")))
+	if got != "+OK\r\n+QUEUED\r\n-ERR Command not allowed inside a transaction\r\n+QUEUED\r\n"+
+		"-EXECABORT Transaction discarded because of previous errors.\r\n:0\r\n" {
 		t.Fatalf("in MULTI: %q", got)
+	}
+	// The next transaction starts clean, and DISCARD ends a failed one.
+	if got := string(c.do(args("MULTI"), args("SET tx 3"), args("EXEC"))); got != "+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n" {
+		t.Fatalf("after an aborted EXEC: %q", got)
+	}
+	got = string(c.do(args("MULTI"), args("ECHOLOCAL x"), args("DISCARD"), args("EXEC"), args("MULTI"), args("GET tx"), args("EXEC")))
+	if got != "+OK\r\n-ERR Command not allowed inside a transaction\r\n+OK\r\n-ERR EXEC without MULTI\r\n"+
+		"+OK\r\n+QUEUED\r\n*1\r\n$1\r\n3\r\n" {
+		t.Fatalf("DISCARD of a failed transaction: %q", got)
 	}
 	c.do(args("SUBSCRIBE ch"))
 	want := "-ERR Can't execute 'echolocal': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"

@@ -25,6 +25,8 @@ const maxBacklog = 1 << 16
 var (
 	replyConnLost    = []byte("-ERR backend unavailable: connection lost\r\n")
 	replyNotInMulti  = []byte("-ERR Command not allowed inside a transaction\r\n")
+	replyExecAbort   = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
+	cmdDiscard       = []byte("*1\r\n$7\r\nDISCARD\r\n")
 	replyMaxClients  = []byte("-ERR max number of clients reached\r\n")
 	subscribedPrefix = "-ERR Can't execute '"
 	subscribedSuffix = "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"
@@ -70,6 +72,9 @@ type entry struct {
 	arg int64  // HELLO's protocol version
 	at  int64  // when it was sent, from metrics.stamp; 0 when not sampled
 	raw []byte // the request, for state replayed on reconnect
+	// replace, when set, is what the client gets instead of the reply:
+	// EXECABORT for an EXEC sent to the backend as DISCARD.
+	replace []byte
 }
 
 // replayState is the connection state a client set on its backend
@@ -124,8 +129,13 @@ type session struct {
 	replyOff  bool // CLIENT REPLY OFF
 	skipNext  bool // CLIENT REPLY SKIP
 	authed    bool // under proxy authentication
-	loc       Local
-	buf       []byte
+	// queuing: a MULTI was sent and no EXEC, DISCARD or RESET since, so
+	// the backend queues what comes next; the proxy then forwards INFO and
+	// COMMAND instead of answering them, and they keep their place in
+	// EXEC's reply.
+	queuing bool
+	loc     Local
+	buf     []byte
 
 	mu      sync.Mutex
 	cond    sync.Cond
@@ -138,7 +148,11 @@ type session struct {
 	proto               int64
 	nChan, nPat, nShard int64
 	monitor, inMulti    bool
-	state               replayState
+	// txnFailed: the proxy refused a command of the open transaction (a
+	// LOCK, or a command its key guard stopped), so EXEC must abort, as it
+	// does in Redis after an error while queuing.
+	txnFailed bool
+	state     replayState
 
 	wmu     sync.Mutex    // guards out
 	out     *bufio.Writer // made on first use: an idle client needs none
@@ -269,8 +283,10 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
-	if build, ok := s.intercept(name, cmd.Args); ok {
-		return localItem{build: build, silent: s.silent()}, false
+	if !s.queuing {
+		if build, ok := s.intercept(name, cmd.Args); ok {
+			return localItem{build: build, silent: s.silent()}, false
+		}
 	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
@@ -298,6 +314,22 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		s.settleShared()
 		s.dedicated = true
 	}
+	raw := cmd.Raw
+	switch e.kind {
+	case entryMulti:
+		s.queuing = true
+	case entryExec, entryReset:
+		s.queuing = false
+		s.mu.Lock()
+		failed := s.txnFailed
+		s.txnFailed = false
+		s.mu.Unlock()
+		if failed && string(name) == "exec" {
+			// The backend queued the rest of the transaction; throw it
+			// away and answer as Redis does.
+			raw, e.replace = cmdDiscard, replyExecAbort
+		}
+	}
 	for {
 		if err := s.connect(); err != nil {
 			if s.ctx.Err() == nil {
@@ -313,7 +345,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 			break
 		}
 	}
-	if _, err := s.be.w.Write(cmd.Raw); err != nil {
+	if _, err := s.be.w.Write(raw); err != nil {
 		s.be.nc.Close() // the reader sees it and answers what is pending
 	}
 	if e.kind == entryReset {
@@ -602,9 +634,10 @@ func (s *session) connect() error {
 			return nil
 		}
 		// The old reader answers what was pending before the new
-		// connection's replies may start.
+		// connection's replies may start. A transaction dies with it.
 		<-s.be.done
 		s.be = nil
+		s.queuing = false
 	}
 	s.mu.Lock()
 	state := s.state
@@ -642,7 +675,8 @@ func (s *session) readBackend(be *backend) {
 			s.backendLost(be, err)
 			return
 		}
-		if s.internalNext(be) {
+		internal, replace := s.next(be)
+		if internal {
 			if err := copyReply(s.discard, be.r, &ri); err != nil {
 				s.backendLost(be, err)
 				return
@@ -657,7 +691,14 @@ func (s *session) readBackend(be *backend) {
 			continue
 		}
 		s.wmu.Lock()
-		err := copyReply(s.output(), be.r, &ri)
+		var err error
+		if replace != nil {
+			if err = copyReply(s.discard, be.r, &ri); err == nil {
+				s.output().Write(replace)
+			}
+		} else {
+			err = copyReply(s.output(), be.r, &ri)
+		}
 		if err == nil && be.r.Buffered() == 0 {
 			err = s.output().Flush()
 		}
@@ -678,16 +719,21 @@ func (s *session) readBackend(be *backend) {
 	}
 }
 
-// internalNext reports whether the next reply answers the proxy's own
-// command (a push never does).
-func (s *session) internalNext(be *backend) bool {
+// next reports whether the next reply answers the proxy's own command,
+// and what the client gets instead of it, if not the reply itself (a push
+// is always the client's, as it is).
+func (s *session) next(be *backend) (internal bool, replace []byte) {
 	b, _ := be.r.Peek(1)
 	if len(b) == 0 || b[0] == '>' {
-		return false
+		return false, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.head < len(s.fifo) && s.fifo[s.head].kind == entryInternal
+	if s.head == len(s.fifo) {
+		return false, nil
+	}
+	e := &s.fifo[s.head]
+	return e.kind == entryInternal, e.replace
 }
 
 // backendLost answers every command still waiting on be with an error and
@@ -708,6 +754,7 @@ func (s *session) backendLost(be *backend, cause error) {
 	drop := s.closed || s.nc.broken.Load() || errors.Is(cause, errMidReply) ||
 		s.nChan+s.nPat+s.nShard > 0 || s.monitor
 	s.nChan, s.nPat, s.nShard, s.monitor, s.inMulti = 0, 0, 0, false, false
+	s.txnFailed = false
 	closed := s.closed
 	s.mu.Unlock()
 	if !closed && !errors.Is(cause, errClosed) {
@@ -910,6 +957,11 @@ func (s *session) answer(it localItem) {
 			cancel()
 			reply = s.buf
 		}
+	}
+	if inMulti && len(reply) > 0 && reply[0] == '-' {
+		s.mu.Lock()
+		s.txnFailed = true
+		s.mu.Unlock()
 	}
 	if it.quit {
 		defer s.nc.Close()
