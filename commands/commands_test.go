@@ -523,6 +523,39 @@ func TestKeepAliveLostWithoutQuorum(t *testing.T) {
 	}
 }
 
+// TestKeepAlivePanicIsContained: a panic in an extender gives up that one
+// keepalive, as a lost one, and the process carries on.
+func TestKeepAlivePanicIsContained(t *testing.T) {
+	t.Parallel()
+	hook := func(resource string) {
+		if resource == "panicky" {
+			panic("injected")
+		}
+	}
+	testHookExtend.Store(&hook)
+	t.Cleanup(func() { testHookExtend.Store(nil) })
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "panicky", "300", "KEEPALIVE")
+	if !eventually(2*time.Second, func() bool { return e.logs.FilterMessage("keepalive lost").Len() > 0 }) {
+		t.Fatal("no keepalive lost logged after the extender panicked")
+	}
+	if n := e.logs.FilterMessage("panic keeping a lock alive; the keepalive is given up").Len(); n != 1 {
+		t.Errorf("panic logged %d times, want 1", n)
+	}
+	if reply := a.do("EXTEND", "panicky", "300"); reply != ":0\r\n" {
+		t.Errorf("EXTEND after the keepalive was lost = %q, want :0", reply)
+	}
+	// The lock runs out with its ttl, and the connection and the process
+	// still serve.
+	if !eventually(2*time.Second, func() bool { return strings.HasPrefix(b.do("LOCK", "panicky", "300"), "*3") }) {
+		t.Error("the lock of the panicked keepalive never became free")
+	}
+	if reply := a.do("LOCK", "other", "300"); !strings.HasPrefix(reply, "*3") {
+		t.Errorf("LOCK on the same connection afterwards = %q", reply)
+	}
+}
+
 func TestRelockReplacesKeepAlive(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)

@@ -38,6 +38,13 @@ type extender struct {
 // kept failing until the lock's validity had run out.
 var errValidityOver = errors.New("validity ran out before an extension succeeded")
 
+// errPanic is logged when a keepalive is lost to a panic in its extender.
+var errPanic = errors.New("the extender panicked")
+
+// testHookExtend, when set, is called with the resource before each
+// extension (tests inject a panic with it).
+var testHookExtend atomic.Pointer[func(resource string)]
+
 // startExtender starts the extender of one kept lock. base must not be
 // cancelled by the end of the command. c.mu must be held and c must not be
 // closed, so that Close waits for it.
@@ -57,9 +64,28 @@ func (c *Conn) startExtender(base context.Context, resource, token string, ttl t
 	go func() {
 		defer c.extenders.Done()
 		defer close(e.done)
+		defer e.recoverPanic(c.h)
 		e.run(c.h)
 	}()
 	return e
+}
+
+// recoverPanic contains a panic in the extender to its own lock: the
+// keepalive counts as lost (the lock runs out with its ttl, and the
+// client's next UNLOCK or EXTEND says so) and the process carries on.
+func (e *extender) recoverPanic(h *Handler) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	h.logger.Error("panic keeping a lock alive; the keepalive is given up",
+		zap.String("resource", e.resource), zap.Any("panic", p), zap.StackSkip("stack", 1))
+	e.mu.Lock()
+	e.exited = true
+	e.mu.Unlock()
+	if !e.lost.Load() {
+		e.lose(h, errPanic)
+	}
 }
 
 // stop stops the extender and waits until it has returned. It is
@@ -122,6 +148,9 @@ func (e *extender) run(h *Handler) {
 		}
 		// An extension that ends after the validity is useless: by then
 		// another client may hold the lock.
+		if hook := testHookExtend.Load(); hook != nil {
+			(*hook)(e.resource)
+		}
 		ctx, cancel := context.WithDeadline(e.ctx, until)
 		validity, err := l.Extend(ctx, e.resource, e.token, ttl)
 		cancel()
