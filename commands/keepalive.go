@@ -146,11 +146,11 @@ func (e *extender) run(h *Handler) {
 			e.lose(h, errValidityOver)
 			return
 		}
-		// An extension that ends after the validity is useless: by then
-		// another client may hold the lock.
 		if hook := testHookExtend.Load(); hook != nil {
 			(*hook)(e.resource)
 		}
+		// An extension that ends after the validity is useless: by then
+		// another client may hold the lock.
 		ctx, cancel := context.WithDeadline(e.ctx, until)
 		validity, err := l.Extend(ctx, e.resource, e.token, ttl)
 		cancel()
