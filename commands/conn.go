@@ -375,7 +375,13 @@ func appendEngineErr(dst []byte, err error) []byte {
 		dst = strconv.AppendInt(dst, int64(nq.Answered), 10)
 		dst = append(dst, " of "...)
 		dst = strconv.AppendInt(dst, int64(nq.Total), 10)
-		return append(dst, " lock nodes answered\r\n"...)
+		dst = append(dst, " lock nodes answered"...)
+		if nq.Recovering > 0 {
+			dst = append(dst, ", "...)
+			dst = strconv.AppendInt(dst, int64(nq.Recovering), 10)
+			dst = append(dst, " recovering from lost data"...)
+		}
+		return append(dst, "\r\n"...)
 	case errors.Is(err, context.DeadlineExceeded):
 		return redcon.AppendError(dst, msgTimedOut)
 	case errors.Is(err, context.Canceled):

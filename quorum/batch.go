@@ -38,7 +38,7 @@ import (
 // attempt itself.
 
 // op is what a round runs on each of its nodes: one operation of opsScript,
-// whose result is an integer, or PING.
+// whose result is an integer.
 type op struct {
 	name string
 }
@@ -48,13 +48,16 @@ var (
 	opRaise   = &op{name: "raise"}
 	opRelease = &op{name: "release"}
 	opExtend  = &op{name: "extend"}
-	opPing    = &op{name: "ping"} // for Ready
+	opPlace   = &op{name: "place"}
+	opStatus  = &op{name: "status"}
+	opInit    = &op{name: "init"}
 )
 
 // reply is one node's answer in a round.
 type reply struct {
-	val int64 // the script's integer
-	err error
+	val   int64 // the script's integer
+	state int8  // the node's state in the same call: stateIntact, ...
+	err   error
 }
 
 // smallRound is the number of nodes that fit in a round without more
@@ -74,8 +77,8 @@ type round struct {
 	ctxDeadline time.Time       // ctx's deadline, if any
 	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
 	op          *op
-	// The operation's arguments in opsScript (unused for PING): the lock
-	// key, the operation code, the token, and x.
+	// The operation's arguments in opsScript: the lock key, the operation
+	// code, the token, and x.
 	key   string
 	code  any
 	token string
@@ -310,27 +313,16 @@ func forEachGroup(q []request, spread time.Duration, send func(batch []request, 
 }
 
 // send runs batch on n as one pipeline bounded by deadline and completes
-// every request in it: the script operations as opsScript calls of at most
-// maxOps operations each, and PINGs as PINGs.
+// every request in it, as opsScript calls of at most maxOps operations
+// each.
 func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmds := n.cmds[:0]
-	pings, ops := n.pings[:0], n.ops[:0]
-	for _, req := range batch {
-		if req.r.op == opPing {
-			pings = append(pings, req)
-		} else {
-			ops = append(ops, req)
-		}
-	}
-	for range pings {
-		cmds = append(cmds, redis.NewCmd(ctx, "ping"))
-	}
 	args := n.args[:0]
-	for i := 0; i < len(ops); i += maxOps {
+	for i := 0; i < len(batch); i += maxOps {
 		from := len(args)
-		args = l.appendOpsArgs(args, ops[i:min(i+maxOps, len(ops))])
+		args = l.appendOpsArgs(args, batch[i:min(i+maxOps, len(batch))])
 		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
 	}
 	n.exec(ctx, cmds)
@@ -338,7 +330,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
 	// run those calls again with EVAL, which also caches it.
 	var again []redis.Cmder
-	for i := len(pings); i < len(cmds); i++ {
+	for i := range cmds {
 		if isNoScript(cmds[i].Err()) {
 			args := slices.Clone(cmds[i].Args())
 			args[0], args[1] = "eval", opsScript.src
@@ -350,32 +342,30 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		n.exec(ctx, again)
 	}
 
-	for i, req := range pings {
-		l.complete(n, req, reply{err: cmds[i].Err()})
-	}
-	for i, req := range ops {
-		l.complete(n, req, opReply(req.r.op, cmds[len(pings)+i/maxOps].(*redis.Cmd), i%maxOps))
+	for i, req := range batch {
+		l.complete(n, req, opReply(req.r.op, cmds[i/maxOps].(*redis.Cmd), i%maxOps))
 	}
 	clear(cmds)
-	clear(pings)
-	clear(ops)
 	clear(args)
-	n.cmds, n.pings, n.ops, n.args = cmds[:0], pings[:0], ops[:0], args[:0]
+	n.cmds, n.args = cmds[:0], args[:0]
 }
 
 // complete records rep as n's answer to req.
 func (l *Locker) complete(n *node, req request, rep reply) {
 	l.observe(req.r.ctx, n, rep.err)
+	if rep.err == nil {
+		l.observeState(n, rep.state)
+	}
 	req.r.complete(req.i, rep)
 }
 
 // appendOpsArgs appends to args the opsScript call that runs ops.
 func (l *Locker) appendOpsArgs(args []any, ops []request) []any {
-	args = append(args, "evalsha", opsScript.sha, len(ops)+1)
+	args = append(args, "evalsha", opsScript.sha, len(ops)+3)
 	for _, req := range ops {
 		args = append(args, req.r.key)
 	}
-	args = append(args, l.fenceArg)
+	args = append(args, l.fenceArg, l.markerArg, l.recoveryArg)
 	for _, req := range ops {
 		args = append(args, req.r.code, req.r.token, req.r.x)
 	}
@@ -394,16 +384,20 @@ func isNoScript(err error) bool {
 }
 
 // opReply returns the result of the i-th operation of the opsScript call c,
-// which ran o there.
+// which ran o there, with the node's state that the call reported last.
 func opReply(o *op, c *redis.Cmd, i int) reply {
 	v, err := c.Result()
 	if err != nil {
 		return reply{err: err}
 	}
-	if a, ok := v.([]any); ok && i < len(a) {
+	if a, ok := v.([]any); ok && i < len(a)-1 {
+		state, ok := a[len(a)-1].(int64)
+		if !ok || state < stateRecovering || state > stateIntact {
+			return reply{err: fmt.Errorf("quorum: %s replied state %v", o.name, a[len(a)-1])}
+		}
 		switch x := a[i].(type) {
 		case int64:
-			return reply{val: x}
+			return reply{val: x, state: int8(state)}
 		case error:
 			return reply{err: x}
 		}

@@ -23,10 +23,24 @@ type Config struct {
 	DriftFactor float64
 
 	// KeyPrefix starts every key and channel the Locker uses on the lock
-	// nodes: "<prefix>lock:<resource>", "<prefix>fence" and
-	// "<prefix>released". Lockers that share nodes and resources must use
-	// the same prefix. The default is "lockproxy:".
+	// nodes: "<prefix>lock:<resource>", "<prefix>fence", "<prefix>intact",
+	// "<prefix>recovery" and "<prefix>released". Lockers that share nodes
+	// and resources must use the same prefix. The default is "lockproxy:".
 	KeyPrefix string
+
+	// MaxTTL is the largest ttl that Lock and Extend accept. It also bounds
+	// how long a node that lost its data stays out of the quorum when its
+	// locks cannot be copied back from the other nodes: every lock it may
+	// have held has expired MaxTTL after the loss (see recovery.go).
+	// Lockers that share nodes should use the same MaxTTL; the largest
+	// decides. The default is 1h.
+	MaxTTL time.Duration
+
+	// ProbeInterval is how often the Locker checks every node's state
+	// (reachable, kept its data) in the background, so that a node that
+	// lost its data is noticed and brought back without waiting for a call,
+	// and a node that comes back is seen at once. The default is 100ms.
+	ProbeInterval time.Duration
 
 	// RetryMin and RetryMax bound the random delay after which a waiting
 	// Lock tries again when neither a release notification arrived nor the
@@ -40,11 +54,13 @@ type Config struct {
 // DefaultConfig returns the defaults documented on each Config field.
 func DefaultConfig() Config {
 	return Config{
-		NodeTimeout: 50 * time.Millisecond,
-		DriftFactor: 0.01,
-		KeyPrefix:   "lockproxy:",
-		RetryMin:    5 * time.Millisecond,
-		RetryMax:    50 * time.Millisecond,
+		NodeTimeout:   50 * time.Millisecond,
+		DriftFactor:   0.01,
+		KeyPrefix:     "lockproxy:",
+		MaxTTL:        time.Hour,
+		ProbeInterval: 100 * time.Millisecond,
+		RetryMin:      5 * time.Millisecond,
+		RetryMax:      50 * time.Millisecond,
 	}
 }
 
@@ -59,6 +75,12 @@ func (c Config) Validate() error {
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("quorum: KeyPrefix must not be empty"))
+	}
+	if c.MaxTTL < time.Millisecond {
+		errs = append(errs, fmt.Errorf("quorum: MaxTTL must be at least 1ms, got %v", c.MaxTTL))
+	}
+	if c.ProbeInterval <= 0 {
+		errs = append(errs, fmt.Errorf("quorum: ProbeInterval must be positive, got %v", c.ProbeInterval))
 	}
 	if c.RetryMin <= 0 {
 		errs = append(errs, fmt.Errorf("quorum: RetryMin must be positive, got %v", c.RetryMin))

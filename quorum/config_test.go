@@ -26,6 +26,8 @@ func TestConfigValidate(t *testing.T) {
 		{"drift NaN", func(c *Config) { c.DriftFactor = math.NaN() }, true},
 		{"empty prefix", func(c *Config) { c.KeyPrefix = "" }, true},
 		{"zero retry min", func(c *Config) { c.RetryMin = 0 }, true},
+		{"max ttl below 1ms", func(c *Config) { c.MaxTTL = time.Millisecond - 1 }, true},
+		{"zero probe interval", func(c *Config) { c.ProbeInterval = 0 }, true},
 		{"retry max below min", func(c *Config) { c.RetryMax = c.RetryMin - 1 }, true},
 	}
 	for _, tt := range tests {
@@ -42,11 +44,13 @@ func TestConfigValidate(t *testing.T) {
 
 func TestDefaultConfig(t *testing.T) {
 	want := Config{
-		NodeTimeout: 50 * time.Millisecond,
-		DriftFactor: 0.01,
-		KeyPrefix:   "lockproxy:",
-		RetryMin:    5 * time.Millisecond,
-		RetryMax:    50 * time.Millisecond,
+		NodeTimeout:   50 * time.Millisecond,
+		DriftFactor:   0.01,
+		KeyPrefix:     "lockproxy:",
+		MaxTTL:        time.Hour,
+		ProbeInterval: 100 * time.Millisecond,
+		RetryMin:      5 * time.Millisecond,
+		RetryMax:      50 * time.Millisecond,
 	}
 	if got := DefaultConfig(); got != want {
 		t.Errorf("DefaultConfig() = %+v, want %+v", got, want)

@@ -21,11 +21,17 @@ var errClosed = errors.New("quorum: locker closed")
 // answered, so the outcome could not be decided. Nothing is left locked
 // behind. Match it with errors.As.
 type NoQuorumError struct {
-	Answered int // nodes that gave a usable reply
-	Total    int // configured nodes
+	Answered   int // nodes that gave a usable reply
+	Total      int // configured nodes
+	Recovering int // of those that answered, nodes that lost their data and do not count yet
 }
 
-// Error returns, for example, "quorum: 1 of 3 lock nodes answered".
+// Error returns, for example, "quorum: 1 of 3 lock nodes answered", with
+// ", 1 recovering from lost data" after it when nodes that answered could
+// not count.
 func (e *NoQuorumError) Error() string {
+	if e.Recovering > 0 {
+		return fmt.Sprintf("quorum: %d of %d lock nodes answered, %d recovering from lost data", e.Answered, e.Total, e.Recovering)
+	}
 	return fmt.Sprintf("quorum: %d of %d lock nodes answered", e.Answered, e.Total)
 }

@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -58,6 +59,24 @@ func testConfig() Config {
 	cfg := DefaultConfig()
 	cfg.NodeTimeout = 250 * time.Millisecond
 	return cfg
+}
+
+// quiet makes the watcher check the nodes only when New starts it and when
+// a call finds a node that lost its data, for tests that count calls.
+func quiet(cfg Config) Config {
+	cfg.ProbeInterval = time.Hour
+	return cfg
+}
+
+// waitRecovered waits until node i has its marker again and l counts it
+// towards grants.
+func waitRecovered(tb testing.TB, l *Locker, i int) {
+	tb.Helper()
+	a := redis.NewClient(&redis.Options{Addr: l.nodes[i].addr, MaxRetries: -1})
+	defer a.Close()
+	eventually(tb, fmt.Sprintf("node %d recovered", i), func() bool {
+		return a.Exists(context.Background(), "lockproxy:intact").Val() == 1 && l.Status()[i].State == NodeUp
+	})
 }
 
 // noFallback makes notification and ttl expiry the only wake-ups a waiter

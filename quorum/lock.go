@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -63,7 +64,7 @@ type Lock struct {
 // majority keeps it, as Redlock's exclusion itself does.
 func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, opt Options) (Lock, error) {
 	start := time.Now()
-	ttl, err := checkTTL(ttl)
+	ttl, err := l.checkTTL(ttl)
 	if err != nil {
 		return Lock{}, err
 	}
@@ -166,18 +167,33 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 // did). With waits, the nodes where another token holds the lock mark it,
 // so that its release wakes the caller (see opsScript).
 func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
+	lk, hint, again, err := l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits)
+	if again {
+		lk, hint, _, err = l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits)
+	}
+	return lk, hint, err
+}
+
+// attemptOnce is one Redlock round of attempt. again reports a round that
+// failed for want of votes while the Locker learned that the deployment is
+// in use (a fresh deployment's markers were being created): the nodes
+// without a marker that did not count then have one now, and one more
+// round decides.
+func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (lk Lock, hint time.Duration, again bool, err error) {
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
 	var (
-		answered   int
-		grantedBuf [smallRound]int
-		fencesBuf  [smallRound]int64
+		answered   int // nodes that gave a usable reply
+		abstained  int // of those, nodes that granted without a marker: no vote
+		recovering int // of those, nodes that lost their data
+		grantedBuf [smallRound]grant
 		ownedBuf   [smallRound]*node
-		granted    = grantedBuf[:0] // indexes of the nodes that granted the lock
-		fences     = fencesBuf[:0]  // the fence each of them granted
+		heldBuf    [smallRound]*node
+		granted    = grantedBuf[:0] // every node that granted the lock
 		owned      = ownedBuf[:0]   // nodes where the token may hold the lock
-		fence      int64
-		hint       time.Duration
+		held       = heldBuf[:0]    // nodes where another token holds it
+		votes      int              // granted nodes that count
+		fence      int64            // the largest fence of those
 	)
 	code := codeAcquire
 	switch {
@@ -188,55 +204,78 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 	case waits:
 		code = codeAcquireWait
 	}
+	var fresh bool
+	var res0 []reply // the replies, when fresh
 	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, ttl.Milliseconds())
 	l.fanout(l.nodes, r, func(res []reply) {
+		if fresh = l.fresh(res, start); fresh {
+			res0 = slices.Clone(res)
+		}
 		for i, r := range res {
+			if r.err == nil {
+				answered++
+				if l.lostState(r) {
+					recovering++
+				}
+			}
 			switch {
 			case r.err != nil:
 				owned = append(owned, l.nodes[i]) // it may have run the script
 			case r.val > 0:
-				answered++
-				granted = append(granted, i)
-				fences = append(fences, r.val)
 				owned = append(owned, l.nodes[i])
-				fence = max(fence, r.val)
+				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
+				granted = append(granted, g)
+				if g.counts {
+					votes++
+					fence = max(fence, r.val)
+				} else {
+					abstained++
+				}
 			default:
 				// -1-pttl: PTTL is truncated to the millisecond and a key
 				// with 0 left is still alive, so the lock is free at the
 				// latest pttl+1 ms from now.
-				answered++
+				held = append(held, l.nodes[i])
 				hint = max(hint, time.Duration(-r.val)*time.Millisecond)
 			}
 		}
 	})
-	fail := func(err error) (Lock, time.Duration, error) {
+	if fresh {
+		l.initFresh(context.WithoutCancel(ctx), res0)
+	}
+	fail := func(err error) (Lock, time.Duration, bool, error) {
 		l.release(context.WithoutCancel(ctx), owned, resource, token, false)
 		if cerr := ctxErr(ctx); cerr != nil {
-			err = fmt.Errorf("lock %q: %w", resource, cerr)
+			return Lock{}, hint, false, fmt.Errorf("lock %q: %w", resource, cerr)
 		}
-		return Lock{}, hint, err
+		return Lock{}, hint, abstained > 0 && l.seenSince(start), err
 	}
-	if answered < l.quorum {
-		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes)})
+	if answered-abstained < l.quorum {
+		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering})
 	}
-	if len(granted) < l.quorum {
+	if votes < l.quorum {
 		return fail(ErrNotAcquired)
 	}
 
-	confirmed := 0 // granted nodes whose counter is known to be >= fence
+	// Raise every granting node that stored a smaller fence; a node without
+	// the marker too, so that it stores the fence of the holding it has.
+	confirmed := 0 // counting nodes whose counter is known to be >= fence
 	var behind []*node
-	for j, i := range granted {
-		if fences[j] == fence {
+	var behindCounts []bool
+	for _, g := range granted {
+		switch {
+		case g.fence != fence:
+			behind = append(behind, g.node)
+			behindCounts = append(behindCounts, g.counts)
+		case g.counts:
 			confirmed++
-		} else {
-			behind = append(behind, l.nodes[i])
 		}
 	}
 	if len(behind) > 0 {
 		r := l.call(ctx, opRaise, len(behind), key, codeRaise, token, fence)
 		l.fanout(behind, r, func(res []reply) {
-			for _, r := range res {
-				if r.err == nil && r.val == 1 {
+			for i, r := range res {
+				if r.err == nil && r.val == 1 && behindCounts[i] {
 					confirmed++
 				}
 			}
@@ -252,9 +291,23 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 	if err := ctxErr(ctx); err != nil {
 		// The caller is gone: hand the lock on at once.
 		l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
-		return Lock{}, 0, fmt.Errorf("lock %q: %w", resource, err)
+		return Lock{}, 0, false, fmt.Errorf("lock %q: %w", resource, err)
 	}
-	return Lock{Token: token, Validity: v, Fence: fence}, 0, nil
+	if len(held) > 0 {
+		// The lock won a majority while these nodes still showed another
+		// holder, typically the one whose release woke this waiter and has
+		// not reached them yet: place it there once they are free, so that
+		// it does not rest on a bare majority.
+		l.schedulePlacement(resource, token, fence, start.Add(ttl), held, hint)
+	}
+	return Lock{Token: token, Validity: v, Fence: fence}, 0, false, nil
+}
+
+// grant is one node's grant in an attempt.
+type grant struct {
+	node   *node
+	fence  int64
+	counts bool // the node had the marker (or the deployment is fresh)
 }
 
 // release runs the compare-and-delete script on nodes and reports on how
@@ -301,6 +354,7 @@ func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 	if token == "" {
 		return ErrNotHeld
 	}
+	l.cancelPlacement(resource, token)
 	deleted, answered := l.release(ctx, l.nodes, resource, token, true)
 	switch {
 	case deleted >= l.quorum:
@@ -321,7 +375,7 @@ func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 // error wrapping ctx.Err() when ctx ended first. ctx bounds the call; each
 // node gets at most NodeTimeout.
 func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Duration) (time.Duration, error) {
-	ttl, err := checkTTL(ttl)
+	ttl, err := l.checkTTL(ttl)
 	if err != nil {
 		return 0, err
 	}
@@ -332,28 +386,60 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		return 0, ErrNotHeld
 	}
 	start := time.Now()
-	var answered, extended int
+	var (
+		answered, extended int
+		abstained          int     // nodes that extended without a marker: no vote
+		recovering         int     // nodes that answered and lost their data
+		fence              int64   // the largest stored fence of the token
+		missing            []*node // nodes where the lock is free
+	)
+	var fresh bool
+	var res0 []reply // the replies, when fresh
 	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, ttl.Milliseconds())
 	l.fanout(l.nodes, r, func(res []reply) {
-		for _, r := range res {
+		if fresh = l.fresh(res, start); fresh {
+			res0 = slices.Clone(res)
+		}
+		for i, r := range res {
 			if r.err == nil {
 				answered++
-				if r.val == 1 {
-					extended++
+				if l.lostState(r) {
+					recovering++
 				}
+			}
+			switch {
+			case r.err != nil:
+			case r.val > 0 && counts(r, fresh):
+				extended++
+				fence = max(fence, r.val)
+			case r.val > 0:
+				abstained++
+			case r.val == -1:
+				missing = append(missing, l.nodes[i])
 			}
 		}
 	})
+	if fresh {
+		l.initFresh(context.WithoutCancel(ctx), res0)
+	}
 	switch {
 	case extended >= l.quorum:
-		if v := validity(ttl, time.Since(start), l.cfg.DriftFactor); v > 0 {
-			return v, nil
+		v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
+		if v <= 0 {
+			return 0, ErrNotHeld
 		}
-		return 0, ErrNotHeld
+		if len(missing) > 0 {
+			// Heal: the holder keeps a majority; put the lock back on the
+			// nodes that lack it, so that one more failed node costs it
+			// nothing. Where another token took the node meanwhile, it
+			// stays.
+			l.place(context.WithoutCancel(ctx), missing, resource, token, fence, start.Add(ttl))
+		}
+		return v, nil
 	case ctxErr(ctx) != nil:
 		return 0, fmt.Errorf("extend %q: %w", resource, ctxErr(ctx))
-	case answered < l.quorum:
-		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+	case answered-abstained < l.quorum:
+		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering}
 	default:
 		return 0, ErrNotHeld
 	}
@@ -365,6 +451,14 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 func validity(ttl, elapsed time.Duration, driftFactor float64) time.Duration {
 	drift := time.Duration(float64(ttl)*driftFactor) + 2*time.Millisecond
 	return ttl - elapsed - drift
+}
+
+// checkTTL is checkTTL with the Locker's MaxTTL as the upper bound.
+func (l *Locker) checkTTL(ttl time.Duration) (time.Duration, error) {
+	if ttl > l.cfg.MaxTTL {
+		return 0, fmt.Errorf("quorum: ttl must be at most MaxTTL (%v), got %v", l.cfg.MaxTTL, ttl)
+	}
+	return checkTTL(ttl)
 }
 
 // checkTTL truncates ttl to whole milliseconds, the nodes' resolution.

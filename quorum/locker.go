@@ -23,13 +23,23 @@ type Locker struct {
 	nodes  []*node
 	quorum int
 
-	lockPrefix string // "<prefix>lock:"
-	channel    string // "<prefix>released"
-	fenceArg   any    // "<prefix>fence" and the channel as script arguments,
-	channelArg any    // boxed once
+	lockPrefix  string // "<prefix>lock:"
+	channel     string // "<prefix>released"
+	fenceArg    any    // "<prefix>fence", "<prefix>intact", "<prefix>recovery"
+	markerArg   any    // and the channel as script arguments, boxed once
+	recoveryArg any
+	channelArg  any
 
-	mu     sync.Mutex
-	queues map[string]*waitQueue // resources with local waiters only
+	mu       sync.Mutex
+	queues   map[string]*waitQueue   // resources with local waiters only
+	placing  map[string][]*placement // locks still to be placed (place.go)
+	bgClosed bool                    // Close has begun: start no more bg work
+	bg       sync.WaitGroup          // placements running
+	born     time.Time               // New's time, on the monotonic clock
+	seenAt   atomic.Int64            // ns after born that some node first had a marker or a recovery; 0: never
+
+	poke    chan struct{} // capacity 1: the watcher should look at once
+	watchWG sync.WaitGroup
 
 	subCtx    context.Context // ends the subscribers
 	subCancel context.CancelFunc
@@ -49,6 +59,7 @@ type node struct {
 	client *redis.Client
 	sub    *redis.PubSub
 	down   atomic.Bool // last call outcome; logged once per change
+	health health      // whether the node kept its data (recovery.go)
 
 	errorCount   atomic.Uint64 // failed calls other than timeouts
 	timeoutCount atomic.Uint64 // timed-out calls
@@ -60,10 +71,9 @@ type node struct {
 	closed  bool // the batcher stopped; requests fail at once
 
 	// Used by the batcher only: its pipeline, and buffers send reuses.
-	pipe       redis.Pipeliner
-	cmds       []redis.Cmder
-	pings, ops []request
-	args       []any
+	pipe redis.Pipeliner
+	cmds []redis.Cmder
+	args []any
 }
 
 // New returns a Locker with one go-redis client per entry of nodes and
@@ -75,13 +85,19 @@ type node struct {
 // timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
 // ContextTimeoutEnabled is true, DialerRetries is 1, and DialTimeout,
 // ReadTimeout, WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
+// The Dialer is wrapped so that go-redis never sees a dial fail (see
+// dialer), so a node that comes back is used by the next call.
 // An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in
 // both, and RESP3 makes go-redis look for push notifications before every
 // reply it reads, which costs CPU on every call.
 //
+// New also starts the watcher, which checks every node each
+// cfg.ProbeInterval and brings back nodes that lost their data (see
+// recovery.go).
+//
 // Any number of nodes from 1 up works; the quorum is len(nodes)/2+1. A nil
-// logger means zap.NewNop(); the Locker logs only when a node goes down or
-// comes back.
+// logger means zap.NewNop(); the Locker logs only when a node goes down,
+// comes back, loses its data or counts again.
 func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -99,17 +115,22 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Locker{
-		cfg:        cfg,
-		logger:     logger,
-		quorum:     len(nodes)/2 + 1,
-		lockPrefix: cfg.KeyPrefix + "lock:",
-		channel:    cfg.KeyPrefix + "released",
-		fenceArg:   cfg.KeyPrefix + "fence",
-		channelArg: cfg.KeyPrefix + "released",
-		queues:     make(map[string]*waitQueue),
-		subCtx:     ctx,
-		subCancel:  cancel,
-		done:       make(chan struct{}),
+		cfg:         cfg,
+		logger:      logger,
+		quorum:      len(nodes)/2 + 1,
+		lockPrefix:  cfg.KeyPrefix + "lock:",
+		channel:     cfg.KeyPrefix + "released",
+		fenceArg:    cfg.KeyPrefix + "fence",
+		markerArg:   cfg.KeyPrefix + "intact",
+		recoveryArg: cfg.KeyPrefix + "recovery",
+		channelArg:  cfg.KeyPrefix + "released",
+		born:        time.Now(),
+		queues:      make(map[string]*waitQueue),
+		placing:     make(map[string][]*placement),
+		subCtx:      ctx,
+		subCancel:   cancel,
+		done:        make(chan struct{}),
+		poke:        make(chan struct{}, 1),
 
 		waitSeconds:    newWaitHistogram(),
 		handoffSeconds: newHandoffHistogram(),
@@ -126,6 +147,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		if opt.Protocol == 0 {
 			opt.Protocol = 2
 		}
+		opt.Dialer = dialer(&opt)
 		c := redis.NewClient(&opt)
 		l.nodes = append(l.nodes, &node{
 			index:  i,
@@ -142,6 +164,8 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		l.batchWG.Add(1)
 		go l.batch(n)
 	}
+	l.watchWG.Add(1)
+	go l.watch()
 	return l, nil
 }
 
@@ -156,10 +180,11 @@ func bound(v, limit time.Duration) time.Duration {
 // Nodes returns the number of configured lock nodes.
 func (l *Locker) Nodes() int { return len(l.nodes) }
 
-// Close stops the notification subscribers and the batchers, waits for them
-// and closes the node clients. Calls still running fail (a batch already
-// sent is awaited, at most NodeTimeout); waiting Lock calls return. Close is
-// idempotent and returns the same result every time.
+// Close stops the watcher, the placements, the notification subscribers
+// and the batchers, waits for them and closes the node clients. Calls still
+// running fail (a batch already sent is awaited, at most NodeTimeout);
+// waiting Lock calls return. Close is idempotent and returns the same
+// result every time.
 func (l *Locker) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
@@ -168,6 +193,8 @@ func (l *Locker) Close() error {
 			n.sub.Close() // unblocks a pending Receive
 		}
 		l.subWG.Wait()
+		l.watchWG.Wait()
+		l.stopPlacements()
 		l.batchWG.Wait()
 		var errs []error
 		for _, n := range l.nodes {
@@ -195,6 +222,9 @@ func (l *Locker) observe(ctx context.Context, n *node, err error) {
 	}
 	n.countFailure(err)
 	if n.down.CompareAndSwap(false, true) {
+		n.health.mu.Lock()
+		n.health.lastErr = err.Error()
+		n.health.mu.Unlock()
 		l.logger.Warn("lock node down", zap.Int("node", n.index), zap.String("addr", n.addr), zap.Error(err))
 	}
 }
@@ -229,6 +259,7 @@ func (l *Locker) subscribe(n *node) {
 		switch m := msg.(type) {
 		case *redis.Message:
 			l.notify(m.Payload)
+			l.placeOn(n, m.Payload)
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
 				l.notifyAll()

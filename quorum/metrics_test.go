@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,9 +76,10 @@ func TestMetricsLint(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, testConfig())
 	registry(t, l)
-	// 3 nodes times 3 series, and the two histograms.
-	if n := testutil.CollectAndCount(l); n != 11 {
-		t.Errorf("Collect sent %d metrics, want 11", n)
+	// 3 nodes times 10 series (up, errors, timeouts, 3 states, recovery
+	// deadline, data losses, 2 kinds of recovery), and the two histograms.
+	if n := testutil.CollectAndCount(l); n != 32 {
+		t.Errorf("Collect sent %d metrics, want 32", n)
 	}
 	problems, err := testutil.CollectAndLint(l)
 	if err != nil {
@@ -90,7 +92,7 @@ func TestMetricsLint(t *testing.T) {
 
 func TestNodeMetrics(t *testing.T) {
 	c := startCluster(t, 3)
-	l := newLocker(t, c, testConfig())
+	l := newLocker(t, c, quiet(testConfig()))
 	reg := registry(t, l)
 	ctx := ctxT(t)
 	check := func(what string, i int, want nodeMetrics) {
@@ -143,9 +145,17 @@ func TestNodeMetrics(t *testing.T) {
 		t.Errorf("NodesUp with node 1 killed and node 2 paused = %d, want 1", n)
 	}
 
+	// Node 1 comes back empty: its first answer shows the loss, and the
+	// watcher copies the lock state back to it.
 	c.restart(1)
 	waitClientUp(t, l, 1)
-	mustUnlock(t, l, "orders", mustLock(t, l, "orders", time.Second, Options{}).Token)
+	if _, err := l.Extend(ctx, "orders", "t", time.Second); err == nil {
+		t.Fatal("Extend of a lock nobody holds succeeded")
+	}
+	waitRecovered(t, l, 1)
+	// "orders" may still be held by the attempt whose cleanup never reached
+	// the paused node 2, and node 1 got that lock back with the copy.
+	mustUnlock(t, l, "invoices", mustLock(t, l, "invoices", time.Second, Options{}).Token)
 	for i := range 3 {
 		if got := nodeStats(t, reg, c, i); got.up != 1 {
 			t.Errorf("after recovery: node %d up = %v, want 1", i, got.up)
@@ -172,7 +182,7 @@ func TestReady(t *testing.T) {
 	if up := nodeStats(t, reg, c, 0).up; up != 0 || l.NodesUp() != 2 {
 		t.Errorf("after Ready with node 0 killed: node_up %v, NodesUp %d; want 0 and 2", up, l.NodesUp())
 	}
-	c.kill(1)
+	c.servers[1].Pause()
 	err := l.Ready(ctx)
 	var nq *NoQuorumError
 	if !errors.As(err, &nq) || nq.Answered != 1 || nq.Total != 3 {
@@ -189,10 +199,26 @@ func TestReady(t *testing.T) {
 		t.Errorf("Ready with a cancelled context: %v, want a NoQuorumError wrapping context.Canceled", err)
 	}
 
+	// Node 0 comes back empty while node 1 is paused: it answers, but
+	// cannot count until it has the lock state back, which takes both
+	// other nodes. Ready says why.
 	c.restart(0)
 	waitClientUp(t, l, 0)
+	err = l.Ready(ctx)
+	if !errors.As(err, &nq) || nq.Answered != 2 || nq.Recovering != 1 ||
+		!strings.Contains(err.Error(), "node 0 ("+c.servers[0].Addr+") recovering: lost its data") ||
+		!strings.Contains(err.Error(), "node 1 ("+c.servers[1].Addr+") down") {
+		t.Errorf("Ready with node 0 recovering and node 1 paused: %v", err)
+	}
+	// The deadline is known once the watcher registered the recovery.
+	eventually(t, "recovery deadline", func() bool { return !l.Status()[0].Until.IsZero() })
+	if st := l.Status()[0]; st.State != NodeRecovering || time.Until(st.Until) < 50*time.Minute {
+		t.Errorf("node 0 status %+v, want recovering until about MaxTTL from now", st)
+	}
+	c.servers[1].Resume()
+	waitRecovered(t, l, 0)
 	if err := l.Ready(ctx); err != nil {
-		t.Errorf("Ready after node 0 came back: %v", err)
+		t.Errorf("Ready after node 0 recovered: %v", err)
 	}
 	if up := nodeStats(t, reg, c, 0).up; up != 1 {
 		t.Errorf("node_up of node 0 after Ready reached it = %v, want 1", up)

@@ -9,14 +9,20 @@ import (
 //
 //	<prefix>lock:<resource>  string "<w><fence>:<token>", PX ttl; exists while held
 //	<prefix>fence            integer, the node's fence counter (never expires)
+//	<prefix>intact           the marker: exists while the node keeps its data
+//	<prefix>recovery         hash (id, detected, deadline): the node lost its
+//	                         data and is being brought back (see recovery.go)
 //	<prefix>released         channel; payload is the released resource name
 //
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
 // release and '0' before, and <fence> is decimal, so the first ':' after it
-// ends the fence whatever the token holds. A lock key of another type (the
-// hash an earlier layout used) reads as held by someone else: acquisition
-// fails and release, extend and raise leave it alone, so proxies of either
-// layout on the same nodes never grant one resource twice.
+// ends the fence whatever the token holds. A value without a ':' is a lock
+// that no token owns (recovery writes one where the nodes it copied from
+// disagreed on the owner): it reads as held by someone else until it
+// expires. A lock key of another type (the hash an earlier layout used)
+// reads as held by someone else too: acquisition fails and release, extend
+// and raise leave it alone, so proxies of either layout on the same nodes
+// never grant one resource twice.
 //
 // A node's batcher sends all the requests of a batch as one call of
 // opsScript (EVALSHA, and EVAL after NOSCRIPT, which caches the script
@@ -28,11 +34,14 @@ import (
 //
 // The call is
 //
-//	EVALSHA sha n+1 key_1 .. key_n fence-counter code_1 token_1 x_1 .. code_n token_n x_n channel
+//	EVALSHA sha n+3 key_1 .. key_n fence-counter marker recovery code_1 token_1 x_1 .. code_n token_n x_n channel
 //
-// and replies with an array of n elements, each the integer result of one
-// operation or, if that operation failed, its error (the others still run).
-// The operations, by code:
+// and replies with an array of n+1 elements: first the integer result of
+// each operation or, if that operation failed, its error (the others still
+// run), then the node's state, read in the same atomic call: 1 when the
+// marker exists (the node kept its data), 0 when neither the marker nor a
+// recovery exists (a node never used, or one whose loss nobody noticed
+// yet), -1 when a recovery is under way. The operations, by code:
 //
 //	a, aw  acquire: take the lock if it is free, refresh it if the token owns
 //	       it; x is the ttl in ms. aw also marks a lock held by another
@@ -45,6 +54,14 @@ import (
 //	u, up  release: delete the lock if the token owns it; up then publishes
 //	       x, the resource name, on the channel if a waiter marked the lock.
 //	e      extend: reset the ttl to x ms if the token owns the lock.
+//	p      place: x is "<ttl>:<fence>"; if the lock is free, take it for the
+//	       token with that fence and ttl and raise the counter to the fence.
+//	       Heals a lock that a majority holds onto a node that lacks it.
+//	s      status: the ms left until the recovery's deadline (0 when it has
+//	       passed), or -1 when no recovery is under way; the key is ignored.
+//	i      init: create the marker unless a recovery is under way; 1 when
+//	       the marker exists afterwards, 0 otherwise. Only for a deployment
+//	       that no node has a marker or a recovery of.
 //
 // Acquire returns the fence (at least 1) when the token holds the lock
 // afterwards (a fresh holding advances the counter and stores its value; a
@@ -52,11 +69,16 @@ import (
 // -1 when refresh-only found it free. It advances the counter before its
 // SET NX, also when the lock turns out to be held: a free lock, the common
 // case, then costs two redis.calls instead of three, and the counter still
-// only ever grows, which is all fencing needs of it. Raise, release and
-// extend return 1 when done and 0 when the token does not own the lock.
+// only ever grows, which is all fencing needs of it. Extend returns the
+// stored fence when the token owns the lock, -1 when the lock is free (so
+// that the caller can place it there) and 0 when another token holds it.
+// Place returns the fence when the token holds the lock afterwards and
+// -1-pttl when another token holds it. Raise and release return 1 when done
+// and 0 when the token does not own the lock.
 var opsScript = newScript(`
-local n = #KEYS - 1
-local counter, channel = KEYS[n + 1], ARGV[3 * n + 1]
+local n = #KEYS - 3
+local counter, marker, recovery = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
+local channel = ARGV[3 * n + 1]
 
 -- held returns -1-pttl for a lock that another token holds.
 local function held(key)
@@ -146,11 +168,47 @@ local function release(key, code, token, resource)
 end
 
 local function extend(key, token, ttl)
-	if not owned(key, token) then
+	local v = get(redis.pcall('GET', key))
+	if v == false then
+		return -1
+	end
+	local fence = v and fenceOf(v, token)
+	if not fence then
 		return 0
 	end
 	redis.call('PEXPIRE', key, ttl)
-	return 1
+	return fence
+end
+
+local function place(key, token, x)
+	local sep = string.find(x, ':', 1, true)
+	local ttl, fence = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
+	local v = get(redis.pcall('SET', key, '0' .. fence .. ':' .. token, 'NX', 'PX', ttl, 'GET'))
+	if v == false then
+		if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
+			redis.call('SET', counter, fence)
+		end
+		return tonumber(fence)
+	end
+	local f = v and fenceOf(v, token)
+	if f then
+		return f
+	end
+	return held(key)
+end
+
+-- now returns the node's clock in ms.
+local function now()
+	local t = redis.call('TIME')
+	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function status()
+	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
+	if not deadline then
+		return -1
+	end
+	return math.max(deadline - now(), 0)
 end
 
 local function run(i)
@@ -164,6 +222,16 @@ local function run(i)
 		return extend(key, token, x)
 	elseif c == 'f' then
 		return raise(key, token, x)
+	elseif c == 'p' then
+		return place(key, token, x)
+	elseif c == 's' then
+		return status()
+	elseif c == 'i' then
+		if redis.call('EXISTS', recovery) == 1 then
+			return 0
+		end
+		redis.call('SET', marker, '1')
+		return 1
 	end
 	error({err = 'ERR unknown lock operation ' .. code})
 end
@@ -186,6 +254,13 @@ for i = 1, n do
 		res[i] = {err = r}
 	end
 end
+if redis.call('EXISTS', marker) == 1 then
+	res[n + 1] = 1
+elseif redis.call('EXISTS', recovery) == 1 then
+	res[n + 1] = -1
+else
+	res[n + 1] = 0
+end
 return res
 `)
 
@@ -207,4 +282,165 @@ var (
 	codeRaise                    = any("f")
 	codeRelease, codeReleasePub  = any("u"), any("up")
 	codeExtend                   = any("e")
+	codePlace                    = any("p")
+	codeStatus                   = any("s")
+	codeInit                     = any("i")
 )
+
+// The node states that opsScript reports after the operations' results.
+const (
+	stateRecovering = -1 // no marker, a recovery under way
+	statePristine   = 0  // no marker and no recovery: never used, or lost unnoticed
+	stateIntact     = 1  // the marker exists: the node kept its data
+)
+
+// The recovery scripts run on one node each, outside the batches (see
+// recovery.go). Times are the node's own clock in ms, so that every Locker
+// reads the same deadline from the node.
+
+// beginScript registers a node's recovery, or finds the one under way.
+//
+//	EVALSHA sha 2 marker recovery id wait
+//
+// It replies {1} when the marker exists (nothing to recover), otherwise
+// {0, id, ms since the loss was first seen, ms left until the deadline}.
+// The recovery is created with the given id and a deadline of wait ms from
+// now when there is none; a Locker with a longer wait (a larger MaxTTL)
+// pushes the deadline out to wait ms after the loss was first seen.
+var beginScript = newScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+	return {1}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local wait = tonumber(ARGV[2])
+local r = redis.call('HMGET', KEYS[2], 'id', 'detected', 'deadline')
+local id, detected, deadline = r[1], tonumber(r[2]), tonumber(r[3])
+if not id or not detected or not deadline then
+	id, detected, deadline = ARGV[1], now, now + wait
+	redis.call('HSET', KEYS[2], 'id', id, 'detected', string.format('%d', detected), 'deadline', string.format('%d', deadline))
+elseif deadline < detected + wait then
+	deadline = detected + wait
+	redis.call('HSET', KEYS[2], 'deadline', string.format('%d', deadline))
+end
+return {0, id, now - detected, math.max(deadline - now, 0)}
+`)
+
+// dumpScript reads one SCAN step of the live locks of a node that kept its
+// data.
+//
+//	EVALSHA sha 2 marker counter cursor pattern count
+//
+// It replies {0} when the node has no marker, otherwise {1, next cursor,
+// counter, key_1, value_1, pttl_1, ...}. A lock key of another type is
+// reported with an empty value, for a lock that no token owns.
+var dumpScript = newScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then
+	return {0}
+end
+local r = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3])
+local out = {1, r[1], redis.call('GET', KEYS[2]) or '0'}
+for _, k in ipairs(r[2]) do
+	local p = redis.call('PTTL', k)
+	if p ~= -2 then
+		local v = redis.pcall('GET', k)
+		if type(v) == 'table' then
+			v = ''
+		end
+		if v then
+			out[#out + 1] = k
+			out[#out + 1] = v
+			out[#out + 1] = p
+		end
+	end
+end
+return out
+`)
+
+// restoreScript writes copied locks onto a recovering node.
+//
+//	EVALSHA sha n+2 recovery counter key_1 .. key_n id floor value_1 pttl_1 .. value_n pttl_n
+//
+// It replies 0, and writes nothing, unless the node's recovery has the
+// given id (a node that restarted again has lost what was written before).
+// Otherwise it raises the counter to floor and sets each key to its value
+// with that pttl (-1: no expiry), except that a holding of the same token
+// keeps the larger fence and the longer ttl, and a key of another type is
+// left alone; it replies 1. Whatever else the node holds for a key was
+// written after the loss and no grant counted on it (see recovery.go).
+var restoreScript = newScript(`
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then
+	return 0
+end
+local counter = KEYS[2]
+if tonumber(redis.call('GET', counter) or '0') < tonumber(ARGV[2]) then
+	redis.call('SET', counter, ARGV[2])
+end
+-- owner returns the token and fence of a lock value, or nil for a value
+-- that no token owns.
+local function owner(v)
+	local sep = string.find(v, ':', 2, true)
+	if not sep then
+		return nil
+	end
+	return string.sub(v, sep + 1), tonumber(string.sub(v, 2, sep - 1))
+end
+for i = 3, #KEYS do
+	local key, v, p = KEYS[i], ARGV[2 * i - 3], tonumber(ARGV[2 * i - 2])
+	local cur = redis.pcall('GET', key)
+	if type(cur) ~= 'table' then
+		local tok, fence = owner(v)
+		local ctok, cfence
+		if cur then
+			ctok, cfence = owner(cur)
+		end
+		if tok and ctok == tok then
+			if fence > cfence then
+				redis.call('SET', key, v, 'KEEPTTL')
+			end
+			local cp = redis.call('PTTL', key)
+			if p == -1 then
+				redis.call('PERSIST', key)
+			elseif cp ~= -1 and cp < p then
+				redis.call('PEXPIRE', key, p)
+			end
+		elseif p == -1 then
+			redis.call('SET', key, v)
+		else
+			redis.call('SET', key, v, 'PX', p)
+		end
+	end
+end
+return 1
+`)
+
+// finishScript ends a node's recovery: it raises the counter to floor,
+// creates the marker and deletes the recovery.
+//
+//	EVALSHA sha 3 marker recovery counter id floor byDeadline
+//
+// It replies 1 when the marker exists afterwards, and 0, changing nothing,
+// when the recovery does not have the given id or, with byDeadline "1",
+// its deadline has not passed on the node's clock.
+var finishScript = newScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+	return 1
+end
+local r = redis.call('HMGET', KEYS[2], 'id', 'deadline')
+if r[1] ~= ARGV[1] then
+	return 0
+end
+if ARGV[3] == '1' then
+	local t = redis.call('TIME')
+	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	if not tonumber(r[2]) or now < tonumber(r[2]) then
+		return 0
+	end
+end
+if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
+	redis.call('SET', KEYS[3], ARGV[2])
+end
+redis.call('SET', KEYS[1], '1')
+redis.call('DEL', KEYS[2])
+return 1
+`)

@@ -27,16 +27,16 @@ func runOps(t *testing.T, a *redis.Client, ops ...scriptOp) []any {
 		keys = append(keys, "lockproxy:lock:"+o.key)
 		args = append(args, o.code, o.token, o.x)
 	}
-	keys = append(keys, "lockproxy:fence")
+	keys = append(keys, "lockproxy:fence", "lockproxy:intact", "lockproxy:recovery")
 	args = append(args, "lockproxy:released")
 	v, err := a.Eval(context.Background(), opsScript.src, keys, args...).Slice()
 	if err != nil {
 		t.Fatalf("opsScript %v: %v", ops, err)
 	}
-	if len(v) != len(ops) {
-		t.Fatalf("opsScript %v replied %v: want one result per operation", ops, v)
+	if len(v) != len(ops)+1 {
+		t.Fatalf("opsScript %v replied %v: want one result per operation and the node's state", ops, v)
 	}
-	return v
+	return v[:len(ops)]
 }
 
 // TestOpsScript runs each operation of the node script directly on one node
@@ -111,7 +111,7 @@ func TestOpsScript(t *testing.T) {
 	}
 	r = runOps(t, a, scriptOp{"r", "e", "t", 10000}, scriptOp{"r", "e", tok, 20000}, scriptOp{"r", "u", "t", "r"})
 	want("extend by another", r[0], 0)
-	want("extend by the owner", r[1], 1)
+	want("extend by the owner", r[1], 7) // the stored fence
 	want("release by another", r[2], 0)
 	if d := a.PTTL(ctx, "lockproxy:lock:r").Val(); d < 15*time.Second {
 		t.Errorf("ttl after extend %v, want 20s", d)
@@ -186,7 +186,7 @@ func asErr(v any) error {
 // operation gets its own result.
 func TestLargeBatchIsSplit(t *testing.T) {
 	c := startCluster(t, 1)
-	l := newLocker(t, c, testConfig())
+	l := newLocker(t, c, quiet(testConfig()))
 	mustUnlock(t, l, "warmup", mustLock(t, l, "warmup", time.Second, Options{}).Token) // caches the script
 	// The node as its batcher sees it, for this goroutine alone.
 	n := &node{index: 0, addr: l.nodes[0].addr, client: l.nodes[0].client, pipe: l.nodes[0].client.Pipeline()}

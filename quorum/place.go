@@ -1,0 +1,183 @@
+package quorum
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// A lock that won a majority while some nodes still showed the previous
+// holder rests on a bare majority, and one more failed node would cost it.
+// That is common under contention: a woken waiter's acquisition reaches one
+// node before the previous holder's release does. A placement puts the lock
+// on those nodes once they are free: when the node publishes the release
+// (the waiter's attempt marked the lock there, so its release is
+// published), or when the previous holder's ttl there has run out, whichever
+// comes first. Placing is the "place" operation of opsScript: take the lock
+// only if it is free, with the holder's fence and the ttl it has left. It
+// never counts towards anything; it only adds redundancy. Unlock through
+// this Locker cancels a pending placement; an Unlock through another Locker
+// can race with one and leave the lock on that node until its ttl runs out,
+// which costs that node's vote for the resource, never exclusion.
+
+// placement is a lock still to be placed on some nodes.
+type placement struct {
+	resource, token string
+	fence           int64
+	end             time.Time // the lock's ttl runs out on the nodes
+	nodes           []*node   // where it is still to be placed
+	timer           *time.Timer
+}
+
+// schedulePlacement places resource's lock of token on nodes once they are
+// free: at a release notification from one of them, or after hint (the
+// longest time another holder may keep it there).
+func (l *Locker) schedulePlacement(resource, token string, fence int64, end time.Time, nodes []*node, hint time.Duration) {
+	p := &placement{resource: resource, token: token, fence: fence, end: end, nodes: nodes}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bgClosed {
+		return
+	}
+	l.placing[resource] = append(l.placing[resource], p)
+	p.timer = time.AfterFunc(hint+time.Millisecond, func() { l.retryPlacement(p) })
+}
+
+// placeOn runs the placements of resource that wait for n, after n
+// published a release of resource.
+func (l *Locker) placeOn(n *node, resource string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.placing[resource] {
+		for _, m := range p.nodes {
+			if m == n {
+				l.startPlacement(p, []*node{n})
+				break
+			}
+		}
+	}
+}
+
+// retryPlacement runs p on every node it still waits for.
+func (l *Locker) retryPlacement(p *placement) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bgClosed || !l.pending(p) {
+		return
+	}
+	if time.Until(p.end) <= 0 {
+		l.dropPlacement(p)
+		return
+	}
+	l.startPlacement(p, p.nodes)
+}
+
+// startPlacement places p on nodes in a goroutine that Close waits for.
+// l.mu is held.
+func (l *Locker) startPlacement(p *placement, nodes []*node) {
+	if l.bgClosed {
+		return
+	}
+	nodes = append([]*node(nil), nodes...)
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		held, wait := l.place(l.subCtx, nodes, p.resource, p.token, p.fence, p.end)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.pending(p) {
+			return
+		}
+		// Keep waiting for the nodes still held by another token; a node
+		// that placed the lock is done, and one that failed is left to
+		// Extend, which heals.
+		keep := p.nodes[:0]
+		for _, m := range p.nodes {
+			if held[m] || !slices.Contains(nodes, m) {
+				keep = append(keep, m)
+			}
+		}
+		p.nodes = keep
+		switch {
+		case len(keep) == 0 || time.Until(p.end) <= 0:
+			l.dropPlacement(p)
+		case wait > 0:
+			p.timer.Reset(wait + time.Millisecond)
+		}
+	}()
+}
+
+// pending reports whether p is still registered. l.mu is held.
+func (l *Locker) pending(p *placement) bool {
+	for _, q := range l.placing[p.resource] {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// dropPlacement unregisters p. l.mu is held.
+func (l *Locker) dropPlacement(p *placement) {
+	p.timer.Stop()
+	ps := l.placing[p.resource]
+	for i, q := range ps {
+		if q == p {
+			ps = append(ps[:i], ps[i+1:]...)
+			break
+		}
+	}
+	if len(ps) == 0 {
+		delete(l.placing, p.resource)
+	} else {
+		l.placing[p.resource] = ps
+	}
+}
+
+// cancelPlacement drops the placements of resource's lock of token.
+func (l *Locker) cancelPlacement(resource, token string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range slices.Clone(l.placing[resource]) {
+		if p.token == token {
+			l.dropPlacement(p)
+		}
+	}
+}
+
+// stopPlacements drops every placement and waits for those running.
+func (l *Locker) stopPlacements() {
+	l.mu.Lock()
+	l.bgClosed = true
+	for _, ps := range l.placing {
+		for _, p := range ps {
+			p.timer.Stop()
+		}
+	}
+	clear(l.placing)
+	l.mu.Unlock()
+	l.bg.Wait()
+}
+
+// place takes resource's lock for token, with fence, on every node of nodes
+// where it is free, until end. It returns the nodes where another token
+// still holds it, and the longest time that holder may keep it.
+func (l *Locker) place(ctx context.Context, nodes []*node, resource, token string, fence int64, end time.Time) (held map[*node]bool, wait time.Duration) {
+	left := time.Until(end).Milliseconds()
+	if left < 1 {
+		return nil, 0
+	}
+	x := strconv.FormatInt(left, 10) + ":" + strconv.FormatInt(fence, 10)
+	held = make(map[*node]bool)
+	r := l.call(ctx, opPlace, len(nodes), l.lockPrefix+resource, codePlace, token, x)
+	l.fanout(nodes, r, func(res []reply) {
+		for i, r := range res {
+			if r.err == nil && r.val < 0 {
+				held[nodes[i]] = true
+				wait = max(wait, time.Duration(-r.val)*time.Millisecond)
+			}
+		}
+	})
+	return held, wait
+}

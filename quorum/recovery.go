@@ -1,0 +1,622 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Data loss on a lock node, and how a node comes back from it.
+//
+// Redlock's exclusion rests on one invariant: every live lock is known to a
+// majority of the nodes. A node that restarts without persistence, is
+// flushed, or is replaced by an empty server forgets the locks it granted,
+// and if a lock was known to a bare majority including that node, a second
+// holder could win the forgetful node and the nodes that never had the lock.
+// The Locker prevents that from evidence kept on the nodes themselves, so
+// that every Locker, including one started after the loss, decides alike:
+//
+//   - The marker. Every node of a deployment in use holds "<prefix>intact",
+//     a key without expiry, written once when the deployment is first used
+//     (all nodes that answered had no marker and no recovery, and the Locker
+//     never saw one: a fresh deployment, usable at once) or when a node's
+//     recovery ends. opsScript reports, in the same atomic call as the
+//     operations, whether the marker exists, so there is no window between a
+//     loss and its detection: a node that lost its data answers its very
+//     next call without the marker. A node whose data survived a restart
+//     (AOF or RDB) still has it.
+//
+//   - Counting. A reply from a node without the marker does not count
+//     towards a grant: its "granted" and "extended" are ignored, while its
+//     "held by another" still counts against the grant (it can only make a
+//     grant less likely). It keeps receiving every write, so that it holds
+//     the locks granted meanwhile once it counts again. Hence every lock
+//     granted or extended while a node recovers is known to a majority of
+//     nodes that kept their data, without that node.
+//
+//   - Recovery by copy. The watcher registers the loss on the node
+//     ("<prefix>recovery": an id, when the loss was first seen and a
+//     deadline, in the node's own clock), waits until every Lock or Extend
+//     that could have counted on the node before the loss has finished
+//     (2*NodeTimeout after the loss was first seen: an acquisition is at
+//     most two rounds), reads the live locks (key, value, pttl) and the fence
+//     counter of the other nodes, and needs N-Q+1 of them to have the marker
+//     and answer every read. Each lock the node may have forgotten was on at
+//     least Q-1 nodes other than it when it was lost, and any Q-1 and any
+//     N-Q+1 of the other N-1 nodes share one, so the copy sees every such
+//     lock. The copy is written with the pttl read (at least the holder's
+//     remaining validity), the counter is raised to the largest counter read,
+//     and the marker is created only if the node's recovery still has the id
+//     the copy began with (a node that restarted again during the copy
+//     starts over).
+//
+//   - Recovery by deadline. When too few intact nodes can be read, the node
+//     counts again once MaxTTL (plus 2*NodeTimeout) has passed on its own
+//     clock since the loss was first seen: every lock it may have held has
+//     expired by then. The counter is raised to the largest one among the
+//     intact nodes that can be read.
+//
+// The races, one by one:
+//
+//   - A grant by another Locker while the copy runs. It counted only nodes
+//     with the marker, so it is known to a majority without the recovering
+//     node; whether the copy sees it does not matter.
+//   - A key written on the recovering node by an attempt that then fails and
+//     releases. That attempt's "granted" there never counted, so the copy may
+//     overwrite it, and the attempt's compare-and-delete then leaves the
+//     copied lock alone. If the copy is written first and the attempt's key
+//     after, the attempt's key is the one that goes (either order leaves the
+//     copied lock or a lock that never counted).
+//   - An UNLOCK between reading a source and writing the copy. The copy then
+//     writes a lock its holder already gave up: the node says "held" for it
+//     until its ttl runs out, which costs that node's vote for that resource
+//     for a while, never exclusion.
+//   - An EXTEND between the read and the write. It also ran on the
+//     recovering node: there it extended the lock, or, where the node lacked
+//     it, placed it (Extend heals), and the copy of a lock of the same token
+//     keeps the longer ttl. An EXTEND that did not reach the recovering node
+//     counted only nodes with the marker, so the extended lock does not
+//     depend on the recovering node.
+//   - Sources that disagree on a lock's owner (one has the holder, another a
+//     leftover of an attempt whose release did not reach it). The copy then
+//     writes a value that no token owns, with the longest pttl read, so the
+//     node refuses everyone for that resource until every candidate expired.
+//
+// Fences. A fence F was confirmed on a majority S of nodes (counter >= F).
+// A later grant counts a majority M of nodes with the marker, which shares
+// a node with S. If that node kept its data, its counter is still >= F. If
+// it lost its data and came back by copy, the copy raised its counter to the
+// largest among N-Q+1 of the others, which share a node with the rest of S.
+// Either way the later fence is larger. After a recovery by deadline the
+// counter is raised only from the intact nodes that could be read, so the
+// order holds only if those include one of S.
+//
+// What is not covered: every node losing its data at once (or a majority, as
+// seen by a Locker started afterwards that never saw a marker), which looks
+// exactly like a fresh deployment.
+
+// health is what the Locker knows about whether a node kept its data. Its
+// methods are safe for concurrent use.
+type health struct {
+	lost atomic.Bool // the last reply had no marker
+
+	mu            sync.Mutex
+	pristineSince time.Time // first seen with neither marker nor recovery
+	lastErr       string    // down: the error of the call that found it down
+	deadline      time.Time // recovering: counts again by then at the latest
+	waitsCopy     bool      // recovering: too few intact nodes to copy from
+	losses        uint64    // losses noticed
+	byCopy        uint64    // recoveries ended by a copy, by any Locker
+	byExpiry      uint64    // recoveries ended by the deadline, by any Locker
+}
+
+// observeState tracks whether n kept its data from the state one of its
+// replies reported, and warns once per change. A node without a marker in
+// a deployment that may be fresh is not counted as lost.
+func (l *Locker) observeState(n *node, state int8) {
+	if state != statePristine {
+		l.markSeen()
+	}
+	lost := state == stateRecovering || (state == statePristine && l.seen())
+	if state == statePristine {
+		n.health.mu.Lock()
+		if n.health.pristineSince.IsZero() {
+			n.health.pristineSince = time.Now()
+		}
+		n.health.mu.Unlock()
+	} else if state == stateIntact {
+		n.health.mu.Lock()
+		n.health.pristineSince = time.Time{}
+		n.health.mu.Unlock()
+	}
+	if n.health.lost.Load() == lost || !n.health.lost.CompareAndSwap(!lost, lost) {
+		return
+	}
+	if lost {
+		n.health.mu.Lock()
+		n.health.losses++
+		n.health.mu.Unlock()
+		l.logger.Warn("lock node has lost its data (or was never used): it does not count towards grants until it recovers",
+			zap.Int("node", n.index), zap.String("addr", n.addr))
+		l.wakeWatcher()
+		return
+	}
+	l.logger.Warn("lock node recovered: it counts towards grants again", zap.Int("node", n.index), zap.String("addr", n.addr))
+}
+
+// wakeWatcher makes the watcher look at the nodes at once.
+func (l *Locker) wakeWatcher() {
+	select {
+	case l.poke <- struct{}{}:
+	default:
+	}
+}
+
+// markSeen records that the deployment is in use: some node had a marker
+// or a recovery.
+func (l *Locker) markSeen() {
+	if l.seenAt.Load() == 0 {
+		l.seenAt.CompareAndSwap(0, max(int64(time.Since(l.born)), 1))
+	}
+}
+
+// seen reports whether the deployment is known to be in use.
+func (l *Locker) seen() bool { return l.seenAt.Load() != 0 }
+
+// seenSince reports whether the Locker learned that the deployment is in
+// use after start: a round that began before may have found nodes
+// without a marker that an init, in flight then, has reached since.
+func (l *Locker) seenSince(start time.Time) bool {
+	return l.seenAt.Load() > int64(start.Sub(l.born))
+}
+
+// counts reports whether a node's reply counts towards a grant or an
+// extension. fresh is true while the deployment looks unused (see fresh).
+func counts(rep reply, fresh bool) bool {
+	return rep.state == stateIntact || (fresh && rep.state == statePristine)
+}
+
+// lostState reports whether a reply's state shows a node that lost its
+// data, as opposed to one of a deployment that may be fresh.
+func (l *Locker) lostState(rep reply) bool {
+	return rep.state == stateRecovering || (rep.state == statePristine && l.seen())
+}
+
+// fresh reports whether res, the replies of a round begun at start to
+// every node, show a deployment that was never used: at least a majority
+// answered, none has a marker or a recovery, and this Locker saw neither
+// before the round began. Their nodes then count, so that a new deployment
+// works at once; initFresh creates the markers.
+func (l *Locker) fresh(res []reply, start time.Time) bool {
+	if l.seen() && !l.seenSince(start) {
+		return false
+	}
+	answered := 0
+	for _, r := range res {
+		if r.err != nil {
+			continue
+		}
+		if r.state != statePristine {
+			return false
+		}
+		answered++
+	}
+	return answered >= l.quorum
+}
+
+// initFresh creates the marker, in one round, on every node that answered
+// in res, a round that fresh accepted, so that from then on a node without
+// it has lost its data. The round in which the fresh nodes counted thus
+// ends only after the markers exist. Another Locker that sees some
+// markers while the round runs waits before it takes the other nodes for
+// lost (see watch).
+func (l *Locker) initFresh(ctx context.Context, res []reply) {
+	var nodes []*node
+	for i, r := range res {
+		if r.err == nil {
+			nodes = append(nodes, l.nodes[i])
+		}
+	}
+	r := l.call(ctx, opInit, len(nodes), l.markerArg.(string), codeInit, "", 0)
+	l.fanout(nodes, r, func([]reply) {})
+	l.markSeen()
+}
+
+// watch runs the watcher until Close: every ProbeInterval, or at once when
+// a call saw a node go down or lose its data, it asks every node for its
+// state, creates the markers of a fresh deployment, and advances the
+// recovery of every node that lost its data.
+func (l *Locker) watch() {
+	defer l.watchWG.Done()
+	ctx := l.subCtx
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		case <-l.poke:
+			t.Stop()
+		}
+		start := time.Now()
+		res := l.probe(ctx)
+		fresh := l.fresh(res, start)
+		if fresh {
+			l.initFresh(ctx, res)
+		}
+		next := l.cfg.ProbeInterval
+		for i, n := range l.nodes {
+			if res[i].err == nil && res[i].state != stateIntact && !fresh {
+				// A recovery to advance (or markers to create): look
+				// again soon even if the probes are rare.
+				next = min(next, 100*time.Millisecond)
+			}
+			if res[i].err != nil || res[i].state == stateIntact || !l.seen() || l.isClosed() {
+				// Up and intact, unreachable, or in a deployment that may
+				// be fresh, whose markers are created once a majority
+				// answers.
+				continue
+			}
+			n.health.mu.Lock()
+			since := n.health.pristineSince
+			n.health.mu.Unlock()
+			if res[i].state == statePristine && time.Since(since) < l.settle() {
+				// Give another Locker's initFresh in flight time to reach
+				// the node before taking it for lost: a recovery once
+				// registered stops the init, and a fresh deployment with
+				// few markers would wait for its deadline.
+				continue
+			}
+			if err := l.recover(ctx, n); err != nil && ctx.Err() == nil {
+				l.logger.Debug("lock node recovery step failed", zap.Int("node", n.index), zap.String("addr", n.addr), zap.Error(err))
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// probe asks every node for its state and the time left until its
+// recovery's deadline, in parallel, each bounded by NodeTimeout.
+func (l *Locker) probe(ctx context.Context) []reply {
+	out := make([]reply, len(l.nodes))
+	r := l.call(ctx, opStatus, len(l.nodes), l.markerArg.(string), codeStatus, "", 0)
+	l.fanout(l.nodes, r, func(res []reply) { copy(out, res) })
+	for i, n := range l.nodes {
+		if out[i].err != nil {
+			continue
+		}
+		n.health.mu.Lock()
+		if out[i].state == stateIntact {
+			n.health.deadline, n.health.waitsCopy = time.Time{}, false
+		} else if out[i].val >= 0 {
+			n.health.deadline = time.Now().Add(time.Duration(out[i].val) * time.Millisecond)
+		}
+		n.health.mu.Unlock()
+	}
+	return out
+}
+
+// recover advances n's recovery by one step: register it, then copy the
+// live locks from the other nodes once it is safe to read them, or end it
+// by the deadline.
+func (l *Locker) recover(ctx context.Context, n *node) error {
+	wait := l.cfg.MaxTTL + l.settle()
+	v, err := l.run(ctx, n, beginScript, []string{l.markerArg.(string), l.recoveryArg.(string)}, uuid.NewString(), wait.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	a, _ := v.([]any)
+	if len(a) == 1 {
+		return nil // another Locker ended it, or it never lost anything
+	}
+	if len(a) != 4 {
+		return fmt.Errorf("begin replied %v", v)
+	}
+	id, _ := a[1].(string)
+	age, _ := a[2].(int64)
+	left, _ := a[3].(int64)
+	n.health.mu.Lock()
+	n.health.deadline = time.Now().Add(time.Duration(left) * time.Millisecond)
+	n.health.mu.Unlock()
+
+	if left == 0 {
+		return l.finish(ctx, n, id, l.readCounters(ctx, n), true)
+	}
+	if wait := l.settle() - time.Duration(age)*time.Millisecond; wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	locks, floor, sources := l.readLocks(ctx, n)
+	if need := len(l.nodes) - l.quorum + 1; sources < need {
+		n.health.mu.Lock()
+		n.health.waitsCopy = true
+		n.health.mu.Unlock()
+		return fmt.Errorf("%d of the other nodes could be read with their data, %d needed", sources, need)
+	}
+	if err := l.restore(ctx, n, id, locks, floor); err != nil {
+		return err
+	}
+	return l.finish(ctx, n, id, floor, false)
+}
+
+// settle is how long after a loss was first seen the watcher waits before
+// reading the other nodes: every acquisition (two rounds) or extension
+// that could have counted on the node before its loss has finished by then,
+// so its writes are on the other nodes.
+func (l *Locker) settle() time.Duration {
+	return 2*l.cfg.NodeTimeout + 10*time.Millisecond
+}
+
+// copied is one lock as read from the nodes that kept their data.
+type copied struct {
+	value string // "<w><fence>:<token>", or "<w><fence>" for no owner
+	pttl  int64  // -1: no expiry
+}
+
+// readLocks reads the live locks and the fence counters of every node but
+// n that has the marker, and merges them. It returns the locks, the largest
+// counter, and how many nodes were read completely.
+func (l *Locker) readLocks(ctx context.Context, n *node) (map[string]copied, int64, int) {
+	locks := make(map[string]copied)
+	var floor int64
+	sources := 0
+	pattern := globEscape(l.lockPrefix) + "*"
+	for _, src := range l.nodes {
+		if src == n {
+			continue
+		}
+		got, counter, err := l.dump(ctx, src, pattern)
+		if err != nil {
+			continue
+		}
+		sources++
+		floor = max(floor, counter)
+		for k, c := range got {
+			locks[k] = merge(locks[k], c)
+		}
+	}
+	return locks, floor, sources
+}
+
+// dump reads every live lock of src and its counter, failing if src has no
+// marker at any step.
+func (l *Locker) dump(ctx context.Context, src *node, pattern string) (map[string]copied, int64, error) {
+	out := make(map[string]copied)
+	var counter int64
+	cursor := "0"
+	keys := []string{l.markerArg.(string), l.fenceArg.(string)}
+	for {
+		v, err := l.run(ctx, src, dumpScript, keys, cursor, pattern, 1000)
+		if err != nil {
+			return nil, 0, err
+		}
+		a, _ := v.([]any)
+		if len(a) < 3 || (len(a)-3)%3 != 0 {
+			return nil, 0, fmt.Errorf("no marker (%v)", v)
+		}
+		cursor, _ = a[1].(string)
+		c, _ := a[2].(string)
+		cv, err := strconv.ParseInt(c, 10, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("fence counter %q: %w", c, err)
+		}
+		counter = max(counter, cv)
+		for i := 3; i < len(a); i += 3 {
+			k, _ := a[i].(string)
+			val, _ := a[i+1].(string)
+			p, _ := a[i+2].(int64)
+			if val == "" {
+				val = "0" // another type: held, by no token
+			}
+			out[k] = merge(out[k], copied{value: val, pttl: p})
+		}
+		if cursor == "0" {
+			return out, counter, nil
+		}
+	}
+}
+
+// merge combines two readings of one lock. The same owner keeps the larger
+// fence and the longer ttl; different owners give a lock that no token owns
+// with the longer ttl, so that the node refuses everyone while either may
+// still hold it.
+func merge(a, b copied) copied {
+	if a.value == "" {
+		return b
+	}
+	ta, fa, oka := splitLock(a.value)
+	tb, fb, okb := splitLock(b.value)
+	p := longer(a.pttl, b.pttl)
+	switch {
+	case oka && okb && ta == tb && fb > fa:
+		return copied{value: b.value, pttl: p}
+	case oka && okb && ta == tb:
+		return copied{value: a.value, pttl: p}
+	default:
+		return copied{value: "0" + strconv.FormatInt(max(fa, fb), 10), pttl: p}
+	}
+}
+
+// splitLock returns the token and fence of a lock value; ok is false for a
+// value that no token owns.
+func splitLock(v string) (token string, fence int64, ok bool) {
+	if len(v) < 1 {
+		return "", 0, false
+	}
+	f, token, ok := strings.Cut(v[1:], ":")
+	fence, _ = strconv.ParseInt(f, 10, 64)
+	return token, fence, ok
+}
+
+// longer returns the longer of two pttls, -1 (no expiry) being longest.
+func longer(a, b int64) int64 {
+	if a == -1 || b == -1 {
+		return -1
+	}
+	return max(a, b)
+}
+
+// restore writes locks onto n, in calls of at most 500, and raises its
+// counter to floor.
+func (l *Locker) restore(ctx context.Context, n *node, id string, locks map[string]copied, floor int64) error {
+	const chunk = 500
+	keys := []string{l.recoveryArg.(string), l.fenceArg.(string)}
+	args := []any{id, floor}
+	flush := func() error {
+		v, err := l.run(ctx, n, restoreScript, keys, args...)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		if v != int64(1) {
+			return errors.New("restore: the recovery was started over")
+		}
+		keys, args = keys[:2], args[:2]
+		return nil
+	}
+	for k, c := range locks {
+		keys = append(keys, k)
+		args = append(args, c.value, c.pttl)
+		if len(keys)-2 == chunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush() // also when there is nothing to copy: it raises the counter
+}
+
+// readCounters returns the largest fence counter among the nodes other
+// than n that have the marker and answer.
+func (l *Locker) readCounters(ctx context.Context, n *node) int64 {
+	var floor int64
+	keys := []string{l.markerArg.(string), l.fenceArg.(string)}
+	for _, src := range l.nodes {
+		if src == n {
+			continue
+		}
+		// A SCAN that matches nothing still reports the marker and counter.
+		v, err := l.run(ctx, src, dumpScript, keys, "0", "\x00", 1)
+		if a, _ := v.([]any); err == nil && len(a) >= 3 {
+			c, _ := a[2].(string)
+			if cv, err := strconv.ParseInt(c, 10, 64); err == nil {
+				floor = max(floor, cv)
+			}
+		}
+	}
+	return floor
+}
+
+// finish ends n's recovery with the given id, by copy or (byDeadline) by
+// its deadline, and counts it.
+func (l *Locker) finish(ctx context.Context, n *node, id string, floor int64, byDeadline bool) error {
+	flag := "0"
+	if byDeadline {
+		flag = "1"
+	}
+	v, err := l.run(ctx, n, finishScript, []string{l.markerArg.(string), l.recoveryArg.(string), l.fenceArg.(string)}, id, floor, flag)
+	if err != nil {
+		return fmt.Errorf("finish: %w", err)
+	}
+	if v != int64(1) {
+		return errors.New("finish: the recovery was started over")
+	}
+	n.health.mu.Lock()
+	if byDeadline {
+		n.health.byExpiry++
+	} else {
+		n.health.byCopy++
+	}
+	n.health.deadline, n.health.waitsCopy = time.Time{}, false
+	n.health.mu.Unlock()
+	l.observeState(n, stateIntact)
+	return nil
+}
+
+// run calls script s on n alone, outside the batches, bounded by
+// NodeTimeout: EVALSHA, and EVAL when the node does not have it cached.
+func (l *Locker) run(ctx context.Context, n *node, s *script, keys []string, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.NodeTimeout)
+	defer cancel()
+	sha := s.sha.(string)
+	v, err := n.client.EvalSha(ctx, sha, keys, args...).Result()
+	if isNoScript(err) {
+		v, err = n.client.Eval(ctx, s.src, keys, args...).Result()
+	}
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	l.observe(ctx, n, err)
+	return v, err
+}
+
+// globEscape escapes the characters that SCAN's MATCH treats as patterns.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// dialer wraps a node's Dialer so that a failed dial reaches go-redis as a
+// connection whose first read or write fails with the dial's error. The
+// call that needed the connection fails with that error all the same, but
+// go-redis's pool never counts a failed dial: after PoolSize of them it
+// stops dialing and probes the node once a second in the background, so a
+// node that came back would stay unused for up to a second (and the
+// failures never reset while the node stays up). The dial itself is
+// bounded by DialTimeout, which New sets to at most NodeTimeout.
+func dialer(opt *redis.Options) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	dial := opt.Dialer
+	if dial == nil {
+		dial = redis.NewDialer(opt)
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return failedConn{err: err, addr: addr}, nil
+		}
+		return c, nil
+	}
+}
+
+// failedConn is a connection that was never made: every read and write
+// returns the dial's error.
+type failedConn struct {
+	err  error
+	addr string
+}
+
+func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
+func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
+func (c failedConn) Close() error                     { return nil }
+func (c failedConn) LocalAddr() net.Addr              { return failedAddr("") }
+func (c failedConn) RemoteAddr() net.Addr             { return failedAddr(c.addr) }
+func (c failedConn) SetDeadline(time.Time) error      { return nil }
+func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+type failedAddr string
+
+func (a failedAddr) Network() string { return "tcp" }
+func (a failedAddr) String() string  { return string(a) }
