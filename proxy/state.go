@@ -381,14 +381,16 @@ func (c *connState) subscribed() bool { return c.nChan+c.nPat+c.nShard > 0 }
 // answer no command: it is subscribed or monitoring.
 func (c *connState) listening() bool { return c.subscribed() || c.monitor }
 
-// isMonitorLine recognises MONITOR's "+1700000000.123456 [0 127.0.0.1:5]".
+// isMonitorLine recognises the line of MONITOR's
+// "+1700000000.123456 [0 127.0.0.1:5] ...", with or without its "+" (a
+// replyInfo's line starts after the type byte).
 func isMonitorLine(b []byte) bool {
-	if len(b) < 2 || b[0] != '+' {
-		return false
+	if len(b) > 0 && b[0] == '+' {
+		b = b[1:]
 	}
-	i := 1
+	i := 0
 	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
 		i++
 	}
-	return i > 1 && i < len(b) && b[i] == '.'
+	return i > 0 && i < len(b) && b[i] == '.'
 }

@@ -290,6 +290,12 @@ func TestConnState(t *testing.T) {
 			state: "resp3 subs=0/0/0 replay=[hello 3]",
 		},
 		{
+			name:  "MONITOR lines answer nothing",
+			give:  []event{tx("MONITOR"), rx(frOK), rx(frMonitor), tx("PING"), rx(frMonitor), rx("+PONG\r\n")},
+			trace: "r a u r u a",
+			state: "resp2 subs=0/0/0 monitor replay=[]",
+		},
+		{
 			name:  "a line like MONITOR's before MONITOR is a reply",
 			give:  []event{tx("GET k"), rx(frMonitor)},
 			trace: "r a",
