@@ -197,6 +197,8 @@ func newConnState() connState { return connState{proto: 2} }
 // of gets e.replace set: the caller sends DISCARD in its place.
 func (c *connState) sent(e *entry) (replies bool) {
 	switch e.kind {
+	case entryInternal:
+		return true // the proxy's own: CLIENT REPLY is not about it
 	case entryReset:
 		c.multi, c.txnFailed = false, false
 	case entryMulti:

@@ -18,6 +18,7 @@ type event struct {
 	lose   bool   // the backend connection is lost
 	refuse bool   // the proxy refuses a command of the client
 	local  bool   // the proxy answers a command itself
+	own    bool   // the proxy sends a command of its own (AUTH after RESET)
 }
 
 func tx(cmd string) event   { return event{send: cmd} }
@@ -27,10 +28,12 @@ var (
 	lose   = event{lose: true}
 	refuse = event{refuse: true}
 	local  = event{local: true}
+	own    = event{own: true}
 )
 
 // play runs steps through a connState as the reply queue does, and
-// returns one word per step: for a command sent, "r" when a reply is owed,
+// returns one word per step: for a command sent (the client's or the
+// proxy's own), "r" when a reply is owed,
 // "-" when none is, "X" when it is an EXEC the proxy aborts; for a reply,
 // its outcome (u unsolicited, c confirming, C confirmed, a answered,
 // q QUIT answered); for a loss "l", or "L" when the client was listening;
@@ -43,13 +46,16 @@ func play(t *testing.T, events []event) (trace, state string) {
 	var words []string
 	for _, st := range events {
 		switch {
-		case st.send != "":
-			cmd, err := redcon.Parse(command(strings.Split(st.send, " ")...))
-			if err != nil {
-				t.Fatalf("parse %q: %v", st.send, err)
+		case st.send != "" || st.own:
+			e := entry{kind: entryInternal}
+			if !st.own {
+				cmd, err := redcon.Parse(command(strings.Split(st.send, " ")...))
+				if err != nil {
+					t.Fatalf("parse %q: %v", st.send, err)
+				}
+				var nb [24]byte
+				e = classify(lower(&nb, cmd.Args[0]), cmd)
 			}
-			var nb [24]byte
-			e := classify(lower(&nb, cmd.Args[0]), cmd)
 			w := "-"
 			if c.sent(&e) {
 				fifo = append(fifo, e)
@@ -336,6 +342,18 @@ func TestConnState(t *testing.T) {
 			name:  "RESET turns replies on",
 			give:  []event{tx("CLIENT REPLY OFF"), tx("RESET"), tx("GET k")},
 			trace: "- r r",
+			state: "resp2 subs=0/0/0 replay=[] owed=2",
+		},
+		{
+			name:  "the proxy's AUTH after RESET",
+			give:  []event{tx("RESET"), own, rx("+RESET\r\n"), rx(frOK)},
+			trace: "r r a a",
+			state: "resp2 subs=0/0/0 replay=[]",
+		},
+		{
+			name:  "the proxy's own commands are not subject to CLIENT REPLY",
+			give:  []event{tx("CLIENT REPLY SKIP"), own, tx("GET k"), tx("CLIENT REPLY OFF"), own, tx("GET k")},
+			trace: "- r - - r -",
 			state: "resp2 subs=0/0/0 replay=[] owed=2",
 		},
 		{
