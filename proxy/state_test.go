@@ -31,14 +31,14 @@ var (
 	own    = event{own: true}
 )
 
-// play runs steps through a connState as the reply queue does, and
-// returns one word per step: for a command sent (the client's or the
-// proxy's own), "r" when a reply is owed,
-// "-" when none is, "X" when it is an EXEC the proxy aborts; for a reply,
-// its outcome (u unsolicited, c confirming, C confirmed, a answered,
-// q QUIT answered); for a loss "l", or "L" when the client was listening;
-// for a local command "s" when its reply is suppressed, else "r". The
-// second result describes the state at the end.
+// play runs events through a connState as the reply queue does, and
+// returns one word per event: for a command sent (the client's or the
+// proxy's own), "r" when a reply is owed, "-" when none is, "X" when it is
+// an EXEC the proxy aborts; for a reply, its outcome (u unsolicited,
+// c confirming, C confirmed, a answered, q QUIT answered); for a loss "l",
+// or "L" when the client was listening; for a local command "s" when its
+// reply is suppressed, else "r". The second result describes the state at
+// the end.
 func play(t *testing.T, events []event) (trace, state string) {
 	t.Helper()
 	c := newConnState()
