@@ -40,8 +40,9 @@ func (a *authenticator) check(user, password []byte) bool {
 // gate decides what happens to cmd under proxy authentication. It returns
 // the reply when the proxy answers the command itself, or, for HELLO with
 // AUTH, the request to forward in its place (the same HELLO without its
-// credentials). It updates s.authed.
-func (a *authenticator) gate(s *session, name []byte, args [][]byte) (reply, rewritten []byte) {
+// credentials). authed tells whether the client is signed in; the result
+// is whether it is after cmd.
+func (a *authenticator) gate(authed bool, name []byte, args [][]byte) (reply, rewritten []byte, nowAuthed bool) {
 	switch string(name) {
 	case "auth":
 		var ok bool
@@ -51,22 +52,21 @@ func (a *authenticator) gate(s *session, name []byte, args [][]byte) (reply, rew
 		case 3:
 			ok = a.check(args[1], args[2])
 		case 1:
-			return replyAuthArity, nil
+			return replyAuthArity, nil, authed
 		default:
-			return replySyntax, nil
+			return replySyntax, nil, authed
 		}
 		if !ok {
-			return replyWrongPass, nil
+			return replyWrongPass, nil, authed
 		}
-		s.authed = true
-		return replyOK, nil
+		return replyOK, nil, true
 	case "hello":
 		out := make([]string, 0, len(args))
 		hadAuth := false
 		for i := 0; i < len(args); i++ {
 			if i >= 2 && strings.EqualFold(string(args[i]), "auth") && i+2 < len(args) {
 				if !a.check(args[i+1], args[i+2]) {
-					return replyWrongPass, nil
+					return replyWrongPass, nil, authed
 				}
 				hadAuth = true
 				i += 2
@@ -74,22 +74,20 @@ func (a *authenticator) gate(s *session, name []byte, args [][]byte) (reply, rew
 			}
 			out = append(out, string(args[i]))
 		}
-		if !hadAuth && !s.authed {
-			return replyNoAuthHello, nil
+		if !hadAuth && !authed {
+			return replyNoAuthHello, nil, false
 		}
-		s.authed = true
 		if !hadAuth {
-			return nil, nil
+			return nil, nil, true
 		}
-		return nil, command(out...)
+		return nil, command(out...), true
 	case "quit":
-		return nil, nil
+		return nil, nil, authed
 	case "reset":
-		s.authed = false // RESET signs the client out when a password is required
-		return nil, nil
+		return nil, nil, false // RESET signs the client out when a password is required
 	}
-	if !s.authed {
-		return replyNoAuth, nil
+	if !authed {
+		return replyNoAuth, nil, false
 	}
-	return nil, nil
+	return nil, nil, true
 }

@@ -24,4 +24,29 @@
 //
 // Every request is checked against the configured limits before redcon
 // parses it, so a declared but unsent length costs nothing.
+//
+// Layout. proxy.go has the Proxy, its Config and the accept and close
+// callbacks. A client connection is a session, made of parts that each own
+// their state:
+//   - session.go: the session itself, which handles each command in order:
+//     forwards it (forward), or answers it locally (answer, runLocal), and
+//     copies a dedicated backend connection's replies (readBackend).
+//   - queue.go: replyQueue, what the client is owed, in order: the fifo of
+//     forwarded commands and the local command running, with the commands
+//     held back behind it. Whoever must keep its place waits on its methods.
+//   - state.go: connState, the connection-state machine (transaction,
+//     CLIENT REPLY, protocol, subscriptions, MONITOR, what to replay). It
+//     sees every command sent and every reply frame; it has no locks, the
+//     replyQueue drives it under its own.
+//   - writer.go: clientWriter, the client's socket: buffered replies, the
+//     sink the shared readers fill, and the non-blocking write path.
+//
+// shared.go is the backend connections shared by clients, reply.go copies
+// one reply, limits.go checks requests, auth.go answers AUTH, guard.go
+// keeps forwarded commands off the lock state, and command.go answers INFO
+// lockproxy and COMMAND. Files outside a part call its methods only.
+//
+// Lock order (also on clientWriter): shared.mu before replyQueue.mu;
+// clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
+// with a clientWriter lock, nor a writer lock with shared.mu.
 package proxy

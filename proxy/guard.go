@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,10 +42,15 @@ type keySpec struct {
 type keyGuard struct {
 	prefix []byte
 	p      *Proxy
-
-	mu     sync.Mutex
-	table  map[string]keySpec
 	client *redis.Client
+
+	// table is the backend's COMMAND table, read without a lock by every
+	// forwarded command. It is never changed once stored: a new table
+	// replaces it whole.
+	table atomic.Pointer[map[string]keySpec]
+	// load serialises loading the table, so that clients arriving before
+	// it is loaded wait for one COMMAND instead of each sending their own.
+	load sync.Mutex
 }
 
 func newKeyGuard(prefix string, p *Proxy) *keyGuard {
@@ -140,12 +146,16 @@ func (g *keyGuard) checkMovable(args [][]byte) error {
 	return nil
 }
 
-// commands returns the backend's COMMAND table, loading it once.
+// commands returns the backend's COMMAND table, loading it once; a load
+// that fails is tried again by the next command.
 func (g *keyGuard) commands() (map[string]keySpec, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.table != nil {
-		return g.table, nil
+	if t := g.table.Load(); t != nil {
+		return *t, nil
+	}
+	g.load.Lock()
+	defer g.load.Unlock()
+	if t := g.table.Load(); t != nil {
+		return *t, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -157,7 +167,7 @@ func (g *keyGuard) commands() (map[string]keySpec, error) {
 	for _, c := range reply {
 		addSpec(table, c)
 	}
-	g.table = table
+	g.table.Store(&table)
 	return table, nil
 }
 

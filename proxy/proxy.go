@@ -354,12 +354,7 @@ func (p *Proxy) ServeRESP(conn redcon.Conn, cmd redcon.Command) {
 	for _, c := range conn.ReadPipeline() {
 		s.handle(c)
 	}
-	s.mu.Lock()
-	busy := s.busy
-	s.mu.Unlock()
-	if !busy {
-		s.flush()
-	}
+	s.endBatch()
 }
 
 func (p *Proxy) accept(conn redcon.Conn) bool {

@@ -54,10 +54,7 @@ func (sh *shared) send(s *session, e entry, raw []byte) error {
 	sh.wn++
 	q := sh.be.pending
 	q.sessions = append(q.sessions, s)
-	s.mu.Lock()
-	e.at = s.p.m.stamp()
-	s.fifo = append(s.fifo, e)
-	s.mu.Unlock()
+	s.sendShared(e)
 	return nil
 }
 
@@ -155,7 +152,10 @@ func (sh *shared) read(be *backend) {
 			sh.out--
 		}
 		sh.mu.Unlock()
-		sink.s = s
+		sink.w = nil
+		if s != nil {
+			sink.w = s.sink()
+		}
 		err := copyReply(w, be.r, &ri)
 		w.Flush()
 		if err != nil {
@@ -164,7 +164,7 @@ func (sh *shared) read(be *backend) {
 		}
 		idle := be.r.Buffered() == 0 // the reader would wait for more next
 		if s != nil {
-			s.account(&ri)
+			s.replied(&ri)
 		}
 		// Before waiting for more, send what queued up meanwhile, and do
 		// it before writing to the client, so that Redis works on it while
@@ -180,7 +180,7 @@ func (sh *shared) read(be *backend) {
 		// A client's consecutive replies go out in one write. next may be
 		// stale (nil) when more commands were queued after it was read;
 		// the client is then pushed to once more than needed.
-		if s != nil && s.raw != nil && (idle || next != s) {
+		if s != nil && (idle || next != s) {
 			s.pushOut()
 		}
 	}
@@ -197,18 +197,14 @@ func (sh *shared) fail(be *backend, cut *session) {
 	q.sessions, q.head = nil, 0
 	sh.mu.Unlock()
 	if cut != nil {
-		cut.nc.Close()
-		cut.account(&replyInfo{typ: '-'})
+		cut.disconnect()
+		cut.replied(&replyInfo{typ: '-'})
 	}
 	for _, s := range waiting {
-		s.p.m.connLost.Add(1)
-		s.sinkMu.Lock()
-		s.sink = append(s.sink, replyConnLost...)
-		s.sinkMu.Unlock()
-		s.account(&replyInfo{typ: '-'})
-		if s.raw != nil {
-			s.pushOut()
-		}
+		sh.p.m.connLost.Add(1)
+		s.sink().Write(replyConnLost)
+		s.replied(&replyInfo{typ: '-'})
+		s.pushOut()
 	}
 }
 
@@ -221,17 +217,14 @@ func (sh *shared) close() {
 	}
 }
 
-// sinkWriter appends to the sink of the session whose reply is copied.
-type sinkWriter struct{ s *session }
+// sinkWriter appends to the sink of the client whose reply is copied.
+type sinkWriter struct{ w *clientWriter }
 
 func (w *sinkWriter) Write(b []byte) (int, error) {
-	if w.s == nil {
+	if w.w == nil {
 		return len(b), nil // a reply nobody waits for
 	}
-	w.s.sinkMu.Lock()
-	w.s.sink = append(w.s.sink, b...)
-	w.s.sinkMu.Unlock()
-	return len(b), nil
+	return w.w.Write(b)
 }
 
 // stateless reports whether a command may share a backend connection with

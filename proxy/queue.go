@@ -1,0 +1,313 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"github.com/tidwall/redcon"
+)
+
+// maxBacklog bounds the commands a client may pipeline behind one of the
+// proxy's own commands that is still running (LOCK ... WAIT). Past it, the
+// proxy stops reading from that client until the backlog drains.
+const maxBacklog = 1 << 16
+
+// replyQueue is what a client is owed, in order: the commands forwarded to
+// the backend whose replies have not been written yet (the fifo), and the
+// reply the proxy is making itself (a local command is running), with the
+// client's commands held back behind it. It owns the connection's state
+// machine, which learns from both, and the dedicated backend connection the
+// fifo's replies come from.
+//
+// Its methods are safe for concurrent use: the forwarder pushes, the
+// backend's reader pops, and whoever must keep its place in the stream
+// waits here (waitTurn, waitEmpty, waitIdle).
+type replyQueue struct {
+	m *metrics
+
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when the queue empties, a local reply ends, or the client goes
+	fifo    []entry
+	head    int
+	busy    bool // a local command is being answered
+	backlog []redcon.Command
+	closed  bool
+	st      connState
+	be      *backend // the dedicated connection; nil on the shared one
+}
+
+func (q *replyQueue) init(m *metrics) {
+	q.m = m
+	q.cond.L = &q.mu
+	q.st = newConnState()
+}
+
+// send records e, sent on be (nil: on a shared connection). It reports
+// false when be has died meanwhile, and records nothing: the caller
+// connects again. Otherwise replies tells whether a reply is owed for e.
+func (q *replyQueue) send(e *entry, be *backend) (ok, replies bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if be != nil && be.dead {
+		return false, false
+	}
+	if replies = q.st.sent(e); replies {
+		e.at = q.m.stamp()
+		q.fifo = append(q.fifo, *e)
+	}
+	return true, replies
+}
+
+// silent reports whether the reply to a command answered by the proxy is
+// suppressed by CLIENT REPLY, and consumes a SKIP.
+func (q *replyQueue) silent() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.silent()
+}
+
+// silentFor is silent for a command that was to be forwarded but could
+// not be: it applies e's own CLIENT REPLY or RESET to the reply mode.
+func (q *replyQueue) silentFor(e *entry) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return !q.st.replies(e)
+}
+
+// inMulti reports whether a transaction is open, as far as the commands
+// sent tell.
+func (q *replyQueue) inMulti() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.multi
+}
+
+// refused records that the proxy refused a command of the client.
+func (q *replyQueue) refused() {
+	q.mu.Lock()
+	q.st.refused()
+	q.mu.Unlock()
+}
+
+// peek reports whether the oldest reply owed answers the proxy's own
+// command, and what the client gets instead of it, if not the reply.
+func (q *replyQueue) peek() (internal bool, replace []byte) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == len(q.fifo) {
+		return false, nil
+	}
+	e := &q.fifo[q.head]
+	return e.kind == entryInternal, e.replace
+}
+
+// account matches one reply frame copied to the client against the fifo
+// and learns the connection state it carries. It reports whether the frame
+// answered a QUIT.
+func (q *replyQueue) account(ri *replyInfo) (quit bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var e *entry
+	if q.head < len(q.fifo) {
+		e = &q.fifo[q.head]
+	}
+	o := q.st.replied(ri, e)
+	switch o {
+	case unsolicited, confirming:
+		return false
+	case answered, answeredQuit:
+		if e.at != 0 && e.kind != entryInternal {
+			q.m.latency.Observe(float64(q.m.since()-e.at) / 1e9)
+		}
+	}
+	q.pop(1)
+	return o == answeredQuit
+}
+
+// pop drops n answered entries; q.mu is held. An empty fifo is reset and
+// wakes whoever waits for it.
+func (q *replyQueue) pop(n int) {
+	q.head += n
+	if q.head == len(q.fifo) {
+		q.fifo = q.fifo[:0]
+		q.head = 0
+		q.cond.Broadcast()
+	}
+}
+
+// attach makes be the dedicated backend connection, unless the client has
+// gone.
+func (q *replyQueue) attach(be *backend) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return errClosed
+	}
+	q.be = be
+	return nil
+}
+
+// dead reports whether be has been lost.
+func (q *replyQueue) dead(be *backend) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return be.dead
+}
+
+// replay returns the state a new backend connection must be brought to.
+func (q *replyQueue) replay() replayState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.replay
+}
+
+// lose marks be dead and the state it held gone. It returns how many
+// entries are owed a reply that will not come (to pass to forget once
+// they are answered), how many of them are the client's, and whether the
+// client was listening or has gone, either of which means disconnecting it.
+func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	be.dead = true
+	owed = len(q.fifo) - q.head
+	for _, e := range q.fifo[q.head:] {
+		if e.kind != entryInternal {
+			visible++
+		}
+	}
+	return owed, visible, q.st.lost(), q.closed
+}
+
+// forget drops n entries that lose counted.
+func (q *replyQueue) forget(n int) {
+	q.mu.Lock()
+	q.pop(n)
+	q.mu.Unlock()
+}
+
+// turn is the connection state a local command is answered in.
+type turn struct{ resp3, multi, subscribed bool }
+
+// waitTurn waits until every reply owed before now has been written, and
+// returns the state then; ok is false when the client has gone.
+func (q *replyQueue) waitTurn() (t turn, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.head < len(q.fifo) && !q.closed {
+		q.cond.Wait()
+	}
+	return turn{resp3: q.st.proto == 3, multi: q.st.multi, subscribed: q.st.subscribed()}, !q.closed
+}
+
+// waitEmpty waits until no reply from the backend is owed.
+func (q *replyQueue) waitEmpty() {
+	q.mu.Lock()
+	for q.head < len(q.fifo) && !q.closed {
+		q.cond.Wait()
+	}
+	q.mu.Unlock()
+}
+
+// waitIdle waits until nothing at all is owed, or the client has gone, or
+// d has passed.
+func (q *replyQueue) waitIdle(d time.Duration) {
+	q.mu.Lock()
+	timedOut := false
+	t := time.AfterFunc(d, func() {
+		q.mu.Lock()
+		timedOut = true
+		q.cond.Broadcast()
+		q.mu.Unlock()
+	})
+	for (q.head < len(q.fifo) || q.busy) && !q.closed && !timedOut {
+		q.cond.Wait()
+	}
+	q.mu.Unlock()
+	t.Stop()
+}
+
+// hold keeps cmd back, behind the local command that is running, and
+// reports whether it did; it waits while the backlog is full. It reports
+// false when no local command is running: the caller handles cmd.
+func (q *replyQueue) hold(cmd redcon.Command) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.busy {
+		return false
+	}
+	for len(q.backlog) >= maxBacklog && q.busy && !q.closed {
+		q.cond.Wait()
+	}
+	if !q.busy {
+		return false
+	}
+	q.backlog = append(q.backlog, cmd)
+	return true
+}
+
+// startLocal records that a local command is being answered, which holds
+// back what follows. It reports whether no reply is owed before it.
+func (q *replyQueue) startLocal() (first bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.busy = true
+	return q.head == len(q.fifo)
+}
+
+// endLocal records that no local command is being answered any more.
+func (q *replyQueue) endLocal() {
+	q.mu.Lock()
+	q.busy = false
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
+
+// next returns the commands held back meanwhile, or, when there are none
+// or the client has gone, ends the local run and returns nil.
+func (q *replyQueue) next() []redcon.Command {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	batch := q.backlog
+	q.backlog = nil
+	q.cond.Broadcast()
+	if len(batch) == 0 || q.closed {
+		q.busy = false
+		return nil
+	}
+	return batch
+}
+
+// running reports whether a local command is being answered.
+func (q *replyQueue) running() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busy
+}
+
+// inflight reports whether a command is still being answered.
+func (q *replyQueue) inflight() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.head < len(q.fifo) || q.busy
+}
+
+// waiting reports whether the client is waiting on the server rather than
+// idle: a command in flight, a subscription or MONITOR.
+func (q *replyQueue) waiting() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.head < len(q.fifo) || q.busy || q.st.listening()
+}
+
+// close records that the client has gone, wakes every waiter, and returns
+// the dedicated backend connection to close.
+func (q *replyQueue) close() (be *backend, first bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, false
+	}
+	q.closed = true
+	q.cond.Broadcast()
+	return q.be, true
+}
