@@ -40,9 +40,16 @@ func (c *cluster) restart(i int) { c.servers[i].Restart(); c.killed[i] = false }
 
 func startCluster(tb testing.TB, n int) *cluster {
 	tb.Helper()
+	return startClusterArgs(tb, n)
+}
+
+// startClusterArgs is startCluster with extra configuration directives for
+// every node.
+func startClusterArgs(tb testing.TB, n int, args ...string) *cluster {
+	tb.Helper()
 	c := &cluster{}
 	for range n {
-		s := redistest.Start(tb)
+		s := redistest.Start(tb, args...)
 		a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
 		tb.Cleanup(func() { a.Close() })
 		c.servers = append(c.servers, s)

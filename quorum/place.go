@@ -41,7 +41,10 @@ func (l *Locker) schedulePlacement(resource, token string, fence int64, end time
 		return
 	}
 	l.placing[resource] = append(l.placing[resource], p)
-	p.timer = time.AfterFunc(hint+time.Millisecond, func() { l.retryPlacement(p) })
+	// The typical case is a release that was on its way: it lands within
+	// a node call's timeout. Later on, the place operation says how long
+	// the holder there may keep it.
+	p.timer = time.AfterFunc(min(hint, l.cfg.NodeTimeout)+time.Millisecond, func() { l.retryPlacement(p) })
 }
 
 // placeOn runs the placements of resource that wait for n, after n

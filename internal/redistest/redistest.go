@@ -1,10 +1,11 @@
 // Package redistest starts real redis-server processes for tests.
 //
 // Every server listens on a free loopback port, keeps its files under the
-// test's temporary directory and is stopped by the test's cleanup. Nothing is
-// persisted, so a restarted server comes back empty, which is exactly what
-// the fault-injection tests need. A missing redis-server fails the test; it is
-// never skipped.
+// test's temporary directory and is stopped by the test's cleanup. By default
+// nothing is persisted, so a restarted server comes back empty; a server
+// started with "--appendonly", "yes" comes back with its data, and
+// RestartEmpty brings it back without. A missing redis-server fails the test;
+// it is never skipped.
 package redistest
 
 import (
@@ -141,11 +142,36 @@ func (s *Server) Kill() {
 	<-done
 }
 
-// Restart kills the server if it runs and starts it again, empty, on the
-// same address.
+// Restart kills the server if it runs and starts it again on the same
+// address, with its files: empty unless it persists its data.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Kill()
+	s.restart()
+}
+
+// RestartEmpty kills the server if it runs, deletes its data files (the
+// AOF and RDB), and starts it again on the same address: a node that lost
+// its data, whatever its persistence.
+func (s *Server) RestartEmpty() {
+	s.tb.Helper()
+	s.Kill()
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		s.tb.Fatalf("restart redis-server on %s: %v", s.Addr, err)
+	}
+	for _, e := range entries {
+		if e.Name() != "redis.log" {
+			if err := os.RemoveAll(filepath.Join(s.dir, e.Name())); err != nil {
+				s.tb.Fatalf("restart redis-server on %s: %v", s.Addr, err)
+			}
+		}
+	}
+	s.restart()
+}
+
+func (s *Server) restart() {
+	s.tb.Helper()
 	var err error
 	for range 50 {
 		if err = s.start(); err == nil {
@@ -154,6 +180,33 @@ func (s *Server) Restart() {
 		time.Sleep(20 * time.Millisecond) // the port may still be in TIME_WAIT use
 	}
 	s.tb.Fatalf("restart redis-server on %s: %v", s.Addr, err)
+}
+
+// The user that CutOff and Reconnect act as, created by CutOff.
+const adminUser, adminPass = "redistest-admin", "redistest-admin-pass"
+
+// CutOff cuts the server off from its clients while it keeps running with
+// its data, as a network partition would: the default user is disabled
+// (new connections get NOAUTH) and every connection of that user is
+// closed. Reconnect undoes it; so does a restart.
+func (s *Server) CutOff() {
+	s.tb.Helper()
+	if _, err := s.Do("ACL", "SETUSER", adminUser, "on", ">"+adminPass, "~*", "&*", "+@all"); err != nil {
+		s.tb.Fatalf("cut off %s: %v", s.Addr, err)
+	}
+	for _, args := range [][]string{{"ACL", "SETUSER", "default", "off"}, {"CLIENT", "KILL", "USER", "default"}} {
+		if reply, err := s.doAs(adminUser, adminPass, args...); err != nil || strings.HasPrefix(reply, "-") {
+			s.tb.Fatalf("cut off %s: %s: %q, %v", s.Addr, args[0], reply, err)
+		}
+	}
+}
+
+// Reconnect lets clients of the default user in again after CutOff.
+func (s *Server) Reconnect() {
+	s.tb.Helper()
+	if reply, err := s.doAs(adminUser, adminPass, "ACL", "SETUSER", "default", "on"); err != nil || reply != "+OK" {
+		s.tb.Fatalf("reconnect %s: %q, %v", s.Addr, reply, err)
+	}
 }
 
 // Pause stops the process with SIGSTOP: it keeps its sockets but answers
@@ -186,6 +239,11 @@ func (s *Server) stop() {
 // line. It is for test set-up (CONFIG SET, FLUSHALL), not for assertions on
 // multi-line replies.
 func (s *Server) Do(args ...string) (string, error) {
+	return s.doAs("", "", args...)
+}
+
+// doAs is Do on a connection authenticated as user, if user is set.
+func (s *Server) doAs(user, pass string, args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
 	if err != nil {
 		return "", err
@@ -196,14 +254,26 @@ func (s *Server) Do(args ...string) (string, error) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	write := func(args ...string) {
+		fmt.Fprintf(&b, "*%d\r\n", len(args))
+		for _, a := range args {
+			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+		}
 	}
+	if user != "" {
+		write("AUTH", user, pass)
+	}
+	write(args...)
 	if _, err := c.Write([]byte(b.String())); err != nil {
 		return "", err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	r := bufio.NewReader(c)
+	if user != "" {
+		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			return strings.TrimRight(line, "\r\n"), fmt.Errorf("AUTH %s: %q, %v", user, line, err)
+		}
+	}
+	line, err := r.ReadString('\n')
 	return strings.TrimRight(line, "\r\n"), err
 }
 
