@@ -183,10 +183,10 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	ccfg := commands.DefaultConfig()
 	setIf(&ccfg.MaxTTL, cfg.Lock.MaxTTL)
 	setIf(&ccfg.MaxWait, cfg.Lock.MaxWait)
-	if err := ccfg.Validate(); err != nil {
+	cmds, err := commands.New(locker, ccfg, logger.Named("commands"))
+	if err != nil {
 		return err
 	}
-	cmds := commands.New(locker, ccfg, logger.Named("commands"))
 
 	pcfg := proxy.DefaultConfig()
 	pcfg.Backend.Addr = backendAddr
@@ -217,7 +217,7 @@ func run(ctx context.Context, args []string, listening chan<- net.Addr) error {
 	var p *proxy.Proxy
 	started := time.Now()
 	pcfg.Info = func() string { return infoSection(started, p, locker, cmds) }
-	pcfg.Docs = &proxy.Docs{Names: commands.Names, AppendInfo: commands.AppendCommandInfo, AppendDocs: commands.AppendCommandDocs}
+	pcfg.Docs = &proxy.Docs{Names: commands.Names(), AppendInfo: commands.AppendCommandInfo, AppendDocs: commands.AppendCommandDocs}
 	pcfg.IsLocal = cmds.Is
 	pcfg.MayWait = cmds.MayWait
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
@@ -338,7 +338,7 @@ func serveHTTP(addr string, logger *zap.Logger, p *proxy.Proxy, locker *quorum.L
 
 // infoSection is the body of INFO lockproxy.
 func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds *commands.Handler) string {
-	ps, cs := p.Stats(), cmds.Stats()
+	ps := p.Stats()
 	up := locker.NodesUp()
 	var b strings.Builder
 	for _, kv := range []struct {
@@ -354,18 +354,10 @@ func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds 
 		{"total_connections_received", ps.Connections},
 		{"commands_forwarded", ps.Forwarded},
 		{"forward_errors", ps.ForwardErrors},
-		{"locks_acquired", cs.Acquired},
-		{"locks_not_acquired", cs.NotAcquired},
-		{"locks_noquorum", cs.NoQuorum},
-		{"locks_released", cs.Released},
-		{"locks_extended", cs.Extended},
-		{"keepalive_extensions", cs.KeepaliveExtensions},
-		{"keepalive_lost", cs.KeepaliveLost},
-		{"locks_held", cs.Held},
 	} {
 		fmt.Fprintf(&b, "%s:%v\r\n", kv.k, kv.v)
 	}
-	return b.String()
+	return b.String() + cmds.Info()
 }
 
 // clientLimits are the proxy's defaults with the file's limits over them;

@@ -55,7 +55,7 @@ func newEnvQuorum(tb testing.TB, n int, qcfg quorum.Config) *env {
 		tb.Fatalf("quorum.New: %v", err)
 	}
 	tb.Cleanup(func() { l.Close() })
-	e.h = New(l, DefaultConfig(), logger.Named("commands"))
+	e.h = mustNew(tb, l, DefaultConfig(), logger.Named("commands"))
 	e.logs = logs
 	return e
 }
@@ -706,7 +706,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 	for _, n := range []int{3, 5} {
 		b.Run(strconv.Itoa(n)+"nodes", func(b *testing.B) {
 			e := newEnv(b, n)
-			h := New(e.h.locker, DefaultConfig(), nil) // no per-command logging
+			h := mustNew(b, e.h.locker, DefaultConfig(), nil) // no per-command logging
 			c := h.NewConn()
 			defer c.Close()
 			lock, unlock := argv("LOCK", "bench", "10000"), argv("UNLOCK", "bench")
