@@ -33,7 +33,7 @@ func startApp(t testing.TB, yaml string, flags ...string) string {
 	listening := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	args := append([]string{"-config", path, "-listen", "127.0.0.1:0", "-log-level", "warn"}, flags...)
-	go func() { done <- run(ctx, args, listening) }()
+	go func() { done <- run(ctx, testProcess(t, args, listening)) }()
 	select {
 	case addr := <-listening:
 		t.Cleanup(func() {
@@ -48,6 +48,20 @@ func startApp(t testing.TB, yaml string, flags ...string) string {
 		t.Fatalf("run: %v", err)
 	}
 	return ""
+}
+
+// testProcess is a process for run with args, no environment, and its
+// output in the test's log.
+func testProcess(t testing.TB, args []string, listening chan<- net.Addr) process {
+	return process{args: args, stdout: testWriter{t}, stderr: testWriter{t}, listening: listening}
+}
+
+// testWriter writes to the test's log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
 }
 
 // startNodes starts n redis-servers for lock nodes.
@@ -141,7 +155,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad duration", "lock: {node_timeout: fast}\n", "`fast` into time.Duration"},
 		{"no nodes", "backend: {addr: 127.0.0.1:1}\nlock: {nodes: []}\n", "lock.nodes is empty"},
 		{"bad guard", "backend: {addr: embedded}\nlock: {nodes: [embedded], guard_backend: maybe}\n", "guard_backend"},
-		{"negative", "backend: {addr: embedded}\nlock: {nodes: [embedded], max_ttl: -1s}\n", "lock.max_ttl must not be negative"},
+		{"negative", "backend: {addr: embedded}\nlock: {nodes: [embedded], max_ttl: -1s}\n", "commands: MaxTTL -1s is below 1ms"},
 		{"bad level", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\nlog: {level: loud}\n", "log.level"},
 		{"gomaxprocs", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\ngomaxprocs: -1\n", "gomaxprocs must not be negative"},
 	}
@@ -149,7 +163,7 @@ func TestConfigErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "config.yaml")
 			os.WriteFile(path, []byte(tt.give), 0o600)
-			err := run(context.Background(), []string{"-config", path, "-listen", "127.0.0.1:0"}, nil)
+			err := run(context.Background(), testProcess(t, []string{"-config", path, "-listen", "127.0.0.1:0"}, nil))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error naming %q", err, tt.want)
 			}
@@ -438,7 +452,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	listening := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-config", path, "-listen", "127.0.0.1:0", "-backend", backend.Addr, "-lock-nodes", nodes}, listening)
+		done <- run(ctx, testProcess(t, []string{"-config", path, "-listen", "127.0.0.1:0", "-backend", backend.Addr, "-lock-nodes", nodes}, listening))
 	}()
 	addr := (<-listening).String()
 	defer func() {
