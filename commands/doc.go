@@ -18,8 +18,7 @@
 // AppendCommandDocs), the metrics' labels and INFO all read it.
 //
 // The user-facing protocol, every reply and error of the three commands, is
-// docs/PROTOCOL.md in the repository
-// (https://github.com/lockproxy/lockproxy/blob/main/docs/PROTOCOL.md). The
-// package contains no algorithm of its own and does not know about network
-// connections, which belong to package proxy.
+// docs/PROTOCOL.md at the root of the repository. The package contains no
+// algorithm of its own and does not know about network connections, which
+// belong to package proxy.
 package commands
