@@ -178,7 +178,18 @@ func TestKeepAliveMetrics(t *testing.T) {
 		t.Errorf("locks held right after the keepalive was lost = %v, want 0", got["lockproxy_locks_held"])
 	}
 	extensions := got["lockproxy_keepalive_extensions_total"]
-	time.Sleep(500 * time.Millisecond) // a running extender would extend twice
+	// The extender ends when it gives the lock up: no extension after that.
+	ext := a.extender("r")
+	if !eventually(2*time.Second, func() bool {
+		select {
+		case <-ext.done:
+			return true
+		default:
+			return false
+		}
+	}) {
+		t.Fatal("the extender still runs after it lost the keepalive")
+	}
 	got = scrape(t, reg)
 	if got["lockproxy_keepalive_extensions_total"] != extensions || got["lockproxy_keepalive_lost_total"] != 1 {
 		t.Errorf("after the keepalive was lost: %v, want %v extensions and 1 lost", got, extensions)
