@@ -9,8 +9,9 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// newLogger builds the logger of log.format at log.level. The level is
-// atomic so that SIGHUP can change it.
+// newLogger builds the logger of log.format (json, or else console) at
+// log.level; validate has checked both. The level is atomic so that SIGHUP
+// can change it.
 func newLogger(c logConfig) (*zap.Logger, zap.AtomicLevel, error) {
 	atomic := zap.NewAtomicLevel()
 	lvl, err := parseLevel(c.Level)
@@ -18,15 +19,10 @@ func newLogger(c logConfig) (*zap.Logger, zap.AtomicLevel, error) {
 		return nil, atomic, err
 	}
 	atomic.SetLevel(lvl)
-	var zc zap.Config
-	switch c.Format {
-	case "json":
+	zc := zap.NewDevelopmentConfig()
+	zc.Development = false
+	if c.Format == "json" {
 		zc = zap.NewProductionConfig()
-	case "console":
-		zc = zap.NewDevelopmentConfig()
-		zc.Development = false
-	default:
-		return nil, atomic, fmt.Errorf("log.format %q: want console or json", c.Format)
 	}
 	zc.Level = atomic
 	zc.DisableStacktrace = true
