@@ -75,10 +75,6 @@ func TestOverrides(t *testing.T) {
 	}
 }
 
-// lineNumber is the part of a decoder message that differs between a file
-// and a value given alone.
-var lineNumber = regexp.MustCompile(`line \d+: `)
-
 // TestOverrideErrorsMatchFile: a bad value or key gets the same message
 // from -set, from the environment and from the file.
 func TestOverrideErrorsMatchFile(t *testing.T) {
@@ -121,7 +117,7 @@ func TestOverrideErrorsMatchFile(t *testing.T) {
 					return ""
 				}
 				_, after, _ := strings.Cut(err.Error(), ": ")
-				return lineNumber.ReplaceAllString(after, "")
+				return regexp.MustCompile(`line \d+: `).ReplaceAllString(after, "")
 			}
 			if tail(setErr) != tail(fileErr) {
 				t.Errorf("-set says %q, the file %q", tail(setErr), tail(fileErr))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -85,7 +86,7 @@ Flags:
 		{"listen", "listen", "`address` to listen on (-set listen=...)"},
 		{"backend", "backend.addr", "backend Redis `address` (-set backend.addr=...)"},
 		{"lock-nodes", "lock.nodes", "comma-separated lock node `addresses` (-set lock.nodes=...)"},
-		{"log-level", "log.level", "debug, info, warn or error (-set log.level=...)"},
+		{"log-level", "log.level", "`level`: debug, info, warn or error (-set log.level=...)"},
 	} {
 		fs.Func(alias.flag, alias.usage, func(v string) error {
 			o.flags = append(o.flags, override{source: "-" + alias.flag, key: alias.key, value: v})
@@ -210,7 +211,7 @@ func unknownKey(t reflect.Type, name string) error {
 	dec := yaml.NewDecoder(bytes.NewReader(doc))
 	dec.KnownFields(true)
 	if err := dec.Decode(reflect.New(t).Interface()); err != nil {
-		return err
+		return withoutLines(err)
 	}
 	return fmt.Errorf("field %s not found in type %s", name, t) // not reached
 }
@@ -251,8 +252,25 @@ func decodeValue(value string, dst reflect.Value) error {
 			n = doc.Content[0]
 		}
 	}
-	return n.Decode(dst.Addr().Interface())
+	return withoutLines(n.Decode(dst.Addr().Interface()))
 }
+
+// withoutLines returns the decoder's error without its line numbers, which
+// count the lines of a value given alone, not of a file.
+func withoutLines(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	stripped := &yaml.TypeError{}
+	for _, e := range te.Errors {
+		stripped.Errors = append(stripped.Errors, lineNumber.ReplaceAllString(e, ""))
+	}
+	return stripped
+}
+
+// lineNumber starts a message of the yaml decoder.
+var lineNumber = regexp.MustCompile(`^line \d+: `)
 
 // masked is what -print-config shows for a secret that is set.
 const masked = "********"
