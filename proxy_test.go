@@ -33,7 +33,7 @@ func startApp(t testing.TB, yaml string, flags ...string) string {
 	listening := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	args := append([]string{"-config", path, "-listen", "127.0.0.1:0", "-log-level", "warn"}, flags...)
-	go func() { done <- run(ctx, args, listening) }()
+	go func() { done <- run(ctx, testProcess(t, args, listening)) }()
 	select {
 	case addr := <-listening:
 		t.Cleanup(func() {
@@ -48,6 +48,20 @@ func startApp(t testing.TB, yaml string, flags ...string) string {
 		t.Fatalf("run: %v", err)
 	}
 	return ""
+}
+
+// testProcess is a process for run with args, no environment, and its
+// output in the test's log.
+func testProcess(t testing.TB, args []string, listening chan<- net.Addr) process {
+	return process{args: args, stdout: testWriter{t}, stderr: testWriter{t}, listening: listening}
+}
+
+// testWriter writes to the test's log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
 }
 
 // startNodes starts n redis-servers for lock nodes.
@@ -141,7 +155,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad duration", "lock: {node_timeout: fast}\n", "`fast` into time.Duration"},
 		{"no nodes", "backend: {addr: 127.0.0.1:1}\nlock: {nodes: []}\n", "lock.nodes is empty"},
 		{"bad guard", "backend: {addr: embedded}\nlock: {nodes: [embedded], guard_backend: maybe}\n", "guard_backend"},
-		{"negative", "backend: {addr: embedded}\nlock: {nodes: [embedded], max_ttl: -1s}\n", "lock.max_ttl must not be negative"},
+		{"negative", "backend: {addr: embedded}\nlock: {nodes: [embedded], max_ttl: -1s}\n", "commands: MaxTTL -1s is below 1ms"},
 		{"bad level", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\nlog: {level: loud}\n", "log.level"},
 		{"gomaxprocs", "backend: {addr: embedded}\nlock: {nodes: [embedded]}\ngomaxprocs: -1\n", "gomaxprocs must not be negative"},
 	}
@@ -149,7 +163,7 @@ func TestConfigErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "config.yaml")
 			os.WriteFile(path, []byte(tt.give), 0o600)
-			err := run(context.Background(), []string{"-config", path, "-listen", "127.0.0.1:0"}, nil)
+			err := run(context.Background(), testProcess(t, []string{"-config", path, "-listen", "127.0.0.1:0"}, nil))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error naming %q", err, tt.want)
 			}
@@ -242,10 +256,11 @@ func TestMutualExclusion(t *testing.T) {
 }
 
 // TestHandoffAcrossProxies: a waiter on one proxy takes over when the
-// holder unlocks through another, long before the holder's ttl.
+// holder unlocks through another, long before the holder's ttl, and not
+// before the holder unlocked.
 func TestHandoffAcrossProxies(t *testing.T) {
 	backend := redistest.Start(t)
-	_, nodes := startNodes(t, 3)
+	servers, nodes := startNodes(t, 3)
 	a := newClient(t, startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes), 2)
 	b := newClient(t, startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes), 3)
 	ctx := context.Background()
@@ -260,7 +275,12 @@ func TestHandoffAcrossProxies(t *testing.T) {
 		waited, err = lock(ctx, b, "job", 30000, "WAIT", 20000)
 		got <- err
 	}()
-	time.Sleep(100 * time.Millisecond) // let the waiter queue; the test holds either way
+	waitForWaiter(t, servers, "job")
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter's LOCK returned while the lock was held: %v", err)
+	default:
+	}
 	released := time.Now()
 	if n, err := a.Do(ctx, "UNLOCK", "job", held.token).Int(); n != 1 || err != nil {
 		t.Fatalf("UNLOCK: %d %v", n, err)
@@ -276,11 +296,49 @@ func TestHandoffAcrossProxies(t *testing.T) {
 	}
 }
 
+// waitForWaiter waits until a LOCK ... WAIT for resource is waiting: its
+// attempt marked the lock as waited for on a node (in quorum's key layout
+// the value of lockproxy:lock:<resource> then starts with '1').
+func waitForWaiter(t testing.TB, nodes []*redistest.Server, resource string) {
+	t.Helper()
+	const marked = "return redis.call('GETRANGE', KEYS[1], 0, 0) == '1' and 1 or 0"
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, n := range nodes {
+			if r, _ := n.Do("EVAL", marked, "1", "lockproxy:lock:"+resource); r == ":1" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no waiter for %q after 10s", resource)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitForClients waits until the proxy at c counts n connected clients.
+func waitForClients(t testing.TB, c *redis.Client, n int) {
+	t.Helper()
+	want := fmt.Sprintf("connected_clients:%d\r\n", n)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.Info(context.Background(), "lockproxy").Result()
+		if err == nil && strings.Contains(info, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("want %q in INFO lockproxy after 10s: %q %v", want, info, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestClientKilledWhileWaiting: a waiter that hangs up gives up its place
-// and never ends up holding the lock.
+// and never ends up holding the lock: right after the holder's UNLOCK the
+// lock is free, with no waiter queued before the next client.
 func TestClientKilledWhileWaiting(t *testing.T) {
 	backend := redistest.Start(t)
-	_, nodes := startNodes(t, 3)
+	servers, nodes := startNodes(t, 3)
 	addr := startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
 	ctx := context.Background()
 	holder := newClient(t, addr, 2)
@@ -293,15 +351,17 @@ func TestClientKilledWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw.Write([]byte("*5\r\n$4\r\nLOCK\r\n$1\r\nq\r\n$5\r\n30000\r\n$4\r\nWAIT\r\n$5\r\n20000\r\n"))
-	time.Sleep(100 * time.Millisecond)
+	waitForWaiter(t, servers, "q")
 	raw.Close()
-	time.Sleep(100 * time.Millisecond)
-	holder.Do(ctx, "UNLOCK", "q", held.token)
-	// The next waiter gets the lock at once: nobody holds it for the
-	// client that left.
+	waitForClients(t, holder, 1) // the proxy ended the waiter's connection
+	if n, err := holder.Do(ctx, "UNLOCK", "q", held.token).Int(); n != 1 || err != nil {
+		t.Fatalf("UNLOCK: %d %v", n, err)
+	}
+	// A LOCK without WAIT gets nothing while a waiter of this proxy is
+	// queued, and the lock would be the waiter's if it had kept its place.
 	other := newClient(t, addr, 2)
-	if _, err := lock(ctx, other, "q", 1000, "WAIT", 2000); err != nil {
-		t.Fatalf("after the waiter left: %v", err)
+	if _, err := lock(ctx, other, "q", 1000); err != nil {
+		t.Fatalf("LOCK right after the UNLOCK, with the waiter gone: %v", err)
 	}
 }
 
@@ -438,7 +498,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	listening := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-config", path, "-listen", "127.0.0.1:0", "-backend", backend.Addr, "-lock-nodes", nodes}, listening)
+		done <- run(ctx, testProcess(t, []string{"-config", path, "-listen", "127.0.0.1:0", "-backend", backend.Addr, "-lock-nodes", nodes}, listening))
 	}()
 	addr := (<-listening).String()
 	defer func() {

@@ -98,15 +98,13 @@ type Handler struct {
 	keepaliveLost       atomic.Uint64
 }
 
-// New returns a Handler that runs the commands on l. cfg should have passed
-// Validate; a MaxTTL below 1ms is replaced by the default and a negative
-// MaxWait by zero. A nil logger logs nothing. Per-command events are logged
+// New returns a Handler that runs the commands on l. It rejects a cfg that
+// fails Validate. A nil logger logs nothing. Per-command events are logged
 // at Debug level, a lost KEEPALIVE at Warn. Tokens are never logged.
-func New(l *quorum.Locker, cfg Config, logger *zap.Logger) *Handler {
-	if cfg.MaxTTL < time.Millisecond {
-		cfg.MaxTTL = DefaultConfig().MaxTTL
+func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	cfg.MaxWait = max(cfg.MaxWait, 0)
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -119,20 +117,29 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) *Handler {
 	}
 	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
 	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)
-	return h
+	return h, nil
 }
 
 // Is reports whether name, in any case, is one of the commands the Handler
-// serves: LOCK, UNLOCK or EXTEND. It does not allocate.
+// serves (see Names). It does not allocate.
 func (h *Handler) Is(name []byte) bool {
-	return equalFold(name, "lock") || equalFold(name, "unlock") || equalFold(name, "extend")
+	return lookup(name) != nil
 }
 
 // MayWait reports whether the command in args may take longer than its
-// round trips to the lock nodes: a LOCK with a WAIT option. It errs towards
-// yes: a TOKEN named "wait" counts too.
+// round trips to the lock nodes: a LOCK with a WAIT option.
 func (h *Handler) MayWait(args [][]byte) bool {
-	if len(args) < 4 || !equalFold(args[0], "lock") {
+	if len(args) == 0 {
+		return false
+	}
+	s := lookup(args[0])
+	return s != nil && s.mayWait != nil && s.mayWait(args)
+}
+
+// lockMayWait reports whether a LOCK may wait: whether it has a WAIT
+// option. It errs towards yes: a TOKEN named "wait" counts too.
+func lockMayWait(args [][]byte) bool {
+	if len(args) < 4 {
 		return false
 	}
 	for _, a := range args[3:] {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -55,7 +56,7 @@ func newEnvQuorum(tb testing.TB, n int, qcfg quorum.Config) *env {
 		tb.Fatalf("quorum.New: %v", err)
 	}
 	tb.Cleanup(func() { l.Close() })
-	e.h = New(l, DefaultConfig(), logger.Named("commands"))
+	e.h = mustNew(tb, l, DefaultConfig(), logger.Named("commands"))
 	e.logs = logs
 	return e
 }
@@ -165,6 +166,30 @@ func (e *env) onNodes(tb testing.TB, args ...string) []string {
 		replies = append(replies, r)
 	}
 	return replies
+}
+
+// waitExtensions waits until the keepalives of e's Handler have extended
+// their locks n times in all. It fails at once when a keepalive is lost.
+func (e *env) waitExtensions(tb testing.TB, n uint64) {
+	tb.Helper()
+	eventually(10*time.Second, func() bool {
+		return e.h.keepaliveExtensions.Load() >= n || e.h.keepaliveLost.Load() > 0
+	})
+	if got := e.h.keepaliveExtensions.Load(); got < n || e.h.keepaliveLost.Load() > 0 {
+		tb.Fatalf("%d keepalive extensions, want %d; keepalives lost: %d", got, n, e.h.keepaliveLost.Load())
+	}
+}
+
+// extender returns the extender of the client's kept lock on resource.
+func (cl *client) extender(resource string) *extender {
+	cl.tb.Helper()
+	cl.c.mu.Lock()
+	defer cl.c.mu.Unlock()
+	h := cl.c.held[resource]
+	if h == nil || h.ext == nil {
+		cl.tb.Fatalf("no keepalive for %q", resource)
+	}
+	return h.ext
 }
 
 // eventually polls cond every 10ms until it holds or d has passed.
@@ -390,19 +415,30 @@ func TestKeepAliveOutlivesTTL(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
 	a, b := e.client(t, false), e.client(t, false)
+	start := time.Now()
 	a.lock("LOCK", "r", "300", "KEEPALIVE")
-	time.Sleep(time.Second)
+	// Four extensions, about every 100ms, take the lock past its ttl.
+	e.waitExtensions(t, 4)
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("four extensions took %v, less than the ttl", d)
+	}
 	if reply := b.do("LOCK", "r", "300"); reply != "*-1\r\n" {
-		t.Fatalf("LOCK 1s after a 300ms KEEPALIVE lock = %q, want null (still held)", reply)
+		t.Fatalf("LOCK %v after a 300ms KEEPALIVE lock = %q, want null (still held)", time.Since(start), reply)
 	}
 	if v := intReply(t, a.do("EXTEND", "r", "300")); v <= 0 {
 		t.Errorf("EXTEND of the kept lock = %d, want > 0", v)
 	}
+	ext := a.extender("r")
 	if reply := a.do("UNLOCK", "r"); reply != ":1\r\n" {
 		t.Fatalf("UNLOCK = %q, want :1", reply)
 	}
-	// UNLOCK stopped the extender: nothing brings the key back.
-	time.Sleep(250 * time.Millisecond)
+	// UNLOCK stopped the extender before it answered: nothing brings the
+	// key back.
+	select {
+	case <-ext.done:
+	default:
+		t.Error("the extender still runs after UNLOCK")
+	}
 	for i, r := range e.onNodes(t, "EXISTS", keyPrefix+"r") {
 		if r != ":0" {
 			t.Errorf("node %d: EXISTS after UNLOCK = %s, want :0", i, r)
@@ -422,9 +458,15 @@ func TestKeepAliveAfterWait(t *testing.T) {
 	a, b, c := e.client(t, false), e.client(t, false), e.client(t, false)
 	a.lock("LOCK", "r", "600") // expires, nobody releases it
 	b.lock("LOCK", "r", "300", "WAIT", "3000", "KEEPALIVE")
-	time.Sleep(time.Second)
+	acquired := time.Now()
+	// Had the validity counted from the start of the command, the
+	// keepalive would have given up at once, without extending.
+	e.waitExtensions(t, 4)
+	if d := time.Since(acquired); d < 300*time.Millisecond {
+		t.Fatalf("four extensions took %v, less than the ttl", d)
+	}
 	if reply := c.do("LOCK", "r", "300"); reply != "*-1\r\n" {
-		t.Errorf("LOCK 1s after a WAIT ... KEEPALIVE acquisition = %q, want null (kept alive)", reply)
+		t.Errorf("LOCK %v after a WAIT ... KEEPALIVE acquisition = %q, want null (kept alive)", time.Since(acquired), reply)
 	}
 	if n := e.logs.FilterMessage("keepalive lost").Len(); n != 0 {
 		t.Errorf("keepalive lost logged %d times, want 0", n)
@@ -436,15 +478,17 @@ func TestKeepAliveUsesExtendedTTL(t *testing.T) {
 	e := newEnv(t, 3)
 	a := e.client(t, false)
 	a.lock("LOCK", "r", "300", "KEEPALIVE")
-	if v := intReply(t, a.do("EXTEND", "r", "5000")); v <= 4000 {
-		t.Fatalf("EXTEND r 5000 = %d", v)
+	if v := intReply(t, a.do("EXTEND", "r", "1500")); v <= 1000 {
+		t.Fatalf("EXTEND r 1500 = %d", v)
 	}
-	// The extender now extends to 5000ms about every 1.7s; with the old
-	// ttl the key would never have more than 300ms left.
-	time.Sleep(2 * time.Second)
+	// The first extension after the EXTEND may have been under way with
+	// the old ttl; the second started after it, with the new one (about
+	// 500ms later). With the old ttl the key would never have more than
+	// 300ms left.
+	e.waitExtensions(t, e.h.keepaliveExtensions.Load()+2)
 	for i, r := range e.onNodes(t, "PTTL", keyPrefix+"r") {
-		if ms, err := strconv.Atoi(strings.TrimPrefix(r, ":")); err != nil || ms < 2500 {
-			t.Errorf("node %d: PTTL = %s, want above 2500 (the EXTENDed ttl)", i, r)
+		if ms, err := strconv.Atoi(strings.TrimPrefix(r, ":")); err != nil || ms < 1000 {
+			t.Errorf("node %d: PTTL = %s, want above 1000 (the EXTENDed ttl)", i, r)
 		}
 	}
 }
@@ -487,14 +531,27 @@ func TestKeepAliveLostWhenDeleted(t *testing.T) {
 func TestKeepAliveSurvivesShortOutage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.h.locker)
 	a, b := e.client(t, false), e.client(t, false)
-	a.lock("LOCK", "r", "900", "KEEPALIVE")
+	start := time.Now()
+	a.lock("LOCK", "r", "1500", "KEEPALIVE") // validity about 1480ms
 	e.nodes[1].Pause()
 	e.nodes[2].Pause()
-	time.Sleep(400 * time.Millisecond) // the extension at ~300ms fails; validity lasts ~880ms
+	// The extension at about 500ms times out on the paused nodes (the
+	// keepalive is the only caller); it is retried about 150ms later.
+	timeouts := `lockproxy_lock_node_timeouts_total/` + e.nodes[1].Addr + `/1`
+	if !eventually(5*time.Second, func() bool { return scrape(t, reg)[timeouts] >= 1 }) {
+		t.Fatalf("no extension timed out on a paused node: %v", scrape(t, reg))
+	}
 	e.nodes[1].Resume()
 	e.nodes[2].Resume()
-	time.Sleep(1200 * time.Millisecond)
+	// Three more extensions, about every 500ms: the lock outlives the
+	// validity the failed extension would have left it.
+	e.waitExtensions(t, 3)
+	if d := time.Since(start); d < 1500*time.Millisecond {
+		t.Fatalf("the extensions after the outage took only %v since LOCK", d)
+	}
 	if reply := b.do("LOCK", "r", "300"); reply != "*-1\r\n" {
 		t.Errorf("LOCK after a short outage of 2 of 3 nodes = %q, want null (kept alive by retries)", reply)
 	}
@@ -561,9 +618,17 @@ func TestRelockReplacesKeepAlive(t *testing.T) {
 	e := newEnv(t, 3)
 	a, b := e.client(t, false), e.client(t, false)
 	a.lock("LOCK", "r", "300", "TOKEN", "t", "KEEPALIVE")
+	ext := a.extender("r")
 	a.lock("LOCK", "r", "300", "TOKEN", "t") // same holding, no longer kept alive
-	time.Sleep(600 * time.Millisecond)
-	b.lock("LOCK", "r", "300")
+	select {
+	case <-ext.done:
+	default:
+		t.Error("the keepalive still runs after a LOCK without KEEPALIVE")
+	}
+	// The lock now runs out with its ttl.
+	if !eventually(2*time.Second, func() bool { return strings.HasPrefix(b.do("LOCK", "r", "300"), "*3") }) {
+		t.Error("the lock was still held 2s after its ttl of 300ms")
+	}
 }
 
 func TestCloseReleasesKeptLocks(t *testing.T) {
@@ -706,7 +771,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 	for _, n := range []int{3, 5} {
 		b.Run(strconv.Itoa(n)+"nodes", func(b *testing.B) {
 			e := newEnv(b, n)
-			h := New(e.h.locker, DefaultConfig(), nil) // no per-command logging
+			h := mustNew(b, e.h.locker, DefaultConfig(), nil) // no per-command logging
 			c := h.NewConn()
 			defer c.Close()
 			lock, unlock := argv("LOCK", "bench", "10000"), argv("UNLOCK", "bench")

@@ -79,15 +79,11 @@ func (c *Conn) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool)
 	if len(args) == 0 {
 		return appendErr(dst, errUnknown)
 	}
-	switch name := args[0]; {
-	case equalFold(name, "lock"):
-		return c.lock(ctx, dst, args, resp3)
-	case equalFold(name, "unlock"):
-		return c.unlock(ctx, dst, args)
-	case equalFold(name, "extend"):
-		return c.extend(ctx, dst, args)
+	s := lookup(args[0])
+	if s == nil {
+		return appendErr(dst, errUnknown)
 	}
-	return appendErr(dst, errUnknown)
+	return s.serve(c, ctx, dst, args, resp3)
 }
 
 func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
@@ -189,7 +185,7 @@ func (c *Conn) forget(resource string, h *holding) {
 	}
 }
 
-func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte) []byte {
+func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []byte {
 	a, err := parseUnlock(args)
 	if err != nil {
 		c.h.count(unlockBadRequest)
@@ -230,7 +226,7 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte) []byte {
 	return appendEngineErr(dst, err)
 }
 
-func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte) []byte {
+func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte, _ bool) []byte {
 	a, err := c.h.parseExtend(args)
 	if err != nil {
 		c.h.count(extendBadRequest)

@@ -10,7 +10,15 @@
 // extenders: one goroutine per kept lock, extending it about every ttl/3
 // until UNLOCK or Close. The Handler counts the outcome of every command and
 // the locks its open connections hold, as Prometheus metrics
-// (Handler.Collect) and for INFO (Handler.Stats). The user-facing contract is
-// PROTOCOL.md; the package contains no algorithm of its own and does not
-// know about network connections, which belong to package proxy.
+// (Handler.Collect) and for INFO (Handler.Info).
+//
+// The commands are the rows of one table (specs, in table.go): name, arity,
+// flags, docs, outcomes and handler. Names, Is, MayWait, the dispatch in
+// Conn.Serve, COMMAND INFO and COMMAND DOCS (AppendCommandInfo,
+// AppendCommandDocs), the metrics' labels and INFO all read it.
+//
+// The user-facing protocol, every reply and error of the three commands, is
+// docs/PROTOCOL.md at the root of the repository. The package contains no
+// algorithm of its own and does not know about network connections, which
+// belong to package proxy.
 package commands

@@ -6,54 +6,24 @@ import (
 	"github.com/tidwall/redcon"
 )
 
-// Names are the commands a Handler answers, in lower case.
-var Names = []string{"lock", "unlock", "extend"}
-
-// arg is one argument in COMMAND DOCS.
-type arg struct {
-	name, typ, token string
-	optional         bool
-}
-
-type doc struct {
-	summary string
-	arity   int
-	args    []arg
-}
-
-var docs = map[string]doc{
-	"lock": {"Acquires a distributed lock on the resource for ttl-ms, as Redlock across the lock nodes.", -3, []arg{
-		{name: "resource", typ: "string"},
-		{name: "ttl-ms", typ: "integer"},
-		{name: "timeout-ms", typ: "integer", token: "WAIT", optional: true},
-		{name: "token", typ: "string", token: "TOKEN", optional: true},
-		{name: "keepalive", typ: "pure-token", token: "KEEPALIVE", optional: true},
-	}},
-	"unlock": {"Releases the lock on the resource where the token still owns it.", -2, []arg{
-		{name: "resource", typ: "string"},
-		{name: "token", typ: "string", optional: true},
-	}},
-	"extend": {"Resets the lock's ttl to ttl-ms where the token still owns it.", -3, []arg{
-		{name: "resource", typ: "string"},
-		{name: "ttl-ms", typ: "integer"},
-		{name: "token", typ: "string", optional: true},
-	}},
-}
-
 // AppendCommandInfo appends name's entry of COMMAND INFO, in the shape of
 // Redis 7: name, arity, flags, first key, last key, step, ACL categories,
 // tips, key specifications, subcommands. The resource is not a key of the
-// backend, so no key positions are declared.
+// backend, so no key positions are declared. name must be one of Names; for
+// any other, it appends a null, as Redis does for an unknown command.
 func AppendCommandInfo(dst []byte, name string, resp3 bool) []byte {
-	d := docs[name]
+	d := find(name)
+	if d == nil {
+		return appendNull(dst, resp3)
+	}
 	dst = redcon.AppendArray(dst, 10)
 	dst = redcon.AppendBulkString(dst, name)
 	dst = redcon.AppendInt(dst, int64(d.arity))
-	dst = appendSet(dst, resp3, "write")
+	dst = appendSet(dst, resp3, d.flags...)
 	dst = redcon.AppendInt(dst, 0)
 	dst = redcon.AppendInt(dst, 0)
 	dst = redcon.AppendInt(dst, 0)
-	dst = appendSet(dst, resp3, "@write", "@slow")
+	dst = appendSet(dst, resp3, d.acl...)
 	dst = redcon.AppendArray(dst, 0)
 	dst = redcon.AppendArray(dst, 0)
 	return redcon.AppendArray(dst, 0)
@@ -61,9 +31,13 @@ func AppendCommandInfo(dst []byte, name string, resp3 bool) []byte {
 
 // AppendCommandDocs appends the value of name in COMMAND DOCS: a map of
 // summary, since, group, complexity and arguments, which redis-cli uses
-// for its hints.
+// for its hints. name must be one of Names; for any other, it appends a
+// null.
 func AppendCommandDocs(dst []byte, name string, resp3 bool) []byte {
-	d := docs[name]
+	d := find(name)
+	if d == nil {
+		return appendNull(dst, resp3)
+	}
 	dst = appendMap(dst, resp3, 5)
 	dst = appendPair(dst, "summary", d.summary)
 	dst = appendPair(dst, "since", "1.0.0")

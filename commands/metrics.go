@@ -34,23 +34,24 @@ const (
 	numOutcomes
 )
 
-// outcomeLabels are the label values of each outcome.
-var outcomeLabels = [numOutcomes][2]string{
-	lockAcquired:     {"lock", "acquired"},
-	lockNotAcquired:  {"lock", "not_acquired"},
-	lockNoQuorum:     {"lock", "noquorum"},
-	lockError:        {"lock", "error"},
-	lockBadRequest:   {"lock", "bad_request"},
-	unlockReleased:   {"unlock", "released"},
-	unlockNotHeld:    {"unlock", "not_held"},
-	unlockNoQuorum:   {"unlock", "noquorum"},
-	unlockError:      {"unlock", "error"},
-	unlockBadRequest: {"unlock", "bad_request"},
-	extendExtended:   {"extend", "extended"},
-	extendNotHeld:    {"extend", "not_held"},
-	extendNoQuorum:   {"extend", "noquorum"},
-	extendError:      {"extend", "error"},
-	extendBadRequest: {"extend", "bad_request"},
+// outcomeNames are the values of the outcome label; the command label is
+// the name of the command whose spec lists the outcome (see outcomeLabels).
+var outcomeNames = [numOutcomes]string{
+	lockAcquired:     "acquired",
+	lockNotAcquired:  "not_acquired",
+	lockNoQuorum:     "noquorum",
+	lockError:        "error",
+	lockBadRequest:   "bad_request",
+	unlockReleased:   "released",
+	unlockNotHeld:    "not_held",
+	unlockNoQuorum:   "noquorum",
+	unlockError:      "error",
+	unlockBadRequest: "bad_request",
+	extendExtended:   "extended",
+	extendNotHeld:    "not_held",
+	extendNoQuorum:   "noquorum",
+	extendError:      "error",
+	extendBadRequest: "bad_request",
 }
 
 var (

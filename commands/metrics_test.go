@@ -178,7 +178,18 @@ func TestKeepAliveMetrics(t *testing.T) {
 		t.Errorf("locks held right after the keepalive was lost = %v, want 0", got["lockproxy_locks_held"])
 	}
 	extensions := got["lockproxy_keepalive_extensions_total"]
-	time.Sleep(500 * time.Millisecond) // a running extender would extend twice
+	// The extender ends when it gives the lock up: no extension after that.
+	ext := a.extender("r")
+	if !eventually(2*time.Second, func() bool {
+		select {
+		case <-ext.done:
+			return true
+		default:
+			return false
+		}
+	}) {
+		t.Fatal("the extender still runs after it lost the keepalive")
+	}
 	got = scrape(t, reg)
 	if got["lockproxy_keepalive_extensions_total"] != extensions || got["lockproxy_keepalive_lost_total"] != 1 {
 		t.Errorf("after the keepalive was lost: %v, want %v extensions and 1 lost", got, extensions)
@@ -203,9 +214,10 @@ func TestLocksHeld(t *testing.T) {
 
 	check("no locks", 0)
 	plain := a.lock("LOCK", "plain", "10000")
-	a.lock("LOCK", "kept", "300", "KEEPALIVE")   // outlives its first validity
-	a.lock("LOCK", "extended", "1000")           // extended below
-	a.lock("LOCK", "short", "1000")              // runs out
+	a.lock("LOCK", "kept", "300", "KEEPALIVE") // outlives its first validity
+	a.lock("LOCK", "extended", "1000")         // extended below
+	shortStart := time.Now()
+	short := a.lock("LOCK", "short", "1000")     // runs out
 	b.lock("LOCK", "b", "10000")                 // on another connection
 	b.do("LOCK", "plain", "10000")               // null: not recorded
 	a.do("LOCK", "nokey", "10000", "WAIT", "-1") // bad request: not recorded
@@ -214,7 +226,15 @@ func TestLocksHeld(t *testing.T) {
 	if v := intReply(t, a.do("EXTEND", "extended", "10000")); v <= 0 {
 		t.Fatalf("EXTEND extended 10000 = %d", v)
 	}
-	time.Sleep(1200 * time.Millisecond)
+	// The short lock stops counting when its validity runs out; the kept
+	// one has outlived its first validity by then.
+	shortUntil := shortStart.Add(time.Duration(short.validity) * time.Millisecond)
+	if !eventually(5*time.Second, func() bool { return e.h.Stats().Held == 4 }) {
+		t.Fatalf("locks held %d, want 4 once the short lock's validity ran out", e.h.Stats().Held)
+	}
+	if now := time.Now(); now.Before(shortUntil) {
+		t.Fatalf("a lock stopped counting %v before the short lock's validity ran out", shortUntil.Sub(now))
+	}
 	check("after the short lock's validity ran out", 4)
 
 	// The holder's token on a second connection records the same lock.

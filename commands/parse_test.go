@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/lockproxy/lockproxy/quorum"
 )
 
@@ -23,6 +25,16 @@ func argv(args ...string) [][]byte {
 	return b
 }
 
+// mustNew is New for a Config that must be valid.
+func mustNew(tb testing.TB, l *quorum.Locker, cfg Config, logger *zap.Logger) *Handler {
+	tb.Helper()
+	h, err := New(l, cfg, logger)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return h
+}
+
 func errText(err error) string {
 	if err == nil {
 		return ""
@@ -31,7 +43,7 @@ func errText(err error) string {
 }
 
 func TestParseLock(t *testing.T) {
-	h := New(nil, testConfig, nil)
+	h := mustNew(t, nil, testConfig, nil)
 	type want struct {
 		resource  string
 		ttl       time.Duration
@@ -108,7 +120,7 @@ func TestParseLockNoToken(t *testing.T) {
 	// A LOCK without TOKEN must leave the token nil, so that quorum
 	// generates one, whereas an UNLOCK or EXTEND without token must leave it
 	// nil, so that the recorded one is used.
-	h := New(nil, testConfig, nil)
+	h := mustNew(t, nil, testConfig, nil)
 	if a, err := h.parseLock(argv("LOCK", "r", "100", "KEEPALIVE")); err != nil || a.token != nil {
 		t.Errorf("parseLock without TOKEN: token %q, err %v; want nil, nil", a.token, err)
 	}
@@ -151,7 +163,7 @@ func TestParseUnlock(t *testing.T) {
 }
 
 func TestParseExtend(t *testing.T) {
-	h := New(nil, testConfig, nil)
+	h := mustNew(t, nil, testConfig, nil)
 	type want struct {
 		resource string
 		ttl      time.Duration
@@ -228,7 +240,7 @@ func TestParseInt(t *testing.T) {
 }
 
 func TestIs(t *testing.T) {
-	h := New(nil, DefaultConfig(), nil)
+	h := mustNew(t, nil, DefaultConfig(), nil)
 	tests := []struct {
 		give string
 		want bool
@@ -264,7 +276,7 @@ func TestIs(t *testing.T) {
 }
 
 func TestParseDoesNotAllocate(t *testing.T) {
-	h := New(nil, testConfig, nil)
+	h := mustNew(t, nil, testConfig, nil)
 	lock := argv("LOCK", "orders:42", "30000", "WAIT", "1000", "TOKEN", "0f6e8a3c", "KEEPALIVE")
 	bad := argv("LOCK", "orders:42", "30000", "WAIT", "999999")
 	extend := argv("EXTEND", "orders:42", "30000", "0f6e8a3c")
@@ -302,9 +314,29 @@ func TestConfig(t *testing.T) {
 	}
 }
 
-func TestDefaultMaxima(t *testing.T) {
-	// A zero Config falls back to the default MaxTTL and allows no WAIT.
-	h := New(nil, Config{}, nil)
+// TestNewRejectsInvalidConfig: New uses no Config that fails Validate; it
+// does not replace bad values with defaults.
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	tests := []struct {
+		give Config
+		want string
+	}{
+		{give: Config{}, want: "commands: MaxTTL 0s is below 1ms"},
+		{give: Config{MaxTTL: time.Second, MaxWait: -time.Second}, want: "commands: MaxWait -1s is negative"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%+v", tt.give), func(t *testing.T) {
+			h, err := New(nil, tt.give, nil)
+			if h != nil || errText(err) != tt.want {
+				t.Errorf("New(%+v) = %v, %q, want nil, %q", tt.give, h, errText(err), tt.want)
+			}
+		})
+	}
+}
+
+// TestZeroMaxWait: MaxWait 0 allows only WAIT 0.
+func TestZeroMaxWait(t *testing.T) {
+	h := mustNew(t, nil, Config{MaxTTL: time.Hour}, nil)
 	tests := []struct {
 		give []string
 		want string
@@ -380,7 +412,7 @@ func TestRetryDelay(t *testing.T) {
 }
 
 func BenchmarkParseLock(b *testing.B) {
-	h := New(nil, DefaultConfig(), nil)
+	h := mustNew(b, nil, DefaultConfig(), nil)
 	for _, bm := range []struct {
 		name string
 		args [][]byte
@@ -399,7 +431,7 @@ func BenchmarkParseLock(b *testing.B) {
 }
 
 func BenchmarkParseExtend(b *testing.B) {
-	h := New(nil, DefaultConfig(), nil)
+	h := mustNew(b, nil, DefaultConfig(), nil)
 	args := argv("EXTEND", "orders:42", "30000", "0f6e8a3c-5b1e-4c6e-9b43-0d1f1e0b8a55")
 	b.ReportAllocs()
 	for b.Loop() {
@@ -410,7 +442,7 @@ func BenchmarkParseExtend(b *testing.B) {
 }
 
 func BenchmarkIs(b *testing.B) {
-	h := New(nil, DefaultConfig(), nil)
+	h := mustNew(b, nil, DefaultConfig(), nil)
 	names := argv("GET", "lock", "UNLOCK", "Extend", "HGETALL")
 	b.ReportAllocs()
 	for b.Loop() {

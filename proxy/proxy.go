@@ -28,7 +28,9 @@ type Local interface {
 	Close()
 }
 
-// Config configures a Proxy. The zero value of a field means its default.
+// Config configures a Proxy. Start from DefaultConfig, which holds every
+// default, and change what you need; New rejects a Config that fails
+// Validate, the one place of its rules.
 type Config struct {
 	// Backend is the Redis every ordinary command is forwarded to.
 	Backend BackendConfig
@@ -84,7 +86,7 @@ type BackendConfig struct {
 	DialTimeout time.Duration
 	// SharedConnections is how many backend connections carry the
 	// stateless commands of clients that have set no connection state
-	// (see package doc). Default 2; negative: every client gets a
+	// (see package doc). Default 2; zero or negative: every client gets a
 	// dedicated connection.
 	SharedConnections int
 	// WriteTimeout bounds sending a batch of commands to the backend; a

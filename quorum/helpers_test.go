@@ -3,7 +3,6 @@ package quorum
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 )
@@ -19,7 +19,7 @@ func TestMain(m *testing.M) {
 	// go-redis logs every failed dial through a package-level logger; the
 	// fault-injection tests kill nodes on purpose.
 	redis.SetLogger(discard{})
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m) // every Locker, node and subscriber stopped
 }
 
 type discard struct{}

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"gopkg.in/yaml.v3"
+
+	"github.com/lockproxy/lockproxy/commands"
+	"github.com/lockproxy/lockproxy/proxy"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// fileConfig is config.yaml; the shipped file documents each key. The yaml
+// tags live only here. A key left out of the file keeps its default (see
+// defaultFileConfig); a key that is given is used as given. Fields tagged
+// secret are masked by -print-config.
+type fileConfig struct {
+	Listen          string        `yaml:"listen"`
+	TLS             serverTLS     `yaml:"tls"`
+	Auth            authConfig    `yaml:"auth"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	GOMAXPROCS      int           `yaml:"gomaxprocs"`
+	Metrics         metricsConfig `yaml:"metrics"`
+	Log             logConfig     `yaml:"log"`
+	Backend         backendConfig `yaml:"backend"`
+	Lock            lockConfig    `yaml:"lock"`
+	Limits          limitsConfig  `yaml:"limits"`
+}
+
+type serverTLS struct {
+	Enabled           bool   `yaml:"enabled"`
+	CertFile          string `yaml:"cert_file"`
+	KeyFile           string `yaml:"key_file" secret:"true"`
+	ClientCAFile      string `yaml:"client_ca_file"`
+	RequireClientCert bool   `yaml:"require_client_cert"`
+}
+
+type authConfig struct {
+	Requirepass string            `yaml:"requirepass" secret:"true"`
+	Users       map[string]string `yaml:"users" secret:"true"` // the passwords are secret
+}
+
+type metricsConfig struct {
+	Listen string `yaml:"listen"`
+}
+
+type logConfig struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+type backendConfig struct {
+	Addr              string        `yaml:"addr"`
+	Username          string        `yaml:"username"`
+	Password          string        `yaml:"password" secret:"true"`
+	DB                int           `yaml:"db"`
+	DialTimeout       time.Duration `yaml:"dial_timeout"`
+	WriteTimeout      time.Duration `yaml:"write_timeout"`
+	SharedConnections int           `yaml:"shared_connections"`
+	TLS               clientTLS     `yaml:"tls"`
+}
+
+type lockConfig struct {
+	Nodes        []string      `yaml:"nodes"`
+	Username     string        `yaml:"username"`
+	Password     string        `yaml:"password" secret:"true"`
+	TLS          clientTLS     `yaml:"tls"`
+	NodeTimeout  time.Duration `yaml:"node_timeout"`
+	DriftFactor  float64       `yaml:"drift_factor"`
+	MaxTTL       time.Duration `yaml:"max_ttl"`
+	MaxWait      time.Duration `yaml:"max_wait"`
+	KeyPrefix    string        `yaml:"key_prefix"`
+	GuardBackend string        `yaml:"guard_backend"`
+}
+
+type limitsConfig struct {
+	MaxClients      int           `yaml:"max_clients"`
+	MaxBulkLen      int64         `yaml:"max_bulk_len"`
+	MaxMultibulkLen int64         `yaml:"max_multibulk_len"`
+	MaxInlineLen    int64         `yaml:"max_inline_len"`
+	IdleTimeout     time.Duration `yaml:"idle_timeout"`
+	CommandTimeout  time.Duration `yaml:"command_timeout"`
+}
+
+// clientTLS is how the proxy connects to the backend or the lock nodes.
+type clientTLS struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file" secret:"true"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// embedded is the address that asks for an in-process Redis-compatible
+// node instead of a real one.
+const embedded = "embedded"
+
+// defaultFileConfig is the configuration of an empty file. The settings
+// that reach a package are that package's defaults, so each default is
+// stated once, in the package's DefaultConfig; the rest are main's own.
+func defaultFileConfig() fileConfig {
+	q, c, p := quorum.DefaultConfig(), commands.DefaultConfig(), proxy.DefaultConfig()
+	var f fileConfig
+	f.Listen = "127.0.0.1:6380"
+	f.ShutdownTimeout = 10 * time.Second
+	f.Log = logConfig{Level: "info", Format: "console"}
+	f.Backend = backendConfig{
+		DB:                p.Backend.DB,
+		DialTimeout:       p.Backend.DialTimeout,
+		WriteTimeout:      p.Backend.WriteTimeout,
+		SharedConnections: p.Backend.SharedConnections,
+	}
+	f.Lock = lockConfig{
+		NodeTimeout:  q.NodeTimeout,
+		DriftFactor:  q.DriftFactor,
+		KeyPrefix:    q.KeyPrefix,
+		MaxTTL:       c.MaxTTL,
+		MaxWait:      c.MaxWait,
+		GuardBackend: "auto",
+	}
+	f.Limits = limitsConfig{
+		MaxClients:      p.MaxClients,
+		MaxBulkLen:      p.MaxBulkLen,
+		MaxMultibulkLen: p.MaxMultibulkLen,
+		MaxInlineLen:    p.MaxInlineLen,
+		IdleTimeout:     p.IdleTimeout,
+		CommandTimeout:  p.CommandTimeout,
+	}
+	return f
+}
+
+// loadConfig decodes the file at path strictly over the defaults (an
+// unknown key is an error) and then applies the overrides in order, each
+// decoded by the same decoder into its field.
+func loadConfig(path string, overrides []override) (*fileConfig, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg := defaultFileConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, o := range overrides {
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	return &cfg, nil
+}
+
+// validate reports every bad setting, joined: main's own rules here, each
+// package's in its Config's Validate.
+func (c *fileConfig) validate() error {
+	var errs []error
+	if c.Listen == "" {
+		errs = append(errs, errors.New("listen is empty"))
+	}
+	if c.Backend.Addr == "" {
+		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\")"))
+	}
+	if len(c.Lock.Nodes) == 0 {
+		errs = append(errs, errors.New("lock.nodes is empty"))
+	}
+	for i, n := range c.Lock.Nodes {
+		if strings.TrimSpace(n) == "" {
+			errs = append(errs, fmt.Errorf("lock.nodes[%d] is empty", i))
+		}
+	}
+	if !slices.Contains([]string{"auto", "on", "off"}, c.Lock.GuardBackend) {
+		errs = append(errs, fmt.Errorf("lock.guard_backend %q: want auto, on or off", c.Lock.GuardBackend))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("shutdown_timeout must be positive"))
+	}
+	if c.GOMAXPROCS < 0 {
+		errs = append(errs, errors.New("gomaxprocs must not be negative"))
+	}
+	if _, err := parseLevel(c.Log.Level); err != nil {
+		errs = append(errs, err)
+	}
+	if !slices.Contains([]string{"console", "json"}, c.Log.Format) {
+		errs = append(errs, fmt.Errorf("log.format %q: want console or json", c.Log.Format))
+	}
+	if c.TLS.RequireClientCert && c.TLS.ClientCAFile == "" {
+		errs = append(errs, errors.New("tls.require_client_cert needs tls.client_ca_file"))
+	}
+	if c.Limits.CommandTimeout > 0 && c.Limits.CommandTimeout <= c.Lock.MaxWait {
+		// A LOCK ... WAIT as long as lock.max_wait allows would be cut
+		// short by the command timeout: reject what cannot work.
+		errs = append(errs, fmt.Errorf("limits.command_timeout (%v) must be longer than lock.max_wait (%v)",
+			c.Limits.CommandTimeout, c.Lock.MaxWait))
+	}
+	errs = append(errs, c.quorumConfig().Validate(), c.commandsConfig().Validate(), c.proxyConfig().Validate())
+	return errors.Join(errs...)
+}
+
+// quorumConfig maps the lock section onto the lock engine's Config.
+func (c *fileConfig) quorumConfig() quorum.Config {
+	q := quorum.DefaultConfig()
+	q.NodeTimeout = c.Lock.NodeTimeout
+	q.DriftFactor = c.Lock.DriftFactor
+	q.KeyPrefix = c.Lock.KeyPrefix
+	q.MaxTTL = c.Lock.MaxTTL
+	return q
+}
+
+// commandsConfig maps the lock section onto the lock commands' Config.
+func (c *fileConfig) commandsConfig() commands.Config {
+	return commands.Config{MaxTTL: c.Lock.MaxTTL, MaxWait: c.Lock.MaxWait}
+}
+
+// proxyConfig maps the file onto the proxy's Config, except what needs the
+// running program: the TLS configurations (read from files), the local
+// commands, INFO and the key guard. Backend.Addr is the file's, which may
+// still be "embedded".
+func (c *fileConfig) proxyConfig() proxy.Config {
+	p := proxy.DefaultConfig()
+	b := c.Backend
+	p.Backend.Addr = b.Addr
+	p.Backend.Username, p.Backend.Password = b.Username, b.Password
+	p.Backend.DB = b.DB
+	p.Backend.DialTimeout, p.Backend.WriteTimeout = b.DialTimeout, b.WriteTimeout
+	p.Backend.SharedConnections = b.SharedConnections
+	p.Limits = c.clientLimits()
+	p.CommandTimeout = c.Limits.CommandTimeout
+	if c.Auth.Requirepass != "" || len(c.Auth.Users) > 0 {
+		p.Users = make(map[string]string, len(c.Auth.Users)+1)
+		for u, pw := range c.Auth.Users {
+			p.Users[u] = pw
+		}
+		if c.Auth.Requirepass != "" {
+			p.Users["default"] = c.Auth.Requirepass
+		}
+	}
+	return p
+}
+
+// clientLimits are the limits a running proxy can change (SIGHUP).
+func (c *fileConfig) clientLimits() proxy.Limits {
+	return proxy.Limits{
+		MaxClients:      c.Limits.MaxClients,
+		MaxBulkLen:      c.Limits.MaxBulkLen,
+		MaxMultibulkLen: c.Limits.MaxMultibulkLen,
+		MaxInlineLen:    c.Limits.MaxInlineLen,
+		IdleTimeout:     c.Limits.IdleTimeout,
+	}
+}
+
+// configure loads the configuration the command line names, with the
+// environment's and the flags' overrides, and validates it.
+func configure(o options, env []string) (*fileConfig, error) {
+	overrides, err := envOverrides(env)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loadConfig(o.path, append(overrides, o.flags...))
+	if err != nil {
+		return nil, err
+	}
+	return cfg, cfg.validate()
+}
+
+// nodeOptions are the go-redis options of the lock nodes at addrs.
+func (c *fileConfig) nodeOptions(addrs []string) ([]*redis.Options, error) {
+	tlsCfg, err := c.Lock.TLS.build()
+	if err != nil {
+		return nil, fmt.Errorf("lock.tls: %w", err)
+	}
+	opts := make([]*redis.Options, len(addrs))
+	for i, a := range addrs {
+		opts[i] = &redis.Options{Addr: a, Username: c.Lock.Username, Password: c.Lock.Password, TLSConfig: tlsCfg}
+		if strings.HasPrefix(a, "/") {
+			opts[i].Network = "unix"
+		}
+	}
+	return opts, nil
+}
+
+// guardPrefix is the key prefix the proxy must keep forwarded commands
+// away from (lock.guard_backend), or "": "on" always guards, "auto" when
+// the backend is one of the lock nodes.
+func (c *fileConfig) guardPrefix(backend string, nodes []string) string {
+	if c.Lock.GuardBackend == "on" || (c.Lock.GuardBackend == "auto" && sameNode(backend, nodes)) {
+		return c.Lock.KeyPrefix
+	}
+	return ""
+}
+
+// sameNode reports whether the backend is one of the lock nodes, comparing
+// resolved addresses so that localhost and 127.0.0.1 match.
+func sameNode(backend string, nodes []string) bool {
+	norm := func(a string) string {
+		if t, err := net.ResolveTCPAddr("tcp", a); err == nil {
+			return t.String()
+		}
+		return a
+	}
+	b := norm(backend)
+	for _, n := range nodes {
+		if norm(n) == b {
+			return true
+		}
+	}
+	return false
+}
