@@ -29,11 +29,18 @@
 // the lock protects should reject writes carrying a smaller fence than one it
 // has seen (see Martin Kleppmann, "How to do distributed locking",
 // https://martin.kleppmann.com/2016/02/08/how-to-do-distributed-locking.html).
-// Both mutual exclusion and fence order hold only while a majority of nodes
-// keeps its data: a node that restarts empty forgets the locks it granted,
-// and if that leaves a majority unaware of a live lock, a second holder can
-// get it. Run nodes with persistence (appendfsync always), or keep a
-// restarted node out of service for longer than the largest ttl.
+// A node that restarts empty, is flushed or replaced forgets the locks it
+// granted, and plain Redlock can then grant a lock twice. A Locker does not
+// count such a node until it cannot have forgotten a live lock: every node
+// of a deployment in use holds a marker that every call reports, and a node
+// without it is brought back by copying the live locks from the other nodes,
+// or counts again once Config.MaxTTL has passed since the loss. recovery.go
+// gives the argument for safety and walks through the races. Extend puts a
+// held lock back on nodes that lack it, and a lock won while a node still
+// showed the previous holder is placed there later (place.go), so that
+// locks do not rest on a bare majority. What stays out of reach: a majority
+// of the nodes losing their data at once, and a node that keeps its marker
+// but loses recent writes (persistence without appendfsync always).
 //
 // Waiters (Options.Wait) queue per resource in arrival order and are woken by
 // a release notification that Unlock publishes on "<prefix>released", which
@@ -45,10 +52,12 @@
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
 // (a string with the holder's fence and token, expiring with the lock),
-// "<prefix>fence" (one counter per node) and "<prefix>released". State on the
-// nodes therefore does not grow with the number of resources ever locked.
+// "<prefix>fence" (one counter per node), "<prefix>intact" (the marker),
+// "<prefix>recovery" and "<prefix>released". State on the nodes therefore
+// does not grow with the number of resources ever locked.
 //
-// A Locker tracks whether each node's last call succeeded (NodesUp, Ready for
-// a readiness probe) and exports that, per-node errors and timeouts, and the
-// wait and handoff times of waiters as Prometheus metrics (Locker.Collect).
+// A Locker tracks whether each node's last call succeeded and whether it
+// kept its data (Status, NodesUp, Ready for a readiness probe) and exports
+// that, per-node errors and timeouts, losses and recoveries, and the wait
+// and handoff times of waiters as Prometheus metrics (Locker.Collect).
 package quorum
