@@ -792,3 +792,40 @@ func BenchmarkLockUnlock(b *testing.B) {
 		})
 	}
 }
+
+// TestKeepAliveSurvivesNodeLoss: a KEEPALIVE lock survives the loss of any
+// one node of three, killed and then back empty, one after the other: the
+// extensions heal it onto every node, and a node back empty gets it again
+// before it counts.
+func TestKeepAliveSurvivesNodeLoss(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	a.lock("LOCK", "kept", "900", "KEEPALIVE")
+	var ext uint64
+	for i, n := range e.nodes {
+		n.Kill()
+		ext += 2
+		e.waitExtensions(t, ext)
+		if r := b.do("LOCK", "kept", "900"); r != nullReply(false) {
+			t.Fatalf("LOCK of the kept lock with node %d down = %q, want null", i, r)
+		}
+		n.Restart() // without persistence: empty
+		ext += 2
+		e.waitExtensions(t, ext)
+		if r := b.do("LOCK", "kept", "900"); r != nullReply(false) {
+			t.Fatalf("LOCK of the kept lock with node %d back empty = %q, want null", i, r)
+		}
+		// Before the next node goes, this one has its marker again and
+		// holds the kept lock.
+		if !eventually(5*time.Second, func() bool {
+			marker, _ := n.Do("EXISTS", "lockproxy:intact")
+			lock, _ := n.Do("EXISTS", "lockproxy:lock:kept")
+			return marker == ":1" && lock == ":1"
+		}) {
+			t.Fatalf("node %d did not get its marker and the kept lock back", i)
+		}
+		ext += 2
+		e.waitExtensions(t, ext)
+	}
+}
