@@ -3,7 +3,6 @@ package commands
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"time"
 
@@ -368,15 +367,7 @@ func appendEngineErr(dst []byte, err error) []byte {
 	switch {
 	case errors.As(err, &nq):
 		dst = append(dst, "-NOQUORUM "...)
-		dst = strconv.AppendInt(dst, int64(nq.Answered), 10)
-		dst = append(dst, " of "...)
-		dst = strconv.AppendInt(dst, int64(nq.Total), 10)
-		dst = append(dst, " lock nodes answered"...)
-		if nq.Recovering > 0 {
-			dst = append(dst, ", "...)
-			dst = strconv.AppendInt(dst, int64(nq.Recovering), 10)
-			dst = append(dst, " recovering from lost data"...)
-		}
+		dst = append(dst, nq.Reply()...)
 		return append(dst, "\r\n"...)
 	case errors.Is(err, context.DeadlineExceeded):
 		return redcon.AppendError(dst, msgTimedOut)

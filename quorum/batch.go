@@ -51,13 +51,15 @@ var (
 	opPlace   = &op{name: "place"}
 	opStatus  = &op{name: "status"}
 	opInit    = &op{name: "init"}
+	opHandoff = &op{name: "handoff"}
 )
 
 // reply is one node's answer in a round.
 type reply struct {
-	val   int64 // the script's integer
-	state int8  // the node's state in the same call: stateIntact, ...
-	err   error
+	val      int64 // the script's integer
+	state    int8  // the node's state in the same call: stateIntact, ...
+	released bool  // handoff: the releasing token owned the lock
+	err      error
 }
 
 // smallRound is the number of nodes that fit in a round without more
@@ -74,6 +76,7 @@ const maxOps = 128
 // zero signals done, and the caller reads res after that.
 type round struct {
 	ctx         context.Context // the caller's
+	start       time.Time       // when the round was made
 	ctxDeadline time.Time       // ctx's deadline, if any
 	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
 	op          *op
@@ -105,7 +108,8 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	} else {
 		r.res, r.fin = make([]reply, nodes), make([]atomic.Bool, nodes)
 	}
-	r.deadline = time.Now().Add(l.cfg.NodeTimeout)
+	r.start = time.Now()
+	r.deadline = r.start.Add(l.cfg.NodeTimeout)
 	r.ctxDeadline = time.Time{}
 	if d, ok := ctx.Deadline(); ok {
 		r.ctxDeadline = d
@@ -354,7 +358,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 func (l *Locker) complete(n *node, req request, rep reply) {
 	l.observe(req.r.ctx, n, rep.err)
 	if rep.err == nil {
-		l.observeState(n, rep.state)
+		l.observeState(n, rep.state, req.r.start)
 	}
 	req.r.complete(req.i, rep)
 }
@@ -398,6 +402,14 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 		switch x := a[i].(type) {
 		case int64:
 			return reply{val: x, state: int8(state)}
+		case []any: // handoff: {released, result}
+			if len(x) == 2 {
+				r, ok1 := x[0].(int64)
+				v, ok2 := x[1].(int64)
+				if ok1 && ok2 {
+					return reply{val: v, released: r == 1, state: int8(state)}
+				}
+			}
 		case error:
 			return reply{err: x}
 		}

@@ -110,7 +110,7 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	cfg := testConfig()
 	cfg.MaxTTL = 3 * time.Second
 	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}
-	mustUnlock(t, lockers[0], "warm-up", mustLock(t, lockers[0], "warm-up", time.Second, Options{}).Token)
+	warm(t, c, lockers[0])
 
 	st := &storage{last: map[string]int64{}, lastBy: map[string]int{}}
 	resources := []string{"r0", "r1", "r2", "r3"}

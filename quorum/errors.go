@@ -24,14 +24,30 @@ type NoQuorumError struct {
 	Answered   int // nodes that gave a usable reply
 	Total      int // configured nodes
 	Recovering int // of those that answered, nodes that lost their data and do not count yet
+	// Unmarked is, of those that answered, the nodes of a deployment never
+	// used, which count once every node has answered once.
+	Unmarked int
 }
 
 // Error returns, for example, "quorum: 1 of 3 lock nodes answered", with
 // ", 1 recovering from lost data" after it when nodes that answered could
 // not count.
 func (e *NoQuorumError) Error() string {
+	return "quorum: " + e.Reply()
+}
+
+// Reply returns the error without the package prefix, as LOCK, UNLOCK and
+// EXTEND answer it after "NOQUORUM ": for example "1 of 3 lock nodes
+// answered", with ", 1 recovering from lost data" or ", 2 new: a new
+// deployment is used once every node has answered" after it when nodes
+// that answered could not count.
+func (e *NoQuorumError) Reply() string {
+	s := fmt.Sprintf("%d of %d lock nodes answered", e.Answered, e.Total)
 	if e.Recovering > 0 {
-		return fmt.Sprintf("quorum: %d of %d lock nodes answered, %d recovering from lost data", e.Answered, e.Total, e.Recovering)
+		s += fmt.Sprintf(", %d recovering from lost data", e.Recovering)
 	}
-	return fmt.Sprintf("quorum: %d of %d lock nodes answered", e.Answered, e.Total)
+	if e.Unmarked > 0 {
+		s += fmt.Sprintf(", %d new: a new deployment is used once every node has answered", e.Unmarked)
+	}
+	return s
 }

@@ -75,6 +75,24 @@ func quiet(cfg Config) Config {
 	return cfg
 }
 
+// warm takes and releases a lock through l, which on fresh nodes creates
+// their markers, and waits until every node has its marker and counts for
+// l: a test that injects faults starts from a deployment in use.
+func warm(tb testing.TB, c *cluster, l *Locker) {
+	tb.Helper()
+	// Set-up, not the test: a round that misses NodeTimeout on a loaded
+	// machine is tried again.
+	eventually(tb, "a warm-up lock", func() bool {
+		lk, err := l.Lock(ctxT(tb), "warm-up", time.Second, Options{})
+		return err == nil && l.Unlock(ctxT(tb), "warm-up", lk.Token) == nil
+	})
+	for i := range c.servers {
+		if !c.killed[i] {
+			waitRecovered(tb, l, i)
+		}
+	}
+}
+
 // waitRecovered waits until node i has its marker again and l counts it
 // towards grants.
 func waitRecovered(tb testing.TB, l *Locker, i int) {

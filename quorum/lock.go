@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -107,7 +108,7 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration) (Lock, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	w := l.enqueue(resource)
+	w := l.enqueue(resource, token, ttl)
 	defer l.leave(resource, w)
 
 	select {
@@ -143,22 +144,46 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		if hint > 0 {
 			delay = min(delay, hint)
 		}
+		// Between attempts an Unlock of the holder may hand this waiter
+		// the lock in its own round (see handOver).
+		l.setIdle(w, true)
 		t := time.NewTimer(delay)
+		var stop error // why to stop waiting, if a handoff does not succeed
+		var h handoff
+		handed := false
 		select {
+		case h = <-w.handed:
+			handed = true
 		case <-wake:
 			woken = time.Now()
 		case <-t.C:
 		case <-deadline.C:
-			t.Stop()
-			return Lock{}, err
+			stop = err
 		case <-ctx.Done():
-			t.Stop()
-			return Lock{}, fmt.Errorf("lock %q: %w", resource, ctx.Err())
+			stop = fmt.Errorf("lock %q: %w", resource, ctx.Err())
 		case <-l.done:
-			t.Stop()
-			return Lock{}, errClosed
+			stop = errClosed
 		}
 		t.Stop()
+		if !handed && l.setIdle(w, false) {
+			h, handed = <-w.handed, true // a handoff under way: its outcome decides
+		}
+		if handed && h.ok {
+			if cerr := ctxErr(ctx); cerr != nil || errors.Is(stop, errClosed) {
+				// The caller is gone: hand the lock on at once.
+				l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
+				if cerr == nil {
+					return Lock{}, errClosed
+				}
+				return Lock{}, fmt.Errorf("lock %q: %w", resource, cerr)
+			}
+			l.waitSeconds.Observe(sinceSeconds(start))
+			l.handoffSeconds.Observe(sinceSeconds(h.start))
+			return h.lk, nil
+		}
+		if stop != nil {
+			return Lock{}, stop
+		}
 	}
 }
 
@@ -186,6 +211,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		answered   int // nodes that gave a usable reply
 		abstained  int // of those, nodes that granted without a marker: no vote
 		recovering int // of those, nodes that lost their data
+		unmarked   int // of those, nodes of a deployment not yet in use
 		grantedBuf [smallRound]grant
 		ownedBuf   [smallRound]*node
 		heldBuf    [smallRound]*node
@@ -214,8 +240,11 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		for i, r := range res {
 			if r.err == nil {
 				answered++
-				if l.lostState(r) {
+				switch {
+				case l.lostState(r, start):
 					recovering++
+				case !counts(r, fresh):
+					unmarked++
 				}
 			}
 			switch {
@@ -251,14 +280,40 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		return Lock{}, hint, abstained > 0 && l.seenSince(start), err
 	}
 	if answered-abstained < l.quorum {
-		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering})
+		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked})
 	}
 	if votes < l.quorum {
 		return fail(ErrNotAcquired)
 	}
 
-	// Raise every granting node that stored a smaller fence; a node without
-	// the marker too, so that it stores the fence of the holding it has.
+	if !l.confirm(ctx, key, token, granted, fence) {
+		return fail(ErrNotAcquired)
+	}
+	v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
+	if v <= 0 {
+		return fail(ErrNotAcquired)
+	}
+	if err := ctxErr(ctx); err != nil {
+		// The caller is gone: hand the lock on at once.
+		l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
+		return Lock{}, 0, false, fmt.Errorf("lock %q: %w", resource, err)
+	}
+	if len(held) > 0 {
+		// The lock won a majority while these nodes still showed another
+		// holder, typically the one whose release woke this waiter and has
+		// not reached them yet: place it there once they are free, so that
+		// it does not rest on a bare majority.
+		l.schedulePlacement(resource, token, fence, start.Add(ttl), held, hint)
+	}
+	return Lock{Token: token, Validity: v, Fence: fence}, 0, false, nil
+}
+
+// confirm makes sure that a majority of the nodes that count has a fence
+// counter of at least fence, the largest that a counting node granted:
+// granting nodes that stored a smaller fence are raised to it (nodes
+// without the marker too, so that they store the fence of the holding they
+// have). It reports whether the majority was reached.
+func (l *Locker) confirm(ctx context.Context, key, token string, granted []grant, fence int64) bool {
 	confirmed := 0 // counting nodes whose counter is known to be >= fence
 	var behind []*node
 	var behindCounts []bool
@@ -281,26 +336,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 			}
 		})
 	}
-	if confirmed < l.quorum {
-		return fail(ErrNotAcquired)
-	}
-	v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
-	if v <= 0 {
-		return fail(ErrNotAcquired)
-	}
-	if err := ctxErr(ctx); err != nil {
-		// The caller is gone: hand the lock on at once.
-		l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
-		return Lock{}, 0, false, fmt.Errorf("lock %q: %w", resource, err)
-	}
-	if len(held) > 0 {
-		// The lock won a majority while these nodes still showed another
-		// holder, typically the one whose release woke this waiter and has
-		// not reached them yet: place it there once they are free, so that
-		// it does not rest on a bare majority.
-		l.schedulePlacement(resource, token, fence, start.Add(ttl), held, hint)
-	}
-	return Lock{Token: token, Validity: v, Fence: fence}, 0, false, nil
+	return confirmed >= l.quorum
 }
 
 // grant is one node's grant in an attempt.
@@ -341,6 +377,65 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 	return deleted, answered
 }
 
+// handOver releases resource's lock of token and, in the same round, takes
+// it for w, the head of the local waiters, which was between attempts: on
+// each node the handoff operation releases the lock if token owns it and
+// takes it for w's token if it is then free. That is a Redlock acquisition
+// of its own (a majority of counting nodes, the fences confirmed, validity
+// measured from the start of the round), so the lock changes hands in one
+// round trip instead of a release, a notification and an acquisition.
+// Whatever the outcome, w gets it on w.handed; when w did not get a
+// majority, what it got is released first, and w attempts as before. It
+// returns, like release, on how many nodes token's lock was deleted and how
+// many answered. Waiters of other Lockers are not notified of a lock that
+// was handed on; they find it free once this Locker has no waiter left.
+func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter) (deleted, answered int) {
+	start := time.Now()
+	key := l.lockPrefix + resource
+	var (
+		votes   int
+		fence   int64
+		granted []grant
+		owned   []*node // nodes where w's token may hold the lock
+	)
+	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + ":" + w.token
+	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, x)
+	l.fanout(l.nodes, r, func(res []reply) {
+		for i, r := range res {
+			if r.err != nil {
+				owned = append(owned, l.nodes[i])
+				continue
+			}
+			answered++
+			if r.released {
+				deleted++
+			}
+			if r.val > 0 {
+				owned = append(owned, l.nodes[i])
+				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, false)}
+				granted = append(granted, g)
+				if g.counts {
+					votes++
+					fence = max(fence, r.val)
+				}
+			}
+		}
+	})
+	bg := context.WithoutCancel(ctx)
+	h := handoff{start: start}
+	if votes >= l.quorum && l.confirm(bg, key, w.token, granted, fence) {
+		if v := validity(w.ttl, time.Since(start), l.cfg.DriftFactor); v > 0 {
+			h.lk, h.ok = Lock{Token: w.token, Validity: v, Fence: fence}, true
+		}
+	}
+	if !h.ok {
+		l.release(bg, owned, resource, w.token, false)
+		l.notify(resource)
+	}
+	l.deliver(w, h)
+	return deleted, answered
+}
+
 // Unlock releases resource on every node where token owns it. It returns
 // nil when the lock was deleted on a majority, ErrNotHeld when token does
 // not own it on a majority, a *NoQuorumError when fewer than a majority
@@ -355,7 +450,12 @@ func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 		return ErrNotHeld
 	}
 	l.cancelPlacement(resource, token)
-	deleted, answered := l.release(ctx, l.nodes, resource, token, true)
+	var deleted, answered int
+	if w := l.claimHandoff(resource, token); w != nil {
+		deleted, answered = l.handOver(ctx, resource, token, w)
+	} else {
+		deleted, answered = l.release(ctx, l.nodes, resource, token, true)
+	}
 	switch {
 	case deleted >= l.quorum:
 		return nil
@@ -390,6 +490,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		answered, extended int
 		abstained          int     // nodes that extended without a marker: no vote
 		recovering         int     // nodes that answered and lost their data
+		unmarked           int     // nodes that answered, of a deployment not yet in use
 		fence              int64   // the largest stored fence of the token
 		missing            []*node // nodes where the lock is free
 	)
@@ -403,8 +504,11 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		for i, r := range res {
 			if r.err == nil {
 				answered++
-				if l.lostState(r) {
+				switch {
+				case l.lostState(r, start):
 					recovering++
+				case !counts(r, fresh):
+					unmarked++
 				}
 			}
 			switch {
@@ -439,7 +543,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	case ctxErr(ctx) != nil:
 		return 0, fmt.Errorf("extend %q: %w", resource, ctxErr(ctx))
 	case answered-abstained < l.quorum:
-		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering}
+		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked}
 	default:
 		return 0, ErrNotHeld
 	}

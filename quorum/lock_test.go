@@ -150,6 +150,7 @@ func TestQuorumByKillingNodes(t *testing.T) {
 			c := startCluster(t, tt.nodes)
 			l := newLocker(t, c, testConfig())
 			ctx := ctxT(t)
+			warm(t, c, l)
 			for i := range tt.kill {
 				c.kill(i)
 			}
@@ -248,6 +249,7 @@ func TestCancelledWhileAcquiringReleases(t *testing.T) {
 func TestFenceAfterNodeRestartedEmpty(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
 	var last int64
 	for range 3 {
 		lk := mustLock(t, l, "orders", 10*time.Second, Options{})
@@ -285,7 +287,7 @@ func TestFenceAcrossNodeThatMissedAcquisitions(t *testing.T) {
 	// (It is paused after the deployment's first lock, which gave every
 	// node its marker: a node paused then would count only once brought up
 	// to date like a node that lost its data, counter included.)
-	mustUnlock(t, l, "first", mustLock(t, l, "first", 10*time.Second, Options{}).Token)
+	warm(t, c, l)
 	c.servers[2].Pause()
 	var last int64
 	for i := range 3 {

@@ -207,10 +207,13 @@ func (l *Locker) Ready(ctx context.Context) error {
 			continue
 		}
 		nq.Answered++
-		if counts(r, fresh) {
+		switch {
+		case counts(r, fresh):
 			votes++
-		} else if l.lostState(r) {
+		case l.lostState(r, start):
 			nq.Recovering++
+		default:
+			nq.Unmarked++
 		}
 	}
 	if votes >= l.quorum {

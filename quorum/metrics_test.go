@@ -171,6 +171,7 @@ func TestReady(t *testing.T) {
 	l := newLocker(t, c, testConfig())
 	reg := registry(t, l)
 	ctx := ctxT(t)
+	warm(t, c, l)
 
 	if err := l.Ready(ctx); err != nil {
 		t.Fatalf("Ready with 3 of 3 nodes: %v", err)

@@ -1,5 +1,7 @@
 package quorum
 
+import "time"
+
 // waitQueue holds the local waiters for one resource in arrival order. Only
 // the head contends on the nodes; the others wait for their turn, so a
 // Locker never splits the votes among its own waiters and serves them
@@ -15,12 +17,28 @@ type waitQueue struct {
 
 type waiter struct {
 	turn chan struct{} // closed when the waiter becomes the head
+
+	// What an Unlock of the resource needs to hand the lock to this
+	// waiter (see handOver), and the handoff's state, under Locker.mu.
+	token   string
+	ttl     time.Duration
+	idle    bool         // the head, between attempts: it may be handed the lock
+	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
+	handed  chan handoff // capacity 1
 }
 
-// enqueue appends a waiter for resource; it is the head if the queue was
-// empty.
-func (l *Locker) enqueue(resource string) *waiter {
-	w := &waiter{turn: make(chan struct{})}
+// handoff is the outcome of handing a lock to a waiter: ok with the Lock,
+// or not (the waiter then attempts as before).
+type handoff struct {
+	lk    Lock
+	ok    bool
+	start time.Time // when the handing round began
+}
+
+// enqueue appends a waiter for resource that would lock it with token for
+// ttl; it is the head if the queue was empty.
+func (l *Locker) enqueue(resource, token string, ttl time.Duration) *waiter {
+	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, handed: make(chan handoff, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[resource]
@@ -57,6 +75,42 @@ func (l *Locker) leave(resource string, w *waiter) {
 	if len(q.waiters) == 0 {
 		delete(l.queues, resource)
 	}
+}
+
+// setIdle marks w, the head, as between attempts (idle) or not. Leaving
+// idleness reports whether an Unlock took w for a handoff meanwhile: the
+// caller must then wait for the outcome on w.handed.
+func (l *Locker) setIdle(w *waiter, idle bool) (handing bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w.idle = idle
+	return w.handing
+}
+
+// claimHandoff returns the head waiting for resource if it is between
+// attempts and waits for another token than the releasing one, marked as
+// being handed the lock; nil otherwise.
+func (l *Locker) claimHandoff(resource, releasing string) *waiter {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queues[resource]
+	if q == nil {
+		return nil
+	}
+	w := q.waiters[0]
+	if !w.idle || w.handing || w.token == releasing {
+		return nil
+	}
+	w.idle, w.handing = false, true
+	return w
+}
+
+// deliver ends w's handoff with h.
+func (l *Locker) deliver(w *waiter, h handoff) {
+	l.mu.Lock()
+	w.handing = false
+	l.mu.Unlock()
+	w.handed <- h
 }
 
 // queued reports whether local waiters are queued for resource.

@@ -28,9 +28,10 @@ import (
 //
 //   - The marker. Every node of a deployment in use holds "<prefix>intact",
 //     a key without expiry, written once when the deployment is first used
-//     (all nodes that answered had no marker and no recovery, and the Locker
+//     (every node answered without a marker or a recovery, and the Locker
 //     never saw one: a fresh deployment, usable at once) or when a node's
-//     recovery ends. opsScript reports, in the same atomic call as the
+//     recovery ends. A node that missed that first round is brought in as a
+//     node that lost its data. opsScript reports, in the same atomic call as the
 //     operations, whether the marker exists, so there is no window between a
 //     loss and its detection: a node that lost its data answers its very
 //     next call without the marker. A node whose data survived a restart
@@ -121,13 +122,14 @@ type health struct {
 }
 
 // observeState tracks whether n kept its data from the state one of its
-// replies reported, and warns once per change. A node without a marker in
-// a deployment that may be fresh is not counted as lost.
-func (l *Locker) observeState(n *node, state int8) {
+// replies, to a round made at start, reported, and warns once per change.
+// A node without a marker in a deployment that may be fresh is not counted
+// as lost.
+func (l *Locker) observeState(n *node, state int8, start time.Time) {
 	if state != statePristine {
 		l.markSeen()
 	}
-	lost := state == stateRecovering || (state == statePristine && l.seen())
+	lost := l.lostState(reply{state: state}, start)
 	if state == statePristine {
 		n.health.mu.Lock()
 		if n.health.pristineSince.IsZero() {
@@ -186,32 +188,32 @@ func counts(rep reply, fresh bool) bool {
 	return rep.state == stateIntact || (fresh && rep.state == statePristine)
 }
 
-// lostState reports whether a reply's state shows a node that lost its
-// data, as opposed to one of a deployment that may be fresh.
-func (l *Locker) lostState(rep reply) bool {
-	return rep.state == stateRecovering || (rep.state == statePristine && l.seen())
+// lostState reports whether the state in a reply to a round made at start
+// shows a node that lost its data, as opposed to one of a deployment that
+// may be fresh (or was, when the round was made: its markers were being
+// created).
+func (l *Locker) lostState(rep reply, start time.Time) bool {
+	return rep.state == stateRecovering || (rep.state == statePristine && l.seen() && !l.seenSince(start))
 }
 
 // fresh reports whether res, the replies of a round begun at start to
-// every node, show a deployment that was never used: at least a majority
-// answered, none has a marker or a recovery, and this Locker saw neither
-// before the round began. Their nodes then count, so that a new deployment
-// works at once; initFresh creates the markers.
+// every node, show a deployment that was never used: every node answered,
+// none has a marker or a recovery, and this Locker saw neither before the
+// round began. Their nodes then count, so that a new deployment works at
+// once; initFresh creates the markers. All nodes must answer: a Locker
+// started after a loss that left only a minority with its marker must not
+// take the others for a new deployment because that minority was slow to
+// answer.
 func (l *Locker) fresh(res []reply, start time.Time) bool {
 	if l.seen() && !l.seenSince(start) {
 		return false
 	}
-	answered := 0
 	for _, r := range res {
-		if r.err != nil {
-			continue
-		}
-		if r.state != statePristine {
+		if r.err != nil || r.state != statePristine {
 			return false
 		}
-		answered++
 	}
-	return answered >= l.quorum
+	return len(res) == len(l.nodes)
 }
 
 // initFresh creates the marker, in one round, on every node that answered
@@ -278,7 +280,7 @@ func (l *Locker) watch() {
 				// few markers would wait for its deadline.
 				continue
 			}
-			if err := l.recover(ctx, n); err != nil && ctx.Err() == nil {
+			if err := l.recoverNode(ctx, n); err != nil && ctx.Err() == nil {
 				l.logger.Debug("lock node recovery step failed", zap.Int("node", n.index), zap.String("addr", n.addr), zap.Error(err))
 			}
 		}
@@ -307,10 +309,10 @@ func (l *Locker) probe(ctx context.Context) []reply {
 	return out
 }
 
-// recover advances n's recovery by one step: register it, then copy the
+// recoverNode advances n's recovery by one step: register it, then copy the
 // live locks from the other nodes once it is safe to read them, or end it
 // by the deadline.
-func (l *Locker) recover(ctx context.Context, n *node) error {
+func (l *Locker) recoverNode(ctx context.Context, n *node) error {
 	wait := l.cfg.MaxTTL + l.settle()
 	v, err := l.run(ctx, n, beginScript, []string{l.markerArg.(string), l.recoveryArg.(string)}, uuid.NewString(), wait.Milliseconds())
 	if err != nil {
@@ -372,10 +374,18 @@ type copied struct {
 // readLocks reads the live locks and the fence counters of every node but
 // n that has the marker, and merges them. It returns the locks, the largest
 // counter, and how many nodes were read completely.
+//
+// Only locks that n may have granted before its loss matter, and those
+// were written before the read began (the watcher waited for every round
+// that could have counted n). So each source's counter is taken at its
+// first read, and a lock stored with a larger fence, written since by an
+// acquisition that never counted n, is left out. A key whose readings still
+// name different owners is read again after the rounds in flight at the
+// first read have ended (an attempt's leftover is gone by then); one still
+// disputed after that becomes a lock no token owns.
 func (l *Locker) readLocks(ctx context.Context, n *node) (map[string]copied, int64, int) {
-	locks := make(map[string]copied)
 	var floor int64
-	sources := 0
+	var read []source
 	pattern := globEscape(l.lockPrefix) + "*"
 	for _, src := range l.nodes {
 		if src == n {
@@ -385,20 +395,72 @@ func (l *Locker) readLocks(ctx context.Context, n *node) (map[string]copied, int
 		if err != nil {
 			continue
 		}
-		sources++
 		floor = max(floor, counter)
-		for k, c := range got {
+		read = append(read, source{src, counter, got})
+	}
+	locks := make(map[string]copied)
+	var disputed []string
+	for _, s := range read {
+		for k, c := range s.locks {
 			locks[k] = merge(locks[k], c)
 		}
 	}
-	return locks, floor, sources
+	for k, c := range locks {
+		if _, _, ok := splitLock(c.value); !ok {
+			disputed = append(disputed, k)
+		}
+	}
+	for try := 0; try < 2 && len(disputed) > 0; try++ {
+		t := time.NewTimer(l.settle())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return locks, floor, len(read)
+		}
+		again := make(map[string]copied, len(disputed))
+		for _, s := range read {
+			got, err := l.peek(ctx, s, disputed)
+			if err != nil {
+				return locks, floor, 0 // no longer intact: start over
+			}
+			for k, c := range got {
+				again[k] = merge(again[k], c)
+			}
+		}
+		disputed = disputed[:0]
+		for k := range locks {
+			if _, _, ok := splitLock(locks[k].value); ok {
+				continue
+			}
+			c, found := again[k]
+			switch {
+			case !found:
+				delete(locks, k) // gone everywhere: released or expired
+			default:
+				locks[k] = c
+				if _, _, ok := splitLock(c.value); !ok {
+					disputed = append(disputed, k)
+				}
+			}
+		}
+	}
+	return locks, floor, len(read)
 }
 
-// dump reads every live lock of src and its counter, failing if src has no
-// marker at any step.
+// source is one node that kept its data, as readLocks read it.
+type source struct {
+	node    *node
+	counter int64 // its fence counter at the first read
+	locks   map[string]copied
+}
+
+// dump reads every live lock of src that was stored with a fence no larger
+// than src's counter at the first step, and that counter, failing if src
+// has no marker at any step.
 func (l *Locker) dump(ctx context.Context, src *node, pattern string) (map[string]copied, int64, error) {
 	out := make(map[string]copied)
-	var counter int64
+	counter := int64(-1)
 	cursor := "0"
 	keys := []string{l.markerArg.(string), l.fenceArg.(string)}
 	for {
@@ -411,25 +473,61 @@ func (l *Locker) dump(ctx context.Context, src *node, pattern string) (map[strin
 			return nil, 0, fmt.Errorf("no marker (%v)", v)
 		}
 		cursor, _ = a[1].(string)
-		c, _ := a[2].(string)
-		cv, err := strconv.ParseInt(c, 10, 64)
-		if err != nil {
-			return nil, 0, fmt.Errorf("fence counter %q: %w", c, err)
+		if counter < 0 {
+			c, _ := a[2].(string)
+			if counter, err = strconv.ParseInt(c, 10, 64); err != nil {
+				return nil, 0, fmt.Errorf("fence counter %q: %w", c, err)
+			}
 		}
-		counter = max(counter, cv)
 		for i := 3; i < len(a); i += 3 {
 			k, _ := a[i].(string)
 			val, _ := a[i+1].(string)
 			p, _ := a[i+2].(int64)
-			if val == "" {
-				val = "0" // another type: held, by no token
+			if c, ok := reading(val, p, counter); ok {
+				out[k] = merge(out[k], c)
 			}
-			out[k] = merge(out[k], copied{value: val, pttl: p})
 		}
 		if cursor == "0" {
 			return out, counter, nil
 		}
 	}
+}
+
+// peek reads keys of s again, as dump does.
+func (l *Locker) peek(ctx context.Context, s source, keys []string) (map[string]copied, error) {
+	v, err := l.run(ctx, s.node, peekScript, append([]string{l.markerArg.(string)}, keys...))
+	if err != nil {
+		return nil, err
+	}
+	a, _ := v.([]any)
+	if len(a) != 1+2*len(keys) {
+		return nil, fmt.Errorf("no marker (%v)", v)
+	}
+	out := make(map[string]copied, len(keys))
+	for i, k := range keys {
+		val, _ := a[1+2*i].(string)
+		p, _ := a[2+2*i].(int64)
+		if p == -2 {
+			continue
+		}
+		if c, ok := reading(val, p, s.counter); ok {
+			out[k] = c
+		}
+	}
+	return out, nil
+}
+
+// reading is one lock value read from a source whose counter was counter
+// at the first read: ok is false for a lock stored since with a larger
+// fence. A key of another type (an empty value) is held, by no token.
+func reading(val string, pttl, counter int64) (copied, bool) {
+	if val == "" {
+		return copied{value: "0", pttl: pttl}, true
+	}
+	if _, fence, _ := splitLock(val); fence > counter {
+		return copied{}, false
+	}
+	return copied{value: val, pttl: pttl}, true
 }
 
 // merge combines two readings of one lock. The same owner keeps the larger
@@ -544,7 +642,7 @@ func (l *Locker) finish(ctx context.Context, n *node, id string, floor int64, by
 	}
 	n.health.deadline, n.health.waitsCopy = time.Time{}, false
 	n.health.mu.Unlock()
-	l.observeState(n, stateIntact)
+	l.observeState(n, stateIntact, time.Now())
 	return nil
 }
 

@@ -58,7 +58,7 @@ func TestDataLossScenario(t *testing.T) {
 	c := startCluster(t, 3)
 	a := newLocker(t, c, testConfig())
 	b := newLocker(t, c, testConfig())
-	mustUnlock(t, a, "warm-up", mustLock(t, a, "warm-up", time.Second, Options{}).Token)
+	warm(t, c, a)
 
 	// A locks R while node 2 is cut off: R is on nodes 0 and 1.
 	c.servers[2].CutOff()
@@ -127,6 +127,7 @@ func TestDataLossDetection(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := startClusterArgs(t, 3, tt.args...)
 			l := newLocker(t, c, testConfig())
+			warm(t, c, l)
 			lk := mustLock(t, l, "R", 20*time.Second, Options{})
 			for i := range 3 {
 				if h := c.holder(t, i, "R"); h != lk.Token {
@@ -183,6 +184,7 @@ func TestFreshDeploymentUsableAtOnce(t *testing.T) {
 func TestRecoveryWithinASecond(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, DefaultConfig())
+	warm(t, c, l)
 	for i := range 50 {
 		mustLock(t, l, fmt.Sprintf("held-%d", i), 30*time.Second, Options{})
 	}
@@ -211,6 +213,7 @@ func TestRecoveryByDeadline(t *testing.T) {
 	cfg := testConfig()
 	cfg.MaxTTL = 2 * time.Second
 	l := newLocker(t, c, cfg)
+	warm(t, c, l)
 	lk := mustLock(t, l, "R", 2*time.Second, Options{})
 	validUntil := time.Now().Add(lk.Validity)
 
@@ -246,7 +249,7 @@ func TestRecoveryByDeadline(t *testing.T) {
 func TestNodeBackUsedAtOnce(t *testing.T) {
 	c := startClusterArgs(t, 3, "--appendonly", "yes", "--appendfsync", "always")
 	l := newLocker(t, c, testConfig())
-	mustUnlock(t, l, "warm-up", mustLock(t, l, "warm-up", time.Second, Options{}).Token)
+	warm(t, c, l)
 	c.kill(0)
 	for range 50 { // many more failed dials than any pool's size
 		mustUnlock(t, l, "r", mustLock(t, l, "r", time.Second, Options{}).Token)
@@ -268,6 +271,7 @@ func TestExtendedLockSurvivesAnyNodeLoss(t *testing.T) {
 			c := startCluster(t, 3)
 			l := newLocker(t, c, testConfig())
 			ctx := ctxT(t)
+			warm(t, c, l)
 			lk := mustLock(t, l, "R", 5*time.Second, Options{})
 
 			c.kill(lost)
@@ -301,7 +305,7 @@ func TestExtendHeals(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, testConfig())
 	ctx := ctxT(t)
-	mustUnlock(t, l, "warm-up", mustLock(t, l, "warm-up", time.Second, Options{}).Token)
+	warm(t, c, l)
 	c.servers[2].CutOff()
 	lk := mustLock(t, l, "R", 10*time.Second, Options{}) // on nodes 0 and 1
 	c.servers[2].Reconnect()
@@ -345,7 +349,7 @@ func TestPlacementAfterRelease(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, testConfig())
 	ctx := ctxT(t)
-	mustUnlock(t, l, "warm-up", mustLock(t, l, "warm-up", time.Second, Options{}).Token)
+	warm(t, c, l)
 
 	t.Run("notification", func(t *testing.T) {
 		c.admin[2].Set(ctx, "lockproxy:lock:R", "05:previous", time.Minute)

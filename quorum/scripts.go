@@ -59,6 +59,12 @@ import (
 //	       Heals a lock that a majority holds onto a node that lacks it.
 //	s      status: the ms left until the recovery's deadline (0 when it has
 //	       passed), or -1 when no recovery is under way; the key is ignored.
+//	h      handoff: x is "<ttl>:<next token>". Release the lock if the token
+//	       owns it and, in the same call, take it for the next token with a
+//	       new fence and that ttl (also when the lock was free, or refresh
+//	       it when the next token holds it already). Replies {released, g}:
+//	       released is 1 when the token owned the lock, g is what acquire
+//	       would reply for the next token.
 //	i      init: create the marker unless a recovery is under way; 1 when
 //	       the marker exists afterwards, 0 otherwise. Only for a deployment
 //	       that no node has a marker or a recovery of.
@@ -197,6 +203,30 @@ local function place(key, token, x)
 	return held(key)
 end
 
+local function handoff(key, token, x)
+	local sep = string.find(x, ':', 1, true)
+	local ttl, next = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
+	local v = get(redis.pcall('GET', key))
+	local released = 0
+	if v == nil then
+		return {0, held(key)}
+	elseif v then
+		if fenceOf(v, token) then
+			released = 1
+		else
+			local f = fenceOf(v, next)
+			if f then
+				redis.call('PEXPIRE', key, ttl)
+				return {0, f}
+			end
+			return {0, held(key)}
+		end
+	end
+	local fence = redis.call('INCR', counter)
+	redis.call('SET', key, '0' .. string.format('%d', fence) .. ':' .. next, 'PX', ttl)
+	return {released, fence}
+end
+
 -- now returns the node's clock in ms.
 local function now()
 	local t = redis.call('TIME')
@@ -226,6 +256,8 @@ local function run(i)
 		return place(key, token, x)
 	elseif c == 's' then
 		return status()
+	elseif c == 'h' then
+		return handoff(key, token, x)
 	elseif c == 'i' then
 		if redis.call('EXISTS', recovery) == 1 then
 			return 0
@@ -285,6 +317,7 @@ var (
 	codePlace                    = any("p")
 	codeStatus                   = any("s")
 	codeInit                     = any("i")
+	codeHandoff                  = any("h")
 )
 
 // The node states that opsScript reports after the operations' results.
@@ -353,6 +386,29 @@ for _, k in ipairs(r[2]) do
 			out[#out + 1] = p
 		end
 	end
+end
+return out
+`)
+
+// peekScript reads locks of a node that kept its data again.
+//
+//	EVALSHA sha n+1 marker key_1 .. key_n
+//
+// It replies {0} when the node has no marker, otherwise {1, value_1,
+// pttl_1, ...}, with an empty value (and pttl -2) for a key that is gone
+// and for one of another type.
+var peekScript = newScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then
+	return {0}
+end
+local out = {1}
+for i = 2, #KEYS do
+	local v = redis.pcall('GET', KEYS[i])
+	if type(v) ~= 'string' then
+		v = ''
+	end
+	out[#out + 1] = v
+	out[#out + 1] = redis.call('PTTL', KEYS[i])
 end
 return out
 `)

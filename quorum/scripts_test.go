@@ -187,7 +187,7 @@ func asErr(v any) error {
 func TestLargeBatchIsSplit(t *testing.T) {
 	c := startCluster(t, 1)
 	l := newLocker(t, c, quiet(testConfig()))
-	mustUnlock(t, l, "warmup", mustLock(t, l, "warmup", time.Second, Options{}).Token) // caches the script
+	warm(t, c, l) // caches the script
 	// The node as its batcher sees it, for this goroutine alone.
 	n := &node{index: 0, addr: l.nodes[0].addr, client: l.nodes[0].client, pipe: l.nodes[0].client.Pipeline()}
 	const ops = 2*maxOps + 44
