@@ -88,10 +88,20 @@ import (
 //     keeps the longer ttl. An EXTEND that did not reach the recovering node
 //     counted only nodes with the marker, so the extended lock does not
 //     depend on the recovering node.
-//   - Sources that disagree on a lock's owner (one has the holder, another a
-//     leftover of an attempt whose release did not reach it). The copy then
-//     writes a value that no token owns, with the longest pttl read, so the
-//     node refuses everyone for that resource until every candidate expired.
+//   - An acquisition in flight while the copy reads: its key on a source is
+//     a leftover if it fails, or a lock that counted only nodes with the
+//     marker if it succeeds; either way nothing depends on the recovering
+//     node having it. Each source's counter is taken at its first read, and
+//     a lock stored with a larger fence (written since) is left out. Every
+//     lock the node may have granted before its loss was stored before
+//     that read with a fence no larger than the counter then.
+//   - Sources that still disagree on a lock's owner (one has the holder,
+//     another the key of an attempt that was in flight at the first read).
+//     The key is read again once such rounds have ended, when the attempt's
+//     leftover is gone. If they still disagree (a leftover whose release
+//     did not reach its node), the copy writes a value that no token owns,
+//     with the longest pttl read, so the node refuses everyone for that
+//     resource until every candidate expired.
 //
 // Fences. A fence F was confirmed on a majority S of nodes (counter >= F).
 // A later grant counts a majority M of nodes with the marker, which shares
