@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -421,6 +422,9 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 			}
 		}
 	})
+	if hook := testHookHandOver.Load(); hook != nil {
+		(*hook)()
+	}
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
 	if votes >= l.quorum && l.confirm(bg, key, w.token, granted, fence) {
@@ -435,6 +439,10 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	l.deliver(w, h)
 	return deleted, answered
 }
+
+// testHookHandOver, when set, runs in handOver after the handing round and
+// before its outcome is delivered.
+var testHookHandOver atomic.Pointer[context.CancelFunc]
 
 // Unlock releases resource on every node where token owns it. It returns
 // nil when the lock was deleted on a majority, ErrNotHeld when token does

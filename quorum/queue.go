@@ -79,12 +79,13 @@ func (l *Locker) leave(resource string, w *waiter) {
 
 // setIdle marks w, the head, as between attempts (idle) or not. Leaving
 // idleness reports whether an Unlock took w for a handoff meanwhile: the
-// caller must then wait for the outcome on w.handed.
-func (l *Locker) setIdle(w *waiter, idle bool) (handing bool) {
+// caller must then take the outcome from w.handed (it may be there
+// already).
+func (l *Locker) setIdle(w *waiter, idle bool) (handed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	w.idle = idle
-	return w.handing
+	return w.handing || len(w.handed) > 0
 }
 
 // claimHandoff returns the head waiting for resource if it is between
@@ -105,12 +106,13 @@ func (l *Locker) claimHandoff(resource, releasing string) *waiter {
 	return w
 }
 
-// deliver ends w's handoff with h.
+// deliver ends w's handoff with h. The outcome is in w.handed before the
+// handoff stops counting as under way, so setIdle never misses it.
 func (l *Locker) deliver(w *waiter, h handoff) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	w.handed <- h // capacity 1, and one handoff at a time
 	w.handing = false
-	l.mu.Unlock()
-	w.handed <- h
 }
 
 // queued reports whether local waiters are queued for resource.

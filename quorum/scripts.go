@@ -62,7 +62,8 @@ import (
 //	h      handoff: x is "<ttl>:<next token>". Release the lock if the token
 //	       owns it and, in the same call, take it for the next token with a
 //	       new fence and that ttl (also when the lock was free, or refresh
-//	       it when the next token holds it already). Replies {released, g}:
+//	       it when the next token holds it already); a waiter's mark stays.
+//	       Replies {released, g}:
 //	       released is 1 when the token owned the lock, g is what acquire
 //	       would reply for the next token.
 //	i      init: create the marker unless a recovery is under way; 1 when
@@ -207,12 +208,14 @@ local function handoff(key, token, x)
 	local sep = string.find(x, ':', 1, true)
 	local ttl, next = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
 	local v = get(redis.pcall('GET', key))
-	local released = 0
+	local released, mark = 0, '0'
 	if v == nil then
 		return {0, held(key)}
 	elseif v then
 		if fenceOf(v, token) then
-			released = 1
+			-- Keep the mark of waiters elsewhere, so that the next release
+			-- is published.
+			released, mark = 1, string.sub(v, 1, 1)
 		else
 			local f = fenceOf(v, next)
 			if f then
@@ -223,7 +226,7 @@ local function handoff(key, token, x)
 		end
 	end
 	local fence = redis.call('INCR', counter)
-	redis.call('SET', key, '0' .. string.format('%d', fence) .. ':' .. next, 'PX', ttl)
+	redis.call('SET', key, mark .. string.format('%d', fence) .. ':' .. next, 'PX', ttl)
 	return {released, fence}
 end
 

@@ -11,16 +11,19 @@ import (
 // 10s, so a waiter that gets the lock within a second was woken by a
 // release notification.
 
-func TestWaitHandoffByNotification(t *testing.T) {
+// TestWaitHandoffOnOneLocker: the holder's Unlock hands the lock to the
+// head waiting on the same Locker in its own round: nothing is published,
+// and the waiter holds it with a larger fence.
+func TestWaitHandoffOnOneLocker(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, noFallback(testConfig()))
 	ctx := ctxT(t)
 	c.waitSubscribed(t, 1)
 
 	holder := mustLock(t, l, "orders", 10*time.Second, Options{})
-	base := c.scriptCalls(t, 0)
 	waiting := lockAsync(t, ctx, l, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	eventually(t, "the head's first attempt", func() bool { return c.scriptCalls(t, 0) > base })
+	waitQueued(t, l, "orders", 1)
+	waitIdle(t, l, "orders") // its first attempt failed: it waits to be handed the lock
 
 	mustUnlock(t, l, "orders", holder.Token)
 	released := time.Now()
@@ -33,6 +36,14 @@ func TestWaitHandoffByNotification(t *testing.T) {
 	}
 	if r.lk.Fence <= holder.Fence {
 		t.Errorf("waiter's fence %d, want > %d", r.lk.Fence, holder.Fence)
+	}
+	for i := range c.servers {
+		if n := c.calls(t, i, "publish"); n != 0 {
+			t.Errorf("node %d published %d releases, want none: the lock was handed over", i, n)
+		}
+		if h := c.holder(t, i, "orders"); h != r.lk.Token {
+			t.Errorf("node %d holds orders for %q, want the waiter", i, h)
+		}
 	}
 }
 
