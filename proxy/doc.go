@@ -16,11 +16,22 @@
 // pub/sub and MONITOR traffic that answers no request. session.forward is
 // where a command's connection is chosen.
 //
+// SYNC and PSYNC (with the REPLCONF before them) go over the client's
+// dedicated connection like any command, but what answers them is the
+// replication stream: a bulk header and an RDB payload with no CRLF after
+// it (or one that ends with an EOF mark), newlines before it, then commands
+// without end. Unless Redis refuses the SYNC with an error, the connection
+// stops being a request/reply exchange there: the proxy copies the
+// backend's bytes to the client as they come (session.relay), and sends
+// what the client sends (REPLCONF ACK) to the backend without interpreting
+// it, until either side closes. This is what replicas, redis-cli --replica
+// and --rdb, and Redis's own test suite use.
+//
 // When the backend connection breaks, the commands waiting on it are
 // answered with "-ERR backend unavailable: ...", and the next command opens
 // a new connection brought back to the client's state (AUTH, HELLO, CLIENT
-// SETNAME, SELECT). A client that was subscribed or monitoring is
-// disconnected instead, so that it notices its subscriptions are gone.
+// SETNAME, SELECT). A client that was subscribed, monitoring or a replica
+// is disconnected instead, so that it notices its subscriptions are gone.
 //
 // Every request is checked against the configured limits before redcon
 // parses it, so a declared but unsent length costs nothing.
