@@ -10,7 +10,10 @@
 // state, or blocks, a client moves to a dedicated backend connection, so
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
-// stays the client's own. A pipeline read from the client in one go is
+// stays the client's own. The move takes one of a few connections kept
+// dialed and set up in the background (spare.go), so it costs no dial: a
+// dial on the request path would let a command another client sends right
+// after reach Redis first. A pipeline read from the client in one go is
 // written to the backend in one go. A fifo of the commands in flight keeps
 // the proxy's own replies in their place in the stream, and recognises
 // pub/sub and MONITOR traffic that answers no request. session.forward is
@@ -41,21 +44,23 @@
 // their state:
 //   - session.go: the session itself, which handles each command in order:
 //     forwards it (forward), or answers it locally (answer, runLocal), and
-//     copies a dedicated backend connection's replies (readBackend).
+//     copies a dedicated backend connection's replies (readBackend), or the
+//     replication stream (relay).
 //   - queue.go: replyQueue, what the client is owed, in order: the fifo of
 //     forwarded commands and the local command running, with the commands
 //     held back behind it. Whoever must keep its place waits on its methods.
 //   - state.go: connState, the connection-state machine (transaction,
-//     CLIENT REPLY, protocol, subscriptions, MONITOR, what to replay). It
-//     sees every command sent and every reply frame; it has no locks, the
-//     replyQueue drives it under its own.
+//     CLIENT REPLY, protocol, subscriptions, MONITOR, replication, what to
+//     replay). It sees every command sent and every reply frame; it has no
+//     locks, the replyQueue drives it under its own.
 //   - writer.go: clientWriter, the client's socket: buffered replies, the
 //     sink the shared readers fill, and the non-blocking write path.
 //
-// shared.go is the backend connections shared by clients, reply.go copies
-// one reply, limits.go checks requests, auth.go answers AUTH, guard.go
-// keeps forwarded commands off the lock state, and command.go answers INFO
-// lockproxy and COMMAND. Files outside a part call its methods only.
+// shared.go is the backend connections shared by clients, spare.go the
+// dedicated ones kept ready, reply.go copies one reply, limits.go checks
+// requests, auth.go answers AUTH, guard.go keeps forwarded commands off the
+// lock state, and command.go answers INFO lockproxy and COMMAND. Files
+// outside a part call its methods only.
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held

@@ -314,11 +314,7 @@ func (s *session) connect() error {
 		<-s.be.done
 		s.be = nil
 	}
-	if err := s.p.backoff.check(); err != nil {
-		return err
-	}
-	be, err := s.p.dial(s.ctx, s.q.replay())
-	s.p.backoff.record(err)
+	be, err := s.p.dedicated(s.ctx, s.q.replay())
 	if err != nil {
 		return err
 	}

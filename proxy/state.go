@@ -78,6 +78,16 @@ type replayState struct {
 	auth, hello, name, db []byte
 }
 
+// commands appends the commands that bring a new connection to the state.
+func (r replayState) commands(dst [][]byte) [][]byte {
+	for _, raw := range [][]byte{r.auth, r.hello, r.name, r.db} {
+		if raw != nil {
+			dst = append(dst, raw)
+		}
+	}
+	return dst
+}
+
 // classify returns the entry for a command; name is its lower-case name.
 // It looks at the command only, not at any state.
 func classify(name []byte, cmd redcon.Command) entry {
