@@ -165,8 +165,8 @@ type Limits struct {
 	// MaxInlineLen bounds an inline (telnet-style) request. Default 64 KB.
 	MaxInlineLen int64
 	// IdleTimeout closes a client that sent nothing for this long, unless
-	// it waits on a blocking command, a subscription or MONITOR. Default 0:
-	// never.
+	// it waits on a blocking command, a subscription, MONITOR or the
+	// replication stream. Default 0: never.
 	IdleTimeout time.Duration
 }
 
