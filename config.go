@@ -66,6 +66,7 @@ type backendConfig struct {
 	DialTimeout       time.Duration `yaml:"dial_timeout"`
 	WriteTimeout      time.Duration `yaml:"write_timeout"`
 	SharedConnections int           `yaml:"shared_connections"`
+	SpareConnections  int           `yaml:"spare_connections"`
 	TLS               clientTLS     `yaml:"tls"`
 }
 
@@ -119,6 +120,7 @@ func defaultFileConfig() fileConfig {
 		DialTimeout:       p.Backend.DialTimeout,
 		WriteTimeout:      p.Backend.WriteTimeout,
 		SharedConnections: p.Backend.SharedConnections,
+		SpareConnections:  p.Backend.SpareConnections,
 	}
 	f.Lock = lockConfig{
 		NodeTimeout:  q.NodeTimeout,
@@ -234,6 +236,7 @@ func (c *fileConfig) proxyConfig() proxy.Config {
 	p.Backend.DB = b.DB
 	p.Backend.DialTimeout, p.Backend.WriteTimeout = b.DialTimeout, b.WriteTimeout
 	p.Backend.SharedConnections = b.SharedConnections
+	p.Backend.SpareConnections = b.SpareConnections
 	p.Limits = c.clientLimits()
 	p.CommandTimeout = c.Limits.CommandTimeout
 	if c.Auth.Requirepass != "" || len(c.Auth.Users) > 0 {

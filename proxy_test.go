@@ -406,6 +406,8 @@ func TestGuardWhenBackendIsLockNode(t *testing.T) {
 		{"SORT", "list", "BY", "lockproxy:lock:*->t"},
 		{"OBJECT", "ENCODING", "lockproxy:fence"},
 		{"FLUSHALL"},
+		{"SYNC"},
+		{"PSYNC", "?", "-1"},
 	} {
 		err := c.Do(ctx, cmd...).Err()
 		if err == nil || !strings.Contains(err.Error(), "lock state") {

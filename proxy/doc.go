@@ -10,17 +10,31 @@
 // state, or blocks, a client moves to a dedicated backend connection, so
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
-// stays the client's own. A pipeline read from the client in one go is
+// stays the client's own. The move takes one of a few connections kept
+// dialed and set up in the background (spare.go), so it costs no dial: a
+// dial on the request path would let a command another client sends right
+// after reach Redis first. A pipeline read from the client in one go is
 // written to the backend in one go. A fifo of the commands in flight keeps
 // the proxy's own replies in their place in the stream, and recognises
 // pub/sub and MONITOR traffic that answers no request. session.forward is
 // where a command's connection is chosen.
 //
+// SYNC and PSYNC (with the REPLCONF before them) go over the client's
+// dedicated connection like any command, but what answers them is the
+// replication stream: a bulk header and an RDB payload with no CRLF after
+// it (or one that ends with an EOF mark), newlines before it, then commands
+// without end. Unless Redis refuses the SYNC with an error, the connection
+// stops being a request/reply exchange there: the proxy copies the
+// backend's bytes to the client as they come (session.relay), and sends
+// what the client sends (REPLCONF ACK) to the backend without interpreting
+// it, until either side closes. This is what replicas, redis-cli --replica
+// and --rdb, and Redis's own test suite use.
+//
 // When the backend connection breaks, the commands waiting on it are
 // answered with "-ERR backend unavailable: ...", and the next command opens
 // a new connection brought back to the client's state (AUTH, HELLO, CLIENT
-// SETNAME, SELECT). A client that was subscribed or monitoring is
-// disconnected instead, so that it notices its subscriptions are gone.
+// SETNAME, SELECT). A client that was subscribed, monitoring or a replica
+// is disconnected instead, so that it notices its subscriptions are gone.
 //
 // Every request is checked against the configured limits before redcon
 // parses it, so a declared but unsent length costs nothing.
@@ -30,21 +44,23 @@
 // their state:
 //   - session.go: the session itself, which handles each command in order:
 //     forwards it (forward), or answers it locally (answer, runLocal), and
-//     copies a dedicated backend connection's replies (readBackend).
+//     copies a dedicated backend connection's replies (readBackend), or the
+//     replication stream (relay).
 //   - queue.go: replyQueue, what the client is owed, in order: the fifo of
 //     forwarded commands and the local command running, with the commands
 //     held back behind it. Whoever must keep its place waits on its methods.
 //   - state.go: connState, the connection-state machine (transaction,
-//     CLIENT REPLY, protocol, subscriptions, MONITOR, what to replay). It
-//     sees every command sent and every reply frame; it has no locks, the
-//     replyQueue drives it under its own.
+//     CLIENT REPLY, protocol, subscriptions, MONITOR, replication, what to
+//     replay). It sees every command sent and every reply frame; it has no
+//     locks, the replyQueue drives it under its own.
 //   - writer.go: clientWriter, the client's socket: buffered replies, the
 //     sink the shared readers fill, and the non-blocking write path.
 //
-// shared.go is the backend connections shared by clients, reply.go copies
-// one reply, limits.go checks requests, auth.go answers AUTH, guard.go
-// keeps forwarded commands off the lock state, and command.go answers INFO
-// lockproxy and COMMAND. Files outside a part call its methods only.
+// shared.go is the backend connections shared by clients, spare.go the
+// dedicated ones kept ready, reply.go copies one reply, limits.go checks
+// requests, auth.go answers AUTH, guard.go keeps forwarded commands off the
+// lock state, and command.go answers INFO lockproxy and COMMAND. Files
+// outside a part call its methods only.
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held

@@ -38,7 +38,8 @@ type keySpec struct {
 // What it cannot see: a script that builds key names at run time, KEYS,
 // SCAN and RANDOMKEY (they show names, not tokens), and a PUBLISH on the
 // release channel (it only wakes waiters early). FLUSHALL, FLUSHDB and
-// SWAPDB would wipe or move the lock state wholesale and are refused.
+// SWAPDB would wipe or move the lock state wholesale, and SYNC and PSYNC
+// would copy it out: they are refused.
 type keyGuard struct {
 	prefix []byte
 	p      *Proxy
@@ -81,6 +82,10 @@ func (g *keyGuard) close() { g.client.Close() }
 func (g *keyGuard) check(name []byte, args [][]byte) error {
 	switch string(name) {
 	case "flushall", "flushdb", "swapdb":
+		return &GuardError{Command: string(name)}
+	case "sync", "psync":
+		// The replication stream is a copy of every key, the lock
+		// state's tokens included.
 		return &GuardError{Command: string(name)}
 	case "sort", "sort_ro":
 		// BY and GET patterns read other keys by name.

@@ -89,6 +89,15 @@ type BackendConfig struct {
 	// (see package doc). Default 2; zero or negative: every client gets a
 	// dedicated connection.
 	SharedConnections int
+	// SpareConnections is how many backend connections the proxy keeps
+	// dialed and set up (TLS, Username and Password, DB), ready for the
+	// clients that move to a dedicated connection, so that the move costs
+	// no dial on the client's request path; one taken is replaced in the
+	// background. Without them, a command another client sends right after
+	// a client's first BLPOP can reach Redis before that BLPOP does.
+	// Default 2; zero or negative: none, each dedicated connection is
+	// dialed when it is needed. At most 1024.
+	SpareConnections int
 	// WriteTimeout bounds sending a batch of commands to the backend; a
 	// backend that takes nothing for this long is treated as gone.
 	// Default 10s.
@@ -107,11 +116,16 @@ func DefaultConfig() Config {
 		CommandTimeout: 2 * time.Minute,
 		Backend: BackendConfig{
 			SharedConnections: 2,
+			SpareConnections:  defaultSpares,
 			DialTimeout:       2 * time.Second,
 			WriteTimeout:      10 * time.Second,
 		},
 	}
 }
+
+// defaultSpares is BackendConfig.SpareConnections's default: two clients
+// may move at once before one waits for a dial.
+const defaultSpares = 2
 
 // Validate reports the first invalid field of c.
 func (c Config) Validate() error {
@@ -134,6 +148,8 @@ func (c Config) Validate() error {
 		return errors.New("proxy: backend timeouts must be positive")
 	case c.Backend.DB < 0:
 		return errors.New("proxy: backend db must not be negative")
+	case c.Backend.SpareConnections > 1024:
+		return errors.New("proxy: backend spare connections must be at most 1024")
 	case (c.IsLocal == nil) != (c.NewLocal == nil):
 		return errors.New("proxy: IsLocal and NewLocal go together")
 	}
@@ -151,8 +167,8 @@ type Limits struct {
 	// MaxInlineLen bounds an inline (telnet-style) request. Default 64 KB.
 	MaxInlineLen int64
 	// IdleTimeout closes a client that sent nothing for this long, unless
-	// it waits on a blocking command, a subscription or MONITOR. Default 0:
-	// never.
+	// it waits on a blocking command, a subscription, MONITOR or the
+	// replication stream. Default 0: never.
 	IdleTimeout time.Duration
 }
 
@@ -200,6 +216,7 @@ type Proxy struct {
 
 	shared     []*shared
 	nextShared atomic.Uint64
+	spares     *spares        // nil when there are none
 	sharedWG   sync.WaitGroup // the shared connections' readers
 	limits     atomic.Pointer[Limits]
 	wg         sync.WaitGroup // one per session, until its cleanup is done
@@ -207,7 +224,7 @@ type Proxy struct {
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closing  bool
-	inner    net.Listener
+	inner    net.Listener  // set by Serve, which also starts the spares' filler
 	release  chan struct{} // closed when redcon may drop the connections
 	served   chan struct{} // closed when Serve returns
 }
@@ -235,6 +252,7 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	for range max(cfg.Backend.SharedConnections, 0) {
 		p.shared = append(p.shared, &shared{p: p})
 	}
+	p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	p.auth = newAuthenticator(cfg.Users)
 	b := &cfg.Backend
 	switch {
@@ -269,6 +287,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.inner = ln
 	p.mu.Unlock()
 	defer close(p.served)
+	p.spares.start()
 	if p.cfg.TLS != nil {
 		ln = tls.NewListener(ln, p.cfg.TLS)
 	}
@@ -325,6 +344,7 @@ drain:
 		sh.close()
 	}
 	p.sharedWG.Wait()
+	p.spares.close(ln != nil)
 	return err
 }
 
@@ -470,12 +490,7 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 		w:    bufio.NewWriterSize(nc, 16<<10),
 		done: make(chan struct{}),
 	}
-	setup := append([][]byte(nil), p.setup...)
-	for _, raw := range [][]byte{state.auth, state.hello, state.name, state.db} {
-		if raw != nil {
-			setup = append(setup, raw)
-		}
-	}
+	setup := state.commands(append([][]byte(nil), p.setup...))
 	if len(setup) > 0 {
 		if err := be.setup(ctx, setup); err != nil {
 			nc.Close()
@@ -483,6 +498,28 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 		}
 	}
 	return be, nil
+}
+
+// dedicated returns a backend connection of one client's own, brought to
+// state: a spare one when there is one, a new one otherwise.
+func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backend, error) {
+	if be := p.spares.take(); be != nil {
+		if cmds := state.commands(nil); len(cmds) > 0 {
+			ctx, cancel := context.WithTimeout(ctx, p.cfg.Backend.DialTimeout)
+			defer cancel()
+			if err := be.setup(ctx, cmds); err != nil {
+				be.nc.Close()
+				return nil, err
+			}
+		}
+		return be, nil
+	}
+	if err := p.backoff.check(); err != nil {
+		return nil, err
+	}
+	be, err := p.dial(ctx, state)
+	p.backoff.record(err)
+	return be, err
 }
 
 // Ready reports whether the backend answers: it opens a connection as
@@ -530,11 +567,14 @@ func (b *backoff) record(err error) {
 	b.err, b.until = err, time.Now().Add(b.wait)
 }
 
-// setup sends cmds in one write and checks that none failed.
+// setup sends cmds in one write and checks that none failed. It gives up
+// when ctx ends (the spares' filler at shutdown, a client that left).
 func (be *backend) setup(ctx context.Context, cmds [][]byte) error {
 	deadline, _ := ctx.Deadline()
 	be.nc.SetDeadline(deadline)
 	defer be.nc.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { be.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	for _, c := range cmds {
 		be.w.Write(c)
 	}

@@ -112,6 +112,8 @@ func TestSubscriberDisconnectedWhenBackendDies(t *testing.T) {
 func TestClientGoneMidBlockingCommand(t *testing.T) {
 	srv := redistest.Start(t)
 	addr, p := startProxy(t, srv.Addr, nil)
+	spares := DefaultConfig().Backend.SpareConnections
+	eventually(t, "the spare connections", func() bool { return connectedClients(t, srv) == spares })
 	base := runtime.NumGoroutine()
 	for range 5 {
 		c := dial(t, addr)
@@ -121,7 +123,8 @@ func TestClientGoneMidBlockingCommand(t *testing.T) {
 	for s := range p.sessionsNow() {
 		s.nc.Close()
 	}
-	eventually(t, "backend connections closed", func() bool { return connectedClients(t, srv) == 0 })
+	// What is left is the spare connections, refilled.
+	eventually(t, "backend connections closed", func() bool { return connectedClients(t, srv) == spares })
 	eventually(t, "sessions cleaned up", func() bool { return len(p.sessionsNow()) == 0 && p.clients.Load() == 0 })
 	eventually(t, "goroutines gone", func() bool { return runtime.NumGoroutine() <= base })
 }
@@ -596,7 +599,11 @@ func TestPanicClosesOnlyThatClient(t *testing.T) {
 // travel on the shared connections; a client that sets state gets its own.
 func TestClientsShareBackendConnections(t *testing.T) {
 	srv := redistest.Start(t)
-	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = 2 })
+	// No spare connections: the count is of shared and dedicated ones.
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) {
+		c.Backend.SharedConnections = 2
+		c.Backend.SpareConnections = -1
+	})
 	clients := make([]*client, 20)
 	for i := range clients {
 		clients[i] = dial(t, addr)

@@ -89,16 +89,41 @@ func (q *replyQueue) refused() {
 	q.mu.Unlock()
 }
 
-// peek reports whether the oldest reply owed answers the proxy's own
-// command, and what the client gets instead of it, if not the reply.
-func (q *replyQueue) peek() (internal bool, replace []byte) {
+// peek reports what the oldest reply owed answers (entryPlain when none
+// is owed), and what the client gets instead of it, if not the reply.
+func (q *replyQueue) peek() (kind entryKind, replace []byte) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.head == len(q.fifo) {
-		return false, nil
+		return entryPlain, nil
 	}
 	e := &q.fifo[q.head]
-	return e.kind == entryInternal, e.replace
+	return e.kind, e.replace
+}
+
+// replicate records that the oldest command owed a reply, a SYNC or PSYNC,
+// is answered with the replication stream: it is done with, and the
+// connection is a replica's from now on.
+func (q *replyQueue) replicate() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.st.replica = true
+	q.pop(1)
+	q.cond.Broadcast()
+}
+
+// waitSync waits, after a SYNC or PSYNC was sent on be, until it is
+// answered, and reports whether the answer is the replication stream
+// rather than an error. Redis answers at once or sends a newline every
+// second until it does; the wait also ends when be is lost or the client
+// goes.
+func (q *replyQueue) waitSync(be *backend) (replica bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for !q.st.replica && q.head < len(q.fifo) && !be.dead && !q.closed {
+		q.cond.Wait()
+	}
+	return q.st.replica
 }
 
 // account matches one reply frame copied to the client against the fifo
@@ -169,6 +194,7 @@ func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed boo
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	be.dead = true
+	q.cond.Broadcast() // a forwarder in waitSync
 	owed = len(q.fifo) - q.head
 	for _, e := range q.fifo[q.head:] {
 		if e.kind != entryInternal {

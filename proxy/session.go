@@ -72,10 +72,14 @@ type session struct {
 	sh        *shared // nil when multiplexing is off
 	dedicated bool    // the client has left its shared connection for good
 	sharedOut bool    // commands were sent on the shared connection since the last flush
-	be        *backend
-	authed    bool // under proxy authentication
-	loc       Local
-	buf       []byte
+	// replica: the backend answered the client's SYNC or PSYNC with the
+	// replication stream; whatever the client sends now goes to the
+	// backend as it is (see relay).
+	replica bool
+	be      *backend
+	authed  bool // under proxy authentication
+	loc     Local
+	buf     []byte
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -161,6 +165,13 @@ func (s *session) runLocal(it localItem) {
 // forward sends cmd to the backend, or returns false and the item to
 // answer locally in its place.
 func (s *session) forward(cmd redcon.Command) (localItem, bool) {
+	if s.replica {
+		// A replica's REPLCONF ACK and whatever else it sends are Redis's
+		// to interpret, not the proxy's.
+		s.be.w.Write(cmd.Raw)
+		s.p.m.forwarded.Add(1)
+		return localItem{}, true
+	}
 	var nb [24]byte
 	name := lower(&nb, cmd.Args[0])
 	if s.p.auth != nil {
@@ -233,6 +244,12 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if e.kind == entryReset {
 		s.reauth()
 	}
+	if e.kind == entrySync {
+		// What the client sends next is a replica's if the backend
+		// answers with the replication stream, and a command otherwise.
+		s.flush()
+		s.replica = s.q.waitSync(s.be)
+	}
 	s.p.m.forwarded.Add(1)
 	if ce := s.log.Check(zap.DebugLevel, "forward"); ce != nil {
 		ce.Write(zap.String("command", string(name))) // a copy: name stays on the stack
@@ -297,11 +314,7 @@ func (s *session) connect() error {
 		<-s.be.done
 		s.be = nil
 	}
-	if err := s.p.backoff.check(); err != nil {
-		return err
-	}
-	be, err := s.p.dial(s.ctx, s.q.replay())
-	s.p.backoff.record(err)
+	be, err := s.p.dedicated(s.ctx, s.q.replay())
 	if err != nil {
 		return err
 	}
@@ -329,11 +342,18 @@ func (s *session) readBackend(be *backend) {
 			return
 		}
 		// A push is always the client's, as it is.
-		internal, replace := false, []byte(nil)
+		kind, replace := entryPlain, []byte(nil)
 		if b[0] != '>' {
-			internal, replace = s.q.peek()
+			kind, replace = s.q.peek()
 		}
-		if internal {
+		if kind == entrySync && b[0] != '-' {
+			// SYNC or PSYNC is answered with the replication stream (or
+			// the newlines Redis sends until it starts).
+			s.q.replicate()
+			s.backendLost(be, s.relay(be))
+			return
+		}
+		if kind == entryInternal {
 			err = s.w.skip(be.r, &ri)
 		} else {
 			err = s.w.copyFrom(be.r, &ri, replace)
@@ -350,6 +370,17 @@ func (s *session) readBackend(be *backend) {
 			return
 		}
 	}
+}
+
+// relay copies the replication stream from be to the client as it comes,
+// until either side ends it: the RDB payload (which has no CRLF after it,
+// or ends with an EOF mark), the newlines before it, and the commands after
+// it are not replies and are not parsed.
+func (s *session) relay(be *backend) error {
+	if ce := s.log.Check(zap.DebugLevel, "replication stream"); ce != nil {
+		ce.Write()
+	}
+	return s.w.relay(be.r)
 }
 
 // backendLost answers every command still waiting on be with an error and

@@ -30,6 +30,10 @@ const (
 	entryInternal
 	// entryReplyMode is CLIENT REPLY ON, OFF or SKIP; mode says which.
 	entryReplyMode
+	// entrySync is SYNC or PSYNC. Unless Redis refuses it with an error,
+	// what answers it is the replication stream, not a reply: the reader
+	// then copies the connection's bytes as they come (connState.replica).
+	entrySync
 )
 
 // Pub/sub families: channels, patterns, shard channels.
@@ -74,6 +78,16 @@ type replayState struct {
 	auth, hello, name, db []byte
 }
 
+// commands appends the commands that bring a new connection to the state.
+func (r replayState) commands(dst [][]byte) [][]byte {
+	for _, raw := range [][]byte{r.auth, r.hello, r.name, r.db} {
+		if raw != nil {
+			dst = append(dst, raw)
+		}
+	}
+	return dst
+}
+
 // classify returns the entry for a command; name is its lower-case name.
 // It looks at the command only, not at any state.
 func classify(name []byte, cmd redcon.Command) entry {
@@ -95,6 +109,8 @@ func classify(name []byte, cmd redcon.Command) entry {
 		return e
 	case "monitor":
 		return entry{kind: entryMonitor}
+	case "sync", "psync":
+		return entry{kind: entrySync}
 	case "reset":
 		return entry{kind: entryReset}
 	case "quit":
@@ -163,8 +179,8 @@ const (
 // every command as it is sent (sent) and every reply frame as it arrives
 // (replied), in the order they happen, plus the loss of the connection
 // (lost). It decides whether a command gets a reply at all (CLIENT REPLY),
-// whether a transaction is open, the protocol, the subscriptions and
-// MONITOR, and what a new connection must replay.
+// whether a transaction is open, the protocol, the subscriptions, MONITOR
+// and the replication stream, and what a new connection must replay.
 //
 // connState is a plain value with no locks: it must only ever be used by
 // one goroutine at a time. The session's replyQueue owns it and calls it
@@ -175,6 +191,10 @@ type connState struct {
 	// Subscriptions, as the backend's confirmations count them.
 	nChan, nPat, nShard int64
 	monitor             bool
+	// replica: a SYNC or PSYNC was answered with the replication stream.
+	// From then on the connection is no request/reply exchange: both ways
+	// carry bytes the proxy passes on as they are (see session.relay).
+	replica bool
 	// multi: a MULTI was sent and no EXEC, DISCARD or RESET since, nor a
 	// refusal of that MULTI, nor the loss of the connection. The backend
 	// queues what comes next.
@@ -199,6 +219,10 @@ func (c *connState) sent(e *entry) (replies bool) {
 	switch e.kind {
 	case entryInternal:
 		return true // the proxy's own: CLIENT REPLY is not about it
+	case entrySync:
+		// The stream that answers it is not a reply: CLIENT REPLY does not
+		// hold it back, and the reader must know where it starts.
+		return true
 	case entryReset:
 		c.multi, c.txnFailed = false, false
 	case entryMulti:
@@ -367,12 +391,12 @@ func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
 }
 
 // lost records that the backend connection is gone, with everything it
-// held. It reports whether the client was listening (subscribed or
-// monitoring): such a client must be disconnected to notice. The replay
+// held. It reports whether the client was listening (subscribed,
+// monitoring or a replica): such a client must be disconnected to notice. The replay
 // state and the protocol stay: a new connection is brought back to them.
 func (c *connState) lost() (listening bool) {
 	listening = c.listening()
-	c.nChan, c.nPat, c.nShard, c.monitor = 0, 0, 0, false
+	c.nChan, c.nPat, c.nShard, c.monitor, c.replica = 0, 0, 0, false, false
 	c.multi, c.txnFailed = false, false
 	return listening
 }
@@ -380,8 +404,8 @@ func (c *connState) lost() (listening bool) {
 func (c *connState) subscribed() bool { return c.nChan+c.nPat+c.nShard > 0 }
 
 // listening reports whether the backend sends the client messages that
-// answer no command: it is subscribed or monitoring.
-func (c *connState) listening() bool { return c.subscribed() || c.monitor }
+// answer no command: it is subscribed, monitoring or a replica.
+func (c *connState) listening() bool { return c.subscribed() || c.monitor || c.replica }
 
 // isMonitorLine recognises the line of MONITOR's
 // "+1700000000.123456 [0 127.0.0.1:5] ...", with or without its "+" (a

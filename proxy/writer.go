@@ -92,6 +92,28 @@ func (w *clientWriter) skip(r *bufio.Reader, ri *replyInfo) error {
 	return nil
 }
 
+// relay copies everything r holds or receives to the client, as it comes,
+// until r or the client fails. It returns the error.
+func (w *clientWriter) relay(r *bufio.Reader) error {
+	for {
+		if _, err := r.Peek(1); err != nil {
+			return err
+		}
+		b, _ := r.Peek(r.Buffered())
+		w.mu.Lock()
+		out := w.output()
+		_, err := out.Write(b)
+		if err == nil {
+			err = out.Flush()
+		}
+		w.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		r.Discard(len(b))
+	}
+}
+
 // flush writes what is buffered.
 func (w *clientWriter) flush() {
 	w.mu.Lock()

@@ -1,0 +1,195 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// gate sits between the proxy and Redis. While it is shut, the connections
+// it accepts get nowhere: a dial through it stalls, as a slow dial would,
+// for as long as the test wants.
+type gate struct {
+	addr    string
+	shut    atomic.Bool
+	relayed atomic.Int64 // connections let through
+}
+
+func startGate(t *testing.T, target string) *gate {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{addr: ln.Addr().String()}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			if g.shut.Load() {
+				continue // held until the test ends
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, up)
+			mu.Unlock()
+			g.relayed.Add(1)
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				io.Copy(up, c)
+				up.Close()
+			}()
+			go func() {
+				defer wg.Done()
+				io.Copy(c, up)
+				c.Close()
+			}()
+		}
+	}()
+	return g
+}
+
+// TestDifferentialBlockingOrder is the Redis test suite's "Blocking XREAD:
+// key type changed with SET" and its BLPOP twin: a client's first
+// blocking command moves it to a dedicated backend connection, and another
+// client changes the key right after. Redis serves them in the order they
+// were sent: the blocked client waits on through the type change and gets
+// the entry added later. Had the move dialed a connection on the request
+// path, the other client's SET could reach Redis first, and the blocking
+// command would answer WRONGTYPE at once.
+//
+// So that the outcome does not hang on how goroutines are scheduled, no new
+// backend connection can be made once the clients are connected (the gate
+// holds them), and the other client writes once Redis has the blocking
+// command: that happens only if the move took a connection dialed before.
+func TestDifferentialBlockingOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	g := startGate(t, srv.Addr)
+	// The proxy selects a database on each new backend connection: a
+	// dial is a round trip, which the gate holds once shut.
+	addr, _ := startProxy(t, g.addr, func(c *Config) { c.Backend.DB = 1 })
+	steps := []step{
+		// Connected, as the suite's redis_deferring_client is, and still
+		// on a shared backend connection.
+		send("a", "PING"),
+		send("l", "PING"),
+		send("b", "DEL mystream", "XADD mystream 666 f v", "DEL list"),
+		sendNoRead("a", "XREAD BLOCK 0 STREAMS mystream $"),
+		{blocked: 1},
+		send("b", "SET mystream val1"),
+		send("b", "DEL mystream", "XADD mystream 667 f v"),
+		readOn("a", 1),
+		sendNoRead("l", "BLPOP list 0"),
+		{blocked: 1},
+		send("b", "SET list notalist"),
+		send("b", "DEL list", "RPUSH list v"),
+		readOn("l", 1),
+	}
+	// Direct, in database 0; through the proxy, in database 1: the
+	// replies do not depend on the database.
+	mustFlush(t, srv)
+	want := run(t, srv, srv.Addr, steps)
+
+	// The shared connections are dialed on first use: use them all, and
+	// wait for the spare ones, before the gate shuts.
+	shared, spares := DefaultConfig().Backend.SharedConnections, DefaultConfig().Backend.SpareConnections
+	for range 2 * shared {
+		dial(t, addr).do(args("PING"))
+	}
+	eventually(t, "the shared and spare backend connections", func() bool {
+		return g.relayed.Load() == int64(shared+spares)
+	})
+	g.shut.Store(true)
+	mustFlush(t, srv)
+	got := run(t, srv, addr, steps)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", trunc(got), trunc(want))
+	}
+}
+
+// TestSpareClosedByRedis: a spare connection Redis closed while it waited
+// (CLIENT KILL, the timeout setting, a restart) is not handed to a client,
+// which gets a working one instead of a lost connection.
+func TestSpareClosedByRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	spares := DefaultConfig().Backend.SpareConnections
+	eventually(t, "the spare connections", func() bool { return connectedClients(t, srv) == spares })
+	// Kills every connection but the one that asks (SKIPME yes): the
+	// proxy's spares.
+	if r, err := srv.Do("CLIENT", "KILL", "TYPE", "normal"); err != nil || r != ":"+strconv.Itoa(spares) {
+		t.Fatalf("CLIENT KILL: %q %v", r, err)
+	}
+	for i := range spares + 1 {
+		c := dial(t, addr)
+		if got := string(c.do(args("SELECT 0"), args("BLPOP nothing 0.01"))); got != "+OK\r\n*-1\r\n" {
+			t.Fatalf("client %d: %q", i, got)
+		}
+	}
+}
+
+func TestSpareConnectionsConfig(t *testing.T) {
+	tests := []struct {
+		give int
+		want int // spare connections kept; -1: the config is refused
+	}{
+		{give: 0, want: 0},
+		{give: -1, want: 0},
+		{give: 5, want: 5},
+		{give: 1024, want: 1024},
+		{give: 1025, want: -1},
+	}
+	for _, tt := range tests {
+		cfg := DefaultConfig()
+		cfg.Backend.Addr = "127.0.0.1:1"
+		cfg.Backend.SpareConnections = tt.give
+		p, err := New(cfg, nil)
+		if tt.want < 0 {
+			if err == nil {
+				t.Errorf("SpareConnections %d: accepted", tt.give)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("SpareConnections %d: %v", tt.give, err)
+		}
+		got := 0
+		if p.spares != nil {
+			got = p.spares.size
+		}
+		if got != tt.want {
+			t.Errorf("SpareConnections %d: %d kept, want %d", tt.give, got, tt.want)
+		}
+	}
+}
