@@ -226,6 +226,7 @@ type result struct {
 	lat      []time.Duration // pair latency, or wait for the lock
 	perCli   []int           // acquisitions per client (contended)
 	seq      []int32         // holder of each acquisition, in order (contended)
+	gaps     []time.Duration // from a holder's UNLOCK call to the next holder's LOCK reply (contended)
 	overlaps int64           // acquisitions while another client held the lock
 	failed   int64           // failed LOCK calls (redsync ErrFailed; proxy nil reply)
 	errs     int64           // other errors
@@ -234,11 +235,14 @@ type result struct {
 
 func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
 
-func (r result) quantile(q float64) time.Duration {
-	if len(r.lat) == 0 {
+func (r result) quantile(q float64) time.Duration { return quantile(r.lat, q) }
+
+// quantile returns the q-quantile of d, 0 for none.
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
 		return 0
 	}
-	s := slices.Clone(r.lat)
+	s := slices.Clone(d)
 	slices.Sort(s)
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[max(0, min(i, len(s)-1))]
@@ -269,7 +273,8 @@ func (r result) reacquire() float64 {
 func (r result) summary() string {
 	s := fmt.Sprintf("%9.0f/s p50 %s p99 %s", r.rate(), ms(r.quantile(0.5)), ms(r.quantile(0.99)))
 	if r.perCli != nil {
-		s += fmt.Sprintf(" fairness %.2f reacquire %.0f%% overlaps %d", r.fairness(), 100*r.reacquire(), r.overlaps)
+		s += fmt.Sprintf(" gap p50 %s p99 %s fairness %.2f reacquire %.0f%% overlaps %d",
+			ms(quantile(r.gaps, 0.5)), ms(quantile(r.gaps, 0.99)), r.fairness(), 100*r.reacquire(), r.overlaps)
 	}
 	if r.failed > 0 || r.errs > 0 {
 		s += fmt.Sprintf(" failed %d errors %d", r.failed, r.errs)
@@ -284,6 +289,7 @@ func (r result) summary() string {
 type collector struct {
 	mu       sync.Mutex
 	res      result
+	unlockAt atomic.Int64 // when the last holder called UNLOCK (unix ns); 0 once a gap used it
 	holders  atomic.Int32
 	overlaps atomic.Int64
 	failed   atomic.Int64
@@ -307,21 +313,30 @@ func (c *collector) err(err error) {
 	c.mu.Unlock()
 }
 
-// acquired records that client now holds the contended lock. It runs while
-// the caller holds the lock, so the order of seq is the order of holders.
-func (c *collector) acquired(client int, wait time.Duration) {
+// acquired records that client now holds the contended lock, having asked
+// at asked and got it at got. It runs while the caller holds the lock, so
+// the order of seq is the order of holders.
+func (c *collector) acquired(client int, asked, got time.Time) {
 	if c.holders.Add(1) != 1 {
 		c.overlaps.Add(1)
 	}
+	unlocked := c.unlockAt.Swap(0)
 	c.mu.Lock()
 	c.res.ops++
 	c.res.perCli[client]++
 	c.res.seq = append(c.res.seq, int32(client))
-	c.res.lat = append(c.res.lat, wait)
+	c.res.lat = append(c.res.lat, got.Sub(asked))
+	if unlocked != 0 {
+		c.res.gaps = append(c.res.gaps, got.Sub(time.Unix(0, unlocked)))
+	}
 	c.mu.Unlock()
 }
 
 func (c *collector) released() { c.holders.Add(-1) }
+
+// unlocking records that the holder is about to call UNLOCK, for the gap
+// to the next holder's acquisition.
+func (c *collector) unlocking() { c.unlockAt.Store(time.Now().UnixNano()) }
 
 // runWorkers runs n workers until all return and fills in elapsed and the
 // counters.
@@ -455,9 +470,10 @@ func (b *bench) proxyContended(d time.Duration) (result, error) {
 			got := time.Now()
 			token, _ := v[0].(string)
 			if got.Before(stop) {
-				col.acquired(i, got.Sub(t0))
+				col.acquired(i, t0, got)
 				time.Sleep(b.cfg.hold)
 				col.released()
+				col.unlocking()
 			}
 			if n, err := conn.Do(ctx, "UNLOCK", resource, token).Int(); err != nil || n != 1 {
 				col.err(fmt.Errorf("UNLOCK = %d, %v", n, err))
@@ -492,9 +508,10 @@ func (b *bench) redsyncContended(d time.Duration) (result, error) {
 			}
 			got := time.Now()
 			if got.Before(stop) {
-				col.acquired(i, got.Sub(t0))
+				col.acquired(i, t0, got)
 				time.Sleep(b.cfg.hold)
 				col.released()
+				col.unlocking()
 			}
 			if ok, err := m.Unlock(); !ok || err != nil {
 				col.err(fmt.Errorf("Unlock = %v, %v", ok, err))
@@ -598,6 +615,11 @@ func printContended(w io.Writer, cfg config, px, rs []result) {
 	fmt.Fprintf(w, "| acquisitions/s | %s | %s | **%s** |\n", cell(px, "%.0f", rate), cell(rs, "%.0f", rate), ratio(px, rs, rate))
 	fmt.Fprintf(w, "| wait p50 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.5)), cell(rs, "%.2f", msOf(0.5)), ratio(px, rs, msOf(0.5)))
 	fmt.Fprintf(w, "| wait p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.99)), cell(rs, "%.2f", msOf(0.99)), ratio(px, rs, msOf(0.99)))
+	gap := func(q float64) func(r result) float64 {
+		return func(r result) float64 { return float64(quantile(r.gaps, q)) / float64(time.Millisecond) }
+	}
+	fmt.Fprintf(w, "| handoff gap p50 (ms): UNLOCK call to the next LOCK reply | %s | %s | %s |\n", cell(px, "%.2f", gap(0.5)), cell(rs, "%.2f", gap(0.5)), ratio(px, rs, gap(0.5)))
+	fmt.Fprintf(w, "| handoff gap p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", gap(0.99)), cell(rs, "%.2f", gap(0.99)), ratio(px, rs, gap(0.99)))
 	fmt.Fprintf(w, "| fairness: fewest/most acquisitions per client | %s | %s | |\n", cell(px, "%.2f", fair), cell(rs, "%.2f", fair))
 	fmt.Fprintf(w, "| releaser re-acquires (%% of acquisitions) | %s | %s | |\n", cell(px, "%.0f%%", re), cell(rs, "%.0f%%", re))
 	ov := func(r result) int64 { return r.overlaps }
