@@ -232,20 +232,84 @@ func differential(t *testing.T, srv *redistest.Server, addr string) {
 		{"quit", []step{send("a", "SET q 1", "QUIT")}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			mustFlush(t, srv)
-			want := mask(run(t, srv, srv.Addr, tt.steps))
-			mustFlush(t, srv)
-			got := mask(run(t, srv, addr, tt.steps))
-			if !bytes.Equal(got, want) {
-				t.Errorf("replies differ\nthrough proxy: %q\ndirect:        %q", trunc(got), trunc(want))
-				for i := range min(len(got), len(want)) {
-					if got[i] != want[i] {
-						t.Errorf("first difference at byte %d: proxy %q, direct %q", i,
-							trunc(got[max(0, i-40):min(len(got), i+80)]), trunc(want[max(0, i-40):min(len(want), i+80)]))
-						break
-					}
-				}
+		t.Run(tt.name, func(t *testing.T) { compare(t, srv, addr, tt.steps) })
+	}
+}
+
+// compare plays steps against Redis directly and then through the proxy
+// at addr, each time on an empty database, and requires the same bytes.
+func compare(t *testing.T, srv *redistest.Server, addr string, steps []step) {
+	t.Helper()
+	mustFlush(t, srv)
+	want := mask(run(t, srv, srv.Addr, steps))
+	mustFlush(t, srv)
+	got := mask(run(t, srv, addr, steps))
+	if !bytes.Equal(got, want) {
+		t.Errorf("replies differ\nthrough proxy: %q\ndirect:        %q", trunc(got), trunc(want))
+		for i := range min(len(got), len(want)) {
+			if got[i] != want[i] {
+				t.Errorf("first difference at byte %d: proxy %q, direct %q", i,
+					trunc(got[max(0, i-40):min(len(got), i+80)]), trunc(want[max(0, i-40):min(len(want), i+80)]))
+				break
+			}
+		}
+	}
+}
+
+// TestDifferentialNestedReplies requires replies nested as deeply as Redis
+// can nest them (a Lua table that contains itself, converted until Lua's
+// stack limit, about 8000 levels) to come through byte for byte, with the
+// commands after them still in step, in RESP2 and RESP3, and RESP3's
+// attributes and pushes among ordinary replies.
+func TestDifferentialNestedReplies(t *testing.T) {
+	const (
+		selfArray = "local a = {}; local b = {a}; a[1] = b; return a"
+		selfMap   = "local a = {map={}}; a.map.k = a; return a"
+		selfSet   = "local a = {set={}}; a.set[a] = true; return a"
+		// Nested but finite: a map in an array in a set, 3000 levels.
+		mixed = "local t = 1; for i = 1, 1000 do t = {map={k={t, i}}}; t = {set={[t]=true}} end; return {t, 'end'}"
+	)
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	for _, model := range []struct {
+		name   string
+		shared int
+	}{{"shared connections", 2}, {"dedicated connections only", -1}} {
+		t.Run(model.name, func(t *testing.T) {
+			addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = model.shared })
+			tests := []struct {
+				name  string
+				steps []step
+			}{
+				{"resp2", []step{
+					cmdArgs("a", "EVAL", selfArray, "0"),
+					send("a", "PING", "SET k v", "GET k"),
+					cmdArgs("a", "EVAL", selfMap, "0"),
+					cmdArgs("a", "EVAL", selfSet, "0"),
+					cmdArgs("a", "EVAL", mixed, "0"),
+					send("a", "PING"),
+				}},
+				{"resp2 pipelined", []step{{on: "a", raw: string(encode(
+					[]string{"EVAL", selfArray, "0"}, []string{"PING"},
+					[]string{"EVAL", selfMap, "0"}, []string{"ECHO", "after"},
+				)), read: 4}}},
+				{"resp3", []step{
+					send("a", "HELLO 3"),
+					cmdArgs("a", "EVAL", selfArray, "0"),
+					cmdArgs("a", "EVAL", selfMap, "0"),
+					cmdArgs("a", "EVAL", selfSet, "0"),
+					cmdArgs("a", "EVAL", mixed, "0"),
+					send("a", "DEBUG PROTOCOL attrib", "DEBUG PROTOCOL push", "DEBUG PROTOCOL map",
+						"DEBUG PROTOCOL set", "DEBUG PROTOCOL verbatim", "DEBUG PROTOCOL bignum", "PING"),
+					sendRead("a", 3, "DEBUG PROTOCOL push", "DEBUG PROTOCOL attrib"),
+					send("a", "SUBSCRIBE ch"),
+					send("b", "PUBLISH ch msg"),
+					readOn("a", 1),
+					send("a", "DEBUG PROTOCOL attrib", "PING"),
+					send("a", "UNSUBSCRIBE ch"),
+				}},
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) { compare(t, srv, addr, tt.steps) })
 			}
 		})
 	}
