@@ -22,6 +22,10 @@
 // SETNAME, SELECT). A client that was subscribed or monitoring is
 // disconnected instead, so that it notices its subscriptions are gone.
 //
-// Every request is checked against the configured limits before redcon
-// parses it, so a declared but unsent length costs nothing.
+// Every request is framed as Redis 7.0 frames it and checked against the
+// configured limits before redcon parses it (limits.go): what Redis skips
+// (an empty line, a count of zero or less) is skipped, inline requests are
+// split by Redis's quoting rules, a malformed request gets Redis's own
+// error and a closed connection, and a declared but unsent length costs
+// nothing.
 package proxy
