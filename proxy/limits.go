@@ -154,6 +154,17 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 		c := b[i]
 		switch sc.state {
 		case sTop:
+			if c == '*' && len(sc.pend) == 0 {
+				// The common request, whole in b and plain, passes as is.
+				if n := sc.plain(b[i:]); n > 0 {
+					if o.w != i {
+						copy(b[o.w:], b[i:i+n])
+					}
+					o.w += n
+					i += n - 1
+					continue
+				}
+			}
 			sc.line, sc.stuck = 1, c == 0
 			if c == '*' {
 				sc.state, sc.num = sCount, lineNumber{}
@@ -261,6 +272,49 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 		}
 	}
 	return o.w, nil
+}
+
+// plain returns the length of the multibulk request at the start of b
+// when all of it is in b and already in the form scan writes (every line
+// ending in "\r\n", numbers without sign or leading zero, within the
+// limits), and 0 otherwise. Such a request is what clients send, and it
+// needs no state and no rewriting.
+func (sc *requestScanner) plain(b []byte) int {
+	n, i := sc.plainNumber(b, 1)
+	if n <= 0 || n > sc.maxMultibulk || n > maxCount {
+		return 0
+	}
+	for ; n > 0; n-- {
+		if i >= len(b) || b[i] != '$' {
+			return 0
+		}
+		size, j := sc.plainNumber(b, i+1)
+		if size < 0 || size > sc.maxBulk || size > int64(len(b)-j-2) {
+			return 0
+		}
+		i = j + int(size) + 2
+		if b[i-2] != '\r' || b[i-1] != '\n' {
+			return 0
+		}
+	}
+	return i
+}
+
+// plainNumber parses the digits of a count or length line starting at
+// b[i] and ending in "\r\n" within b, and returns the number and where
+// the next line starts; the number is -1 when the line is not plain.
+func (sc *requestScanner) plainNumber(b []byte, i int) (int64, int) {
+	start := i
+	var v int64
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		v = v*10 + int64(b[i]-'0')
+	}
+	digits := i - start
+	if digits == 0 || digits > 18 || (digits > 1 && b[start] == '0') ||
+		int64(digits+1) >= sc.maxInline || i+1 >= len(b) || b[i] != '\r' || b[i+1] != '\n' {
+		return -1, 0
+	}
+	return v, i + 2
 }
 
 // drain moves pending output into b.
