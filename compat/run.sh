@@ -129,7 +129,8 @@ for bin in redis-server redis-cli redis-benchmark redis-check-aof redis-check-rd
 done
 log "redis-server: $("$tmp/suite/src/redis-server" --version)"
 
-log "building lockproxy"
+version=$(cd "$root" && git describe --always --dirty 2>/dev/null || echo "(not a git checkout)")
+log "building lockproxy $version"
 (cd "$root" && go build -o "$tmp/lockproxy" .)
 cat >"$tmp/lockproxy.yaml" <<EOF
 metrics:
@@ -270,7 +271,7 @@ for unit in "${units[@]}"; do
 done
 
 {
-	echo "Redis test suite ($("$tmp/suite/src/redis-server" --version | sed 's/ sha=.*//'), tags \"$TAGS\"), lockproxy $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '(no git)')"
+	echo "Redis test suite ($("$tmp/suite/src/redis-server" --version | sed 's/ sha=.*//'), tags \"$TAGS\"), lockproxy $version"
 	echo
 	echo "| unit | passed directly | passed through lockproxy | passed directly only |"
 	echo "|---|---:|---:|---:|"
