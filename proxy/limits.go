@@ -58,7 +58,10 @@ const (
 //
 // A line ends at its first '\r' (multibulk) or '\n' (inline) and Redis
 // looks for it with strchr, so a NUL byte before it hides the end: the
-// line then grows until it breaks the line limit, as in Redis.
+// line then grows until it breaks the line limit, as in Redis. Redis
+// checks that limit only while a line's end has not arrived, so there a
+// line somewhat longer than the limit passes when its end comes in the
+// same read that crosses the limit; here the limit holds for every line.
 type requestScanner struct {
 	maxBulk      int64
 	maxMultibulk int64
@@ -75,8 +78,10 @@ type requestScanner struct {
 	encoded []byte // an inline request's arguments, encoded
 	token   []byte // scratch for one inline argument
 	// pend holds output that did not fit where its input was; it is
-	// delivered before any byte read after it.
-	pend []byte
+	// delivered before any byte read after it. spillBuf keeps its buffer
+	// for the next time.
+	pend     []byte
+	spillBuf []byte
 }
 
 // lineNumber parses a count or length as Redis's string2ll does, a byte
@@ -139,7 +144,18 @@ func (o *out) put(sc *requestScanner, p []byte, i int) {
 		o.w += copy(o.b[o.w:], p)
 		return
 	}
+	sc.spill(p)
+}
+
+// spill adds p to the pending output.
+func (sc *requestScanner) spill(p []byte) {
+	if len(sc.pend) == 0 {
+		sc.pend = sc.spillBuf[:0]
+	}
 	sc.pend = append(sc.pend, p...)
+	if cap(sc.pend) <= 4096 { // a larger one is not kept: clients are many
+		sc.spillBuf = sc.pend[:0]
+	}
 }
 
 // scan reads b, the next bytes of the stream, and rewrites it in place. It
@@ -197,7 +213,11 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 			}
 			sc.line++
 			if c == '\r' && !sc.stuck {
-				sc.state += sCountEnd - sCount // or sBulkLineEnd from sBulkLine
+				if sc.state == sCount {
+					sc.state = sCountEnd
+				} else {
+					sc.state = sBulkLineEnd
+				}
 				continue
 			}
 			sc.stuck = sc.stuck || c == 0
@@ -250,7 +270,7 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 				}
 				o.w += int(n)
 			} else {
-				sc.pend = append(sc.pend, b[i:i+int(n)]...)
+				sc.spill(b[i : i+int(n)])
 			}
 			sc.skip -= n
 			i += int(n) - 1
@@ -321,9 +341,6 @@ func (sc *requestScanner) plainNumber(b []byte, i int) (int64, int) {
 func (sc *requestScanner) drain(b []byte) int {
 	n := copy(b, sc.pend)
 	sc.pend = sc.pend[n:]
-	if len(sc.pend) == 0 {
-		sc.pend = nil
-	}
 	return n
 }
 
