@@ -280,6 +280,7 @@ done
 	echo "| total | $total_direct | $total_proxy ($pct%) | $total_lost |"
 	echo
 	echo "Passed directly, not through lockproxy:"
+	((total_lost > 0)) || echo "(none)"
 	for unit in "${units[@]}"; do
 		p="$tmp/runs/${unit//\//_}.proxy"
 		while IFS= read -r t; do
