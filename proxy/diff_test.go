@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -232,20 +235,84 @@ func differential(t *testing.T, srv *redistest.Server, addr string) {
 		{"quit", []step{send("a", "SET q 1", "QUIT")}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			mustFlush(t, srv)
-			want := mask(run(t, srv, srv.Addr, tt.steps))
-			mustFlush(t, srv)
-			got := mask(run(t, srv, addr, tt.steps))
-			if !bytes.Equal(got, want) {
-				t.Errorf("replies differ\nthrough proxy: %q\ndirect:        %q", trunc(got), trunc(want))
-				for i := range min(len(got), len(want)) {
-					if got[i] != want[i] {
-						t.Errorf("first difference at byte %d: proxy %q, direct %q", i,
-							trunc(got[max(0, i-40):min(len(got), i+80)]), trunc(want[max(0, i-40):min(len(want), i+80)]))
-						break
-					}
-				}
+		t.Run(tt.name, func(t *testing.T) { compare(t, srv, addr, tt.steps) })
+	}
+}
+
+// compare plays steps against Redis directly and then through the proxy
+// at addr, each time on an empty database, and requires the same bytes.
+func compare(t *testing.T, srv *redistest.Server, addr string, steps []step) {
+	t.Helper()
+	mustFlush(t, srv)
+	want := mask(run(t, srv, srv.Addr, steps))
+	mustFlush(t, srv)
+	got := mask(run(t, srv, addr, steps))
+	if !bytes.Equal(got, want) {
+		t.Errorf("replies differ\nthrough proxy: %q\ndirect:        %q", trunc(got), trunc(want))
+		for i := range min(len(got), len(want)) {
+			if got[i] != want[i] {
+				t.Errorf("first difference at byte %d: proxy %q, direct %q", i,
+					trunc(got[max(0, i-40):min(len(got), i+80)]), trunc(want[max(0, i-40):min(len(want), i+80)]))
+				break
+			}
+		}
+	}
+}
+
+// TestDifferentialNestedReplies requires replies nested as deeply as Redis
+// can nest them (a Lua table that contains itself, converted until Lua's
+// stack limit, about 8000 levels) to come through byte for byte, with the
+// commands after them still in step, in RESP2 and RESP3, and RESP3's
+// attributes and pushes among ordinary replies.
+func TestDifferentialNestedReplies(t *testing.T) {
+	const (
+		selfArray = "local a = {}; local b = {a}; a[1] = b; return a"
+		selfMap   = "local a = {map={}}; a.map.k = a; return a"
+		selfSet   = "local a = {set={}}; a.set[a] = true; return a"
+		// Nested but finite: a map in an array in a set, 3000 levels.
+		mixed = "local t = 1; for i = 1, 1000 do t = {map={k={t, i}}}; t = {set={[t]=true}} end; return {t, 'end'}"
+	)
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	for _, model := range []struct {
+		name   string
+		shared int
+	}{{"shared connections", 2}, {"dedicated connections only", -1}} {
+		t.Run(model.name, func(t *testing.T) {
+			addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = model.shared })
+			tests := []struct {
+				name  string
+				steps []step
+			}{
+				{"resp2", []step{
+					cmdArgs("a", "EVAL", selfArray, "0"),
+					send("a", "PING", "SET k v", "GET k"),
+					cmdArgs("a", "EVAL", selfMap, "0"),
+					cmdArgs("a", "EVAL", selfSet, "0"),
+					cmdArgs("a", "EVAL", mixed, "0"),
+					send("a", "PING"),
+				}},
+				{"resp2 pipelined", []step{{on: "a", raw: string(encode(
+					[]string{"EVAL", selfArray, "0"}, []string{"PING"},
+					[]string{"EVAL", selfMap, "0"}, []string{"ECHO", "after"},
+				)), read: 4}}},
+				{"resp3", []step{
+					send("a", "HELLO 3"),
+					cmdArgs("a", "EVAL", selfArray, "0"),
+					cmdArgs("a", "EVAL", selfMap, "0"),
+					cmdArgs("a", "EVAL", selfSet, "0"),
+					cmdArgs("a", "EVAL", mixed, "0"),
+					send("a", "DEBUG PROTOCOL attrib", "DEBUG PROTOCOL push", "DEBUG PROTOCOL map",
+						"DEBUG PROTOCOL set", "DEBUG PROTOCOL verbatim", "DEBUG PROTOCOL bignum", "PING"),
+					sendRead("a", 3, "DEBUG PROTOCOL push", "DEBUG PROTOCOL attrib"),
+					send("a", "SUBSCRIBE ch"),
+					send("b", "PUBLISH ch msg"),
+					readOn("a", 1),
+					send("a", "DEBUG PROTOCOL attrib", "PING"),
+					send("a", "UNSUBSCRIBE ch"),
+				}},
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) { compare(t, srv, addr, tt.steps) })
 			}
 		})
 	}
@@ -283,4 +350,202 @@ func atoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestDifferentialRequests sends raw requests, valid or not, to Redis
+// directly and through the proxy (default limits, which are Redis's), and
+// requires the same bytes back and the same outcome for the connection:
+// closed, or still open and waiting. Each case is a list of writes; after
+// each write the reply is read until the connection closes or stays quiet.
+// The cases walk every branch of Redis 7.0's request parser
+// (processInlineBuffer, processMultibulkBuffer): empty, zero, negative,
+// malformed and oversized counts and lengths, inline and multibulk, and
+// lines cut between writes.
+func TestDifferentialRequests(t *testing.T) {
+	const (
+		ping  = "*1\r\n$4\r\nPING\r\n"
+		limit = 64 << 10 // Redis's PROTO_INLINE_MAX_SIZE
+	)
+	// over makes a line of exactly one byte more than the limit after
+	// prefix, so that Redis has read all of it when it gives up (unread
+	// bytes would make it reset the connection instead of closing it).
+	over := func(prefix string, fill byte) string {
+		return prefix + strings.Repeat(string(fill), limit+1-len(prefix))
+	}
+	tests := []struct {
+		name   string
+		writes []string
+	}{
+		// Empty and skipped requests.
+		{"empty line", []string{"\r\n", ping}},
+		{"bare newline", []string{"\n" + ping}},
+		{"line of blanks", []string{" \t\v\f\r\r\n", "PING\r\n"}},
+		{"count zero", []string{"*0\r\n" + ping}},
+		{"count minus one", []string{"*-1\r\nPING\r\n"}},
+		{"negative count", []string{"*-10\r\n", "PING\r\n"}},
+		{"most negative count", []string{"*-9223372036854775808\r\n" + ping}},
+		{"skipped requests between others", []string{"PING\r\n*0\r\n" + ping + "\r\n*-3\r\nPING\r\n"}},
+		// Counts Redis refuses.
+		{"count minus zero", []string{"*-0\r\n" + ping}},
+		{"count with a leading zero", []string{"*01\r\n" + ping}},
+		{"count with a plus", []string{"*+1\r\n" + ping}},
+		{"count with a blank", []string{"*1 \r\n" + ping}},
+		{"empty count", []string{"*\r\n" + ping}},
+		{"count of a minus", []string{"*-\r\n"}},
+		{"count not a number", []string{"*abc\r\n"}},
+		{"count past INT_MAX", []string{"*2147483648\r\n"}},
+		{"out of range count", []string{"*3000000000\r\n"}},
+		{"count past int64", []string{"*9223372036854775808\r\n"}},
+		{"count of 20 digits", []string{"*99999999999999999999\r\n"}},
+		{"count line never ends", []string{over("*", '1')}},
+		{"count line hidden by a NUL", []string{over("*\x00", 'A')}},
+		// Counts Redis accepts and then waits on.
+		{"count INT_MAX", []string{"*2147483647\r\n", "$4\r\nPING\r\n"}},
+		{"count above a million", []string{"*1048577\r\n$4\r\nECHO\r\n"}},
+		{"count without its bulks", []string{"*2\r\n", "$4\r\nECHO\r\n", "$1\r\nx\r\n"}},
+		// Bulk lengths.
+		{"bulk length minus one", []string{"*1\r\n$-1\r\n"}},
+		{"negative bulk length", []string{"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$-10\r\n"}},
+		{"bulk length minus zero", []string{"*1\r\n$-0\r\n"}},
+		{"bulk length with a leading zero", []string{"*1\r\n$04\r\nPING\r\n"}},
+		{"empty bulk length", []string{"*1\r\n$\r\n"}},
+		{"bulk length not a number", []string{"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$blabla\r\n"}},
+		{"bulk length past proto-max-bulk-len", []string{"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$536870913\r\n"}},
+		{"out of range bulk length", []string{"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$2000000000\r\n"}},
+		{"bulk length at proto-max-bulk-len", []string{"*2\r\n$4\r\nECHO\r\n$536870912\r\n", "abc"}},
+		{"bulk length line never ends", []string{over("*1\r\n$", '1')}},
+		{"bulk length line hidden by a NUL", []string{over("*1\r\n$\x00", '1')}},
+		{"empty bulk", []string{"*2\r\n$4\r\nECHO\r\n$0\r\n\r\n"}},
+		{"empty command", []string{"*1\r\n$0\r\n\r\n", ping}},
+		{"bulk holding a line break", []string{"*2\r\n$4\r\nECHO\r\n$3\r\na\r\n\r\n"}},
+		// Redis does not look at the byte after a length line's '\r' or
+		// at the two bytes after an argument.
+		{"any byte after a count's CR", []string{"*1\rX$4\r\nPING\r\n"}},
+		{"any byte after a length's CR", []string{"*1\r\n$4\rXPING\r\n"}},
+		{"any bytes after an argument", []string{"*2\r\n$4\r\nECHO\r\n$2\r\nhi!!" + ping}},
+		{"count's CR ending a write", []string{"*1\r", "\n$4\r\nPI", "NG\r", "\n"}},
+		{"count skipped across writes", []string{"*-1", "0\r", "\n", ping}},
+		// Missing '$'.
+		{"bulk expected, got a letter", []string{"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n"}},
+		{"bulk expected, got a line", []string{"*1\r\nfoo\r\n"}},
+		{"bulk expected, got an integer", []string{"*1\r\n:1\r\n"}},
+		{"bulk expected, got an empty line", []string{"*1\r\n\r\n"}},
+		{"bulk expected, got a bare newline", []string{"*1\r\n\n\r\n"}},
+		{"bulk expected, got a high byte", []string{"*1\r\n\x80\r\n"}},
+		{"bulk expected, no line end yet", []string{"*1\r\nfoo", "bar\r", "\n"}},
+		// Inline requests.
+		{"inline", []string{"PING\r\nping\nECHO   a\t b\r\n"}},
+		{"inline double quotes", []string{"ECHO \"a b\"\r\nECHO \"\"\r\nECHO \"\\x41\\x4a\\n\\t\\\\\\\"\\q\\xZZ\"\r\n"}},
+		{"inline single quotes", []string{"ECHO 'a \"b\" \\'c\\' \\n'\r\n"}},
+		{"inline quote inside an argument", []string{"ECHO a\"b c\"\r\nECHO x'y z'\r\n"}},
+		{"inline vertical tab and form feed", []string{"ECHO a\vb\r\nECHO a\fb\r\n\vPING\f\r\n"}},
+		{"inline carriage return inside", []string{"ECHO a\rb\r\nPING\r\r\n"}},
+		{"inline empty command", []string{"\"\"\r\n", "PING\r\n"}},
+		{"inline many arguments", []string{"RPUSH l" + strings.Repeat(" x", 5000) + "\r\nLLEN l\r\nDEL l\r\n"}},
+		{"inline set with quoted value", []string{"SET k \"quoted value\"\r\nGET k\r\nDEL k\r\n"}},
+		{"unbalanced quotes", []string{"set \"\"\"test-key\"\"\" test-value\r\nping\r\n"}},
+		{"unterminated double quote", []string{"PING\r\nECHO \"abc\r\n"}},
+		{"unterminated single quote", []string{"ECHO 'abc\r\n"}},
+		{"escaped closing quote", []string{"ECHO \"abc\\\"\r\n"}},
+		{"text after a closing quote", []string{"ECHO \"a\"b\r\n"}},
+		{"text after a closing single quote", []string{"ECHO 'a'b\r\n"}},
+		{"inline too big", []string{over("", 'a')}},
+		{"inline too big after a NUL", []string{over("\x00", 'A')}},
+		{"inline starting with a dollar", []string{over("$\x00", 'A')}},
+		{"inline NUL hides the line end", []string{"PI\x00NG\r\nPING\r\n", ping}},
+		{"inline across writes", []string{"EC", "HO 'a", " b'\r", "\n"}},
+		// Good requests before a bad one are answered first.
+		{"good requests first", []string{ping + "PING\r\n*1\r\n$-5\r\n"}},
+		{"good requests in the same write as a bad count", []string{ping + "*x\r\n" + ping}},
+	}
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	// Redis's answers first; the proxy's are then read up to the same
+	// length or outcome, however slow the machine, before the check for
+	// more. All cases run at once.
+	direct := make([][]exchangeOutcome, len(tests))
+	proxied := make([][]exchangeOutcome, len(tests))
+	var wg sync.WaitGroup
+	for i, tt := range tests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			direct[i] = exchange(srv.Addr, tt.writes, nil)
+			proxied[i] = exchange(addr, tt.writes, direct[i])
+		}()
+	}
+	wg.Wait()
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, want := fmt.Sprint(proxied[i]), fmt.Sprint(direct[i]); got != want {
+				t.Errorf("through proxy:\n%s\ndirect:\n%s", got, want)
+			}
+		})
+	}
+}
+
+// exchangeOutcome is what came back after one write: the bytes, and whether the
+// connection was closed.
+type exchangeOutcome struct {
+	out    string
+	closed bool
+}
+
+func (o exchangeOutcome) String() string {
+	state := "open"
+	if o.closed {
+		state = "closed"
+	}
+	return fmt.Sprintf("%q, %s\n", trunc([]byte(o.out)), state)
+}
+
+// exchange makes the writes on a new connection to addr and returns what
+// came back after each. Without want, a write's answer is what arrives
+// before 300 ms of quiet; with want, it is read until it is as long as
+// the wanted one, or closed, within 10 s, and then until the connection
+// closes (if the wanted one did) or stays quiet.
+func exchange(addr string, writes []string, want []exchangeOutcome) []exchangeOutcome {
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return []exchangeOutcome{{out: "dial: " + err.Error()}}
+	}
+	defer nc.Close()
+	var got []exchangeOutcome
+	buf := make([]byte, 64<<10)
+	for i, w := range writes {
+		nc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		_, werr := nc.Write([]byte(w))
+		var o exchangeOutcome
+		var b bytes.Buffer
+		read := func(d time.Duration) bool { // reports whether reading ended
+			nc.SetReadDeadline(time.Now().Add(d))
+			n, err := nc.Read(buf)
+			b.Write(buf[:n])
+			if err != nil {
+				var ne net.Error
+				o.closed = !errors.As(err, &ne) || !ne.Timeout()
+				return true
+			}
+			return false
+		}
+		ended := false
+		if i < len(want) {
+			for !ended && b.Len() < len(want[i].out) {
+				ended = read(10 * time.Second)
+			}
+			for !ended && want[i].closed {
+				ended = read(10 * time.Second)
+			}
+		}
+		for !ended {
+			ended = read(300 * time.Millisecond)
+		}
+		o.out = b.String()
+		o.closed = o.closed || werr != nil
+		got = append(got, o)
+		if o.closed {
+			break
+		}
+	}
+	return got
 }

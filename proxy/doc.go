@@ -36,8 +36,12 @@
 // SETNAME, SELECT). A client that was subscribed, monitoring or a replica
 // is disconnected instead, so that it notices its subscriptions are gone.
 //
-// Every request is checked against the configured limits before redcon
-// parses it, so a declared but unsent length costs nothing.
+// Every request is framed as Redis 7.0 frames it and checked against the
+// configured limits before redcon parses it (limits.go): what Redis skips
+// (an empty line, a count of zero or less) is skipped, inline requests are
+// split by Redis's quoting rules, a malformed request gets Redis's own
+// error and a closed connection, and a declared but unsent length costs
+// nothing.
 //
 // Layout. proxy.go has the Proxy, its Config and the accept and close
 // callbacks. A client connection is a session, made of parts that each own

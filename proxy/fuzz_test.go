@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	"github.com/tidwall/redcon"
@@ -18,18 +20,33 @@ type scannedReader struct {
 }
 
 func (s *scannedReader) Read(b []byte) (int, error) {
+	if len(s.sc.pend) > 0 {
+		return s.sc.drain(b), nil
+	}
 	if s.err != nil {
 		return 0, s.err
 	}
-	n, err := s.r.Read(b)
-	if n > 0 {
-		k, verr := s.sc.scan(b[:n])
-		if verr != nil {
-			s.err = verr
-			return k, nil
+	for {
+		n, err := s.r.Read(b)
+		if n > 0 {
+			k, verr := s.sc.scan(b[:n])
+			if k == 0 && len(s.sc.pend) > 0 {
+				k = s.sc.drain(b)
+			}
+			if verr != nil {
+				s.err = verr
+				if k == 0 {
+					return 0, verr
+				}
+				return k, nil
+			}
+			if k > 0 || err != nil {
+				return k, err
+			}
+			continue
 		}
+		return n, err
 	}
-	return n, err
 }
 
 // chunked returns data in reads of at most n bytes.
@@ -49,43 +66,63 @@ func (c *chunked) Read(b []byte) (int, error) {
 }
 
 // FuzzRequestPath sends any bytes, in reads of any size, through the
-// request limits and redcon's parser, as a client connection does. Nothing
-// may panic, and no accepted command may exceed a limit.
+// request scanner and redcon's parser, as a client connection does.
+// Nothing may panic, no accepted command may exceed a limit, redcon may
+// never find a protocol error of its own (the scanner hands it only
+// requests it reads as Redis does), and how the bytes are cut into reads
+// changes nothing: the commands and the error are those of the whole
+// input read at once.
 func FuzzRequestPath(f *testing.F) {
 	for _, s := range []string{
 		"*1\r\n$4\r\nPING\r\n", "PING\r\n", "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", "*-1\r\n", "*0\r\n",
 		"*1\r\n$-1\r\n", "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$9999999999\r\n", "\"unbalanced\r\n",
-		"*2\r\n$4\r\nLOCK\r\n:1\r\n", "SET a 'b c'\r\n", "*1\r\n$4\r\nPI",
+		"*2\r\n$4\r\nLOCK\r\n:1\r\n", "SET a 'b c'\r\n", "*1\r\n$4\r\nPI", "*1\rx$4\rxPINGxx",
+		"ECHO \"\\x41\" 'b\\'' c\"d e\"\r\n", "*-5\r\n\r\n \r\nPI\x00NG\r\n",
 	} {
 		f.Add([]byte(s), uint8(3))
 	}
 	f.Fuzz(func(t *testing.T, data []byte, chunk uint8) {
-		sr := &scannedReader{
-			r:  &chunked{data: data, n: int(chunk%64) + 1},
-			sc: requestScanner{maxBulk: 64, maxMultibulk: 8, maxInline: 128},
-		}
-		rd := redcon.NewReader(sr)
-		for range 1000 {
-			cmds, err := rd.ReadCommands()
-			for _, c := range cmds {
-				if len(c.Args) > 8 {
-					t.Fatalf("a command of %d arguments passed the limit of 8", len(c.Args))
-				}
-				for _, a := range c.Args {
-					if len(a) > 128 { // the larger of the bulk and inline limits
-						t.Fatalf("an argument of %d bytes passed the limits", len(a))
-					}
-				}
-			}
-			if err != nil {
-				var pe *ProtocolError
-				if sr.err != nil && !errors.As(sr.err, &pe) {
-					t.Fatalf("scanner error of type %T", sr.err)
-				}
-				return
-			}
+		cmds, err := readRequests(t, data, int(chunk%64)+1)
+		whole, wholeErr := readRequests(t, data, len(data)+1)
+		if !slices.Equal(cmds, whole) || !errors.Is(err, wholeErr) && fmt.Sprint(err) != fmt.Sprint(wholeErr) {
+			t.Fatalf("in reads of %d bytes: %q, %v; at once: %q, %v", chunk%64+1, cmds, err, whole, wholeErr)
 		}
 	})
+}
+
+// readRequests reads data as a client connection does, in reads of at
+// most chunk bytes, and returns the commands (arguments joined by spaces)
+// and the error that ended them.
+func readRequests(t *testing.T, data []byte, chunk int) ([]string, error) {
+	sr := &scannedReader{
+		r:  &chunked{data: data, n: chunk},
+		sc: requestScanner{maxBulk: 64, maxMultibulk: 8, maxInline: 128},
+	}
+	rd := redcon.NewReader(sr)
+	var out []string
+	for range 10000 {
+		cmds, err := rd.ReadCommands()
+		for _, c := range cmds {
+			if len(c.Args) > 8 {
+				t.Fatalf("a command of %d arguments passed the limit of 8", len(c.Args))
+			}
+			for _, a := range c.Args {
+				if len(a) > 128 { // the larger of the bulk and inline limits
+					t.Fatalf("an argument of %d bytes passed the limits", len(a))
+				}
+			}
+			out = append(out, string(bytes.Join(c.Args, []byte(" "))))
+		}
+		if err != nil {
+			var pe *ProtocolError
+			if err != io.EOF && !errors.As(err, &pe) {
+				t.Fatalf("redcon's own error %v on a stream the scanner passed", err)
+			}
+			return out, err
+		}
+	}
+	t.Fatal("no end after 10000 reads")
+	return nil, nil
 }
 
 // FuzzReplyReader copies any bytes as backend replies. Nothing may panic,

@@ -110,7 +110,7 @@ func DefaultConfig() Config {
 		Limits: Limits{
 			MaxClients:      10000,
 			MaxBulkLen:      512 << 20,
-			MaxMultibulkLen: 1 << 20,
+			MaxMultibulkLen: maxCount,
 			MaxInlineLen:    64 << 10,
 		},
 		CommandTimeout: 2 * time.Minute,
@@ -160,11 +160,14 @@ func (c Config) Validate() error {
 type Limits struct {
 	// MaxClients bounds the connected clients. Default 10000.
 	MaxClients int
-	// MaxBulkLen bounds one argument of a request. Default 512 MB.
+	// MaxBulkLen bounds one argument of a request. Default 512 MB, Redis's
+	// proto-max-bulk-len.
 	MaxBulkLen int64
-	// MaxMultibulkLen bounds the arguments of a request. Default 1048576.
+	// MaxMultibulkLen bounds the arguments of a request. Default and most
+	// 2147483647, the bound of Redis 7.0.
 	MaxMultibulkLen int64
-	// MaxInlineLen bounds an inline (telnet-style) request. Default 64 KB.
+	// MaxInlineLen bounds an inline (telnet-style) request, and the count
+	// and length lines of a multibulk one. Default 64 KB, as in Redis.
 	MaxInlineLen int64
 	// IdleTimeout closes a client that sent nothing for this long, unless
 	// it waits on a blocking command, a subscription, MONITOR or the

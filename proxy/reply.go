@@ -6,10 +6,10 @@ import (
 	"fmt"
 )
 
-// maxReplyDepth bounds the nesting of aggregate replies. Redis never nests
-// deeply; a backend that does is broken, and the bound keeps a corrupt
-// stream from exhausting the stack.
-const maxReplyDepth = 512
+// maxPending bounds the number of values a reply may still owe. Redis
+// cannot come near it (it would have to send 2^62 values); a corrupt
+// stream that declares absurd counts hits it before the count overflows.
+const maxPending = 1 << 62
 
 // errMidReply reports that the backend stream broke after part of a reply
 // was already written to the client, so the client's stream is no longer in
@@ -44,89 +44,138 @@ func (ri *replyInfo) lineBytes() []byte { return ri.line[:ri.lineLen] }
 // copyReply copies exactly one RESP2/RESP3 reply from r to w, byte for
 // byte, without buffering whole values: a 512 MB bulk string streams
 // through the bufio buffers. An attribute (|) is copied together with the
-// reply it annotates. The returned error is errMidReply (wrapping the cause)
-// when some of the reply had already been written.
+// value it annotates, at the top level and inside aggregates. The returned
+// error is errMidReply (wrapping the cause) when some of the reply had
+// already been written.
 func copyReply(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
-	ri.headLen, ri.hasInt, ri.lineLen, ri.n = -1, false, 0, 0
-	started := false
-	for {
-		typ, err := r.ReadByte()
-		if err != nil {
-			if started {
-				return fmt.Errorf("%w: %w", errMidReply, err)
+	typ, err := r.ReadByte()
+	if err != nil {
+		return err
+	}
+	if err := w.WriteByte(typ); err != nil {
+		return fmt.Errorf("%w: %w", errMidReply, err)
+	}
+	ri.typ, ri.n, ri.headLen, ri.hasInt, ri.lineLen = typ, 0, -1, false, 0
+	switch typ {
+	case '+', '-', ':', '_', ',', '#', '(':
+		err = copyLine(w, r, ri)
+	case '$', '!', '=':
+		_, err = copyValue(w, r, typ, true, -1, ri)
+	default:
+		err = copyNested(w, r, typ, ri)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", errMidReply, err)
+	}
+	return nil
+}
+
+// copyNested copies the rest of a reply that is an aggregate or begins with
+// an attribute, typ being its first byte, already copied.
+//
+// Nesting costs nothing: instead of recursing into aggregates, the copy
+// counts the values the reply still owes, so a reply nested a million
+// levels deep (a Lua script can return one) is copied like a flat one, with
+// no depth limit and no stack to exhaust. Two counters are enough because
+// the only structure that matters is the top-level aggregate's first
+// elements, for replyInfo.
+func copyNested(w *bufio.Writer, r *bufio.Reader, typ byte, ri *replyInfo) error {
+	var (
+		children int64 // direct elements of the top-level aggregate still to come
+		sub      int64 // values still to come below the current direct element
+		attr     bool  // a top-level attribute was read: the reply itself follows
+	)
+	for first := true; ; first = false {
+		if !first {
+			var err error
+			if typ, err = r.ReadByte(); err != nil {
+				return err
 			}
+			if err := w.WriteByte(typ); err != nil {
+				return err
+			}
+		}
+		idx := int64(-1) // index among the top-level aggregate's elements
+		top := false
+		switch {
+		case sub > 0:
+			sub--
+		case children > 0:
+			idx = ri.n - children
+			if typ != '|' { // an attribute is not an element
+				children--
+			}
+		default:
+			top = true
+			ri.typ, ri.n, ri.headLen, ri.hasInt, ri.lineLen = typ, 0, -1, false, 0
+		}
+		n, err := copyValue(w, r, typ, top, idx, ri)
+		if err != nil {
 			return err
 		}
-		started = true
-		ri.typ = typ
-		if err := w.WriteByte(typ); err != nil {
-			return fmt.Errorf("%w: %w", errMidReply, err)
+		if n > maxPending-sub {
+			return errors.New("reply declares too many elements")
 		}
-		if err := copyBody(w, r, typ, 0, ri); err != nil {
-			return fmt.Errorf("%w: %w", errMidReply, err)
+		switch {
+		case top && typ != '|':
+			children, ri.n, attr = n, n, false
+		case top:
+			attr = true
+			sub += n
+		case idx < 0 && typ == '|':
+			sub += n + 1 // the pairs and the value they annotate
+		default:
+			// An attribute before a direct element is followed by the
+			// value it annotates, which is read in the attribute's place.
+			sub += n
 		}
-		if typ != '|' {
+		if sub == 0 && children == 0 && !attr {
 			return nil
 		}
 	}
 }
 
-// copyBody copies the rest of a value whose type byte was already copied.
-// ri, when not nil, collects the top-level details described on replyInfo.
-func copyBody(w *bufio.Writer, r *bufio.Reader, typ byte, depth int, ri *replyInfo) error {
-	if depth > maxReplyDepth {
-		return errors.New("reply nested too deeply")
-	}
+// copyValue copies the rest of a value whose type byte was already copied
+// and returns how many values an aggregate (or attribute) header declared.
+// top says the value is the reply itself, idx is its index among the
+// top-level aggregate's elements (-1 when it is not one of them); both
+// decide what is recorded in ri.
+func copyValue(w *bufio.Writer, r *bufio.Reader, typ byte, top bool, idx int64, ri *replyInfo) (int64, error) {
 	switch typ {
 	case '+', '-', ':', '_', ',', '#', '(':
-		return copyLine(w, r, ri)
+		if typ == ':' && idx == 2 {
+			v, ok, err := peekInt(r)
+			if err != nil {
+				return 0, err
+			}
+			ri.third, ri.hasInt = v, ok
+		}
+		if top {
+			return 0, copyLine(w, r, ri)
+		}
+		return 0, copyLine(w, r, nil)
 	case '$', '!', '=':
+		if typ == '$' && idx == 0 {
+			if err := peekHead(r, ri); err != nil {
+				return 0, err
+			}
+		}
 		n, err := copyLength(w, r)
-		if err != nil {
-			return err
+		if err != nil || n < 0 { // $-1: the RESP2 null bulk string
+			return 0, err
 		}
-		if n < 0 {
-			return nil // $-1: the RESP2 null bulk string
-		}
-		return copyN(w, r, n+2)
+		return 0, copyN(w, r, n+2)
 	case '*', '~', '>', '%', '|':
 		n, err := copyLength(w, r)
-		if err != nil {
-			return err
+		if err != nil || n < 0 { // *-1: the RESP2 null array
+			return 0, err
 		}
 		if typ == '%' || typ == '|' {
 			n *= 2
 		}
-		if ri != nil {
-			ri.n = n
-		}
-		for i := int64(0); i < n; i++ {
-			et, err := r.ReadByte()
-			if err != nil {
-				return err
-			}
-			if err := w.WriteByte(et); err != nil {
-				return err
-			}
-			if ri != nil && i == 0 && et == '$' {
-				if err := peekHead(r, ri); err != nil {
-					return err
-				}
-			}
-			if ri != nil && i == 2 && et == ':' {
-				v, ok, err := peekInt(r)
-				if err != nil {
-					return err
-				}
-				ri.third, ri.hasInt = v, ok
-			}
-			if err := copyBody(w, r, et, depth+1, nil); err != nil {
-				return err
-			}
-		}
-		return nil
+		return n, nil
 	default:
-		return fmt.Errorf("unexpected reply type %q", typ)
+		return 0, fmt.Errorf("unexpected reply type %q", typ)
 	}
 }
 
