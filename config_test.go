@@ -323,7 +323,9 @@ func TestTwoProxiesOneFile(t *testing.T) {
 	}
 	metricsA, metricsB := free(), free()
 	path := writeConfig(t, fmt.Sprintf("listen: 127.0.0.1:0\nmetrics: {listen: %q}\nbackend: {addr: embedded}\nlock: {nodes: [embedded]}\n", metricsA))
-	env := []string{"LOCKPROXY_LOG_LEVEL=warn", "LOCKPROXY_LOCK_MAX_TTL=5s"}
+	// An embedded node runs in the test process, under -race: 250ms, not
+	// the default 50ms, for a node call on a loaded machine.
+	env := []string{"LOCKPROXY_LOG_LEVEL=warn", "LOCKPROXY_LOCK_MAX_TTL=5s", "LOCKPROXY_LOCK_NODE_TIMEOUT=250ms"}
 	start := func(args ...string) string {
 		ctx, cancel := context.WithCancel(context.Background())
 		listening := make(chan net.Addr, 1)
