@@ -172,40 +172,54 @@ func (g *Group) WaitRole(s *Server, role string, d time.Duration) {
 	})
 }
 
-// SwitchWatch records the time of each +switch-master the first Sentinel
-// publishes, as a client of it sees them.
+// SwitchWatch records the +switch-master messages of every Sentinel, as
+// their clients see them.
 type SwitchWatch struct {
-	ps   *redis.PubSub
-	c    *redis.SentinelClient
-	msgs <-chan *redis.Message
+	msgs chan string
 }
 
-// WatchSwitches subscribes to the first Sentinel's +switch-master; the
-// subscription ends with the test.
+// WatchSwitches subscribes to every Sentinel's +switch-master; the
+// subscriptions end with the test.
 func (g *Group) WatchSwitches() *SwitchWatch {
 	g.tb.Helper()
-	c := g.sentinelClient(g.Sentinels[0])
-	ps := c.Subscribe(context.Background(), "+switch-master")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := ps.Receive(ctx); err != nil { // the confirmation
-		g.tb.Fatalf("subscribe to +switch-master: %v", err)
+	w := &SwitchWatch{msgs: make(chan string, 16*len(g.Sentinels))}
+	for _, s := range g.Sentinels {
+		c := g.sentinelClient(s)
+		ps := c.Subscribe(context.Background(), "+switch-master")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := ps.Receive(ctx) // the confirmation
+		cancel()
+		if err != nil {
+			g.tb.Fatalf("subscribe to +switch-master on %s: %v", s.Addr, err)
+		}
+		ch := ps.Channel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for m := range ch {
+				select {
+				case w.msgs <- m.Payload:
+				default:
+				}
+			}
+		}()
+		g.tb.Cleanup(func() {
+			ps.Close()
+			<-done
+			c.Close()
+		})
 	}
-	w := &SwitchWatch{ps: ps, c: c, msgs: ps.Channel()}
-	g.tb.Cleanup(func() {
-		ps.Close()
-		c.Close()
-	})
 	return w
 }
 
-// Next waits up to d for the next +switch-master and returns when it
-// arrived and its payload ("name old-ip old-port new-ip new-port").
+// Next waits up to d for the next +switch-master of any Sentinel and
+// returns when it arrived and its payload ("name old-ip old-port new-ip
+// new-port").
 func (w *SwitchWatch) Next(tb testing.TB, d time.Duration) (time.Time, string) {
 	tb.Helper()
 	select {
 	case m := <-w.msgs:
-		return time.Now(), m.Payload
+		return time.Now(), m
 	case <-time.After(d):
 		tb.Fatalf("no +switch-master within %v", d)
 	}
