@@ -439,3 +439,41 @@ func firstSuccessAfter(clients []*loadClient, t time.Time) time.Time {
 	}
 	return first
 }
+
+// TestSentinelsUnreachable: with every Sentinel down, the proxy keeps the
+// last primary it knew, says so in the log and its status, and keeps
+// forwarding, also over new backend connections; it notices a Sentinel
+// that comes back.
+func TestSentinelsUnreachable(t *testing.T) {
+	g := redistest.StartGroup(t, "mymaster", 0, 3)
+	addr, p, logs := startSentinelProxy(t, g)
+	c := dial(t, addr)
+	if got := string(c.do(args("SET k v"))); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	for _, s := range g.Sentinels {
+		s.Kill()
+	}
+	waitUntil(t, 10*time.Second, "the log of the silent Sentinels", func() bool {
+		return logs.FilterMessage("no Sentinel answers; keeping the last known primary").Len() == 1
+	})
+	st := p.Backend()
+	if st.Primary != g.Primary.Addr || st.SentinelsAnswering != 0 || st.SentinelsSilentSince.IsZero() {
+		t.Fatalf("status %+v", st)
+	}
+	// A lost backend connection makes the proxy ask the Sentinels, which
+	// do not answer: it dials the primary it knew.
+	if _, err := g.Primary.Do("CLIENT", "KILL", "TYPE", "normal"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 5*time.Second, "a write after the lost connection", func() bool {
+		return string(c.do(args("SET k v2"))) == "+OK\r\n"
+	})
+	g.Sentinels[1].Restart()
+	waitUntil(t, 10*time.Second, "the log of a Sentinel back", func() bool {
+		return logs.FilterMessage("Sentinels answer again").Len() == 1
+	})
+	if st := p.Backend(); st.Primary != g.Primary.Addr || st.SentinelsAnswering != 1 || !st.SentinelsSilentSince.IsZero() {
+		t.Fatalf("status %+v", st)
+	}
+}
