@@ -73,6 +73,7 @@ type op struct {
 	key          string
 	start, end   time.Time
 	reply        string // the first line
+	ack          string // the reply to the client's WAIT after a successful write
 	connectionUp bool   // false: the proxy closed the connection
 }
 
@@ -83,6 +84,7 @@ type loadClient struct {
 	c    net.Conn
 	r    *bufio.Reader
 	done chan struct{}
+	wait []string // sent after each successful write
 
 	mu  sync.Mutex
 	ops []op // read directly once done is closed
@@ -121,6 +123,10 @@ func runLoad(t *testing.T, addr, name string, setup [][]string, cmd func(seq int
 			o := op{key: args[1], start: time.Now()}
 			line, err := lc.do(args)
 			o.end, o.reply, o.connectionUp = time.Now(), line, err == nil
+			if err == nil && line == "+OK" && lc.wait != nil {
+				o.ack, err = lc.do(lc.wait)
+				o.connectionUp = err == nil
+			}
 			lc.mu.Lock()
 			lc.ops = append(lc.ops, o)
 			lc.mu.Unlock()
@@ -248,6 +254,13 @@ func testFailover(t *testing.T, kill bool) {
 		return []string{"SET", fmt.Sprintf("db1:%d", seq), "x"}
 	}, stop)
 	clients = append(clients, dedicated)
+	// A client that waits for both replicas after each write (WAIT): its
+	// acknowledged writes survive whichever replica is promoted.
+	waiter := runLoad(t, addr, "waiter", nil, func(seq int) []string {
+		return []string{"SET", fmt.Sprintf("waiter:%d", seq), "x"}
+	}, stop)
+	waiter.wait = []string{"WAIT", "2", "1000"}
+	clients = append(clients, waiter)
 	reader := runLoad(t, addr, "reader", nil, func(seq int) []string {
 		return []string{"GET", fmt.Sprintf("shared0:%d", seq)}
 	}, stop)
@@ -412,6 +425,22 @@ func testFailover(t *testing.T, kill bool) {
 		}
 	}
 	t.Logf("acknowledged writes lost in the failover: %d of %d", lost, acked)
+	pipe := db0.Pipeline()
+	var waited []*redis.IntCmd
+	for _, o := range waiter.ops {
+		if o.ack == ":2" {
+			waited = append(waited, pipe.Exists(ctx, o.key))
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range waited {
+		if cmd.Val() != 1 {
+			t.Errorf("%s, acknowledged by WAIT 2, is lost", cmd.Args()[1])
+		}
+	}
+	t.Logf("%d writes acknowledged by WAIT 2 by both replicas, all on the new primary", len(waited))
 }
 
 func countOK(c *loadClient) int { return countOKAfter(c, time.Time{}) }
