@@ -138,6 +138,7 @@ func defaultFileConfig() fileConfig {
 		WriteTimeout:      p.Backend.WriteTimeout,
 		SharedConnections: p.Backend.SharedConnections,
 		Sentinel: sentinelConfig{
+			Addrs:         []string{}, // as the file and -print-config write it
 			CheckInterval: p.Backend.Sentinel.CheckInterval,
 			Timeout:       p.Backend.Sentinel.Timeout,
 		},
