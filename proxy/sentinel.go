@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -133,7 +134,11 @@ type follower struct {
 	gen       uint64 // changes whenever addr does
 	conns     map[*trackedConn]struct{}
 	failovers uint64
-	answering int
+	// failSign is when a failover was last seen starting or going on;
+	// failTimeout the Sentinels' failover-timeout, which bounds it.
+	failSign    time.Time
+	failTimeout time.Duration
+	answering   int
 	silent    time.Time // no Sentinel answered since
 	since     time.Time
 	reason    string
@@ -231,6 +236,9 @@ func (f *follower) watch(msgs <-chan *redis.Message) {
 			f.mu.Unlock()
 			f.drop(to, "a Sentinel announced a switch to "+to)
 		case m.Channel == eventTry && len(fields) >= 4 && fields[0] == "master" && fields[1] == f.cfg.MasterName:
+			f.mu.Lock()
+			f.failSign = time.Now()
+			f.mu.Unlock()
 			f.drop("", "a Sentinel started a failover")
 		case len(fields) >= 2 && fields[0] == "master" && fields[1] == f.cfg.MasterName:
 			// -failover-abort-*: a poll tells whether another goes on.
@@ -301,6 +309,8 @@ type answer struct {
 	epoch int64
 	// failing: this Sentinel is failing the primary over.
 	failing bool
+	// timeout is the Sentinel's failover-timeout.
+	timeout time.Duration
 	err     error
 }
 
@@ -325,6 +335,18 @@ func (f *follower) refresh(ctx context.Context) {
 	f.mu.Lock()
 	f.noteAnswers(answering, answers)
 	cur, curEpoch, hint := f.addr, f.epoch, f.hint
+	for _, a := range answers {
+		f.failTimeout = max(f.failTimeout, a.timeout)
+	}
+	if failing {
+		f.failSign = time.Now()
+	} else if answering == len(answers) {
+		f.failSign = time.Time{} // every Sentinel says no failover goes on
+	}
+	// After a sign of a failover, the same primary is taken back only
+	// when every Sentinel says none goes on (one that does not answer may
+	// be the one promoting a replica), or after the failover-timeout.
+	unsure := !f.failSign.IsZero() && time.Since(f.failSign) < cmp.Or(f.failTimeout, 3*time.Minute)
 	f.mu.Unlock()
 
 	// A Sentinel's config-epoch grows with every failover it learns
@@ -346,6 +368,9 @@ func (f *follower) refresh(ctx context.Context) {
 		f.drop("", "a Sentinel is failing the primary over")
 		return
 	case best.addr == "" || best.epoch < curEpoch || (cur != "" && !newer):
+		return
+	case !newer && unsure:
+		f.setReason("a failover may be in progress: waiting for every Sentinel to answer")
 		return
 	}
 	if best.addr != cur {
@@ -394,6 +419,7 @@ func (f *follower) ask(ctx context.Context, c *redis.SentinelClient) answer {
 	}
 	epoch, _ := strconv.ParseInt(m["config-epoch"], 10, 64)
 	failing := slices.Contains(strings.Split(m["flags"], ","), "failover_in_progress")
+	ms, _ := strconv.ParseInt(m["failover-timeout"], 10, 64)
 	a, err := c.GetMasterAddrByName(ctx, f.cfg.MasterName).Result()
 	if err != nil {
 		return answer{err: err}
@@ -401,7 +427,7 @@ func (f *follower) ask(ctx context.Context, c *redis.SentinelClient) answer {
 	if len(a) != 2 {
 		return answer{err: fmt.Errorf("get-master-addr-by-name answered %q", a)}
 	}
-	return answer{addr: net.JoinHostPort(a[0], a[1]), epoch: epoch, failing: failing}
+	return answer{addr: net.JoinHostPort(a[0], a[1]), epoch: epoch, failing: failing, timeout: time.Duration(ms) * time.Millisecond}
 }
 
 // choose returns the answer with the highest epoch, the one most

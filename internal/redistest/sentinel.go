@@ -33,7 +33,8 @@ type Group struct {
 
 // StartGroup starts a primary, replicas replicas of it and sentinels
 // Sentinels (quorum: a majority of them) monitoring it as masterName, with
-// short failure-detection times, and waits until every Sentinel knows
+// short failure-detection times (down-after-milliseconds 1000,
+// failover-timeout 3000), and waits until every Sentinel knows
 // every replica and every other Sentinel, so that a failover can start at
 // once. Sentinels run as redis-sentinel, which is installed (Debian's
 // package) when missing and the tests run as root.
@@ -44,7 +45,7 @@ func StartGroup(tb testing.TB, masterName string, replicas, sentinels int) *Grou
 	}
 	g := &Group{
 		MasterName:      masterName,
-		DownAfter:       500 * time.Millisecond,
+		DownAfter:       time.Second,
 		FailoverTimeout: 3 * time.Second,
 		tb:              tb,
 	}
