@@ -139,9 +139,9 @@ type follower struct {
 	failSign    time.Time
 	failTimeout time.Duration
 	answering   int
-	silent    time.Time // no Sentinel answered since
-	since     time.Time
-	reason    string
+	silent      time.Time // no Sentinel answered since
+	since       time.Time
+	reason      string
 }
 
 func newFollower(p *Proxy, cfg SentinelConfig, log *zap.Logger) *follower {

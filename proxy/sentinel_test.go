@@ -97,15 +97,16 @@ func (lc *loadClient) snapshot() []op {
 }
 
 // runLoad starts a client on addr that first sends setup (each answered
-// +OK) and then, in turn, cmd(seq) until stop closes.
-func runLoad(t *testing.T, addr, name string, setup [][]string, cmd func(seq int) []string, stop <-chan struct{}) *loadClient {
+// +OK) and then, in turn, cmd(seq), followed by wait when set and the
+// command succeeded, until stop closes.
+func runLoad(t *testing.T, addr, name string, setup [][]string, cmd func(seq int) []string, wait []string, stop <-chan struct{}) *loadClient {
 	t.Helper()
 	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	lc := &loadClient{name: name, c: nc, r: bufio.NewReader(nc), done: make(chan struct{})}
+	lc := &loadClient{name: name, c: nc, r: bufio.NewReader(nc), done: make(chan struct{}), wait: wait}
 	for _, s := range setup {
 		if line, err := lc.do(s); err != nil || line != "+OK" {
 			t.Fatalf("%s: %v: %q %v", name, s, line, err)
@@ -252,23 +253,22 @@ func testFailover(t *testing.T, kill bool) {
 		name := fmt.Sprintf("shared%d", i)
 		clients = append(clients, runLoad(t, addr, name, nil, func(seq int) []string {
 			return []string{"SET", fmt.Sprintf("%s:%d", name, seq), "x"}
-		}, stop))
+		}, nil, stop))
 	}
 	// A client with connection state: on a dedicated connection, in db 1.
 	dedicated := runLoad(t, addr, "db1", [][]string{{"SELECT", "1"}}, func(seq int) []string {
 		return []string{"SET", fmt.Sprintf("db1:%d", seq), "x"}
-	}, stop)
+	}, nil, stop)
 	clients = append(clients, dedicated)
 	// A client that waits for both replicas after each write (WAIT): its
 	// acknowledged writes survive whichever replica is promoted.
 	waiter := runLoad(t, addr, "waiter", nil, func(seq int) []string {
 		return []string{"SET", fmt.Sprintf("waiter:%d", seq), "x"}
-	}, stop)
-	waiter.wait = []string{"WAIT", "2", "1000"}
+	}, []string{"WAIT", "2", "1000"}, stop)
 	clients = append(clients, waiter)
 	reader := runLoad(t, addr, "reader", nil, func(seq int) []string {
 		return []string{"GET", fmt.Sprintf("shared0:%d", seq)}
-	}, stop)
+	}, nil, stop)
 	sub := dial(t, addr)
 	sub.do(args("SUBSCRIBE news"))
 
