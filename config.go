@@ -68,7 +68,25 @@ type backendConfig struct {
 	SharedConnections int           `yaml:"shared_connections"`
 	SpareConnections  int           `yaml:"spare_connections"`
 	TLS               clientTLS     `yaml:"tls"`
+	// Sentinel, instead of addr: the primary that Redis Sentinel names.
+	Sentinel sentinelConfig `yaml:"sentinel"`
 }
+
+// sentinelConfig is backend.sentinel: how to find the backend's primary
+// through Redis Sentinel. Username, password and TLS are the Sentinels'
+// own; the backend's apply to the primary.
+type sentinelConfig struct {
+	MasterName    string        `yaml:"master_name"`
+	Addrs         []string      `yaml:"addrs"`
+	Username      string        `yaml:"username"`
+	Password      string        `yaml:"password" secret:"true"`
+	TLS           clientTLS     `yaml:"tls"`
+	CheckInterval time.Duration `yaml:"check_interval"`
+	Timeout       time.Duration `yaml:"timeout"`
+}
+
+// enabled reports whether any of the section's addressing keys is set.
+func (s *sentinelConfig) enabled() bool { return s.MasterName != "" || len(s.Addrs) > 0 }
 
 type lockConfig struct {
 	Nodes        []string      `yaml:"nodes"`
@@ -121,6 +139,11 @@ func defaultFileConfig() fileConfig {
 		WriteTimeout:      p.Backend.WriteTimeout,
 		SharedConnections: p.Backend.SharedConnections,
 		SpareConnections:  p.Backend.SpareConnections,
+		Sentinel: sentinelConfig{
+			Addrs:         []string{}, // as the file and -print-config write it
+			CheckInterval: p.Backend.Sentinel.CheckInterval,
+			Timeout:       p.Backend.Sentinel.Timeout,
+		},
 	}
 	f.Lock = lockConfig{
 		NodeTimeout:  q.NodeTimeout,
@@ -170,9 +193,29 @@ func (c *fileConfig) validate() error {
 	if c.Listen == "" {
 		errs = append(errs, errors.New("listen is empty"))
 	}
-	if c.Backend.Addr == "" {
-		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\")"))
+	before := len(errs)
+	switch s := &c.Backend.Sentinel; {
+	case c.Backend.Addr == "" && !s.enabled():
+		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\"), and no backend.sentinel is set"))
+	case c.Backend.Addr != "" && s.enabled():
+		errs = append(errs, fmt.Errorf("backend.addr (%q) and backend.sentinel are mutually exclusive: set backend.addr to \"\" to follow the Sentinels' primary, or remove backend.sentinel", c.Backend.Addr))
+	case s.enabled():
+		if s.MasterName == "" {
+			errs = append(errs, errors.New("backend.sentinel.master_name is empty (the name the Sentinels monitor the primary under)"))
+		}
+		if len(s.Addrs) == 0 {
+			errs = append(errs, errors.New("backend.sentinel.addrs is empty (the Sentinels' host:port addresses)"))
+		}
+		for i, a := range s.Addrs {
+			if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
+				errs = append(errs, fmt.Errorf("backend.sentinel.addrs[%d] %q: want host:port", i, a))
+			}
+		}
+		if s.CheckInterval <= 0 || s.Timeout <= 0 {
+			errs = append(errs, errors.New("backend.sentinel.check_interval and timeout must be positive"))
+		}
 	}
+	backendOK := len(errs) == before
 	if len(c.Lock.Nodes) == 0 {
 		errs = append(errs, errors.New("lock.nodes is empty"))
 	}
@@ -205,7 +248,12 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, fmt.Errorf("limits.command_timeout (%v) must be longer than lock.max_wait (%v)",
 			c.Limits.CommandTimeout, c.Lock.MaxWait))
 	}
-	errs = append(errs, c.quorumConfig().Validate(), c.commandsConfig().Validate(), c.proxyConfig().Validate())
+	errs = append(errs, c.quorumConfig().Validate(), c.commandsConfig().Validate())
+	if backendOK {
+		// Otherwise the proxy's check would repeat the backend's message
+		// (it reports only its first error).
+		errs = append(errs, c.proxyConfig().Validate())
+	}
 	return errors.Join(errs...)
 }
 
@@ -237,6 +285,15 @@ func (c *fileConfig) proxyConfig() proxy.Config {
 	p.Backend.DialTimeout, p.Backend.WriteTimeout = b.DialTimeout, b.WriteTimeout
 	p.Backend.SharedConnections = b.SharedConnections
 	p.Backend.SpareConnections = b.SpareConnections
+	if b.Sentinel.enabled() {
+		s := &p.Backend.Sentinel
+		s.MasterName = b.Sentinel.MasterName
+		for _, a := range b.Sentinel.Addrs {
+			s.Addrs = append(s.Addrs, strings.TrimSpace(a))
+		}
+		s.Username, s.Password = b.Sentinel.Username, b.Sentinel.Password
+		s.CheckInterval, s.Timeout = b.Sentinel.CheckInterval, b.Sentinel.Timeout
+	}
 	p.Limits = c.clientLimits()
 	p.CommandTimeout = c.Limits.CommandTimeout
 	if c.Auth.Requirepass != "" || len(c.Auth.Users) > 0 {

@@ -374,3 +374,49 @@ func TestTwoProxiesOneFile(t *testing.T) {
 		}
 	}
 }
+
+// TestSentinelConfig: backend.sentinel against backend.addr, each mistake
+// with its message, and the mapping onto the proxy's Config.
+func TestSentinelConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		give []string // -set flags over a file with lock nodes only
+		want string   // a message the error contains; "" for none
+	}{
+		{name: "neither", give: nil, want: `backend.addr is empty (an address, or "embedded"), and no backend.sentinel is set`},
+		{name: "both", give: []string{"backend.addr=127.0.0.1:6379", "backend.sentinel.master_name=m", "backend.sentinel.addrs=127.0.0.1:26379"},
+			want: `backend.addr ("127.0.0.1:6379") and backend.sentinel are mutually exclusive`},
+		{name: "no master name", give: []string{"backend.sentinel.addrs=127.0.0.1:26379"}, want: "backend.sentinel.master_name is empty"},
+		{name: "no addrs", give: []string{"backend.sentinel.master_name=m"}, want: "backend.sentinel.addrs is empty"},
+		{name: "bad addr", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=127.0.0.1:26379,nohost"}, want: `backend.sentinel.addrs[1] "nohost": want host:port`},
+		{name: "zero timeout", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=a:1", "backend.sentinel.timeout=0s"}, want: "backend.sentinel.check_interval and timeout must be positive"},
+		{name: "good", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=a:1, b:2", "backend.sentinel.password=s"}},
+	}
+	path := writeConfig(t, "lock: {nodes: [127.0.0.1:7000]}\n")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"-config", path}
+			for _, g := range tt.give {
+				args = append(args, "-set", g)
+			}
+			opts, err := parseArgs(args, testWriter{t})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := configure(opts, nil)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("configure: %v", err)
+				}
+				s := cfg.proxyConfig().Backend.Sentinel
+				if s.MasterName != "m" || strings.Join(s.Addrs, " ") != "a:1 b:2" || s.Password != "s" || s.CheckInterval != time.Second {
+					t.Errorf("proxy sentinel config %+v", s)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("configure: %v, want %q", err, tt.want)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -22,7 +23,8 @@ import (
 // serveHTTP serves, on addr (metrics.listen): /metrics, /healthz (the
 // process is alive), /readyz (the backend answers and a majority of lock
 // nodes answer with their data; otherwise it says which nodes are down or
-// recovering, and until when) and the pprof profiles. The returned function stops the
+// recovering, and until when, or that Sentinel names no primary; ready
+// with a warning while no Sentinel answers) and the pprof profiles. The returned function stops the
 // server and waits for it.
 func serveHTTP(addr string, logger *zap.Logger, p *proxy.Proxy, locker *quorum.Locker, cmds *commands.Handler) (func(), error) {
 	reg := prometheus.NewRegistry()
@@ -43,6 +45,12 @@ func serveHTTP(addr string, logger *zap.Logger, p *proxy.Proxy, locker *quorum.L
 			return
 		}
 		io.WriteString(w, "ready\n")
+		if bs := p.Backend(); bs.Sentinel && !bs.SentinelsSilentSince.IsZero() {
+			// Still ready: the primary answers. But a failover now would
+			// go unnoticed until a Sentinel answers again.
+			fmt.Fprintf(w, "warning: no Sentinel has answered since %s; forwarding to the last known primary %s\n",
+				bs.SentinelsSilentSince.UTC().Format(time.RFC3339), bs.Primary)
+		}
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -146,6 +146,9 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 	if pcfg.Backend.TLS, err = cfg.Backend.TLS.build(); err != nil {
 		return nil, fmt.Errorf("backend.tls: %w", err)
 	}
+	if pcfg.Backend.Sentinel.TLS, err = cfg.Backend.Sentinel.TLS.build(); err != nil {
+		return nil, fmt.Errorf("backend.sentinel.tls: %w", err)
+	}
 	if pcfg.TLS, err = cfg.TLS.build(); err != nil {
 		return nil, fmt.Errorf("tls: %w", err)
 	}
@@ -163,6 +166,8 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 	}
 	logger.Info("configured",
 		zap.String("backend", backend),
+		zap.String("sentinel_master", pcfg.Backend.Sentinel.MasterName),
+		zap.Strings("sentinels", pcfg.Backend.Sentinel.Addrs),
 		zap.Strings("lock_nodes", lockNodes),
 		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""),
 		zap.Bool("tls", pcfg.TLS != nil),
@@ -242,6 +247,7 @@ func reload(opts options, env []string, level zap.AtomicLevel, p *proxy.Proxy) e
 // infoSection is the body of INFO lockproxy.
 func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds *commands.Handler) string {
 	ps := p.Stats()
+	bs := p.Backend()
 	up := locker.NodesUp()
 	var b strings.Builder
 	for _, kv := range []struct {
@@ -257,8 +263,17 @@ func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds 
 		{"total_connections_received", ps.Connections},
 		{"commands_forwarded", ps.Forwarded},
 		{"forward_errors", ps.ForwardErrors},
+		{"backend_primary", bs.Primary},
+		{"backend_failovers", bs.Failovers},
 	} {
 		fmt.Fprintf(&b, "%s:%v\r\n", kv.k, kv.v)
+	}
+	if bs.Sentinel {
+		fmt.Fprintf(&b, "backend_sentinels:%d\r\nbackend_sentinels_answering:%d\r\nbackend_primary_since_ms:%d\r\n",
+			bs.Sentinels, bs.SentinelsAnswering, bs.Since.UnixMilli())
+		if bs.Reason != "" {
+			fmt.Fprintf(&b, "backend_primary_unknown_reason:%s\r\n", strings.NewReplacer("\r", " ", "\n", " ").Replace(bs.Reason))
+		}
 	}
 	recovering := 0
 	for _, st := range locker.Status() {

@@ -60,13 +60,17 @@
 //   - writer.go: clientWriter, the client's socket: buffered replies, the
 //     sink the shared readers fill, and the non-blocking write path.
 //
-// shared.go is the backend connections shared by clients, spare.go the
-// dedicated ones kept ready, reply.go copies one reply, limits.go checks
-// requests, auth.go answers AUTH, guard.go keeps forwarded commands off the
-// lock state, and command.go answers INFO lockproxy and COMMAND. Files
-// outside a part call its methods only.
+// sentinel.go finds the backend through Redis Sentinel when configured:
+// a follower tracks the primary and owns every backend connection dialled
+// to it, closing them all when the primary changes (dial asks it for the
+// address). shared.go is the backend connections shared by clients,
+// spare.go the dedicated ones kept ready, reply.go copies one reply,
+// limits.go checks requests, auth.go answers AUTH, guard.go keeps
+// forwarded commands off the lock state, and command.go answers INFO
+// lockproxy and COMMAND. Files outside a part call its methods only.
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
-// with a clientWriter lock, nor a writer lock with shared.mu.
+// with a clientWriter lock, nor a writer lock with shared.mu; follower.mu
+// is a leaf, taken under any of them and holding none.
 package proxy

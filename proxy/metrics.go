@@ -31,6 +31,9 @@ var (
 	descForwarded   = prometheus.NewDesc("lockproxy_commands_forwarded_total", "Commands forwarded to the backend.", nil, nil)
 	descForwardErrs = prometheus.NewDesc("lockproxy_forward_errors_total", "Forwarded commands answered with an error because the backend could not be reached (unavailable) or its connection broke before the reply (connection_lost).", []string{"reason"}, nil)
 	descLocal       = prometheus.NewDesc("lockproxy_local_commands_total", "Commands the proxy answered itself (lock commands, INFO lockproxy, COMMAND, refusals).", nil, nil)
+	descPrimary     = prometheus.NewDesc("lockproxy_backend_primary", "1 with the address commands are forwarded to; 0 with addr=\"\" while Sentinel names no primary the proxy could confirm.", []string{"addr"}, nil)
+	descFailovers   = prometheus.NewDesc("lockproxy_backend_failovers_total", "Changes of the backend primary the proxy followed (Sentinel).", nil, nil)
+	descSentinels   = prometheus.NewDesc("lockproxy_backend_sentinels_answering", "Sentinels that answered the last query for the primary.", nil, nil)
 )
 
 func newMetrics() *metrics {
@@ -78,6 +81,16 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	counter(descForwardErrs, m.unavailable.Load(), "unavailable")
 	counter(descForwardErrs, m.connLost.Load(), "connection_lost")
 	counter(descLocal, m.local.Load())
+	bs := p.Backend()
+	known := 0.0
+	if bs.Primary != "" {
+		known = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descPrimary, prometheus.GaugeValue, known, bs.Primary)
+	counter(descFailovers, bs.Failovers)
+	if bs.Sentinel {
+		ch <- prometheus.MustNewConstMetric(descSentinels, prometheus.GaugeValue, float64(bs.SentinelsAnswering))
+	}
 	m.latency.Collect(ch)
 }
 

@@ -71,10 +71,16 @@ type Config struct {
 	ProtectedPrefix string
 }
 
-// BackendConfig says how to reach the backend Redis.
+// BackendConfig says how to reach the backend Redis: at Addr, or at the
+// primary that Sentinel names (one of the two).
 type BackendConfig struct {
 	// Addr is host:port, or the path of a unix socket.
 	Addr string
+	// Sentinel, when its MasterName or Addrs are set, finds the backend
+	// through Redis Sentinel and follows it through failovers; Addr must
+	// then be empty. The credentials, TLS and timeouts below apply to the
+	// primary it names.
+	Sentinel SentinelConfig
 	// Username and Password, when set, authenticate every backend
 	// connection before the client's own commands.
 	Username, Password string
@@ -119,6 +125,10 @@ func DefaultConfig() Config {
 			SpareConnections:  defaultSpares,
 			DialTimeout:       2 * time.Second,
 			WriteTimeout:      10 * time.Second,
+			Sentinel: SentinelConfig{
+				CheckInterval: time.Second,
+				Timeout:       500 * time.Millisecond,
+			},
 		},
 	}
 }
@@ -129,9 +139,17 @@ const defaultSpares = 2
 
 // Validate reports the first invalid field of c.
 func (c Config) Validate() error {
+	sentinel := c.Backend.Sentinel.enabled()
+	if sentinel {
+		if err := c.Backend.Sentinel.validate(); err != nil {
+			return err
+		}
+	}
 	switch {
-	case c.Backend.Addr == "":
+	case c.Backend.Addr == "" && !sentinel:
 		return errors.New("proxy: backend address is empty")
+	case c.Backend.Addr != "" && sentinel:
+		return errors.New("proxy: a backend address and a sentinel master are mutually exclusive")
 	case c.MaxClients <= 0:
 		return errors.New("proxy: max clients must be positive")
 	case c.MaxBulkLen <= 0:
@@ -217,6 +235,9 @@ type Proxy struct {
 	m       *metrics
 	backoff backoff
 
+	// follow finds the backend through Sentinel; nil for a fixed address.
+	follow *follower
+
 	shared     []*shared
 	nextShared atomic.Uint64
 	spares     *spares        // nil when there are none
@@ -271,6 +292,10 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		p.guard = newKeyGuard(cfg.ProtectedPrefix, p)
 	}
 	p.root, p.cancel = context.WithCancel(context.Background())
+	if cfg.Backend.Sentinel.enabled() {
+		p.follow = newFollower(p, cfg.Backend.Sentinel, logger.Named("sentinel"))
+		p.follow.start(p.root)
+	}
 	p.srv = redcon.NewServerNetwork("tcp", "", p.ServeRESP, p.accept, p.closed)
 	p.srv.AcceptError = func(err error) {
 		p.log.Warn("accept", zap.Error(err))
@@ -348,6 +373,9 @@ drain:
 	}
 	p.sharedWG.Wait()
 	p.spares.close(ln != nil)
+	if p.follow != nil {
+		p.follow.close()
+	}
 	return err
 }
 
@@ -465,10 +493,33 @@ func (l *listener) Accept() (net.Conn, error) {
 }
 
 // dial opens a backend connection and brings it to state: the proxy's own
-// credentials and database first, then what the client had set.
+// credentials and database first, then what the client had set. The
+// address is the fixed one, or the primary the follower knows, which then
+// owns the connection and closes it when the primary changes.
 func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
+	if p.follow == nil {
+		return p.dialAddr(ctx, p.cfg.Backend.Addr, state)
+	}
+	addr, gen, err := p.follow.target()
+	if err != nil {
+		return nil, err
+	}
+	be, err := p.dialAddr(ctx, addr, state)
+	if err != nil {
+		p.follow.trouble(false)
+		return nil, err
+	}
+	if err := p.follow.track(be, gen); err != nil {
+		be.nc.Close()
+		return nil, err
+	}
+	return be, nil
+}
+
+// dialAddr opens a backend connection to addr and brings it to state.
+func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*backend, error) {
 	b := &p.cfg.Backend
-	network, addr := "tcp", b.Addr
+	network := "tcp"
 	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "unix:") {
 		network, addr = "unix", strings.TrimPrefix(addr, "unix:")
 	}
@@ -560,6 +611,9 @@ func (b *backoff) check() error {
 }
 
 func (b *backoff) record(err error) {
+	if errors.Is(err, errNoPrimary) {
+		return // nothing was dialled
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err == nil || errors.Is(err, context.Canceled) {

@@ -362,6 +362,7 @@ func (s *session) readBackend(be *backend) {
 			s.backendLost(be, err)
 			return
 		}
+		s.p.checkReply(&ri)
 		if s.q.account(&ri) {
 			// QUIT: Redis closes the connection after its +OK.
 			s.w.flush()
@@ -393,6 +394,7 @@ func (s *session) backendLost(be *backend, cause error) {
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, errMidReply) || listening
 	if !closed && !errors.Is(cause, errClosed) {
 		s.log.Debug("backend connection lost", zap.Error(cause))
+		s.p.backendTrouble()
 	}
 	if drop {
 		s.nc.Close()

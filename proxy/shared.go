@@ -163,6 +163,7 @@ func (sh *shared) read(be *backend) {
 			return
 		}
 		idle := be.r.Buffered() == 0 // the reader would wait for more next
+		sh.p.checkReply(&ri)
 		if s != nil {
 			s.replied(&ri)
 		}
@@ -190,6 +191,7 @@ func (sh *shared) read(be *backend) {
 // and cut, whose reply was cut short, is disconnected.
 func (sh *shared) fail(be *backend, cut *session) {
 	be.nc.Close()
+	sh.p.backendTrouble()
 	sh.mu.Lock()
 	be.dead = true
 	q := be.pending

@@ -11,7 +11,6 @@ package redistest
 import (
 	"bufio"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -34,6 +33,8 @@ type Server struct {
 	dir  string
 	args []string
 	tls  *tls.Config // set for a server that speaks only TLS
+	bin  string      // the program: redis-server or redis-sentinel
+	conf string      // a configuration file given first, or ""
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -50,25 +51,38 @@ func Start(tb testing.TB, extra ...string) *Server {
 
 func start(tb testing.TB, extra []string, tlsc *tls.Config) *Server {
 	tb.Helper()
-	if err := install(); err != nil {
+	if err := install("redis-server", "redis-server"); err != nil {
 		tb.Fatalf("redis-server is missing and could not be installed: %v", err)
 	}
-	s := &Server{tb: tb, dir: tb.TempDir(), args: extra, tls: tlsc}
+	s := &Server{tb: tb, dir: tb.TempDir(), args: extra, tls: tlsc, bin: "redis-server"}
+	s.launch(nil)
+	return s
+}
+
+// launch starts s on a free port, calling conf first with the port when
+// it is not nil (to write a configuration file that names it), and
+// registers its stop with the test's cleanup.
+func (s *Server) launch(conf func(port int) error) {
+	s.tb.Helper()
 	var err error
 	for range 5 {
 		s.Addr, err = freeAddr()
 		if err != nil {
 			continue
 		}
+		if conf != nil {
+			if err = conf(s.Port()); err != nil {
+				break
+			}
+		}
 		if err = s.start(); err == nil {
 			break
 		}
 	}
 	if err != nil {
-		tb.Fatalf("start redis-server: %v", err)
+		s.tb.Fatalf("start %s: %v", s.bin, err)
 	}
-	tb.Cleanup(s.stop)
-	return s
+	s.tb.Cleanup(s.stop)
 }
 
 // Port returns the server's TCP port.
@@ -83,7 +97,11 @@ func (s *Server) start() error {
 	if s.tls != nil {
 		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port())}
 	}
-	args := []string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args,
 		port[0], port[1],
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
@@ -92,10 +110,10 @@ func (s *Server) start() error {
 		"--protected-mode", "no",
 		"--daemonize", "no",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
-	}
+	)
 	args = append(args, port[2:]...)
 	args = append(args, s.args...)
-	cmd := exec.Command("redis-server", args...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return err
@@ -113,13 +131,13 @@ func (s *Server) start() error {
 		select {
 		case <-done:
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			return fmt.Errorf("redis-server exited: %s", lastLines(string(log), 5))
+			return fmt.Errorf("%s exited: %s", s.bin, lastLines(string(log), 5))
 		default:
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			<-done
-			return fmt.Errorf("redis-server on %s did not answer PING", s.Addr)
+			return fmt.Errorf("%s on %s did not answer PING", s.bin, s.Addr)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -277,49 +295,54 @@ func (s *Server) doAs(user, pass string, args ...string) (string, error) {
 	return strings.TrimRight(line, "\r\n"), err
 }
 
-var installOnce struct {
-	sync.Once
-	err error
+var (
+	installMu sync.Mutex
+	installed = map[string]error{}
+)
+
+// install makes sure the program bin is on PATH, installing the Debian
+// package pkg when it is missing and the tests run as root (as in CI).
+// Test binaries of several packages may run at once, so the install is
+// serialised with a file lock.
+func install(bin, pkg string) error {
+	installMu.Lock()
+	defer installMu.Unlock()
+	if err, done := installed[bin]; done {
+		return err
+	}
+	err := installPackage(bin, pkg)
+	installed[bin] = err
+	return err
 }
 
-// install makes sure redis-server is on PATH, installing Debian's package
-// when it is missing and the tests run as root (as in CI). Test binaries of
-// several packages may run at once, so the install is serialised with a
-// file lock.
-func install() error {
-	installOnce.Do(func() {
-		if _, err := exec.LookPath("redis-server"); err == nil {
-			return
+func installPackage(bin, pkg string) error {
+	if _, err := exec.LookPath(bin); err == nil {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("not root: run apt-get install -y %s", pkg)
+	}
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "lockproxy-apt.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if _, err := exec.LookPath(bin); err == nil {
+		return nil // another test binary installed it meanwhile
+	}
+	for _, args := range [][]string{{"update", "-qq"}, {"install", "-y", "-qq", pkg}} {
+		cmd := exec.Command("apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("apt-get %s: %v: %s", args[0], err, lastLines(string(out), 5))
 		}
-		if os.Geteuid() != 0 {
-			installOnce.err = errors.New("not root: run apt-get install -y redis-server")
-			return
-		}
-		f, err := os.OpenFile(filepath.Join(os.TempDir(), "lockproxy-apt.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-		if err != nil {
-			installOnce.err = err
-			return
-		}
-		defer f.Close()
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-			installOnce.err = err
-			return
-		}
-		defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		if _, err := exec.LookPath("redis-server"); err == nil {
-			return // another test binary installed it meanwhile
-		}
-		for _, args := range [][]string{{"update", "-qq"}, {"install", "-y", "-qq", "redis-server"}} {
-			cmd := exec.Command("apt-get", args...)
-			cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				installOnce.err = fmt.Errorf("apt-get %s: %v: %s", args[0], err, lastLines(string(out), 5))
-				return
-			}
-		}
-		_, installOnce.err = exec.LookPath("redis-server")
-	})
-	return installOnce.err
+	}
+	_, err = exec.LookPath(bin)
+	return err
 }
 
 func ping(addr string, tlsc *tls.Config) error {
