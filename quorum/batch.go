@@ -59,6 +59,7 @@ type reply struct {
 	val      int64 // the script's integer
 	state    int8  // the node's state in the same call: stateIntact, ...
 	released bool  // handoff: the releasing token owned the lock
+	evicts   bool  // the node may evict keys (see checkEviction)
 	err      error
 }
 
@@ -359,6 +360,7 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 	l.observe(req.r.ctx, n, rep.err)
 	if rep.err == nil {
 		l.observeState(n, rep.state, req.r.start)
+		rep.evicts = n.evicts.Load()
 	}
 	req.r.complete(req.i, rep)
 }

@@ -27,6 +27,10 @@ type NoQuorumError struct {
 	// Unmarked is, of those that answered, the nodes of a deployment never
 	// used, which count once every node has answered once.
 	Unmarked int
+	// Evicting is, of those that answered, the nodes that may evict keys
+	// (a memory limit with a policy other than noeviction): they never
+	// count.
+	Evicting int
 }
 
 // Error returns, for example, "quorum: 1 of 3 lock nodes answered", with
@@ -45,6 +49,9 @@ func (e *NoQuorumError) Reply() string {
 	s := fmt.Sprintf("%d of %d lock nodes answered", e.Answered, e.Total)
 	if e.Recovering > 0 {
 		s += fmt.Sprintf(", %d recovering from lost data", e.Recovering)
+	}
+	if e.Evicting > 0 {
+		s += fmt.Sprintf(", %d may evict keys (maxmemory-policy is not noeviction)", e.Evicting)
 	}
 	if e.Unmarked > 0 {
 		s += fmt.Sprintf(", %d new: a new deployment is used once every node has answered", e.Unmarked)

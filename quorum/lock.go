@@ -213,6 +213,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		abstained  int // of those, nodes that granted without a marker: no vote
 		recovering int // of those, nodes that lost their data
 		unmarked   int // of those, nodes of a deployment not yet in use
+		evicting   int // of those, nodes that may evict keys
 		grantedBuf [smallRound]grant
 		ownedBuf   [smallRound]*node
 		heldBuf    [smallRound]*node
@@ -242,6 +243,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 			if r.err == nil {
 				answered++
 				switch {
+				case r.evicts:
+					evicting++
 				case l.lostState(r, start):
 					recovering++
 				case !counts(r, fresh):
@@ -281,13 +284,13 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		return Lock{}, hint, abstained > 0 && l.seenSince(start), err
 	}
 	if answered-abstained < l.quorum {
-		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked})
+		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked, Evicting: evicting})
 	}
 	if votes < l.quorum {
 		return fail(ErrNotAcquired)
 	}
 
-	if !l.confirm(ctx, key, token, granted, fence) {
+	if !l.confirm(ctx, key, token, granted, fence, start) {
 		return fail(ErrNotAcquired)
 	}
 	v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
@@ -313,8 +316,17 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 // counter of at least fence, the largest that a counting node granted:
 // granting nodes that stored a smaller fence are raised to it (nodes
 // without the marker too, so that they store the fence of the holding they
-// have). It reports whether the majority was reached.
-func (l *Locker) confirm(ctx context.Context, key, token string, granted []grant, fence int64) bool {
+// have). It reports whether the majority was reached within maxRounds of
+// start, when the granting round began.
+//
+// The bound matters for fences, not for exclusion (validity covers that).
+// A node's grant counts as proof that its counter reached its fence; if
+// the proxy stalled between the rounds long enough for that node to lose
+// its data and be recovered (which waits settle after the loss), the proof
+// would be stale and a later fence could be smaller. Recovery reads no
+// earlier than settle after a loss, so a grant whose rounds all ended
+// within maxRounds of their start is never stale there.
+func (l *Locker) confirm(ctx context.Context, key, token string, granted []grant, fence int64, start time.Time) bool {
 	confirmed := 0 // counting nodes whose counter is known to be >= fence
 	var behind []*node
 	var behindCounts []bool
@@ -337,7 +349,7 @@ func (l *Locker) confirm(ctx context.Context, key, token string, granted []grant
 			}
 		})
 	}
-	return confirmed >= l.quorum
+	return confirmed >= l.quorum && time.Since(start) <= l.maxRounds()
 }
 
 // grant is one node's grant in an attempt.
@@ -427,7 +439,7 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	}
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
-	if votes >= l.quorum && l.confirm(bg, key, w.token, granted, fence) {
+	if votes >= l.quorum && l.confirm(bg, key, w.token, granted, fence, start) {
 		if v := validity(w.ttl, time.Since(start), l.cfg.DriftFactor); v > 0 {
 			h.lk, h.ok = Lock{Token: w.token, Validity: v, Fence: fence}, true
 		}
@@ -499,6 +511,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		abstained          int     // nodes that extended without a marker: no vote
 		recovering         int     // nodes that answered and lost their data
 		unmarked           int     // nodes that answered, of a deployment not yet in use
+		evicting           int     // nodes that answered and may evict keys
 		fence              int64   // the largest stored fence of the token
 		missing            []*node // nodes where the lock is free
 	)
@@ -513,6 +526,8 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			if r.err == nil {
 				answered++
 				switch {
+				case r.evicts:
+					evicting++
 				case l.lostState(r, start):
 					recovering++
 				case !counts(r, fresh):
@@ -551,7 +566,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	case ctxErr(ctx) != nil:
 		return 0, fmt.Errorf("extend %q: %w", resource, ctxErr(ctx))
 	case answered-abstained < l.quorum:
-		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked}
+		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked, Evicting: evicting}
 	default:
 		return 0, ErrNotHeld
 	}

@@ -29,6 +29,7 @@ type Locker struct {
 	markerArg   any    // and the channel as script arguments, boxed once
 	recoveryArg any
 	channelArg  any
+	evictedArg  string // "<prefix>evicted"
 
 	mu       sync.Mutex
 	queues   map[string]*waitQueue   // resources with local waiters only
@@ -60,6 +61,7 @@ type node struct {
 	sub    *redis.PubSub
 	down   atomic.Bool // last call outcome; logged once per change
 	health health      // whether the node kept its data (recovery.go)
+	evicts atomic.Bool // the node may evict keys: its grants do not count
 
 	errorCount   atomic.Uint64 // failed calls other than timeouts
 	timeoutCount atomic.Uint64 // timed-out calls
@@ -124,6 +126,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		markerArg:   cfg.KeyPrefix + "intact",
 		recoveryArg: cfg.KeyPrefix + "recovery",
 		channelArg:  cfg.KeyPrefix + "released",
+		evictedArg:  cfg.KeyPrefix + "evicted",
 		born:        time.Now(),
 		queues:      make(map[string]*waitQueue),
 		placing:     make(map[string][]*placement),

@@ -26,7 +26,7 @@ var (
 		"Calls to the lock node that timed out (NodeTimeout or a socket timeout). Calls cut short by the caller's context are not counted.",
 		[]string{"node", "addr"}, nil)
 	nodeStateDesc = prometheus.NewDesc("lockproxy_lock_node_state",
-		"1 for the lock node's current state: up (counts towards grants), down (its last call failed) or recovering (lost its data; does not count until it recovers).",
+		"1 for the lock node's current state: up (counts towards grants), down (its last call failed), recovering (lost its data; does not count until it recovers) or evicting (may evict keys: maxmemory-policy is not noeviction; never counts).",
 		[]string{"node", "addr", "state"}, nil)
 	nodeRecoveryDesc = prometheus.NewDesc("lockproxy_lock_node_recovery_deadline_seconds",
 		"For a recovering lock node, the seconds until it counts again at the latest (every lock it may have held has expired); 0 otherwise. A copy of the live locks from the other nodes usually ends the recovery well before.",
@@ -47,6 +47,7 @@ const (
 	NodeUp         NodeState = "up"         // answers, and counts towards grants
 	NodeDown       NodeState = "down"       // its last call failed
 	NodeRecovering NodeState = "recovering" // lost its data; does not count yet
+	NodeEvicting   NodeState = "evicting"   // may evict keys; never counts
 )
 
 // NodeStatus describes one lock node as the Locker last saw it.
@@ -74,6 +75,8 @@ func (l *Locker) Status() []NodeStatus {
 		switch {
 		case n.down.Load():
 			st.State, st.Reason = NodeDown, n.health.lastErr
+		case n.evicts.Load():
+			st.State, st.Reason = NodeEvicting, "may evict lock keys (a memory limit with a maxmemory-policy other than noeviction)"
 		case n.health.lost.Load():
 			st.State, st.Until = NodeRecovering, n.health.deadline
 			st.Reason = "lost its data (no marker): copying the live locks from the other nodes"
@@ -143,7 +146,7 @@ func (l *Locker) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, st := range l.Status() {
 		idx := strconv.Itoa(st.Index)
-		for _, s := range []NodeState{NodeUp, NodeDown, NodeRecovering} {
+		for _, s := range []NodeState{NodeUp, NodeDown, NodeRecovering, NodeEvicting} {
 			v := 0.0
 			if st.State == s {
 				v = 1
@@ -210,6 +213,8 @@ func (l *Locker) Ready(ctx context.Context) error {
 		switch {
 		case counts(r, fresh):
 			votes++
+		case r.evicts:
+			nq.Evicting++
 		case l.lostState(r, start):
 			nq.Recovering++
 		default:
@@ -224,6 +229,8 @@ func (l *Locker) Ready(ctx context.Context) error {
 		switch st.State {
 		case NodeDown:
 			why = append(why, fmt.Sprintf("node %d (%s) down: %s", st.Index, st.Addr, st.Reason))
+		case NodeEvicting:
+			why = append(why, fmt.Sprintf("node %d (%s) %s", st.Index, st.Addr, st.Reason))
 		case NodeRecovering:
 			until := ""
 			if !st.Until.IsZero() {

@@ -76,10 +76,10 @@ func TestMetricsLint(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, testConfig())
 	registry(t, l)
-	// 3 nodes times 10 series (up, errors, timeouts, 3 states, recovery
+	// 3 nodes times 11 series (up, errors, timeouts, 4 states, recovery
 	// deadline, data losses, 2 kinds of recovery), and the two histograms.
-	if n := testutil.CollectAndCount(l); n != 32 {
-		t.Errorf("Collect sent %d metrics, want 32", n)
+	if n := testutil.CollectAndCount(l); n != 35 {
+		t.Errorf("Collect sent %d metrics, want 35", n)
 	}
 	problems, err := testutil.CollectAndLint(l)
 	if err != nil {

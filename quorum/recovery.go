@@ -194,8 +194,55 @@ func (l *Locker) seenSince(start time.Time) bool {
 
 // counts reports whether a node's reply counts towards a grant or an
 // extension. fresh is true while the deployment looks unused (see fresh).
+// A node that may evict keys never counts.
 func counts(rep reply, fresh bool) bool {
-	return rep.state == stateIntact || (fresh && rep.state == statePristine)
+	return !rep.evicts && (rep.state == stateIntact || (fresh && rep.state == statePristine))
+}
+
+// checkEviction reads n's memory settings and eviction count (INFO memory
+// and stats) at every check of the watcher. A node with a memory limit and
+// a policy other than noeviction may evict a lock key while its marker
+// survives (volatile policies never pick a key without a ttl): it is marked
+// as evicting, its grants do not count, and the Locker warns once per
+// change. A node that did evict keys lost data: evictedScript removes its
+// marker (once per eviction, for every Locker, through a count kept on the
+// node), so that it is brought back like any node that lost its data.
+func (l *Locker) checkEviction(ctx context.Context, n *node) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.NodeTimeout)
+	defer cancel()
+	info, err := n.client.Info(ctx, "memory", "stats").Result()
+	if err != nil {
+		return
+	}
+	var maxmemory, policy, evicted string
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			maxmemory = v
+		case "maxmemory_policy":
+			policy = v
+		case "evicted_keys":
+			evicted = v
+		}
+	}
+	if evicted != "" && evicted != "0" {
+		v, err := l.run(ctx, n, evictedScript, []string{l.markerArg.(string), l.evictedArg}, evicted)
+		if err == nil && v == int64(1) {
+			l.logger.Warn("lock node evicted keys: taken for a node that lost its data; set maxmemory-policy noeviction",
+				zap.Int("node", n.index), zap.String("addr", n.addr), zap.String("evicted_keys", evicted))
+		}
+	}
+	evicts := maxmemory != "" && maxmemory != "0" && policy != "" && policy != "noeviction"
+	if n.evicts.Swap(evicts) == evicts {
+		return
+	}
+	if evicts {
+		l.logger.Warn("lock node may evict lock keys: it does not count towards grants; set maxmemory-policy noeviction",
+			zap.Int("node", n.index), zap.String("addr", n.addr), zap.String("maxmemory", maxmemory), zap.String("maxmemory_policy", policy))
+	} else {
+		l.logger.Warn("lock node no longer evicts keys: it counts towards grants again", zap.Int("node", n.index), zap.String("addr", n.addr))
+	}
 }
 
 // lostState reports whether the state in a reply to a round made at start
@@ -232,6 +279,11 @@ func (l *Locker) fresh(res []reply, start time.Time) bool {
 // ends only after the markers exist. Another Locker that sees some
 // markers while the round runs waits before it takes the other nodes for
 // lost (see watch).
+//
+// A node that the round misses (its call timed out) is tried again while
+// other Lockers still give the init time (settle); a node left without its
+// marker is then brought in as one that lost its data, which needs enough
+// nodes with a marker to copy from.
 func (l *Locker) initFresh(ctx context.Context, res []reply) {
 	var nodes []*node
 	for i, r := range res {
@@ -239,8 +291,22 @@ func (l *Locker) initFresh(ctx context.Context, res []reply) {
 			nodes = append(nodes, l.nodes[i])
 		}
 	}
-	r := l.call(ctx, opInit, len(nodes), l.markerArg.(string), codeInit, "", 0)
-	l.fanout(nodes, r, func([]reply) {})
+	until := time.Now().Add(l.cfg.NodeTimeout + l.cfg.NodeTimeout/2)
+	for len(nodes) > 0 {
+		var missed []*node
+		r := l.call(ctx, opInit, len(nodes), l.markerArg.(string), codeInit, "", 0)
+		l.fanout(nodes, r, func(res []reply) {
+			for i, r := range res {
+				if r.err != nil {
+					missed = append(missed, nodes[i])
+				}
+			}
+		})
+		if ctx.Err() != nil || time.Now().After(until) {
+			break
+		}
+		nodes = missed
+	}
 	l.markSeen()
 }
 
@@ -269,6 +335,9 @@ func (l *Locker) watch() {
 		}
 		next := l.cfg.ProbeInterval
 		for i, n := range l.nodes {
+			if res[i].err == nil {
+				l.checkEviction(ctx, n)
+			}
 			if res[i].err == nil && res[i].state != stateIntact && !fresh {
 				// A recovery to advance (or markers to create): look
 				// again soon even if the probes are rare.
@@ -372,8 +441,14 @@ func (l *Locker) recoverNode(ctx context.Context, n *node) error {
 // that could have counted on the node before its loss has finished by then,
 // so its writes are on the other nodes.
 func (l *Locker) settle() time.Duration {
-	return 2*l.cfg.NodeTimeout + 10*time.Millisecond
+	return l.maxRounds() + 10*time.Millisecond
 }
+
+// maxRounds is the longest an acquisition may take, from the start of its
+// granting round to the end of its fence confirmation, and still be
+// granted: two node calls. confirm refuses a slower one; settle waits it
+// out.
+func (l *Locker) maxRounds() time.Duration { return 2 * l.cfg.NodeTimeout }
 
 // copied is one lock as read from the nodes that kept their data.
 type copied struct {

@@ -12,6 +12,7 @@ import (
 //	<prefix>intact           the marker: exists while the node keeps its data
 //	<prefix>recovery         hash (id, detected, deadline): the node lost its
 //	                         data and is being brought back (see recovery.go)
+//	<prefix>evicted          the node's evicted_keys already taken for a loss
 //	<prefix>released         channel; payload is the released resource name
 //
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
@@ -471,6 +472,25 @@ for i = 3, #KEYS do
 	end
 end
 return 1
+`)
+
+// evictedScript takes a node that evicted keys since the last call for one
+// that lost its data.
+//
+//	EVALSHA sha 2 marker evicted count
+//
+// count is the node's evicted_keys (INFO stats); the key evicted holds the
+// count already handled. When count is larger, the marker is deleted and
+// the script replies 1; otherwise (also after CONFIG RESETSTAT) it records
+// count and replies 0.
+var evictedScript = newScript(`
+local count, seen = tonumber(ARGV[1]), tonumber(redis.call('GET', KEYS[2]) or '0')
+redis.call('SET', KEYS[2], ARGV[1])
+if count > seen then
+	redis.call('DEL', KEYS[1])
+	return 1
+end
+return 0
 `)
 
 // finishScript ends a node's recovery: it raises the counter to floor,
