@@ -60,6 +60,8 @@ type logConfig struct {
 
 type backendConfig struct {
 	Addr              string        `yaml:"addr"`
+	Cluster           []string      `yaml:"cluster,omitempty"`
+	ClusterRetry      time.Duration `yaml:"cluster_retry"`
 	Username          string        `yaml:"username"`
 	Password          string        `yaml:"password" secret:"true"`
 	DB                int           `yaml:"db"`
@@ -121,6 +123,7 @@ func defaultFileConfig() fileConfig {
 		WriteTimeout:      p.Backend.WriteTimeout,
 		SharedConnections: p.Backend.SharedConnections,
 		SpareConnections:  p.Backend.SpareConnections,
+		ClusterRetry:      p.Backend.ClusterRetry,
 	}
 	f.Lock = lockConfig{
 		NodeTimeout:  q.NodeTimeout,
@@ -170,8 +173,26 @@ func (c *fileConfig) validate() error {
 	if c.Listen == "" {
 		errs = append(errs, errors.New("listen is empty"))
 	}
-	if c.Backend.Addr == "" {
-		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\")"))
+	switch {
+	case c.Backend.Addr == "" && len(c.Backend.Cluster) == 0:
+		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\"; or backend.cluster for a Redis Cluster)"))
+	case c.Backend.Addr != "" && len(c.Backend.Cluster) > 0:
+		errs = append(errs, errors.New("backend.addr and backend.cluster are exclusive: set addr for one Redis, cluster for a Redis Cluster"))
+	case len(c.Backend.Cluster) > 0:
+		for i, a := range c.Backend.Cluster {
+			if a = strings.TrimSpace(a); a == "" || a == embedded {
+				errs = append(errs, fmt.Errorf("backend.cluster[%d] %q: want host:port of a cluster node", i, a))
+			}
+		}
+		if c.Backend.DB != 0 {
+			errs = append(errs, errors.New("backend.db must be 0 with backend.cluster (a Redis Cluster has only db 0)"))
+		}
+		if c.Lock.GuardBackend == "on" {
+			errs = append(errs, errors.New("lock.guard_backend on is not supported with backend.cluster: keep the lock nodes out of the cluster"))
+		}
+		if c.Backend.ClusterRetry <= 0 {
+			errs = append(errs, errors.New("backend.cluster_retry must be positive"))
+		}
 	}
 	if len(c.Lock.Nodes) == 0 {
 		errs = append(errs, errors.New("lock.nodes is empty"))
@@ -205,7 +226,11 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, fmt.Errorf("limits.command_timeout (%v) must be longer than lock.max_wait (%v)",
 			c.Limits.CommandTimeout, c.Lock.MaxWait))
 	}
-	errs = append(errs, c.quorumConfig().Validate(), c.commandsConfig().Validate(), c.proxyConfig().Validate())
+	pc := c.proxyConfig()
+	if pc.Backend.Addr != "" && len(pc.Backend.Cluster) > 0 || c.Lock.GuardBackend == "on" && len(pc.Backend.Cluster) > 0 {
+		pc.Backend.Cluster = nil // reported above, once
+	}
+	errs = append(errs, c.quorumConfig().Validate(), c.commandsConfig().Validate(), pc.Validate())
 	return errors.Join(errs...)
 }
 
@@ -232,6 +257,8 @@ func (c *fileConfig) proxyConfig() proxy.Config {
 	p := proxy.DefaultConfig()
 	b := c.Backend
 	p.Backend.Addr = b.Addr
+	p.Backend.Cluster = b.Cluster
+	p.Backend.ClusterRetry = b.ClusterRetry
 	p.Backend.Username, p.Backend.Password = b.Username, b.Password
 	p.Backend.DB = b.DB
 	p.Backend.DialTimeout, p.Backend.WriteTimeout = b.DialTimeout, b.WriteTimeout

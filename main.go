@@ -163,6 +163,7 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 	}
 	logger.Info("configured",
 		zap.String("backend", backend),
+		zap.Strings("backend_cluster", pcfg.Backend.Cluster),
 		zap.Strings("lock_nodes", lockNodes),
 		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""),
 		zap.Bool("tls", pcfg.TLS != nil),

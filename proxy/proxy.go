@@ -75,6 +75,16 @@ type Config struct {
 type BackendConfig struct {
 	// Addr is host:port, or the path of a unix socket.
 	Addr string
+	// Cluster, instead of Addr, is the seed addresses of a Redis Cluster:
+	// each command goes to the master serving its keys' slot (see
+	// route.go). The credentials, TLS and timeouts below apply to every
+	// node. SharedConnections and SpareConnections do not: each client
+	// has a connection of its own to each master it uses.
+	Cluster []string
+	// ClusterRetry bounds how long a command waits for a Redis Cluster to
+	// serve its slot: redirections, a failover, a master that cannot be
+	// reached. Default 10s.
+	ClusterRetry time.Duration
 	// Username and Password, when set, authenticate every backend
 	// connection before the client's own commands.
 	Username, Password string
@@ -119,6 +129,7 @@ func DefaultConfig() Config {
 			SpareConnections:  defaultSpares,
 			DialTimeout:       2 * time.Second,
 			WriteTimeout:      10 * time.Second,
+			ClusterRetry:      10 * time.Second,
 		},
 	}
 }
@@ -130,8 +141,16 @@ const defaultSpares = 2
 // Validate reports the first invalid field of c.
 func (c Config) Validate() error {
 	switch {
-	case c.Backend.Addr == "":
+	case c.Backend.Addr == "" && len(c.Backend.Cluster) == 0:
 		return errors.New("proxy: backend address is empty")
+	case c.Backend.Addr != "" && len(c.Backend.Cluster) > 0:
+		return errors.New("proxy: backend address and cluster seeds are exclusive")
+	case len(c.Backend.Cluster) > 0 && c.ProtectedPrefix != "":
+		return errors.New("proxy: the key guard does not cover a cluster backend")
+	case len(c.Backend.Cluster) > 0 && c.Backend.DB != 0:
+		return errors.New("proxy: a cluster has only db 0")
+	case c.Backend.ClusterRetry <= 0 && len(c.Backend.Cluster) > 0:
+		return errors.New("proxy: backend cluster retry must be positive")
 	case c.MaxClients <= 0:
 		return errors.New("proxy: max clients must be positive")
 	case c.MaxBulkLen <= 0:
@@ -218,6 +237,7 @@ type Proxy struct {
 	backoff backoff
 
 	shared     []*shared
+	router     *router // set for a cluster backend
 	nextShared atomic.Uint64
 	spares     *spares        // nil when there are none
 	sharedWG   sync.WaitGroup // the shared connections' readers
@@ -252,10 +272,14 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	}
 	limits := cfg.Limits
 	p.limits.Store(&limits)
-	for range max(cfg.Backend.SharedConnections, 0) {
-		p.shared = append(p.shared, &shared{p: p})
+	if len(cfg.Backend.Cluster) > 0 {
+		p.router = newRouter(p)
+	} else {
+		for range max(cfg.Backend.SharedConnections, 0) {
+			p.shared = append(p.shared, &shared{p: p})
+		}
+		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}
-	p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	p.auth = newAuthenticator(cfg.Users)
 	b := &cfg.Backend
 	switch {
@@ -329,6 +353,9 @@ drain:
 	p.cancel()
 	if p.guard != nil {
 		defer p.guard.close()
+	}
+	if p.router != nil {
+		defer p.router.close()
 	}
 	if ln != nil {
 		<-p.served
@@ -467,8 +494,13 @@ func (l *listener) Accept() (net.Conn, error) {
 // dial opens a backend connection and brings it to state: the proxy's own
 // credentials and database first, then what the client had set.
 func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
+	return p.dialAddr(ctx, p.cfg.Backend.Addr, state)
+}
+
+// dialAddr is dial to the node at addr.
+func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*backend, error) {
 	b := &p.cfg.Backend
-	network, addr := "tcp", b.Addr
+	network := "tcp"
 	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "unix:") {
 		network, addr = "unix", strings.TrimPrefix(addr, "unix:")
 	}
@@ -528,6 +560,9 @@ func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backend, err
 // Ready reports whether the backend answers: it opens a connection as
 // the proxy would, sends PING and waits for the reply, all within ctx.
 func (p *Proxy) Ready(ctx context.Context) error {
+	if p.router != nil {
+		return p.router.ready(ctx)
+	}
 	be, err := p.dial(ctx, replayState{})
 	if err != nil {
 		return &BackendError{Err: err}
