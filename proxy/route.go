@@ -174,7 +174,7 @@ func (cs *clusterSession) conn(s *session, m map[string]*backend, addr string) (
 	if closed {
 		return nil, errClusterClosed
 	}
-	if be != nil && !be.dead {
+	if be != nil && !be.dead && (be.r.Buffered() > 0 || open(be)) {
 		return be, nil
 	}
 	be, err := s.p.dialAddr(s.ctx, addr, replayState{auth: cs.auth, hello: cs.hello, name: cs.name})

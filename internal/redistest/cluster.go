@@ -45,8 +45,8 @@ func StartCluster(tb testing.TB, masters, replicas int) *Cluster {
 }
 
 // WaitOK waits until every running node reports cluster_state:ok and
-// knows of want nodes that are connected, and each master's role is
-// settled, or fails the test after d.
+// knows of want nodes, and every replica is in sync with its master, or
+// fails the test after d.
 func (c *Cluster) WaitOK(want int, d time.Duration) {
 	c.tb.Helper()
 	deadline := time.Now().Add(d)
@@ -63,6 +63,12 @@ func (c *Cluster) WaitOK(want int, d time.Duration) {
 			}
 			if !hasLine(info, fmt.Sprintf("cluster_known_nodes:%d", want)) {
 				bad = fmt.Sprintf("%s does not know %d nodes yet", s.Addr, want)
+				break
+			}
+			// A replica has finished its first synchronisation.
+			repl, err := s.DoAll("INFO", "replication")
+			if err != nil || hasLine(repl, "role:slave") && !hasLine(repl, "master_link_status:up") {
+				bad = fmt.Sprintf("%s: replica not in sync yet", s.Addr)
 				break
 			}
 		}
