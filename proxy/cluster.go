@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,7 +55,7 @@ type router struct {
 	tableMu sync.Mutex
 
 	mu      sync.Mutex
-	control map[string]*redis.Client // per node, for CLUSTER SLOTS, COMMAND and COMMAND GETKEYS
+	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
 
 	refreshes, moved, asked atomic.Uint64
 	perMaster               sync.Map // address -> *atomic.Uint64, commands forwarded
@@ -150,30 +151,52 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 	defer cancel()
 	var errs []error
 	for _, addr := range r.candidates() {
-		slots, err := r.client(addr).ClusterSlots(ctx).Result()
+		shards, err := r.client(addr).ClusterShards(ctx).Result()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 			continue
 		}
-		sort.Slice(slots, func(i, j int) bool { return slots[i].Start < slots[j].Start })
+		type owned struct {
+			start, end int64
+			addr       string
+		}
+		var ranges []owned
+		for _, sh := range shards {
+			master := ""
+			for _, n := range sh.Nodes {
+				if n.Role == "master" && n.Health != "fail" {
+					port := n.Port
+					if r.p.cfg.Backend.TLS != nil && n.TLSPort != 0 {
+						port = n.TLSPort
+					}
+					ip := n.IP
+					if ip == "" || ip == "?" {
+						ip = n.Endpoint
+					}
+					master = net.JoinHostPort(ip, strconv.FormatInt(port, 10))
+				}
+			}
+			for _, sr := range sh.Slots {
+				if master != "" && sr.Start >= 0 && sr.End < numSlots && sr.Start <= sr.End {
+					ranges = append(ranges, owned{sr.Start, sr.End, master})
+				}
+			}
+		}
+		sort.Slice(ranges, func(i, j int) bool { return ranges[i].start < ranges[j].start })
 		m := &slotMap{}
 		for i := range m.owner {
 			m.owner[i] = 0xFFFF
 		}
 		index := map[string]uint16{}
-		for _, s := range slots {
-			if len(s.Nodes) == 0 || s.Start < 0 || s.End >= numSlots {
-				continue
-			}
-			a := s.Nodes[0].Addr
-			i, ok := index[a]
+		for _, o := range ranges {
+			i, ok := index[o.addr]
 			if !ok {
 				i = uint16(len(m.masters))
-				index[a] = i
-				m.masters = append(m.masters, a)
-				m.first = append(m.first, int(s.Start))
+				index[o.addr] = i
+				m.masters = append(m.masters, o.addr)
+				m.first = append(m.first, int(o.start))
 			}
-			for sl := s.Start; sl <= s.End; sl++ {
+			for sl := o.start; sl <= o.end; sl++ {
 				m.owner[sl] = i
 			}
 		}
@@ -186,7 +209,7 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 		r.refreshes.Add(1)
 		return nil
 	}
-	return fmt.Errorf("cluster slots: %w", errors.Join(errs...))
+	return fmt.Errorf("cluster shards: %w", errors.Join(errs...))
 }
 
 // forwarded counts a command sent to the master at addr.
