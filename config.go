@@ -60,6 +60,8 @@ type logConfig struct {
 
 type backendConfig struct {
 	Addr              string        `yaml:"addr"`
+	Cluster           []string      `yaml:"cluster,omitempty"`
+	ClusterRetry      time.Duration `yaml:"cluster_retry"`
 	Username          string        `yaml:"username"`
 	Password          string        `yaml:"password" secret:"true"`
 	DB                int           `yaml:"db"`
@@ -139,6 +141,7 @@ func defaultFileConfig() fileConfig {
 		WriteTimeout:      p.Backend.WriteTimeout,
 		SharedConnections: p.Backend.SharedConnections,
 		SpareConnections:  p.Backend.SpareConnections,
+		ClusterRetry:      p.Backend.ClusterRetry,
 		Sentinel: sentinelConfig{
 			Addrs:         []string{}, // as the file and -print-config write it
 			CheckInterval: p.Backend.Sentinel.CheckInterval,
@@ -194,11 +197,16 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, errors.New("listen is empty"))
 	}
 	before := len(errs)
+	sentinel, cluster := c.Backend.Sentinel.enabled(), len(c.Backend.Cluster) > 0
 	switch s := &c.Backend.Sentinel; {
-	case c.Backend.Addr == "" && !s.enabled():
-		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\"), and no backend.sentinel is set"))
-	case c.Backend.Addr != "" && s.enabled():
+	case c.Backend.Addr == "" && !sentinel && !cluster:
+		errs = append(errs, errors.New("backend.addr is empty (an address, or \"embedded\"), and no backend.sentinel is set (nor backend.cluster)"))
+	case c.Backend.Addr != "" && sentinel:
 		errs = append(errs, fmt.Errorf("backend.addr (%q) and backend.sentinel are mutually exclusive: set backend.addr to \"\" to follow the Sentinels' primary, or remove backend.sentinel", c.Backend.Addr))
+	case c.Backend.Addr != "" && cluster:
+		errs = append(errs, fmt.Errorf("backend.addr (%q) and backend.cluster are mutually exclusive: set backend.addr to \"\" for a Redis Cluster, or remove backend.cluster", c.Backend.Addr))
+	case sentinel && cluster:
+		errs = append(errs, errors.New("backend.sentinel and backend.cluster are mutually exclusive: a Redis Cluster fails over by itself"))
 	case s.enabled():
 		if s.MasterName == "" {
 			errs = append(errs, errors.New("backend.sentinel.master_name is empty (the name the Sentinels monitor the primary under)"))
@@ -213,6 +221,21 @@ func (c *fileConfig) validate() error {
 		}
 		if s.CheckInterval <= 0 || s.Timeout <= 0 {
 			errs = append(errs, errors.New("backend.sentinel.check_interval and timeout must be positive"))
+		}
+	case len(c.Backend.Cluster) > 0:
+		for i, a := range c.Backend.Cluster {
+			if a = strings.TrimSpace(a); a == "" || a == embedded {
+				errs = append(errs, fmt.Errorf("backend.cluster[%d] %q: want host:port of a cluster node", i, a))
+			}
+		}
+		if c.Backend.DB != 0 {
+			errs = append(errs, errors.New("backend.db must be 0 with backend.cluster (a Redis Cluster has only db 0)"))
+		}
+		if c.Lock.GuardBackend == "on" {
+			errs = append(errs, errors.New("lock.guard_backend on is not supported with backend.cluster: keep the lock nodes out of the cluster"))
+		}
+		if c.Backend.ClusterRetry <= 0 {
+			errs = append(errs, errors.New("backend.cluster_retry must be positive"))
 		}
 	}
 	backendOK := len(errs) == before
@@ -280,6 +303,8 @@ func (c *fileConfig) proxyConfig() proxy.Config {
 	p := proxy.DefaultConfig()
 	b := c.Backend
 	p.Backend.Addr = b.Addr
+	p.Backend.Cluster = b.Cluster
+	p.Backend.ClusterRetry = b.ClusterRetry
 	p.Backend.Username, p.Backend.Password = b.Username, b.Password
 	p.Backend.DB = b.DB
 	p.Backend.DialTimeout, p.Backend.WriteTimeout = b.DialTimeout, b.WriteTimeout

@@ -391,6 +391,10 @@ func TestSentinelConfig(t *testing.T) {
 		{name: "bad addr", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=127.0.0.1:26379,nohost"}, want: `backend.sentinel.addrs[1] "nohost": want host:port`},
 		{name: "zero timeout", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=a:1", "backend.sentinel.timeout=0s"}, want: "backend.sentinel.check_interval and timeout must be positive"},
 		{name: "good", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=a:1, b:2", "backend.sentinel.password=s"}},
+		{name: "addr and cluster", give: []string{"backend.addr=127.0.0.1:6379", "backend.cluster=127.0.0.1:7001"},
+			want: `backend.addr ("127.0.0.1:6379") and backend.cluster are mutually exclusive`},
+		{name: "sentinel and cluster", give: []string{"backend.sentinel.master_name=m", "backend.sentinel.addrs=a:1", "backend.cluster=127.0.0.1:7001"},
+			want: "backend.sentinel and backend.cluster are mutually exclusive"},
 	}
 	path := writeConfig(t, "lock: {nodes: [127.0.0.1:7000]}\n")
 	for _, tt := range tests {

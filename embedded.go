@@ -23,7 +23,7 @@ type embeddedNodes struct {
 // node.
 func (e *embeddedNodes) resolve(addr string) (string, error) {
 	addr = strings.TrimSpace(addr)
-	if addr != embedded {
+	if addr != embedded { // "" too: the backend is a cluster
 		return addr, nil
 	}
 	m := miniredis.NewMiniRedis()

@@ -168,6 +168,7 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 		zap.String("backend", backend),
 		zap.String("sentinel_master", pcfg.Backend.Sentinel.MasterName),
 		zap.Strings("sentinels", pcfg.Backend.Sentinel.Addrs),
+		zap.Strings("backend_cluster", pcfg.Backend.Cluster),
 		zap.Strings("lock_nodes", lockNodes),
 		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""),
 		zap.Bool("tls", pcfg.TLS != nil),

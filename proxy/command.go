@@ -61,6 +61,9 @@ func (s *session) intercept(name []byte, args [][]byte) (func(resp3 bool) ([]byt
 
 func (p *Proxy) infoReply(resp3 bool) ([]byte, error) {
 	body := "# Lockproxy\r\n" + p.cfg.Info()
+	if p.router != nil {
+		body += p.router.info()
+	}
 	if !resp3 {
 		return redcon.AppendBulkString(nil, body), nil
 	}

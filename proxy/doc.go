@@ -36,6 +36,13 @@
 // SETNAME, SELECT). A client that was subscribed, monitoring or a replica
 // is disconnected instead, so that it notices its subscriptions are gone.
 //
+// With a Redis Cluster behind it (BackendConfig.Cluster), none of the
+// above carries a client's commands: route.go routes each command by the
+// slot of its keys to the master serving it, on connections of the
+// client's own (one per master), splits and merges the multi-key commands
+// that may cross slots, fans keyless ones out, and follows MOVED and ASK;
+// cluster.go keeps the slot map and the COMMAND table.
+//
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (limits.go): what Redis skips
 // (an empty line, a count of zero or less) is skipped, inline requests are

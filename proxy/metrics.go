@@ -30,6 +30,9 @@ var (
 	descRejected    = prometheus.NewDesc("lockproxy_clients_rejected_total", "Client connections closed for breaking a limit.", []string{"reason"}, nil)
 	descForwarded   = prometheus.NewDesc("lockproxy_commands_forwarded_total", "Commands forwarded to the backend.", nil, nil)
 	descForwardErrs = prometheus.NewDesc("lockproxy_forward_errors_total", "Forwarded commands answered with an error because the backend could not be reached (unavailable) or its connection broke before the reply (connection_lost).", []string{"reason"}, nil)
+	descRefreshes   = prometheus.NewDesc("lockproxy_cluster_slot_map_refreshes_total", "Readings of a Redis Cluster's slot map (at start, after MOVED, while a slot is not served).", nil, nil)
+	descRedirects   = prometheus.NewDesc("lockproxy_cluster_redirections_total", "MOVED and ASK replies from a Redis Cluster, followed by the proxy.", []string{"kind"}, nil)
+	descPerMaster   = prometheus.NewDesc("lockproxy_cluster_commands_forwarded_total", "Commands forwarded to each master of a Redis Cluster.", []string{"master"}, nil)
 	descLocal       = prometheus.NewDesc("lockproxy_local_commands_total", "Commands the proxy answered itself (lock commands, INFO lockproxy, COMMAND, refusals).", nil, nil)
 	descPrimary     = prometheus.NewDesc("lockproxy_backend_primary", "1 with the address commands are forwarded to; 0 with addr=\"\" while Sentinel names no primary the proxy could confirm.", []string{"addr"}, nil)
 	descFailovers   = prometheus.NewDesc("lockproxy_backend_failovers_total", "Changes of the backend primary the proxy followed (Sentinel).", nil, nil)
@@ -90,6 +93,15 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	counter(descFailovers, bs.Failovers)
 	if bs.Sentinel {
 		ch <- prometheus.MustNewConstMetric(descSentinels, prometheus.GaugeValue, float64(bs.SentinelsAnswering))
+	}
+	if r := p.router; r != nil {
+		counter(descRefreshes, r.refreshes.Load())
+		counter(descRedirects, r.moved.Load(), "moved")
+		counter(descRedirects, r.asked.Load(), "ask")
+		r.perMaster.Range(func(k, v any) bool {
+			counter(descPerMaster, v.(*atomic.Uint64).Load(), k.(string))
+			return true
+		})
 	}
 	m.latency.Collect(ch)
 }

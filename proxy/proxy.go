@@ -81,6 +81,16 @@ type BackendConfig struct {
 	// then be empty. The credentials, TLS and timeouts below apply to the
 	// primary it names.
 	Sentinel SentinelConfig
+	// Cluster, instead of Addr, is the seed addresses of a Redis Cluster:
+	// each command goes to the master serving its keys' slot (see
+	// route.go). The credentials, TLS and timeouts below apply to every
+	// node. SharedConnections and SpareConnections do not: each client
+	// has a connection of its own to each master it uses.
+	Cluster []string
+	// ClusterRetry bounds how long a command waits for a Redis Cluster to
+	// serve its slot: redirections, a failover, a master that cannot be
+	// reached. Default 10s.
+	ClusterRetry time.Duration
 	// Username and Password, when set, authenticate every backend
 	// connection before the client's own commands.
 	Username, Password string
@@ -129,6 +139,7 @@ func DefaultConfig() Config {
 				CheckInterval: time.Second,
 				Timeout:       500 * time.Millisecond,
 			},
+			ClusterRetry: 10 * time.Second,
 		},
 	}
 }
@@ -146,10 +157,18 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
-	case c.Backend.Addr == "" && !sentinel:
+	case c.Backend.Addr == "" && !sentinel && len(c.Backend.Cluster) == 0:
 		return errors.New("proxy: backend address is empty")
 	case c.Backend.Addr != "" && sentinel:
 		return errors.New("proxy: a backend address and a sentinel master are mutually exclusive")
+	case len(c.Backend.Cluster) > 0 && (c.Backend.Addr != "" || sentinel):
+		return errors.New("proxy: cluster seeds exclude a backend address and a sentinel master")
+	case len(c.Backend.Cluster) > 0 && c.ProtectedPrefix != "":
+		return errors.New("proxy: the key guard does not cover a cluster backend")
+	case len(c.Backend.Cluster) > 0 && c.Backend.DB != 0:
+		return errors.New("proxy: a cluster has only db 0")
+	case c.Backend.ClusterRetry <= 0 && len(c.Backend.Cluster) > 0:
+		return errors.New("proxy: backend cluster retry must be positive")
 	case c.MaxClients <= 0:
 		return errors.New("proxy: max clients must be positive")
 	case c.MaxBulkLen <= 0:
@@ -239,6 +258,7 @@ type Proxy struct {
 	follow *follower
 
 	shared     []*shared
+	router     *router // set for a cluster backend
 	nextShared atomic.Uint64
 	spares     *spares        // nil when there are none
 	sharedWG   sync.WaitGroup // the shared connections' readers
@@ -273,10 +293,14 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	}
 	limits := cfg.Limits
 	p.limits.Store(&limits)
-	for range max(cfg.Backend.SharedConnections, 0) {
-		p.shared = append(p.shared, &shared{p: p})
+	if len(cfg.Backend.Cluster) > 0 {
+		p.router = newRouter(p)
+	} else {
+		for range max(cfg.Backend.SharedConnections, 0) {
+			p.shared = append(p.shared, &shared{p: p})
+		}
+		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}
-	p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	p.auth = newAuthenticator(cfg.Users)
 	b := &cfg.Backend
 	switch {
@@ -354,6 +378,9 @@ drain:
 	p.cancel()
 	if p.guard != nil {
 		defer p.guard.close()
+	}
+	if p.router != nil {
+		defer p.router.close()
 	}
 	if ln != nil {
 		<-p.served
@@ -579,6 +606,9 @@ func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backend, err
 // Ready reports whether the backend answers: it opens a connection as
 // the proxy would, sends PING and waits for the reply, all within ctx.
 func (p *Proxy) Ready(ctx context.Context) error {
+	if p.router != nil {
+		return p.router.ready(ctx)
+	}
 	be, err := p.dial(ctx, replayState{})
 	if err != nil {
 		return &BackendError{Err: err}

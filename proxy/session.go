@@ -41,7 +41,9 @@ type backend struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	dead bool // guarded by the session's replyQueue, or by shared.mu on a shared connection
-	done chan struct{}
+	// queued: written to in the cluster batch being sent, not flushed yet.
+	queued bool
+	done   chan struct{}
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }
@@ -80,6 +82,7 @@ type session struct {
 	authed  bool // under proxy authentication
 	loc     Local
 	buf     []byte
+	cl      *clusterSession // set when the backend is a Redis Cluster
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -90,6 +93,9 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.q.init(p.m)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
+	if p.router != nil {
+		s.cl = newClusterSession(p.router)
+	}
 	s.w.init(nc, &p.sharedWG, s.sh != nil)
 	return s
 }
@@ -98,6 +104,14 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 func (s *session) handle(cmd redcon.Command) {
 	if s.q.hold(cmd) {
 		return
+	}
+	if s.cl != nil && s.cl.blocking {
+		// The batch so far may block: it runs on a goroutine of its own,
+		// and this command waits behind it.
+		s.startCluster()
+		if s.q.hold(cmd) {
+			return
+		}
 	}
 	it, forwarded := s.forward(cmd)
 	if forwarded {
@@ -121,9 +135,29 @@ func (s *session) handle(cmd redcon.Command) {
 // sent to the backend goes out, unless a local command is still running,
 // whose runner sends what follows it.
 func (s *session) endBatch() {
-	if !s.q.running() {
-		s.flush()
+	if s.q.running() {
+		return
 	}
+	if s.cl != nil && s.cl.blocking {
+		s.startCluster()
+		return
+	}
+	s.flush()
+}
+
+// startCluster runs the cluster batch on a goroutine of its own, as a
+// local command that may wait runs (see runLocal): redcon's goroutine goes
+// on reading the client, holding back its commands, and sees it hang up
+// while a blocking command waits.
+func (s *session) startCluster() {
+	s.q.startLocal()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.recoverPanic()
+		s.runCluster()
+		s.drainBacklog()
+	}()
 }
 
 // mayWait reports whether answering it may take longer than a round trip
@@ -147,6 +181,13 @@ func (s *session) runLocal(it localItem) {
 	defer s.wg.Done()
 	defer s.recoverPanic()
 	s.answer(it)
+	s.drainBacklog()
+}
+
+// drainBacklog handles the commands held back while a local command (or a
+// cluster batch) ran, until none is left, and hands forwarding back to
+// redcon's goroutine.
+func (s *session) drainBacklog() {
 	for {
 		batch := s.q.next()
 		if batch == nil {
@@ -187,7 +228,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.q.silent()}, false
 	}
-	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() {
+	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
 		return localItem{build: build, silent: s.q.silent()}, false
@@ -196,6 +237,13 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
 			return localItem{reply: errorReply(err), silent: s.q.silent()}, false
 		}
+	}
+	if s.cl != nil {
+		if string(name) == "quit" {
+			return localItem{reply: replyOK, quit: true}, false
+		}
+		s.route(name, cmd)
+		return localItem{}, true
 	}
 	e := classify(name, cmd)
 	if s.sh != nil && !s.dedicated {
@@ -269,6 +317,10 @@ func (s *session) reauth() {
 
 // flush sends what the forwarder has written to the backend.
 func (s *session) flush() {
+	if s.cl != nil {
+		s.runCluster()
+		return
+	}
 	if s.sharedOut {
 		s.sharedOut = false
 		s.sh.flush()
@@ -413,6 +465,9 @@ func (s *session) answer(it localItem) {
 	if !ok {
 		return
 	}
+	if s.cl != nil {
+		t.multi, t.resp3 = s.cl.txn != nil, s.cl.resp3
+	}
 	reply := it.reply
 	if reply == nil {
 		var nb [24]byte
@@ -437,7 +492,11 @@ func (s *session) answer(it localItem) {
 		}
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {
-		s.q.refused()
+		if s.cl != nil {
+			s.cl.txn.failed = true
+		} else {
+			s.q.refused()
+		}
 	}
 	if it.quit {
 		defer s.nc.Close()
@@ -489,6 +548,9 @@ func (s *session) close() {
 	s.cancel()
 	if be != nil {
 		be.nc.Close()
+	}
+	if s.cl != nil {
+		s.cl.close()
 	}
 }
 

@@ -114,6 +114,15 @@ func (w *clientWriter) relay(r *bufio.Reader) error {
 	}
 }
 
+// lockOutput returns the buffered output with w.mu held, for a reply
+// copied in pieces; unlock releases it.
+func (w *clientWriter) lockOutput() *bufio.Writer {
+	w.mu.Lock()
+	return w.output()
+}
+
+func (w *clientWriter) unlock() { w.mu.Unlock() }
+
 // flush writes what is buffered.
 func (w *clientWriter) flush() {
 	w.mu.Lock()

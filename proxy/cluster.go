@@ -1,0 +1,405 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// numSlots is Redis Cluster's number of hash slots.
+const numSlots = 16384
+
+// noSlot is the slot of a command without keys.
+const noSlot = -1
+
+// slotMap is one reading of the cluster's topology: which master serves
+// each slot. It is never changed once stored; a refresh replaces it whole.
+type slotMap struct {
+	masters []string         // addresses, in the order of their first slot
+	first   []int            // each master's first slot
+	owner   [numSlots]uint16 // index into masters; unowned when >= len(masters)
+}
+
+// master returns the address of the master serving slot, or "".
+func (m *slotMap) master(slot int) string {
+	if i := int(m.owner[slot]); i < len(m.masters) {
+		return m.masters[i]
+	}
+	return ""
+}
+
+// router is what the proxy knows of a Redis Cluster behind it: the slot
+// map, the COMMAND table (where each command's keys are) and the counters
+// of redirections. Its methods are safe for concurrent use.
+type router struct {
+	p     *Proxy
+	seeds []string
+
+	slots atomic.Pointer[slotMap]
+	// refresh serialises reading the slot map; gen counts the readings, so
+	// that clients that saw the same MOVED wait for one reading.
+	refresh sync.Mutex
+	gen     atomic.Uint64
+	last    time.Time // of the last reading; under refresh
+
+	table   atomic.Pointer[map[string]keySpec]
+	tableMu sync.Mutex
+
+	mu      sync.Mutex
+	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
+
+	refreshes, moved, asked atomic.Uint64
+	perMaster               sync.Map // address -> *atomic.Uint64, commands forwarded
+}
+
+func newRouter(p *Proxy) *router {
+	return &router{p: p, seeds: p.cfg.Backend.Cluster, control: map[string]*redis.Client{}}
+}
+
+func (r *router) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.control {
+		c.Close()
+	}
+}
+
+// client returns the control client of the node at addr.
+func (r *router) client(addr string) *redis.Client {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.control[addr]; c != nil {
+		return c
+	}
+	b := &r.p.cfg.Backend
+	c := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		Username:              b.Username,
+		Password:              b.Password,
+		TLSConfig:             b.TLS,
+		DialTimeout:           b.DialTimeout,
+		ReadTimeout:           b.DialTimeout,
+		WriteTimeout:          b.DialTimeout,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		PoolSize:              4,
+	})
+	r.control[addr] = c
+	return c
+}
+
+// candidates are the nodes to ask about the cluster: the known masters,
+// then the seeds.
+func (r *router) candidates() []string {
+	var out []string
+	if m := r.slots.Load(); m != nil {
+		out = append(out, m.masters...)
+	}
+	return append(out, r.seeds...)
+}
+
+// errNoNode reports that no node of the cluster answered.
+var errNoNode = errors.New("no cluster node answered")
+
+// do runs one control command on the first node that answers.
+func (r *router) do(ctx context.Context, args ...any) (any, error) {
+	var errs []error
+	for _, addr := range r.candidates() {
+		v, err := r.client(addr).Do(ctx, args...).Result()
+		var rerr redis.Error
+		if err == nil || errors.As(err, &rerr) {
+			return v, err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+	}
+	return nil, fmt.Errorf("%w: %w", errNoNode, errors.Join(errs...))
+}
+
+// current returns the slot map, reading it first if there is none yet.
+func (r *router) current(ctx context.Context) (*slotMap, error) {
+	if m := r.slots.Load(); m != nil {
+		return m, nil
+	}
+	if err := r.reload(ctx, r.gen.Load()); err != nil {
+		return nil, err
+	}
+	return r.slots.Load(), nil
+}
+
+// reload reads the slot map again, unless it was read since the reading
+// seen was gen (another client's refresh already brought it in).
+func (r *router) reload(ctx context.Context, seen uint64) error {
+	r.refresh.Lock()
+	defer r.refresh.Unlock()
+	if r.gen.Load() != seen && r.slots.Load() != nil {
+		return nil
+	}
+	if time.Since(r.last) < 10*time.Millisecond {
+		return nil // many clients asking at once: one reading is enough
+	}
+	r.last = time.Now()
+	ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
+	defer cancel()
+	var errs []error
+	for _, addr := range r.candidates() {
+		shards, err := r.client(addr).ClusterShards(ctx).Result()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		}
+		type owned struct {
+			start, end int64
+			addr       string
+		}
+		var ranges []owned
+		for _, sh := range shards {
+			master := ""
+			for _, n := range sh.Nodes {
+				if n.Role == "master" && n.Health != "fail" {
+					port := n.Port
+					if r.p.cfg.Backend.TLS != nil && n.TLSPort != 0 {
+						port = n.TLSPort
+					}
+					ip := n.IP
+					if ip == "" || ip == "?" {
+						ip = n.Endpoint
+					}
+					master = net.JoinHostPort(ip, strconv.FormatInt(port, 10))
+				}
+			}
+			for _, sr := range sh.Slots {
+				if master != "" && sr.Start >= 0 && sr.End < numSlots && sr.Start <= sr.End {
+					ranges = append(ranges, owned{sr.Start, sr.End, master})
+				}
+			}
+		}
+		sort.Slice(ranges, func(i, j int) bool { return ranges[i].start < ranges[j].start })
+		m := &slotMap{}
+		for i := range m.owner {
+			m.owner[i] = 0xFFFF
+		}
+		index := map[string]uint16{}
+		for _, o := range ranges {
+			i, ok := index[o.addr]
+			if !ok {
+				i = uint16(len(m.masters))
+				index[o.addr] = i
+				m.masters = append(m.masters, o.addr)
+				m.first = append(m.first, int(o.start))
+			}
+			for sl := o.start; sl <= o.end; sl++ {
+				m.owner[sl] = i
+			}
+		}
+		if len(m.masters) == 0 {
+			errs = append(errs, fmt.Errorf("%s: no slots assigned", addr))
+			continue
+		}
+		r.slots.Store(m)
+		r.gen.Add(1)
+		r.refreshes.Add(1)
+		return nil
+	}
+	return fmt.Errorf("cluster shards: %w", errors.Join(errs...))
+}
+
+// forwarded counts a command sent to the master at addr.
+func (r *router) forwarded(addr string) {
+	v, ok := r.perMaster.Load(addr)
+	if !ok {
+		v, _ = r.perMaster.LoadOrStore(addr, new(atomic.Uint64))
+	}
+	v.(*atomic.Uint64).Add(1)
+}
+
+// commands returns the cluster's COMMAND table, loading it once.
+func (r *router) commands(ctx context.Context) (map[string]keySpec, error) {
+	if t := r.table.Load(); t != nil {
+		return *t, nil
+	}
+	r.tableMu.Lock()
+	defer r.tableMu.Unlock()
+	if t := r.table.Load(); t != nil {
+		return *t, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	v, err := r.do(ctx, "COMMAND")
+	if err != nil {
+		return nil, fmt.Errorf("COMMAND: %w", err)
+	}
+	reply, _ := v.([]any)
+	table := make(map[string]keySpec, len(reply)*2)
+	for _, c := range reply {
+		addSpec(table, c)
+	}
+	r.table.Store(&table)
+	return table, nil
+}
+
+// keys appends the keys of a command to dst, as Redis finds them: the
+// positions of the COMMAND table, or COMMAND GETKEYS for commands whose keys
+// move. EVAL, EVALSHA, FCALL and their read-only forms are read here
+// without a round trip. A command Redis does not know, or whose arguments
+// it would refuse, has no keys: Redis answers it with its error.
+func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]byte) ([][]byte, error) {
+	switch string(name) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		if len(args) < 3 {
+			return dst, nil
+		}
+		n, err := strconv.Atoi(string(args[2]))
+		if err != nil || n < 0 || n > len(args)-3 {
+			return dst, nil
+		}
+		return append(dst, args[3:3+n]...), nil
+	}
+	table, err := r.commands(ctx)
+	if err != nil {
+		return dst, err
+	}
+	spec, ok := table[string(name)]
+	if ok && spec.container && len(args) > 1 {
+		var sb [24]byte
+		sub := lower(&sb, args[1])
+		spec, ok = table[string(name)+"|"+string(sub)]
+	}
+	if !ok {
+		return dst, nil
+	}
+	if spec.movable {
+		q := make([]any, 0, len(args)+2)
+		q = append(q, "COMMAND", "GETKEYS")
+		for _, a := range args {
+			q = append(q, a)
+		}
+		v, err := r.do(ctx, q...)
+		var rerr redis.Error
+		if errors.As(err, &rerr) {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+		list, _ := v.([]any)
+		for _, k := range list {
+			if s, ok := k.(string); ok {
+				dst = append(dst, []byte(s))
+			}
+		}
+		return dst, nil
+	}
+	if spec.first <= 0 {
+		return dst, nil
+	}
+	last := spec.last
+	if last < 0 {
+		last += len(args)
+	}
+	step := max(spec.step, 1)
+	for i := spec.first; i <= last && i < len(args); i += step {
+		dst = append(dst, args[i])
+	}
+	return dst, nil
+}
+
+// keySlot is Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the key,
+// or of the part between the first "{" and the next "}" when that part is
+// not empty, modulo 16384.
+func keySlot(key []byte) int {
+	for i, c := range key {
+		if c == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j > i+1 {
+						key = key[i+1 : j]
+					}
+					return int(crc16(key)) & (numSlots - 1)
+				}
+			}
+			break
+		}
+	}
+	return int(crc16(key)) & (numSlots - 1)
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
+
+// crc16 is CRC-16/XMODEM, the checksum of Redis Cluster's key hashing.
+func crc16(b []byte) uint16 {
+	var crc uint16
+	for _, c := range b {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
+	}
+	return crc
+}
+
+// clusterInfo is the part of INFO lockproxy about the cluster.
+func (r *router) info() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "cluster_slot_map_refreshes:%d\r\ncluster_moved:%d\r\ncluster_ask:%d\r\n",
+		r.refreshes.Load(), r.moved.Load(), r.asked.Load())
+	if m := r.slots.Load(); m != nil {
+		for i, a := range m.masters {
+			fmt.Fprintf(&b, "cluster_master%d:addr=%s,forwarded=%d\r\n", i, a, r.count(a))
+		}
+	}
+	return b.String()
+}
+
+func (r *router) count(addr string) uint64 {
+	if v, ok := r.perMaster.Load(addr); ok {
+		return v.(*atomic.Uint64).Load()
+	}
+	return 0
+}
+
+// ready reads the slot map and checks that every master answers PING.
+func (r *router) ready(ctx context.Context) error {
+	if err := r.reload(ctx, r.gen.Load()); err != nil {
+		return &BackendError{Err: err}
+	}
+	m := r.slots.Load()
+	if n := m.served(); n < numSlots {
+		return &BackendError{Err: fmt.Errorf("%d of %d slots have no master", numSlots-n, numSlots)}
+	}
+	for _, a := range m.masters {
+		if err := r.client(a).Ping(ctx).Err(); err != nil {
+			return &BackendError{Err: fmt.Errorf("%s: %w", a, err)}
+		}
+	}
+	return nil
+}
+
+// served counts the slots with a master.
+func (m *slotMap) served() int {
+	n := 0
+	for _, o := range m.owner {
+		if int(o) < len(m.masters) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,1090 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tidwall/redcon"
+)
+
+// A client of a Redis Cluster behind the proxy (BackendConfig.Cluster) has
+// a backend connection of its own to each master it uses. The commands of
+// one read from the client are routed (route), written to their masters'
+// connections, one write per master, and their replies are then read in
+// the client's order and copied to it (run): replies from several masters
+// come back in the order of the requests, as from one Redis. A reply that
+// redirects (MOVED, ASK) or says the slot is not served yet (TRYAGAIN,
+// CLUSTERDOWN) is never the client's: the command is sent again where the
+// cluster says, on a second connection of the client's own to that node,
+// within BackendConfig.ClusterRetry.
+
+var (
+	replyCrossSlot   = []byte("-CROSSSLOT Keys in request don't hash to the same slot\r\n")
+	replyMovedInTxn  = []byte("-TRYAGAIN the slot moved while the transaction was queued\r\n")
+	replyReset       = []byte("+RESET\r\n")
+	cmdAsking        = []byte("*1\r\n$6\r\nASKING\r\n")
+	cmdMulti         = []byte("*1\r\n$5\r\nMULTI\r\n")
+	errRetriesSpent  = errors.New("the cluster did not serve the slot in time")
+	errClusterClosed = errors.New("connection closed")
+)
+
+// callKind says how the replies to one client command are made.
+type callKind uint8
+
+const (
+	callPlain  callKind = iota // one part; its reply is the client's, as it is
+	callLocal                  // the proxy's own reply
+	callSkip                   // one part; its reply is read and dropped
+	callMerge                  // several parts; their replies are merged (op)
+	callScan                   // one part on one master; the cursor is rewritten
+	callRandom                 // RANDOMKEY: masters in turn until one has a key
+)
+
+// mergeOp is how the replies of a call's parts become the client's.
+type mergeOp uint8
+
+const (
+	opFirst  mergeOp = iota // the first error, else the first part's reply
+	opArray                 // MGET: the elements, put back in the client's order
+	opSum                   // DEL, EXISTS, ...: the sum of the integers
+	opConcat                // KEYS: all the elements
+	opLast                  // the last part's reply; an error before it fails the transaction
+)
+
+// part is one request of a call to one node.
+type part struct {
+	slot int    // for routing again after a failover; every master's first slot for a keyless part
+	addr string // the master it was sent to
+	raw  []byte
+	pos  []int    // opArray: the client's positions of this part's keys
+	be   *backend // the connection it was sent on; nil when it could not be
+	err  error    // why it could not be sent
+}
+
+// call is one client command in a batch.
+type call struct {
+	kind  callKind
+	op    mergeOp
+	n     int // opArray: the number of keys
+	one   part
+	parts []part // several parts; one is unused then
+	reply []byte // callLocal
+	// learn, when set, sees whether the reply was an error.
+	learn func(failed bool)
+	scan  int // callScan: the master index in the cursor
+}
+
+func (c *call) count() int {
+	if c.parts != nil {
+		return len(c.parts)
+	}
+	return 1
+}
+
+func (c *call) part(i int) *part {
+	if c.parts != nil {
+		return &c.parts[i]
+	}
+	return &c.one
+}
+
+// clusterSession is one client's part of the cluster: its connections and
+// the connection state it set. Only the forwarder uses it, except close.
+type clusterSession struct {
+	r *router
+
+	mu     sync.Mutex // guards conns, side and closed against close
+	conns  map[string]*backend
+	side   map[string]*backend // for commands sent again elsewhere
+	closed bool
+
+	batch    []call
+	blocking bool // the batch holds a command that may block
+
+	// The state the client set, sent to every new connection.
+	auth, hello, name []byte
+	resp3             bool
+
+	txn   *txnState
+	watch *pin // the node and slot of the keys WATCHed, nil when none
+	last  string
+
+	keys [][]byte
+	capW *bufio.Writer
+	capB bytes.Buffer
+}
+
+// pin is a master and slot a transaction or WATCH is tied to.
+type pin struct {
+	addr string
+	slot int // noSlot until a command with keys chose it
+}
+
+// txnState is an open MULTI: where it is queued, the keyless commands
+// queued before the first key chose the master (sent again there), and
+// whether a command was refused (EXEC then aborts).
+type txnState struct {
+	pin
+	early  [][]byte
+	failed bool
+}
+
+func newClusterSession(r *router) *clusterSession {
+	cs := &clusterSession{r: r, conns: map[string]*backend{}, side: map[string]*backend{}}
+	cs.capW = bufio.NewWriter(&cs.capB)
+	return cs
+}
+
+// close closes every connection; it runs when the client has gone.
+func (cs *clusterSession) close() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.closed = true
+	for _, m := range []map[string]*backend{cs.conns, cs.side} {
+		for _, be := range m {
+			be.nc.Close()
+		}
+	}
+}
+
+// dropAll closes every connection (after RESET, whose state is gone).
+func (cs *clusterSession) dropAll() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, m := range []map[string]*backend{cs.conns, cs.side} {
+		for a, be := range m {
+			be.nc.Close()
+			delete(m, a)
+		}
+	}
+}
+
+// conn returns the client's connection to addr, dialing it.
+func (cs *clusterSession) conn(s *session, m map[string]*backend, addr string) (*backend, error) {
+	cs.mu.Lock()
+	be := m[addr]
+	closed := cs.closed
+	cs.mu.Unlock()
+	if closed {
+		return nil, errClusterClosed
+	}
+	if be != nil && !be.dead && (be.r.Buffered() > 0 || open(be)) {
+		return be, nil
+	}
+	be, err := s.p.dialAddr(s.ctx, addr, replayState{auth: cs.auth, hello: cs.hello, name: cs.name})
+	if err != nil {
+		return nil, err
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.closed {
+		be.nc.Close()
+		return nil, errClusterClosed
+	}
+	if old := m[addr]; old != nil {
+		old.nc.Close()
+	}
+	m[addr] = be
+	return be, nil
+}
+
+// lost marks be dead and forgets it.
+func (cs *clusterSession) lost(be *backend) {
+	be.dead = true
+	be.nc.Close()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, m := range []map[string]*backend{cs.conns, cs.side} {
+		for a, b := range m {
+			if b == be {
+				delete(m, a)
+			}
+		}
+	}
+}
+
+// blockingCommand reports whether a command may wait on the server.
+func blockingCommand(name []byte) bool {
+	switch string(name) {
+	case "blpop", "brpop", "brpoplpush", "blmove", "blmpop", "bzpopmin", "bzpopmax", "bzmpop",
+		"xread", "xreadgroup", "wait", "waitaof":
+		return true
+	}
+	return false
+}
+
+// splitCommand reports whether a command with keys in several slots is
+// split per slot, and how its replies merge.
+func splitCommand(name []byte) (mergeOp, bool) {
+	switch string(name) {
+	case "mget":
+		return opArray, true
+	case "mset":
+		return opFirst, true
+	case "del", "unlink", "exists", "touch":
+		return opSum, true
+	}
+	return 0, false
+}
+
+// route adds cmd to the batch, or returns the proxy's own reply when the
+// cluster cannot take it.
+func (s *session) route(name []byte, cmd redcon.Command) {
+	cs := s.cl
+	if blockingCommand(name) {
+		cs.blocking = true
+	}
+	c := s.plan(name, cmd)
+	cs.batch = append(cs.batch, c)
+}
+
+// unsupported is the reply to a command the proxy does not carry to a
+// cluster.
+func unsupported(name []byte) []byte {
+	return []byte(fmt.Sprintf("-ERR '%s' is not supported by lockproxy in front of a Redis Cluster\r\n", name))
+}
+
+func localCall(reply []byte) call { return call{kind: callLocal, reply: reply} }
+
+// plan decides where cmd goes.
+func (s *session) plan(name []byte, cmd redcon.Command) call {
+	cs := s.cl
+	args := cmd.Args
+	m, err := cs.r.current(s.ctx)
+	if err != nil {
+		s.p.m.unavailable.Add(1)
+		return localCall(errorReply(&BackendError{Err: err}))
+	}
+	one := func(slot int) call {
+		addr := m.master(slot)
+		return call{kind: callPlain, one: part{slot: slot, addr: addr, raw: cmd.Raw}}
+	}
+	keyless := func() call { return one(m.first[0]) }
+
+	// Connection state.
+	switch string(name) {
+	case "subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe",
+		"monitor", "sync", "psync", "replconf":
+		return localCall(unsupported(name))
+	case "reset":
+		cs.dropAll()
+		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.txn, cs.watch = nil, nil
+		return localCall(replyReset)
+	case "quit":
+		return localCall(replyOK) // the session closes after it (see forward)
+	case "auth", "hello":
+		return s.everywhere(m, cmd, name)
+	case "client":
+		if len(args) < 2 {
+			break
+		}
+		var sb [24]byte
+		switch string(lower(&sb, args[1])) {
+		case "setname":
+			return s.everywhere(m, cmd, name)
+		case "reply", "tracking", "caching":
+			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1]))))
+		}
+	}
+
+	// Transactions.
+	if t := cs.txn; t != nil {
+		return s.inTxn(m, name, cmd)
+	}
+	switch string(name) {
+	case "multi":
+		t := &txnState{pin: pin{addr: m.master(m.first[0]), slot: noSlot}}
+		if w := cs.watch; w != nil {
+			t.pin = *w
+		}
+		cs.txn = t
+		return call{kind: callPlain, one: part{slot: max(t.slot, m.first[0]), addr: t.addr, raw: cmd.Raw}}
+	case "exec", "discard":
+		cs.watch = nil
+		return keyless() // Redis's own "without MULTI" error
+	case "unwatch":
+		w := cs.watch
+		cs.watch = nil
+		if w == nil {
+			return localCall(replyOK)
+		}
+		return call{kind: callPlain, one: part{slot: w.slot, addr: w.addr, raw: cmd.Raw}}
+	}
+
+	// By the keys.
+	cs.keys, err = cs.r.keys(s.ctx, cs.keys[:0], name, args)
+	if err != nil {
+		s.p.m.unavailable.Add(1)
+		return localCall(errorReply(&BackendError{Err: err}))
+	}
+	if len(cs.keys) == 0 {
+		return s.keyless(m, name, cmd)
+	}
+	slot := keySlot(cs.keys[0])
+	cross := false
+	for _, k := range cs.keys[1:] {
+		if keySlot(k) != slot {
+			cross = true
+			break
+		}
+	}
+	if string(name) == "watch" {
+		if cross || (cs.watch != nil && cs.watch.slot != slot) {
+			return localCall(replyCrossSlot)
+		}
+		cs.watch = &pin{addr: m.master(slot), slot: slot}
+		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
+	}
+	if !cross {
+		c := one(slot)
+		cs.last = c.one.addr
+		return c
+	}
+	op, ok := splitCommand(name)
+	if !ok {
+		return localCall(replyCrossSlot)
+	}
+	return s.split(m, name, op, args)
+}
+
+// everywhere sends a command that sets connection state (AUTH, HELLO,
+// CLIENT SETNAME) on every connection of the client, and on the default
+// master's, whose reply is the client's; every connection dialed later
+// replays it.
+func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
+	cs := s.cl
+	def := m.master(m.first[0])
+	c := call{kind: callMerge, op: opFirst}
+	c.parts = append(c.parts, part{slot: m.first[0], addr: def, raw: cmd.Raw})
+	cs.mu.Lock()
+	for a := range cs.conns {
+		if a != def {
+			c.parts = append(c.parts, part{slot: noSlot, addr: a, raw: cmd.Raw})
+		}
+	}
+	cs.mu.Unlock()
+	raw := cmd.Raw
+	name = append([]byte(nil), name...) // the caller's buffer
+	var proto int64
+	if string(name) == "hello" && len(cmd.Args) > 1 {
+		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
+	}
+	c.learn = func(failed bool) {
+		if failed {
+			return
+		}
+		switch string(name) {
+		case "auth":
+			cs.auth = raw
+		case "hello":
+			cs.hello = raw
+			if proto == 2 || proto == 3 {
+				cs.resp3 = proto == 3
+			}
+		default:
+			cs.name = raw
+		}
+	}
+	return c
+}
+
+// inTxn routes a command while MULTI is open: everything goes to the
+// transaction's master; the first command with keys chooses it, and a
+// command for another slot is refused (EXEC then aborts).
+func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
+	cs := s.cl
+	t := cs.txn
+	plain := call{kind: callPlain, one: part{slot: max(t.slot, m.first[0]), addr: t.addr, raw: cmd.Raw}}
+	switch string(name) {
+	case "exec", "discard":
+		cs.txn, cs.watch = nil, nil
+		if t.failed && string(name) == "exec" {
+			c := call{kind: callSkip, one: part{slot: plain.one.slot, addr: t.addr, raw: cmdDiscard}}
+			c.reply = replyExecAbort
+			return c
+		}
+		return plain
+	}
+	keys, err := cs.r.keys(s.ctx, cs.keys[:0], name, cmd.Args)
+	cs.keys = keys
+	if err != nil {
+		t.failed = true
+		s.p.m.unavailable.Add(1)
+		return localCall(errorReply(&BackendError{Err: err}))
+	}
+	if len(keys) == 0 {
+		if t.slot == noSlot {
+			t.early = append(t.early, cmd.Raw)
+		}
+		return plain
+	}
+	slot := keySlot(keys[0])
+	for _, k := range keys[1:] {
+		if keySlot(k) != slot {
+			t.failed = true
+			return localCall(replyCrossSlot)
+		}
+	}
+	switch {
+	case t.slot == noSlot:
+		t.slot = slot
+		addr := m.master(slot)
+		if addr != t.addr {
+			// Move what was queued to the master of the keys: DISCARD it
+			// where it was (the replies the client had are the same from
+			// any master), queue it again there.
+			c := call{kind: callMerge, op: opLast}
+			c.parts = append(c.parts, part{slot: noSlot, addr: t.addr, raw: cmdDiscard})
+			c.parts = append(c.parts, part{slot: slot, addr: addr, raw: cmdMulti})
+			for _, raw := range t.early {
+				c.parts = append(c.parts, part{slot: slot, addr: addr, raw: raw})
+			}
+			c.parts = append(c.parts, part{slot: slot, addr: addr, raw: cmd.Raw})
+			c.learn = func(failed bool) {
+				if failed {
+					t.failed = true
+				}
+			}
+			t.addr = addr
+			t.early = nil
+			return c
+		}
+		t.early = nil
+		plain.one.slot = slot
+		return plain
+	case slot != t.slot:
+		t.failed = true
+		return localCall(replyCrossSlot)
+	}
+	return plain
+}
+
+// keyless routes a command without keys.
+func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
+	args := cmd.Args
+	def := call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
+	var sb [24]byte
+	switch string(name) {
+	case "dbsize":
+		return fan(m, cmd.Raw, opSum)
+	case "keys":
+		return fan(m, cmd.Raw, opConcat)
+	case "flushall", "flushdb":
+		return fan(m, cmd.Raw, opFirst)
+	case "script":
+		if len(args) > 1 {
+			switch string(lower(&sb, args[1])) {
+			case "load", "flush":
+				return fan(m, cmd.Raw, opFirst)
+			}
+		}
+	case "function":
+		if len(args) > 1 {
+			switch string(lower(&sb, args[1])) {
+			case "load", "delete", "flush", "restore":
+				return fan(m, cmd.Raw, opFirst)
+			}
+		}
+	case "scan":
+		return scanCall(m, cmd, def)
+	case "randomkey":
+		c := call{kind: callRandom}
+		c.one.raw = cmd.Raw
+		return c
+	case "wait", "waitaof":
+		// The replicas to wait for are those of the master the client
+		// last wrote to with a key.
+		if s.cl.last != "" {
+			def.one.addr = s.cl.last
+			def.one.slot = noSlot
+		}
+	}
+	return def
+}
+
+// fan sends raw to every master.
+func fan(m *slotMap, raw []byte, op mergeOp) call {
+	c := call{kind: callMerge, op: op, parts: make([]part, len(m.masters))}
+	for i, a := range m.masters {
+		c.parts[i] = part{slot: m.first[i], addr: a, raw: raw}
+	}
+	return c
+}
+
+// scanBits is how many low bits of a SCAN cursor through the proxy say
+// which master it is on; the rest is that master's own cursor.
+const scanBits = 10
+
+// scanCall routes SCAN: the client's cursor holds the index of a master
+// (in the order of their first slots) and that master's cursor. 0 starts
+// on the first master; when a master's cursor comes back 0, the next
+// cursor starts on the next master, and after the last the cursor is 0.
+func scanCall(m *slotMap, cmd redcon.Command, def call) call {
+	if len(cmd.Args) < 2 {
+		return def // Redis's arity error
+	}
+	cur, err := strconv.ParseUint(string(cmd.Args[1]), 10, 64)
+	if err != nil {
+		return def // Redis's "invalid cursor"
+	}
+	idx := int(cur & (1<<scanBits - 1))
+	if idx >= len(m.masters) {
+		return localCall([]byte("*2\r\n$1\r\n0\r\n*0\r\n")) // a master that is gone: nothing left
+	}
+	raw := redcon.AppendArray(nil, len(cmd.Args))
+	raw = redcon.AppendBulk(raw, cmd.Args[0])
+	raw = redcon.AppendBulkString(raw, strconv.FormatUint(cur>>scanBits, 10))
+	for _, a := range cmd.Args[2:] {
+		raw = redcon.AppendBulk(raw, a)
+	}
+	return call{kind: callScan, scan: idx, n: len(m.masters), one: part{slot: m.first[idx], addr: m.masters[idx], raw: raw}}
+}
+
+// split sends a command whose keys are in several slots as one command
+// per slot, each with its keys (and MSET's values) in the client's order.
+func (s *session) split(m *slotMap, name []byte, op mergeOp, args [][]byte) call {
+	width := 1
+	if string(name) == "mset" {
+		width = 2
+		if (len(args)-1)%2 != 0 {
+			return localCall([]byte("-ERR wrong number of arguments for 'mset' command\r\n"))
+		}
+	}
+	type group struct {
+		slot int
+		args [][]byte
+		pos  []int
+	}
+	var groups []group
+	index := map[int]int{}
+	for i, j := 1, 0; i+width-1 < len(args); i, j = i+width, j+1 {
+		sl := keySlot(args[i])
+		g, ok := index[sl]
+		if !ok {
+			g = len(groups)
+			index[sl] = g
+			groups = append(groups, group{slot: sl, args: [][]byte{args[0]}})
+		}
+		groups[g].args = append(groups[g].args, args[i:i+width]...)
+		groups[g].pos = append(groups[g].pos, j)
+	}
+	c := call{kind: callMerge, op: op, n: (len(args) - 1) / width, parts: make([]part, len(groups))}
+	for i, g := range groups {
+		raw := redcon.AppendArray(nil, len(g.args))
+		for _, a := range g.args {
+			raw = redcon.AppendBulk(raw, a)
+		}
+		c.parts[i] = part{slot: g.slot, addr: m.master(g.slot), raw: raw, pos: g.pos}
+	}
+	return c
+}
+
+// runCluster sends the batch's commands, one write per connection, then
+// copies or merges the replies to the client in the batch's order.
+func (s *session) runCluster() {
+	cs := s.cl
+	if len(cs.batch) == 0 {
+		return
+	}
+	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	var dirty []*backend
+	for i := range cs.batch {
+		c := &cs.batch[i]
+		if c.kind == callLocal || c.kind == callRandom {
+			continue
+		}
+		for j := range c.count() {
+			if be := s.sendPart(c.part(j), deadline); be != nil && !be.queued {
+				be.queued = true
+				dirty = append(dirty, be)
+			}
+		}
+	}
+	for _, be := range dirty {
+		be.queued = false
+		s.flushBackend(be)
+	}
+	for i := range cs.batch {
+		if !s.replyTo(&cs.batch[i], deadline) {
+			break // the client's stream is broken: it is being closed
+		}
+	}
+	s.w.flush()
+	clear(cs.batch)
+	cs.batch = cs.batch[:0]
+	cs.blocking = false
+}
+
+func (s *session) flushBackend(be *backend) {
+	be.nc.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.WriteTimeout))
+	if err := be.w.Flush(); err != nil {
+		be.nc.Close() // reading its replies fails: connection lost
+	}
+}
+
+// sendPart writes p to its master's connection (unflushed) and returns
+// the connection; when the master cannot be reached, it waits for the
+// cluster to name another one, until deadline.
+func (s *session) sendPart(p *part, deadline time.Time) *backend {
+	cs := s.cl
+	for {
+		be, err := cs.conn(s, cs.conns, p.addr)
+		if err == nil {
+			be.w.Write(p.raw)
+			p.be = be
+			s.p.m.forwarded.Add(1)
+			cs.r.forwarded(p.addr)
+			return be
+		}
+		if !s.again(p, deadline) {
+			p.err = err
+			return nil
+		}
+	}
+}
+
+// again waits a little, reads the slot map again and routes p by its slot
+// once more; it reports false when it is too late to try again.
+func (s *session) again(p *part, deadline time.Time) bool {
+	if p.slot == noSlot || s.ctx.Err() != nil || time.Now().After(deadline) {
+		return false
+	}
+	t := time.NewTimer(50 * time.Millisecond)
+	select {
+	case <-t.C:
+	case <-s.ctx.Done():
+		t.Stop()
+		return false
+	}
+	r := s.cl.r
+	r.reload(s.ctx, r.gen.Load())
+	if m := r.slots.Load(); m != nil {
+		if a := m.master(p.slot); a != "" {
+			p.addr = a
+		}
+	}
+	return true
+}
+
+// errLost reports that the connection broke before any of the reply was
+// copied.
+var errLost = errors.New("proxy: connection lost")
+
+// replyTo writes the client's reply to c. It reports false when the
+// client's stream broke mid-reply; the client is then disconnected.
+func (s *session) replyTo(c *call, deadline time.Time) bool {
+	cs := s.cl
+	var ri replyInfo
+	switch c.kind {
+	case callLocal:
+		s.writeReply(c.reply)
+		return true
+	case callPlain:
+		p := &c.one
+		if p.be == nil {
+			s.unavailable(p.err)
+			return true
+		}
+		if p.be.r.Buffered() == 0 {
+			s.w.flush() // what came before must not wait for a reply that may block
+		}
+		w := s.w.lockOutput()
+		err := s.readReply(p, w, &ri, deadline, cs.txn == nil)
+		s.w.unlock()
+		if !s.replyError(err) {
+			return false
+		}
+		if c.learn != nil {
+			c.learn(err != nil || ri.typ == '-')
+		}
+		return true
+	case callSkip:
+		if p := &c.one; p.be != nil {
+			s.readReply(p, s.w.discard, &ri, deadline, false)
+		}
+		s.writeReply(c.reply)
+		return true
+	case callScan:
+		b, err := s.capture(&c.one, deadline)
+		if err != nil {
+			return s.replyError(err)
+		}
+		s.writeReply(rewriteScan(b, c.scan, c.n))
+		return true
+	case callRandom:
+		return s.randomKey(c, deadline)
+	}
+	// callMerge
+	replies := make([][]byte, c.count())
+	for i := range replies {
+		b, err := s.capture(c.part(i), deadline)
+		if errors.Is(err, errMidReply) {
+			return s.replyError(err)
+		}
+		if err != nil {
+			b = replyConnLost
+			if !errors.Is(err, errLost) {
+				b = errorReply(&BackendError{Err: err})
+			}
+		}
+		replies[i] = append([]byte(nil), b...)
+	}
+	reply, failed := merge(c, replies)
+	if c.learn != nil {
+		c.learn(failed)
+	}
+	s.writeReply(reply)
+	return true
+}
+
+// capture reads p's reply into the session's capture buffer and returns it
+// (valid until the next capture).
+func (s *session) capture(p *part, deadline time.Time) ([]byte, error) {
+	cs := s.cl
+	if p.be == nil {
+		return errorReply(&BackendError{Err: p.err}), nil
+	}
+	cs.capB.Reset()
+	cs.capW.Reset(&cs.capB)
+	var ri replyInfo
+	err := s.readReply(p, cs.capW, &ri, deadline, cs.txn == nil)
+	cs.capW.Flush()
+	if errors.Is(err, errMidReply) {
+		err = errLost // nothing reached the client yet
+	}
+	return cs.capB.Bytes(), err
+}
+
+// replyError answers a reply that could not be read; it reports false
+// when the client must be disconnected.
+func (s *session) replyError(err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errMidReply):
+		s.nc.Close()
+		return false
+	case errors.Is(err, errLost):
+		s.p.m.connLost.Add(1)
+		s.writeReply(replyConnLost)
+	default:
+		s.unavailable(err)
+	}
+	return true
+}
+
+func (s *session) unavailable(err error) {
+	if err == nil {
+		err = errRetriesSpent
+	}
+	s.p.m.unavailable.Add(1)
+	s.writeReply(errorReply(&BackendError{Err: err}))
+}
+
+// writeReply appends a whole reply to the client's output (flushed at the
+// end of the batch, or before a reply that may block).
+func (s *session) writeReply(b []byte) {
+	w := s.w.lockOutput()
+	w.Write(b)
+	s.w.unlock()
+}
+
+// redirection is what an error reply asks of the proxy.
+type redirection uint8
+
+const (
+	redirNone  redirection = iota
+	redirMoved             // -MOVED slot addr: the slot has a new master
+	redirAsk               // -ASK slot addr: this key is there already
+	redirWait              // -TRYAGAIN, -CLUSTERDOWN: not served right now
+)
+
+// redirected parses an error line ("-MOVED 3999 127.0.0.1:6381\r\n").
+func redirected(line []byte) (redirection, string) {
+	var kind redirection
+	switch {
+	case bytes.HasPrefix(line, []byte("-MOVED ")):
+		kind = redirMoved
+	case bytes.HasPrefix(line, []byte("-ASK ")):
+		kind = redirAsk
+	case bytes.HasPrefix(line, []byte("-TRYAGAIN")), bytes.HasPrefix(line, []byte("-CLUSTERDOWN")):
+		return redirWait, ""
+	default:
+		return redirNone, ""
+	}
+	f := bytes.Fields(line)
+	if len(f) != 3 {
+		return redirNone, ""
+	}
+	return kind, string(f[2])
+}
+
+// readReply copies the reply to p from its connection to w. A redirection
+// is followed (when follow is set; inside a transaction it cannot be)
+// until the cluster answers or deadline passes; the client never sees it.
+func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline time.Time, follow bool) error {
+	cs := s.cl
+	be := p.be
+	for {
+		b, err := be.r.Peek(1)
+		if err != nil {
+			cs.lost(be)
+			return errLost
+		}
+		if b[0] != '-' {
+			return copyReply(w, be.r, ri)
+		}
+		line, err := be.r.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// Longer than any redirection: an ordinary error.
+			w.Write(line)
+			ri.typ = '-'
+			return copyLine(w, be.r, nil)
+		}
+		if err != nil {
+			cs.lost(be)
+			return errLost
+		}
+		kind, target := redirected(line)
+		if kind == redirNone {
+			ri.typ = '-'
+			_, err := w.Write(line)
+			return err
+		}
+		if !follow {
+			ri.typ = '-'
+			_, err := w.Write(replyMovedInTxn)
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errRetriesSpent
+		}
+		switch kind {
+		case redirMoved:
+			cs.r.moved.Add(1)
+			cs.r.reload(s.ctx, cs.r.gen.Load())
+			p.addr = target
+		case redirAsk:
+			cs.r.asked.Add(1)
+		case redirWait:
+			if !s.again(p, deadline) {
+				return errRetriesSpent
+			}
+		}
+		addr := p.addr
+		if kind == redirAsk {
+			addr = target
+		}
+		for {
+			be, err = cs.conn(s, cs.side, addr)
+			if err == nil {
+				break
+			}
+			if kind == redirAsk || !s.again(p, deadline) {
+				return err
+			}
+			addr = p.addr
+		}
+		if kind == redirAsk {
+			be.w.Write(cmdAsking)
+		}
+		be.w.Write(p.raw)
+		s.flushBackend(be)
+		if kind == redirAsk {
+			var skip replyInfo
+			if err := copyReply(s.w.discard, be.r, &skip); err != nil {
+				cs.lost(be)
+				return errLost
+			}
+		}
+	}
+}
+
+// merge makes the client's reply from the replies of c's parts, and
+// reports whether one of them failed.
+func merge(c *call, replies [][]byte) ([]byte, bool) {
+	var firstErr []byte
+	for i, r := range replies {
+		if len(r) > 0 && (r[0] == '-' || r[0] == '!') && firstErr == nil && (c.op != opLast || i < len(replies)-1) {
+			firstErr = r
+		}
+	}
+	switch c.op {
+	case opLast:
+		return replies[len(replies)-1], firstErr != nil
+	case opFirst:
+		if firstErr != nil {
+			return firstErr, true
+		}
+		return replies[0], false
+	}
+	if firstErr != nil {
+		return firstErr, true
+	}
+	switch c.op {
+	case opSum:
+		var sum int64
+		for _, r := range replies {
+			n, ok := parseLength(r[1:])
+			if r[0] != ':' || !ok {
+				return errorReply(fmt.Errorf("unexpected reply %q", r)), true
+			}
+			sum += n
+		}
+		return redcon.AppendInt(nil, sum), false
+	case opConcat:
+		var n int64
+		var body []byte
+		for _, r := range replies {
+			count, elems, err := elements(r)
+			if err != nil {
+				return errorReply(err), true
+			}
+			n += int64(count)
+			body = append(body, elems...)
+		}
+		return append(redcon.AppendArray(nil, int(n)), body...), false
+	}
+	// opArray
+	out := make([][]byte, c.n)
+	for i, r := range replies {
+		_, elems, err := elements(r)
+		if err != nil {
+			return errorReply(err), true
+		}
+		for _, pos := range c.part(i).pos {
+			k, err := valueLen(elems)
+			if err != nil {
+				return errorReply(err), true
+			}
+			out[pos] = elems[:k]
+			elems = elems[k:]
+		}
+	}
+	b := redcon.AppendArray(nil, c.n)
+	for _, e := range out {
+		b = append(b, e...)
+	}
+	return b, false
+}
+
+// elements returns the element count of an array reply and its elements'
+// bytes.
+func elements(r []byte) (int, []byte, error) {
+	if len(r) == 0 || (r[0] != '*' && r[0] != '~') {
+		return 0, nil, fmt.Errorf("unexpected reply %q", r)
+	}
+	i := bytes.IndexByte(r, '\n')
+	n, ok := parseLength(r[1 : i+1])
+	if i < 0 || !ok {
+		return 0, nil, fmt.Errorf("unexpected reply %q", r)
+	}
+	return int(max(n, 0)), r[i+1:], nil
+}
+
+// valueLen returns the length of the RESP value at the start of b.
+func valueLen(b []byte) (int, error) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 1 {
+		return 0, errors.New("truncated reply")
+	}
+	switch b[0] {
+	case '+', '-', ':', '_', ',', '#', '(':
+		return i + 1, nil
+	case '$', '!', '=':
+		n, ok := parseLength(b[1 : i+1])
+		if !ok {
+			return 0, errors.New("bad length")
+		}
+		if n < 0 {
+			return i + 1, nil
+		}
+		return i + 1 + int(n) + 2, nil
+	case '*', '~', '>', '%', '|':
+		n, ok := parseLength(b[1 : i+1])
+		if !ok {
+			return 0, errors.New("bad length")
+		}
+		if b[0] == '%' || b[0] == '|' {
+			n *= 2
+		}
+		if b[0] == '|' {
+			n++
+		}
+		off := i + 1
+		for range max(n, 0) {
+			k, err := valueLen(b[off:])
+			if err != nil {
+				return 0, err
+			}
+			off += k
+		}
+		return off, nil
+	}
+	return 0, fmt.Errorf("unexpected type %q", b[0])
+}
+
+// rewriteScan turns a master's SCAN reply into the client's: its cursor
+// becomes the proxy's (see scanCall).
+func rewriteScan(b []byte, idx, n int) []byte {
+	if !bytes.HasPrefix(b, []byte("*2\r\n$")) {
+		return b // an error
+	}
+	k, err := valueLen(b[4:])
+	if err != nil {
+		return b
+	}
+	_, cur, _ := bytes.Cut(b[4:4+k-2], []byte("\r\n"))
+	c, err := strconv.ParseUint(string(cur), 10, 64)
+	if err != nil {
+		return b
+	}
+	var next uint64
+	switch {
+	case c != 0:
+		next = c<<scanBits | uint64(idx)
+	case idx+1 < n:
+		next = uint64(idx + 1)
+	}
+	out := redcon.AppendArray(nil, 2)
+	out = redcon.AppendBulkString(out, strconv.FormatUint(next, 10))
+	return append(out, b[4+k:]...)
+}
+
+// randomKey asks the masters in a random order until one has a key.
+func (s *session) randomKey(c *call, deadline time.Time) bool {
+	cs := s.cl
+	m, err := cs.r.current(s.ctx)
+	if err != nil {
+		s.unavailable(err)
+		return true
+	}
+	var last []byte
+	for _, i := range rand.Perm(len(m.masters)) {
+		p := part{slot: m.first[i], addr: m.masters[i], raw: c.one.raw}
+		be := s.sendPart(&p, deadline)
+		if be == nil {
+			s.unavailable(p.err)
+			return true
+		}
+		s.flushBackend(be)
+		b, err := s.capture(&p, deadline)
+		if err != nil {
+			return s.replyError(err)
+		}
+		if !bytes.Equal(b, []byte("$-1\r\n")) && !bytes.Equal(b, []byte("_\r\n")) {
+			s.writeReply(b)
+			return true
+		}
+		last = append(last[:0], b...)
+	}
+	s.writeReply(last)
+	return true
+}
