@@ -32,8 +32,9 @@ type Config struct {
 	// how long a node that lost its data stays out of the quorum when its
 	// locks cannot be copied back from the other nodes: every lock it may
 	// have held has expired MaxTTL after the loss (see recovery.go).
-	// Lockers that share nodes should use the same MaxTTL; the largest
-	// decides. The default is 1h.
+	// Lockers that share nodes must use the same MaxTTL (and NodeTimeout,
+	// which sets how long a recovery waits for the rounds in flight at the
+	// loss). The default is 1h.
 	MaxTTL time.Duration
 
 	// ProbeInterval is how often the Locker checks every node's state
