@@ -410,6 +410,8 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		fence   int64
 		granted []grant
 		owned   []*node // nodes where w's token may hold the lock
+		held    []*node // nodes where another token holds it
+		hint    time.Duration
 	)
 	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + ":" + w.token
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, x)
@@ -431,6 +433,9 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 					votes++
 					fence = max(fence, r.val)
 				}
+			} else {
+				held = append(held, l.nodes[i])
+				hint = max(hint, time.Duration(-r.val)*time.Millisecond)
 			}
 		}
 	})
@@ -444,8 +449,14 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 			h.lk, h.ok = Lock{Token: w.token, Validity: v, Fence: fence}, true
 		}
 	}
+	if h.ok && len(held) > 0 {
+		l.schedulePlacement(resource, w.token, fence, start.Add(w.ttl), held, hint)
+	}
 	if !h.ok {
-		l.release(bg, owned, resource, w.token, false)
+		// The holder's lock is gone where it was handed: a release like
+		// any other, published where a waiter marked it (the mark was
+		// carried over), so that waiters of other Lockers wake too.
+		l.release(bg, owned, resource, w.token, true)
 		l.notify(resource)
 	}
 	l.deliver(w, h)
