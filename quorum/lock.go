@@ -209,11 +209,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
 	var (
-		answered   int // nodes that gave a usable reply
-		abstained  int // of those, nodes that granted without a marker: no vote
-		recovering int // of those, nodes that lost their data
-		unmarked   int // of those, nodes of a deployment not yet in use
-		evicting   int // of those, nodes that may evict keys
+		answered   tally // the nodes that gave a usable reply
+		abstained  int   // of those, nodes that granted without a marker: no vote
 		grantedBuf [smallRound]grant
 		ownedBuf   [smallRound]*node
 		heldBuf    [smallRound]*node
@@ -240,17 +237,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 			res0 = slices.Clone(res)
 		}
 		for i, r := range res {
-			if r.err == nil {
-				answered++
-				switch {
-				case r.evicts:
-					evicting++
-				case l.lostState(r, start):
-					recovering++
-				case !counts(r, fresh):
-					unmarked++
-				}
-			}
+			l.tally(&answered, r, fresh, start)
 			switch {
 			case r.err != nil:
 				owned = append(owned, l.nodes[i]) // it may have run the script
@@ -283,8 +270,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		}
 		return Lock{}, hint, abstained > 0 && l.seenSince(start), err
 	}
-	if answered-abstained < l.quorum {
-		return fail(&NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked, Evicting: evicting})
+	if answered.nodes-abstained < l.quorum {
+		return fail(answered.noQuorum(len(l.nodes)))
 	}
 	if votes < l.quorum {
 		return fail(ErrNotAcquired)
@@ -518,13 +505,11 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	}
 	start := time.Now()
 	var (
-		answered, extended int
-		abstained          int     // nodes that extended without a marker: no vote
-		recovering         int     // nodes that answered and lost their data
-		unmarked           int     // nodes that answered, of a deployment not yet in use
-		evicting           int     // nodes that answered and may evict keys
-		fence              int64   // the largest stored fence of the token
-		missing            []*node // nodes where the lock is free
+		answered  tally   // the nodes that gave a usable reply
+		extended  int     // of those, nodes that count and extended it
+		abstained int     // of those, nodes that extended without a marker: no vote
+		fence     int64   // the largest stored fence of the token
+		missing   []*node // nodes where the lock is free
 	)
 	var fresh bool
 	var res0 []reply // the replies, when fresh
@@ -534,17 +519,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			res0 = slices.Clone(res)
 		}
 		for i, r := range res {
-			if r.err == nil {
-				answered++
-				switch {
-				case r.evicts:
-					evicting++
-				case l.lostState(r, start):
-					recovering++
-				case !counts(r, fresh):
-					unmarked++
-				}
-			}
+			l.tally(&answered, r, fresh, start)
 			switch {
 			case r.err != nil:
 			case r.val > 0 && counts(r, fresh):
@@ -576,8 +551,8 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		return v, nil
 	case ctxErr(ctx) != nil:
 		return 0, fmt.Errorf("extend %q: %w", resource, ctxErr(ctx))
-	case answered-abstained < l.quorum:
-		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes), Recovering: recovering, Unmarked: unmarked, Evicting: evicting}
+	case answered.nodes-abstained < l.quorum:
+		return 0, answered.noQuorum(len(l.nodes))
 	default:
 		return 0, ErrNotHeld
 	}

@@ -203,27 +203,18 @@ func (l *Locker) Ready(ctx context.Context) error {
 	if fresh {
 		l.initFresh(ctx, res)
 	}
-	nq := &NoQuorumError{Total: len(l.nodes)}
+	var answered tally
 	votes := 0
 	for _, r := range res {
-		if r.err != nil {
-			continue
-		}
-		nq.Answered++
-		switch {
-		case counts(r, fresh):
+		l.tally(&answered, r, fresh, start)
+		if counts(r, fresh) {
 			votes++
-		case r.evicts:
-			nq.Evicting++
-		case l.lostState(r, start):
-			nq.Recovering++
-		default:
-			nq.Unmarked++
 		}
 	}
 	if votes >= l.quorum {
 		return nil
 	}
+	nq := answered.noQuorum(len(l.nodes))
 	var why []string
 	for _, st := range l.Status() {
 		switch st.State {

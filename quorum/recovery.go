@@ -245,6 +245,33 @@ func (l *Locker) checkEviction(ctx context.Context, n *node) {
 	}
 }
 
+// tally counts the nodes that answered a round, and why those that cannot
+// count do not, for a NoQuorumError.
+type tally struct {
+	nodes, recovering, unmarked, evicting int
+}
+
+// tally adds r, one node's reply to a round begun at start, to t.
+func (l *Locker) tally(t *tally, r reply, fresh bool, start time.Time) {
+	if r.err != nil {
+		return
+	}
+	t.nodes++
+	switch {
+	case r.evicts:
+		t.evicting++
+	case l.lostState(r, start):
+		t.recovering++
+	case !counts(r, fresh):
+		t.unmarked++
+	}
+}
+
+// noQuorum is the error for a round that t's nodes could not decide.
+func (t tally) noQuorum(total int) *NoQuorumError {
+	return &NoQuorumError{Answered: t.nodes, Total: total, Recovering: t.recovering, Unmarked: t.unmarked, Evicting: t.evicting}
+}
+
 // lostState reports whether the state in a reply to a round made at start
 // shows a node that lost its data, as opposed to one of a deployment that
 // may be fresh (or was, when the round was made: its markers were being
