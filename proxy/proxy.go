@@ -219,10 +219,14 @@ type Proxy struct {
 
 	shared     []*shared
 	nextShared atomic.Uint64
-	spares     *spares        // nil when there are none
-	sharedWG   sync.WaitGroup // the shared connections' readers
-	limits     atomic.Pointer[Limits]
-	wg         sync.WaitGroup // one per session, until its cleanup is done
+	// queued counts the shared connections with commands waiting to be
+	// written, batches the batches of such commands begun (see shared).
+	queued   atomic.Int64
+	batches  atomic.Uint64
+	spares   *spares        // nil when there are none
+	sharedWG sync.WaitGroup // the shared connections' readers
+	limits   atomic.Pointer[Limits]
+	wg       sync.WaitGroup // one per session, until its cleanup is done
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -253,7 +257,9 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	limits := cfg.Limits
 	p.limits.Store(&limits)
 	for range max(cfg.Backend.SharedConnections, 0) {
-		p.shared = append(p.shared, &shared{p: p})
+		sh := &shared{p: p}
+		sh.wrote.L = &sh.mu
+		p.shared = append(p.shared, sh)
 	}
 	p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	p.auth = newAuthenticator(cfg.Users)
