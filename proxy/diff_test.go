@@ -303,7 +303,8 @@ func TestDifferentialNestedReplies(t *testing.T) {
 					cmdArgs("a", "EVAL", mixed, "0"),
 					send("a", "DEBUG PROTOCOL attrib", "DEBUG PROTOCOL push", "DEBUG PROTOCOL map",
 						"DEBUG PROTOCOL set", "DEBUG PROTOCOL verbatim", "DEBUG PROTOCOL bignum", "PING"),
-					sendRead("a", 3, "DEBUG PROTOCOL push", "DEBUG PROTOCOL attrib"),
+					// A push, then its reply; an attribute, then its reply.
+					sendRead("a", 4, "DEBUG PROTOCOL push", "DEBUG PROTOCOL attrib"),
 					send("a", "SUBSCRIBE ch"),
 					send("b", "PUBLISH ch msg"),
 					readOn("a", 1),

@@ -13,11 +13,15 @@
 // stays the client's own. The move takes one of a few connections kept
 // dialed and set up in the background (spare.go), so it costs no dial: a
 // dial on the request path would let a command another client sends right
-// after reach Redis first. A pipeline read from the client in one go is
-// written to the backend in one go. A fifo of the commands in flight keeps
-// the proxy's own replies in their place in the stream, and recognises
-// pub/sub and MONITOR traffic that answers no request. session.forward is
-// where a command's connection is chosen.
+// after reach Redis first. A command waiting for its shared connection
+// (behind the replies in flight on it) is written before any later
+// command goes out on another backend connection (shared.go,
+// Proxy.writeQueued): batching does not change the order in which the
+// proxy passes different clients' commands on. A pipeline read from the
+// client in one go is written to the backend in one go. A fifo of the
+// commands in flight keeps the proxy's own replies in their place in the
+// stream, and recognises pub/sub and MONITOR traffic that answers no
+// request. session.forward is where a command's connection is chosen.
 //
 // SYNC and PSYNC (with the REPLCONF before them) go over the client's
 // dedicated connection like any command, but what answers them is the

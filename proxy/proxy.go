@@ -260,10 +260,14 @@ type Proxy struct {
 	shared     []*shared
 	router     *router // set for a cluster backend
 	nextShared atomic.Uint64
-	spares     *spares        // nil when there are none
-	sharedWG   sync.WaitGroup // the shared connections' readers
-	limits     atomic.Pointer[Limits]
-	wg         sync.WaitGroup // one per session, until its cleanup is done
+	// queued counts the shared connections with commands waiting to be
+	// written, batches the batches of such commands begun (see shared).
+	queued   atomic.Int64
+	batches  atomic.Uint64
+	spares   *spares        // nil when there are none
+	sharedWG sync.WaitGroup // the shared connections' readers
+	limits   atomic.Pointer[Limits]
+	wg       sync.WaitGroup // one per session, until its cleanup is done
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -297,7 +301,9 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		p.router = newRouter(p)
 	} else {
 		for range max(cfg.Backend.SharedConnections, 0) {
-			p.shared = append(p.shared, &shared{p: p})
+			sh := &shared{p: p}
+			sh.wrote.L = &sh.mu
+			p.shared = append(p.shared, sh)
 		}
 		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}

@@ -331,6 +331,8 @@ func (s *session) flush() {
 	if s.be == nil || s.be.w.Buffered() == 0 {
 		return
 	}
+	// What waits on a shared connection came before (see shared).
+	s.p.writeQueued()
 	s.be.nc.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.WriteTimeout))
 	if err := s.be.w.Flush(); err != nil {
 		s.be.nc.Close()

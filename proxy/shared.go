@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -22,6 +23,16 @@ import (
 // A client uses its shared connection until it sends a command that
 // changes or depends on its connection's state (see stateless); from then
 // on it has a dedicated connection of its own.
+//
+// Order across connections. A command waiting in wbuf was received before
+// any command received later on another connection, so it must not wait
+// while such a command goes out: Redis would run them the other way round
+// (a GET sent after a SET would miss it, if the SET waits behind another
+// client's slow script). So every write to the backend, shared or
+// dedicated, first writes whatever waits on the shared connections, the
+// longest-waiting first (Proxy.writeQueued). Only commands that wait at
+// the same time can leave in another order than they came, and only when
+// they wait on different shared connections.
 type shared struct {
 	p *Proxy
 
@@ -32,6 +43,14 @@ type shared struct {
 	out     int      // commands written whose replies have not been read
 	spare   []byte
 	writing bool
+	// since orders the batches waiting on the shared connections: the
+	// Proxy's batch count when wbuf's first command came; 0 while wbuf is
+	// empty. Written under mu, read without it by writeQueued.
+	since atomic.Uint64
+	// wrote is signalled, when waiters is not zero, at the end of a write,
+	// for writeWaiting.
+	wrote   sync.Cond
+	waiters int
 }
 
 // pending is who the replies on one shared backend connection belong to.
@@ -49,6 +68,10 @@ func (sh *shared) send(s *session, e entry, raw []byte) error {
 		if err := sh.connect(); err != nil {
 			return err
 		}
+	}
+	if len(sh.wbuf) == 0 {
+		sh.since.Store(sh.p.batches.Add(1))
+		sh.p.queued.Add(1)
 	}
 	sh.wbuf = append(sh.wbuf, raw...)
 	sh.wn++
@@ -71,6 +94,11 @@ func (sh *shared) connect() error {
 	}
 	be.pending = &pending{}
 	sh.be = be
+	if len(sh.wbuf) > 0 {
+		// The commands of the lost connection; fail answered them.
+		sh.since.Store(0)
+		sh.p.queued.Add(-1)
+	}
 	sh.wbuf, sh.wn, sh.out = sh.wbuf[:0], 0, 0
 	p.sharedWG.Add(1)
 	go sh.read(be)
@@ -85,7 +113,18 @@ func (sh *shared) flush() {
 		sh.mu.Unlock()
 		return
 	}
-	sh.write()
+	sh.writeInOrder()
+}
+
+// writeInOrder writes what is buffered, after what waits on the other
+// shared connections. sh.mu is held on entry and released on return.
+func (sh *shared) writeInOrder() {
+	if sh.p.queued.Load() <= 1 {
+		sh.write() // nothing waits elsewhere
+		return
+	}
+	sh.mu.Unlock()
+	sh.p.writeQueued()
 }
 
 // write writes everything buffered unless a write is in progress (whose
@@ -100,6 +139,8 @@ func (sh *shared) write() {
 		buf, be := sh.wbuf, sh.be
 		sh.out += sh.wn
 		sh.wbuf, sh.wn = sh.spare[:0], 0
+		sh.since.Store(0)
+		sh.p.queued.Add(-1)
 		sh.mu.Unlock()
 		be.nc.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
 		_, err := be.nc.Write(buf)
@@ -110,7 +151,53 @@ func (sh *shared) write() {
 		sh.spare = buf[:0]
 	}
 	sh.writing = false
+	if sh.waiters > 0 {
+		sh.wrote.Broadcast()
+	}
 	sh.mu.Unlock()
+}
+
+// writeWaiting writes the commands waiting in wbuf if they came in a batch
+// numbered limit or lower, and returns once they have been written.
+func (sh *shared) writeWaiting(limit uint64) {
+	sh.mu.Lock()
+	for sh.writing {
+		// The writer writes wbuf until it is empty before it stops.
+		sh.waiters++
+		sh.wrote.Wait()
+		sh.waiters--
+	}
+	if since := sh.since.Load(); since == 0 || since > limit {
+		sh.mu.Unlock()
+		return
+	}
+	sh.write()
+}
+
+// writeQueued writes the commands waiting on the shared connections, the
+// batch that has waited longest first, and returns once they have been
+// written. Called before a write to the backend, it keeps the order in
+// which commands came across connections (see shared).
+func (p *Proxy) writeQueued() {
+	if p.queued.Load() == 0 {
+		return
+	}
+	// Batches that start after this one are newer than what the caller
+	// writes next; they wait for their own turn.
+	limit := p.batches.Load()
+	for {
+		var oldest *shared
+		first := limit + 1
+		for _, sh := range p.shared {
+			if since := sh.since.Load(); since != 0 && since < first {
+				oldest, first = sh, since
+			}
+		}
+		if oldest == nil {
+			return
+		}
+		oldest.writeWaiting(limit)
+	}
 }
 
 // read hands every reply on be to the client it belongs to.
@@ -173,7 +260,7 @@ func (sh *shared) read(be *backend) {
 		if idle {
 			sh.mu.Lock()
 			if sh.be == be && len(sh.wbuf) > 0 {
-				sh.write()
+				sh.writeInOrder()
 			} else {
 				sh.mu.Unlock()
 			}
