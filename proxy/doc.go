@@ -45,7 +45,13 @@
 // slot of its keys to the master serving it, on connections of the
 // client's own (one per master), splits and merges the multi-key commands
 // that may cross slots, fans keyless ones out, and follows MOVED and ASK;
-// cluster.go keeps the slot map and the COMMAND table.
+// cluster.go keeps the slot map and the COMMAND table. A client that
+// subscribes is pinned to one connection of its own to one node, served by
+// the single-Redis machinery above (clusterpubsub.go): the master of slot 0
+// for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH), that of the
+// channels' slot for SSUBSCRIBE. While it is pinned, each command waits for
+// the node's replies before it, so that the two paths keep the client's
+// order. MONITOR is refused there.
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (limits.go): what Redis skips

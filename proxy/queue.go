@@ -186,6 +186,33 @@ func (q *replyQueue) replay() replayState {
 	return q.st.replay
 }
 
+// pubsub reports whether the client is subscribed, as the replies so far
+// tell, and whether it speaks RESP3.
+func (q *replyQueue) pubsub() (subscribed, resp3 bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.subscribed(), q.st.proto == 3
+}
+
+// resp3 reports whether the client speaks RESP3 on its connection.
+func (q *replyQueue) resp3() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.proto == 3
+}
+
+// adopt brings the connection state to what the client set elsewhere (on
+// its cluster connections), before a new connection is dialed with it.
+func (q *replyQueue) adopt(st replayState, resp3 bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.st.replay = st
+	q.st.proto = 2
+	if resp3 {
+		q.st.proto = 3
+	}
+}
+
 // lose marks be dead and the state it held gone. It returns how many
 // entries are owed a reply that will not come (to pass to forget once
 // they are answered), how many of them are the client's, and whether the

@@ -269,8 +269,9 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 
 	// Connection state.
 	switch string(name) {
-	case "subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe",
-		"monitor", "sync", "psync", "replconf":
+	case "monitor":
+		return localCall(replyMonitorCluster)
+	case "sync", "psync", "replconf":
 		return localCall(unsupported(name))
 	case "reset":
 		cs.dropAll()

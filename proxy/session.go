@@ -83,6 +83,7 @@ type session struct {
 	loc     Local
 	buf     []byte
 	cl      *clusterSession // set when the backend is a Redis Cluster
+	pinAddr string          // the cluster node of the client's pub/sub connection (be)
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -242,8 +243,17 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 		if string(name) == "quit" {
 			return localItem{reply: replyOK, quit: true}, false
 		}
-		s.route(name, cmd)
-		return localItem{}, true
+		reply, pinned := s.clusterPubsub(name, cmd)
+		switch {
+		case reply != nil:
+			return localItem{reply: reply}, false
+		case !pinned:
+			s.route(name, cmd)
+			return localItem{}, true
+		}
+		// To the client's pub/sub connection, as to one Redis, after
+		// the replies of the commands routed before it.
+		s.runCluster()
 	}
 	e := classify(name, cmd)
 	if s.sh != nil && !s.dedicated {
@@ -319,7 +329,6 @@ func (s *session) reauth() {
 func (s *session) flush() {
 	if s.cl != nil {
 		s.runCluster()
-		return
 	}
 	if s.sharedOut {
 		s.sharedOut = false
@@ -368,7 +377,17 @@ func (s *session) connect() error {
 		<-s.be.done
 		s.be = nil
 	}
-	be, err := s.p.dedicated(s.ctx, s.q.replay())
+	var be *backend
+	var err error
+	if s.cl != nil {
+		if be, err = s.p.dialAddr(s.ctx, s.pinAddr, s.q.replay()); err != nil {
+			// The node may have failed: the next subscription asks
+			// the cluster again.
+			s.cl.r.reload(s.ctx, s.cl.r.gen.Load())
+		}
+	} else {
+		be, err = s.p.dedicated(s.ctx, s.q.replay())
+	}
 	if err != nil {
 		return err
 	}
@@ -467,7 +486,7 @@ func (s *session) answer(it localItem) {
 	if !ok {
 		return
 	}
-	if s.cl != nil {
+	if s.cl != nil && s.be == nil {
 		t.multi, t.resp3 = s.cl.txn != nil, s.cl.resp3
 	}
 	reply := it.reply
@@ -494,7 +513,7 @@ func (s *session) answer(it localItem) {
 		}
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {
-		if s.cl != nil {
+		if s.cl != nil && s.cl.txn != nil {
 			s.cl.txn.failed = true
 		} else {
 			s.q.refused()

@@ -1,0 +1,185 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/tidwall/redcon"
+)
+
+// Pub/sub in front of a Redis Cluster. A client that subscribes is pinned
+// to one connection of its own to one node, and that connection is served
+// by the same machinery as a dedicated connection to one Redis (the
+// replyQueue, its connState and readBackend): pushes, RESP2 and RESP3,
+// the subscription counts, and a client disconnected when the node goes.
+//
+// Which node: Redis Cluster 7 broadcasts PUBLISH to every node, so
+// SUBSCRIBE and PSUBSCRIBE work on any; the first subscription pins the
+// client to the master serving slot 0, unless it is an SSUBSCRIBE, which
+// must reach the master of its channels' slot (SPUBLISH stays within the
+// shard). Later subscriptions go to the pinned node; an SSUBSCRIBE for a
+// channel of another shard is refused while the client holds other
+// subscriptions (one connection cannot follow two shards).
+//
+// While the client is subscribed, what it sends goes to the pinned node,
+// except that in RESP3 (where a subscribed client may run any command) the
+// commands other than the connection state ones go through the cluster
+// routing, and in RESP2 a command with keys gets Redis's error for a
+// subscribed client (the node would answer MOVED for a key it does not
+// serve). Replies keep their order across the two paths: the cluster
+// batch is run to its end before a command goes to the pinned node, and
+// the pinned node has answered everything before a command is routed.
+// Once the client has no subscription left, the pinned connection is
+// closed and the state it learned (HELLO, AUTH, CLIENT SETNAME) is the
+// cluster session's again.
+
+// subscription reports whether name is one of the commands that
+// subscribe or unsubscribe.
+func subscription(name []byte) bool {
+	switch string(name) {
+	case "subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe":
+		return true
+	}
+	return false
+}
+
+// refuseOtherShard answers an SSUBSCRIBE or SUNSUBSCRIBE for channels of
+// another shard than the node the client's subscriptions are on.
+func refuseOtherShard(name []byte) []byte {
+	return []byte(fmt.Sprintf("-ERR '%s' of a channel in another shard than the client's other subscriptions is not supported by lockproxy in front of a Redis Cluster\r\n", name))
+}
+
+// replyMonitorCluster refuses MONITOR: one node's MONITOR would show a
+// part of the commands and look like all of them.
+var replyMonitorCluster = []byte("-ERR 'monitor' is not supported by lockproxy in front of a Redis Cluster: it would show one node's commands only (run MONITOR on each node)\r\n")
+
+// clusterPubsub decides whether cmd goes to the client's pinned pub/sub
+// connection. It returns pinned true for that (the caller sends it there
+// as to one Redis), a local reply when the proxy answers it, or neither:
+// the command is routed through the cluster.
+func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, pinned bool) {
+	cs := s.cl
+	if subscription(name) {
+		return s.pinFor(name, cmd)
+	}
+	if s.be == nil {
+		return nil, false
+	}
+	// Everything the pinned node owes the client comes first.
+	s.settlePinned()
+	subscribed, resp3 := s.q.pubsub()
+	if !subscribed {
+		s.unpin()
+		return nil, false
+	}
+	switch string(name) {
+	case "reset":
+		// The node unsubscribes the client and answers +RESET; the
+		// cluster side of the client is reset too.
+		cs.dropAll()
+		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.txn, cs.watch = nil, nil
+		return nil, true
+	case "auth", "hello":
+		return nil, true
+	case "client":
+		var sb [24]byte
+		if len(cmd.Args) > 1 && string(lower(&sb, cmd.Args[1])) == "setname" {
+			return nil, true
+		}
+	}
+	if resp3 {
+		s.adoptPinned()
+		return nil, false
+	}
+	// RESP2: only the subscription commands, PING, QUIT and RESET are
+	// allowed, and the node says so for the others, except for a key it
+	// does not serve, which it would redirect first.
+	keys, err := cs.r.keys(s.ctx, cs.keys[:0], name, cmd.Args)
+	cs.keys = keys
+	if err != nil {
+		s.p.m.unavailable.Add(1)
+		return errorReply(&BackendError{Err: err}), false
+	}
+	if len(keys) == 0 {
+		return nil, true
+	}
+	full := append([]byte(nil), name...)
+	if t, err := cs.r.commands(s.ctx); err == nil && t[string(name)].container && len(cmd.Args) > 1 {
+		var sb [24]byte
+		full = append(append(full, '|'), lower(&sb, cmd.Args[1])...)
+	}
+	return append(append([]byte(subscribedPrefix), full...), subscribedSuffix...), false
+}
+
+// pinFor chooses the node of a (un)subscribe command and pins the client
+// to it.
+func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned bool) {
+	cs := s.cl
+	// The commands routed before it are answered first: a HELLO among
+	// them sets the protocol the new connection is brought to.
+	s.runCluster()
+	m, err := cs.r.current(s.ctx)
+	if err != nil {
+		s.p.m.unavailable.Add(1)
+		return errorReply(&BackendError{Err: err}), false
+	}
+	target := m.master(m.first[0])
+	shard := (string(name) == "ssubscribe" || string(name) == "sunsubscribe") && len(cmd.Args) > 1
+	if shard {
+		slot := keySlot(cmd.Args[1])
+		for _, ch := range cmd.Args[2:] {
+			if keySlot(ch) != slot {
+				return replyCrossSlot, false
+			}
+		}
+		target = m.master(slot)
+	}
+	if s.be != nil && !s.q.dead(s.be) {
+		if !shard || s.pinAddr == target {
+			return nil, true
+		}
+		// A shard channel of another node: the client may move there
+		// only if it holds no subscription on this one.
+		s.settlePinned()
+		if subscribed, _ := s.q.pubsub(); subscribed {
+			return refuseOtherShard(name), false
+		}
+	}
+	if s.be != nil {
+		s.unpin()
+	}
+	s.q.adopt(replayState{auth: cs.auth, hello: cs.hello, name: cs.name}, cs.resp3)
+	s.pinAddr = target
+	return nil, true
+}
+
+// settlePinned sends what is written to the pinned connection and waits
+// until the node has answered all of it.
+func (s *session) settlePinned() {
+	s.flush()
+	s.q.waitEmpty()
+}
+
+// unpin closes the pinned connection of a client that holds no
+// subscription, and takes back the state the client set on it.
+func (s *session) unpin() {
+	be := s.be
+	s.be = nil
+	s.adoptPinned()
+	be.nc.Close()
+	<-be.done
+}
+
+// adoptPinned makes the connection state the client set on its pinned
+// connection the cluster session's; when it changed, the cluster
+// connections are closed, to be opened again in the new state.
+func (s *session) adoptPinned() {
+	cs := s.cl
+	st, resp3 := s.q.replay(), s.q.resp3()
+	if bytes.Equal(st.auth, cs.auth) && bytes.Equal(st.hello, cs.hello) && bytes.Equal(st.name, cs.name) && resp3 == cs.resp3 {
+		return
+	}
+	cs.auth, cs.hello, cs.name, cs.resp3 = st.auth, st.hello, st.name, resp3
+	cs.dropAll()
+}
