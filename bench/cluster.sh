@@ -35,21 +35,13 @@ pids=()
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 
+# shellcheck source=bench/procs.sh
+source "$root/bench/procs.sh"
+
 cleanup() {
-	local rc=$? pid
+	local rc=$?
 	trap - EXIT INT TERM
-	# Proxies (started last) stop before the servers behind them.
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		kill -TERM "${pids[i]}" 2>/dev/null || true
-	done
-	for pid in "${pids[@]}"; do
-		for _ in $(seq 100); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.05
-		done
-		kill -KILL "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
+	stop_reverse "${pids[@]}"
 	rm -rf "$tmp"
 	exit "$rc"
 }
@@ -67,38 +59,11 @@ done
 log "building lockproxy"
 (cd "$root" && go build -o "$tmp/lockproxy" .)
 
-used=" "
-# freeport prints a port on 127.0.0.1 that nothing listens on, below the
-# ephemeral range; a cluster node also takes port+10000 for its bus.
-freeport() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 12000))
-		[[ "$used" == *" $p "* || "$used" == *" $((p + 10000)) "* ]] && continue
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null &&
-			! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; then
-			used+="$p $((p + 10000)) "
-			echo "$p"
-			return
-		fi
-	done
-}
-
-# waitping PORT NAME: wait until PING on PORT answers PONG.
-waitping() {
-	for _ in $(seq 200); do
-		[[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]] && return 0
-		sleep 0.05
-	done
-	log "$2 on port $1 did not answer PING"
-	return 1
-}
-
 # start_redis VAR [ARGS...]: start a redis-server, set VAR to its port.
 start_redis() {
 	local var=$1 port dir
 	shift
-	port=$(freeport)
+	freeport port 20000 12000 bus # a cluster node also takes port+10000
 	dir="$tmp/redis-$port"
 	mkdir -p "$dir"
 	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
@@ -112,7 +77,7 @@ start_redis() {
 start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
-	port=$(freeport)
+	freeport port
 	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -lock-nodes "$lock_nodes" \
 		-log-level warn "$@" >>"$tmp/lockproxy.log" 2>&1 &
 	pids+=($!)

@@ -44,22 +44,13 @@ pids=()
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 
+# shellcheck source=bench/procs.sh
+source "$root/bench/procs.sh"
+
 cleanup() {
-	local rc=$? pid
+	local rc=$?
 	trap - EXIT INT TERM
-	# Stop in reverse order of start: proxies before the servers behind them.
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		pid=${pids[i]}
-		kill -TERM "$pid" 2>/dev/null || continue
-	done
-	for pid in "${pids[@]}"; do
-		for _ in $(seq 100); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.05
-		done
-		kill -KILL "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
+	stop_reverse "${pids[@]}"
 	rm -rf "$tmp"
 	exit "$rc"
 }
@@ -100,38 +91,10 @@ log "building lockproxy, lockbench and idleconns"
 
 # --- processes ----------------------------------------------------------------
 
-used=" "
-# freeport prints a port on 127.0.0.1 that nothing listens on, below the
-# ephemeral range so that client sockets never take it meanwhile.
-freeport() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 12000))
-		[[ "$used" == *" $p "* ]] && continue
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-}
-
-# waitping PORT NAME: wait until PING on PORT answers PONG.
-waitping() {
-	for _ in $(seq 200); do
-		if [[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]]; then
-			return 0
-		fi
-		sleep 0.05
-	done
-	log "$2 on port $1 did not answer PING"
-	return 1
-}
-
 # start_redis VAR: start a redis-server, set VAR to its port.
 start_redis() {
 	local port dir
-	port=$(freeport)
-	used+="$port "
+	freeport port
 	dir="$tmp/redis-$port"
 	mkdir -p "$dir"
 	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
@@ -146,8 +109,7 @@ start_redis() {
 # to its process id.
 start_proxy() {
 	local port
-	port=$(freeport)
-	used+="$port "
+	freeport port
 	"$tmp/lockproxy" -config "$tmp/${3:-lockproxy.yaml}" -listen "127.0.0.1:$port" \
 		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" -log-level warn \
 		>>"$tmp/lockproxy.log" 2>&1 &
@@ -163,10 +125,8 @@ start_redis node2
 start_redis node3
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
 
-twem=$(freeport)
-used+="$twem "
-twem_stats=$(freeport)
-used+="$twem_stats "
+freeport twem
+freeport twem_stats
 cat >"$tmp/nutcracker.yml" <<EOF
 bench:
   listen: 127.0.0.1:$twem

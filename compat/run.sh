@@ -78,31 +78,13 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/lockproxy-compat.XXXXXX")
 pids=()
 
-# stop PID...: SIGTERM, then SIGKILL after 5 s; waits for each.
-stop() {
-	local pid
-	for pid in "$@"; do
-		kill -TERM "$pid" 2>/dev/null || true
-	done
-	for pid in "$@"; do
-		for _ in $(seq 100); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.05
-		done
-		kill -KILL "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
-}
+# shellcheck source=bench/procs.sh
+source "$root/bench/procs.sh"
 
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
-	# Proxies were started after the servers behind them: stop in reverse.
-	local rev=()
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		rev+=("${pids[i]}")
-	done
-	((${#rev[@]} == 0)) || stop "${rev[@]}"
+	stop_reverse "${pids[@]}"
 	if [[ -n "$KEEP" ]]; then
 		log "work folder kept: $tmp"
 	else
@@ -147,38 +129,10 @@ fi
 
 # --- processes --------------------------------------------------------------
 
-used=" "
-# freeport prints a port on 127.0.0.1 that nothing listens on, below the
-# ephemeral range and away from the suite's own ports (21079 and up).
-freeport() {
-	local p
-	while :; do
-		p=$((30000 + RANDOM % 2000))
-		[[ "$used" == *" $p "* ]] && continue
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			used+="$p "
-			echo "$p"
-			return
-		fi
-	done
-}
-
-# waitping PORT NAME: wait until PING on PORT answers PONG.
-waitping() {
-	for _ in $(seq 200); do
-		if [[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]]; then
-			return 0
-		fi
-		sleep 0.05
-	done
-	log "$2 on port $1 did not answer PING"
-	return 1
-}
-
 # start_redis DIR: start a fresh redis-server as Redis's external CI job
 # does (no save, defaults otherwise); sets redis_port and redis_pid.
 start_redis() {
-	redis_port=$(freeport)
+	freeport redis_port 30000 2000 # away from the suite's own ports (21079 and up)
 	mkdir -p "$1"
 	redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$1" --save '' --appendonly no \
 		--daemonize no --logfile "$1/redis.log" &
@@ -190,7 +144,7 @@ start_redis() {
 # start_proxy DIR BACKEND_PORT: start lockproxy in front of the backend;
 # sets proxy_port and proxy_pid.
 start_proxy() {
-	proxy_port=$(freeport)
+	freeport proxy_port 30000 2000
 	"$tmp/lockproxy" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$proxy_port" \
 		-backend "127.0.0.1:$2" -log-level warn >"$1/lockproxy.log" 2>&1 &
 	proxy_pid=$!

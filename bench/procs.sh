@@ -1,0 +1,64 @@
+# Process helpers shared by bench/run.sh, bench/cluster.sh and
+# compat/run.sh: free loopback ports, waiting for PING, stopping processes.
+# Source it after defining log.
+
+used=" " # ports handed out by freeport
+
+# freeport VAR [BASE SPAN [bus]]: set VAR to a port on 127.0.0.1 that
+# nothing listens on and that freeport has not handed out yet, in
+# [BASE, BASE+SPAN) (default 20000 and 12000: below the ephemeral range, so
+# client sockets never take it meanwhile). With "bus" (a Redis Cluster
+# node), port+10000 must be free too and is taken as well.
+freeport() {
+	local var=$1 base=${2:-20000} span=${3:-12000} bus=${4:-} p
+	while :; do
+		p=$((base + RANDOM % span))
+		[[ "$used" == *" $p "* ]] && continue
+		(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+		if [[ -n "$bus" ]]; then
+			[[ "$used" == *" $((p + 10000)) "* ]] && continue
+			(exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null && continue
+			used+="$((p + 10000)) "
+		fi
+		used+="$p "
+		printf -v "$var" '%s' "$p"
+		return
+	done
+}
+
+# waitping PORT NAME: wait until PING on PORT answers PONG.
+waitping() {
+	for _ in $(seq 200); do
+		[[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]] && return 0
+		sleep 0.05
+	done
+	log "$2 on port $1 did not answer PING"
+	return 1
+}
+
+# stop PID...: SIGTERM to each, then wait up to 5 s for each and SIGKILL
+# what is left.
+stop() {
+	local pid
+	for pid in "$@"; do
+		kill -TERM "$pid" 2>/dev/null || true
+	done
+	for pid in "$@"; do
+		for _ in $(seq 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.05
+		done
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+}
+
+# stop_reverse PID...: stop in reverse order of start, so that proxies stop
+# before the servers behind them.
+stop_reverse() {
+	local rev=() i
+	for ((i = $#; i >= 1; i--)); do
+		rev+=("${!i}")
+	done
+	((${#rev[@]} == 0)) || stop "${rev[@]}"
+}
