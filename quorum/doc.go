@@ -38,11 +38,19 @@
 // gives the argument for safety and walks through the races. Extend puts a
 // held lock back on nodes that lack it, and a lock won while a node still
 // showed the previous holder is placed there later (place.go), so that
-// locks do not rest on a bare majority. What stays out of reach: a majority
-// of the nodes losing their data at once, and a node that keeps its marker
-// but loses recent writes (persistence without appendfsync always).
+// locks do not rest on a bare majority. A node that may evict keys (a
+// memory limit with a policy other than noeviction) never counts, and one
+// that did evict keys loses its marker and is recovered. What stays out of
+// reach: a majority of the nodes losing their data at once, and a node that
+// keeps its marker but loses recent writes (persistence without appendfsync
+// always, a promoted replica).
 //
-// Waiters (Options.Wait) queue per resource in arrival order and are woken by
+// Waiters (Options.Wait) queue per resource in arrival order. When the
+// holder's Unlock goes through the Locker where the first waiter waits
+// between attempts, Unlock hands it the lock in its own round: each node
+// releases the holder's lock and takes it for the waiter in one call, and
+// the waiter holds it once a majority did and the fences are confirmed, as
+// for any acquisition (handOver in lock.go). Otherwise waiters are woken by
 // a release notification that Unlock publishes on "<prefix>released", which
 // every Locker subscribes to on every node, so a waiter wakes about a round
 // trip after the holder released, also when the holder used another Locker.
