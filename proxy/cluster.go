@@ -80,19 +80,7 @@ func (r *router) client(addr string) *redis.Client {
 	if c := r.control[addr]; c != nil {
 		return c
 	}
-	b := &r.p.cfg.Backend
-	c := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		Username:              b.Username,
-		Password:              b.Password,
-		TLSConfig:             b.TLS,
-		DialTimeout:           b.DialTimeout,
-		ReadTimeout:           b.DialTimeout,
-		WriteTimeout:          b.DialTimeout,
-		MaxRetries:            -1,
-		ContextTimeoutEnabled: true,
-		PoolSize:              4,
-	})
+	c := redis.NewClient(r.p.cfg.Backend.controlOptions(addr))
 	r.control[addr] = c
 	return c
 }

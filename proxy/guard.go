@@ -56,22 +56,8 @@ type keyGuard struct {
 
 func newKeyGuard(prefix string, p *Proxy) *keyGuard {
 	b := &p.cfg.Backend
-	opt := &redis.Options{
-		Addr:                  b.Addr,
-		Username:              b.Username,
-		Password:              b.Password,
-		DB:                    b.DB,
-		TLSConfig:             b.TLS,
-		DialTimeout:           b.DialTimeout,
-		ReadTimeout:           b.DialTimeout,
-		WriteTimeout:          b.DialTimeout,
-		MaxRetries:            -1,
-		ContextTimeoutEnabled: true,
-		PoolSize:              4,
-	}
-	if strings.HasPrefix(b.Addr, "/") || strings.HasPrefix(b.Addr, "unix:") {
-		opt.Network, opt.Addr = "unix", strings.TrimPrefix(b.Addr, "unix:")
-	}
+	opt := b.controlOptions(b.Addr)
+	opt.DB = b.DB
 	return &keyGuard{prefix: []byte(prefix), p: p, client: redis.NewClient(opt)}
 }
 

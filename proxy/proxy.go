@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 )
@@ -142,6 +143,30 @@ func DefaultConfig() Config {
 			ClusterRetry: 10 * time.Second,
 		},
 	}
+}
+
+// controlOptions are the go-redis options of a small client that asks a
+// backend node about itself (the key guard's COMMAND table, a Redis
+// Cluster's slot map), outside the forwarding path: the backend's
+// credentials and TLS, every call bounded by DialTimeout, no retries. An
+// address starting with "/" or "unix:" is a unix socket.
+func (b *BackendConfig) controlOptions(addr string) *redis.Options {
+	opt := &redis.Options{
+		Addr:                  addr,
+		Username:              b.Username,
+		Password:              b.Password,
+		TLSConfig:             b.TLS,
+		DialTimeout:           b.DialTimeout,
+		ReadTimeout:           b.DialTimeout,
+		WriteTimeout:          b.DialTimeout,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		PoolSize:              4,
+	}
+	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "unix:") {
+		opt.Network, opt.Addr = "unix", strings.TrimPrefix(addr, "unix:")
+	}
+	return opt
 }
 
 // defaultSpares is BackendConfig.SpareConnections's default: two clients
