@@ -38,16 +38,7 @@ log() { printf 'bench: %s\n' "$*" >&2; }
 # shellcheck source=bench/procs.sh
 source "$root/bench/procs.sh"
 
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM
-	stop_reverse "${pids[@]}"
-	rm -rf "$tmp"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+stop_on_exit # the processes in pids and the folder tmp
 
 for bin in redis-server redis-cli redis-benchmark go; do
 	command -v "$bin" >/dev/null 2>&1 || {

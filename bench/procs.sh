@@ -62,3 +62,20 @@ stop_reverse() {
 	done
 	((${#rev[@]} == 0)) || stop "${rev[@]}"
 }
+
+# stop_on_exit: when the script exits (also on Ctrl-C or SIGTERM), stop the
+# processes in the caller's pids array in reverse order and delete its tmp
+# folder.
+stop_on_exit() {
+	trap _stop_on_exit EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+}
+
+_stop_on_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	stop_reverse "${pids[@]}"
+	rm -rf "$tmp"
+	exit "$rc"
+}
