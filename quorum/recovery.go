@@ -120,15 +120,18 @@ import (
 // methods are safe for concurrent use.
 type health struct {
 	lost atomic.Bool // the last reply had no marker
+	// pristineSince is when the node was first seen with neither marker
+	// nor recovery (ns since the Locker's birth), 0 otherwise. Every reply
+	// reads it, so it is an atomic rather than under mu.
+	pristineSince atomic.Int64
 
-	mu            sync.Mutex
-	pristineSince time.Time // first seen with neither marker nor recovery
-	lastErr       string    // down: the error of the call that found it down
-	deadline      time.Time // recovering: counts again by then at the latest
-	waitsCopy     bool      // recovering: too few intact nodes to copy from
-	losses        uint64    // losses noticed
-	byCopy        uint64    // recoveries ended by a copy, by any Locker
-	byExpiry      uint64    // recoveries ended by the deadline, by any Locker
+	mu        sync.Mutex
+	lastErr   string    // down: the error of the call that found it down
+	deadline  time.Time // recovering: counts again by then at the latest
+	waitsCopy bool      // recovering: too few intact nodes to copy from
+	losses    uint64    // losses noticed
+	byCopy    uint64    // recoveries ended by a copy, by any Locker
+	byExpiry  uint64    // recoveries ended by the deadline, by any Locker
 }
 
 // observeState tracks whether n kept its data from the state one of its
@@ -140,16 +143,11 @@ func (l *Locker) observeState(n *node, state int8, start time.Time) {
 		l.markSeen()
 	}
 	lost := l.lostState(reply{state: state}, start)
-	if state == statePristine {
-		n.health.mu.Lock()
-		if n.health.pristineSince.IsZero() {
-			n.health.pristineSince = time.Now()
-		}
-		n.health.mu.Unlock()
-	} else if state == stateIntact {
-		n.health.mu.Lock()
-		n.health.pristineSince = time.Time{}
-		n.health.mu.Unlock()
+	switch p := &n.health.pristineSince; {
+	case state == statePristine && p.Load() == 0:
+		p.CompareAndSwap(0, max(int64(time.Since(l.born)), 1))
+	case state == stateIntact && p.Load() != 0:
+		p.Store(0)
 	}
 	if n.health.lost.Load() == lost || !n.health.lost.CompareAndSwap(!lost, lost) {
 		return
@@ -376,9 +374,7 @@ func (l *Locker) watch() {
 				// answers.
 				continue
 			}
-			n.health.mu.Lock()
-			since := n.health.pristineSince
-			n.health.mu.Unlock()
+			since := l.born.Add(time.Duration(n.health.pristineSince.Load()))
 			if res[i].state == statePristine && time.Since(since) < l.settle() {
 				// Give another Locker's initFresh in flight time to reach
 				// the node before taking it for lost: a recovery once
