@@ -27,6 +27,7 @@ type fileConfig struct {
 	Listen          string        `yaml:"listen"`
 	TLS             serverTLS     `yaml:"tls"`
 	Auth            authConfig    `yaml:"auth"`
+	ArrivalOrder    bool          `yaml:"arrival_order"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	GOMAXPROCS      int           `yaml:"gomaxprocs"`
 	Metrics         metricsConfig `yaml:"metrics"`
@@ -134,6 +135,7 @@ func defaultFileConfig() fileConfig {
 	var f fileConfig
 	f.Listen = "127.0.0.1:6380"
 	f.ShutdownTimeout = 10 * time.Second
+	f.ArrivalOrder = p.ArrivalOrder
 	f.Log = logConfig{Level: "info", Format: "console"}
 	f.Backend = backendConfig{
 		DB:                p.Backend.DB,
@@ -319,6 +321,7 @@ func (c *fileConfig) proxyConfig() proxy.Config {
 		s.Username, s.Password = b.Sentinel.Username, b.Sentinel.Password
 		s.CheckInterval, s.Timeout = b.Sentinel.CheckInterval, b.Sentinel.Timeout
 	}
+	p.ArrivalOrder = c.ArrivalOrder
 	p.Limits = c.clientLimits()
 	p.CommandTimeout = c.Limits.CommandTimeout
 	if c.Auth.Requirepass != "" || len(c.Auth.Users) > 0 {

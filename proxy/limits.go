@@ -498,7 +498,9 @@ type clientConn struct {
 	idle time.Duration
 	// sess is set in the accept callback, before the first Read.
 	sess *session
-	err  error
+	// order is the socket's place in the arrival order; nil: none.
+	order *arrival
+	err   error
 	// broken is set once a write to the client failed.
 	broken atomic.Bool
 }

@@ -334,7 +334,10 @@ func (s *session) flush() {
 		s.sharedOut = false
 		s.sh.flush()
 		if !s.w.pushed() {
-			s.drainShared() // a TLS client's replies are written by its own goroutine
+			// A TLS client's replies are written by its own goroutine.
+			// The commands have left: other clients' need not wait.
+			s.nc.order.end()
+			s.drainShared()
 		}
 	}
 	if s.be == nil || s.be.w.Buffered() == 0 {

@@ -1,0 +1,383 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Arrival order across clients.
+//
+// Redis reads its clients with one thread, in the order their sockets
+// became readable, so when two clients send one right after the other
+// (one a blocking XREAD, the other a SET on its key), Redis runs the first
+// one first. Through the proxy each client has its own goroutine, and Go's
+// network poller, when one poll finds both sockets readable, wakes their
+// goroutines in the reverse order: the later command usually reaches Redis
+// first.
+//
+// arrivals restores Redis's order. Every client socket is also in an epoll
+// instance of the proxy's own, edge-triggered: the kernel queues a socket
+// there when data arrives for it, and epoll_wait hands the queued sockets
+// out in the order they were queued, leaving out those whose data has
+// been read meanwhile. So each read collects the queue (one epoll_wait
+// with no timeout) after the poller woke its goroutine and before it takes
+// the data, and numbers, in order, the sockets whose goroutine is in a
+// read; a read that finds no number of its own gets the next one after it.
+// A numbered read then waits for the newest read numbered before it until
+// that one's commands have been passed on: until the proxy's handler
+// returned (session.endBatch writes them to the backend, or to a shared
+// connection's queue, which keeps order), or that client's goroutine reads
+// again. As each waits for the one before, the commands leave in order.
+//
+// A read does not wait for a socket whose goroutine has not run since its
+// data came (awake): if the poller woke it in the same poll, it runs
+// after a turn or two of the scheduler (runtime.Gosched); otherwise the
+// poller has not seen the data yet, and may not look before the
+// scheduler runs out of goroutines. No wait lasts longer than orderWait
+// either: a client that does not come to read its data cannot hold the
+// others up.
+//
+// The order costs an epoll_wait per read and, when clients send at once,
+// a goroutine switch per read; Config.ArrivalOrder turns it off.
+type arrivals struct {
+	epfd int
+
+	mu     sync.Mutex
+	conns  map[uint64]*arrival
+	nextID uint64
+	last   uint64   // the last number handed out
+	queue  []ticket // numbered reads, in order; some have ended
+	events []syscall.EpollEvent
+	closed bool
+}
+
+// orderWait bounds how long a read waits for the reads numbered before it.
+const orderWait = 5 * time.Millisecond
+
+type ticket struct {
+	n uint64
+	a *arrival
+}
+
+// arrival is one client socket's place in the arrival order.
+type arrival struct {
+	o  *arrivals
+	id uint64
+	// The fields below are guarded by o.mu.
+	waiting bool   // its goroutine is in a read
+	n       uint64 // the number of its read not yet passed on; 0: none
+	// done, made when a read waits for this one, is closed when it has
+	// been passed on.
+	done chan struct{}
+	// awake is false while its goroutine is parked in a read: a read
+	// numbered then waits for the poller, which checks the sockets only
+	// when the scheduler runs out of goroutines, and nobody waits for it.
+	awake atomic.Bool
+}
+
+func newArrivals() (*arrivals, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	return &arrivals{
+		epfd:   fd,
+		conns:  make(map[uint64]*arrival),
+		events: make([]syscall.EpollEvent, 128),
+	}, nil
+}
+
+func (o *arrivals) close() {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed {
+		o.closed = true
+		syscall.Close(o.epfd)
+	}
+}
+
+// add puts the socket under nc in the arrival order. A connection that is
+// not a socket (nil, nil) keeps no order.
+func (o *arrivals) add(nc net.Conn) (*arrival, error) {
+	if o == nil {
+		return nil, nil
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, errors.New("proxy: shut down")
+	}
+	o.nextID++
+	a := &arrival{o: o, id: o.nextID}
+	ev := syscall.EpollEvent{
+		Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | -syscall.EPOLLET,
+		Fd:     int32(a.id),
+		Pad:    int32(a.id >> 32),
+	}
+	var cerr error
+	err = raw.Control(func(fd uintptr) {
+		cerr = syscall.EpollCtl(o.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Closing the socket takes it out of the epoll instance.
+	o.conns[a.id] = a
+	return a, nil
+}
+
+// collect numbers, in arrival order, the sockets that received data since
+// the last call while their goroutine waited in a read. o.mu is held.
+func (o *arrivals) collect() {
+	if o.closed {
+		return
+	}
+	for {
+		n, err := syscall.EpollWait(o.epfd, o.events, 0)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		for _, ev := range o.events[:n] {
+			a := o.conns[uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32]
+			if a == nil || !a.waiting || a.n != 0 {
+				continue
+			}
+			a.number()
+		}
+		if n < len(o.events) {
+			return
+		}
+	}
+}
+
+// number gives the socket's read the next number. o.mu is held.
+func (a *arrival) number() {
+	o := a.o
+	o.last++
+	a.n = o.last
+	o.queue = append(o.queue, ticket{n: a.n, a: a})
+}
+
+// before returns the newest read not yet passed on that is numbered
+// below n: the one a read numbered n waits for, as that one waits for
+// those before it. o.mu is held.
+func (o *arrivals) before(n uint64) (ticket, bool) {
+	o.first() // drop the reads passed on at the head
+	for i := len(o.queue) - 1; i >= 0; i-- {
+		if t := o.queue[i]; t.n < n && t.a.n == t.n {
+			return t, true
+		}
+	}
+	return ticket{}, false
+}
+
+// first returns the oldest read not yet passed on. o.mu is held.
+func (o *arrivals) first() (ticket, bool) {
+	for len(o.queue) > 0 {
+		t := o.queue[0]
+		if t.a.n == t.n {
+			return t, true
+		}
+		o.queue = o.queue[1:]
+	}
+	o.queue = o.queue[:0]
+	return ticket{}, false
+}
+
+// orderedConn is a client socket read in arrival order. Its reads go
+// through the socket's RawConn, so that the arrivals are collected after
+// the poller woke the goroutine and before the read takes the data: epoll
+// drops from its queue a socket that no longer has data.
+type orderedConn struct {
+	net.Conn
+	raw syscall.RawConn
+	a   *arrival
+
+	// The read in progress; rd reads into buf.
+	rd   func(fd uintptr) bool
+	buf  []byte
+	n    int
+	rerr error
+}
+
+func newOrderedConn(nc net.Conn, a *arrival) (*orderedConn, error) {
+	raw, err := nc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	c := &orderedConn{Conn: nc, raw: raw, a: a}
+	c.rd = func(fd uintptr) bool {
+		c.a.awake.Store(true)
+		c.a.collect()
+		for {
+			c.n, c.rerr = syscall.Read(int(fd), c.buf)
+			if c.rerr != syscall.EINTR {
+				break
+			}
+		}
+		if c.rerr == syscall.EAGAIN {
+			c.a.awake.Store(false)
+			return false
+		}
+		return true
+	}
+	return c, nil
+}
+
+// SyscallConn is the socket's, for the writes that go to it directly.
+func (c *orderedConn) SyscallConn() (syscall.RawConn, error) { return c.raw, nil }
+
+func (c *orderedConn) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.buf, c.n, c.rerr = b, 0, nil
+	c.a.reading()
+	err := c.raw.Read(c.rd)
+	n := c.n
+	if err != nil || c.rerr != nil {
+		n = 0
+	}
+	c.a.arrived(n)
+	c.buf = nil
+	switch {
+	case err != nil:
+		return 0, c.opError(err)
+	case c.rerr != nil:
+		return 0, c.opError(os.NewSyscallError("read", c.rerr))
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (c *orderedConn) opError(err error) error {
+	return &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// collect numbers the arrivals since the last collect (see arrivals).
+func (a *arrival) collect() {
+	a.o.mu.Lock()
+	a.o.collect()
+	a.o.mu.Unlock()
+}
+
+// reading is called before a read of the socket: whatever the previous
+// read returned has been passed on.
+func (a *arrival) reading() {
+	o := a.o
+	o.mu.Lock()
+	a.endLocked()
+	a.waiting = true
+	o.mu.Unlock()
+}
+
+// arrived is called after a read that returned n bytes. When the read was
+// numbered, it waits until the reads numbered before it have been passed
+// on, or for orderWait.
+func (a *arrival) arrived(n int) {
+	o := a.o
+	o.mu.Lock()
+	a.waiting = false
+	switch {
+	case n == 0:
+		a.endLocked()
+	case a.n == 0:
+		// The data came after the last collect: after every read
+		// numbered so far.
+		a.number()
+	}
+	var timer *time.Timer
+	yields := 0
+wait:
+	for a.n != 0 {
+		t, ok := o.before(a.n)
+		if !ok {
+			break
+		}
+		if !t.a.awake.Load() {
+			// Its goroutine has not run since its data came. When the
+			// poller woke it with this one, it is next in the run queue.
+			if yields == 2 {
+				break
+			}
+			yields++
+			o.mu.Unlock()
+			runtime.Gosched()
+			o.mu.Lock()
+			continue
+		}
+		if t.a.done == nil {
+			t.a.done = make(chan struct{})
+		}
+		done := t.a.done
+		o.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(orderWait)
+		}
+		select {
+		case <-done:
+			o.mu.Lock()
+		case <-timer.C:
+			o.mu.Lock()
+			break wait
+		}
+	}
+	o.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
+}
+
+// end says the commands of the socket's last read have been passed on.
+func (a *arrival) end() {
+	if a == nil {
+		return
+	}
+	a.o.mu.Lock()
+	a.endLocked()
+	a.o.mu.Unlock()
+}
+
+func (a *arrival) endLocked() {
+	a.n = 0
+	if a.done != nil {
+		close(a.done)
+		a.done = nil
+	}
+}
+
+// remove takes a closed socket out of the arrival order.
+func (a *arrival) remove() {
+	if a == nil {
+		return
+	}
+	a.o.mu.Lock()
+	a.endLocked()
+	delete(a.o.conns, a.id)
+	a.o.mu.Unlock()
+}

@@ -1,0 +1,23 @@
+//go:build !linux
+
+package proxy
+
+import "net"
+
+// arrivals keeps clients' commands in arrival order on Linux only
+// (arrival_linux.go); elsewhere each client's commands keep their own
+// order and nothing more.
+type arrivals struct{}
+
+type arrival struct{}
+
+type orderedConn struct {
+	net.Conn
+	a *arrival
+}
+
+func newArrivals() (*arrivals, error)                 { return nil, nil }
+func (o *arrivals) close()                            {}
+func (o *arrivals) add(nc net.Conn) (*arrival, error) { return nil, nil }
+func (a *arrival) end()                               {}
+func (a *arrival) remove()                            {}
