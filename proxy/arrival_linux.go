@@ -31,10 +31,12 @@ import (
 // the data, and numbers, in order, the sockets whose goroutine is in a
 // read; a read that finds no number of its own gets the next one after it.
 // A numbered read then waits for the newest read numbered before it until
-// that one's commands have been passed on: until the proxy's handler
-// returned (session.endBatch writes them to the backend, or to a shared
-// connection's queue, which keeps order), or that client's goroutine reads
-// again. As each waits for the one before, the commands leave in order.
+// that one's commands have been passed on: until that client's goroutine
+// reads again, which redcon does as soon as the proxy's handler returned
+// (session.endBatch writes the commands to the backend, or to a shared
+// connection's queue, which keeps order), or until session.flush says so
+// before it waits for replies. As each waits for the one before, the
+// commands leave in order.
 //
 // A read does not wait for a socket whose goroutine has not run since its
 // data came (awake): if the poller woke it in the same poll, it runs
@@ -106,45 +108,44 @@ func (o *arrivals) close() {
 	}
 }
 
-// add puts the socket under nc in the arrival order. A connection that is
-// not a socket (nil, nil) keeps no order.
-func (o *arrivals) add(nc net.Conn) (*arrival, error) {
-	if o == nil {
-		return nil, nil
-	}
+// wrap puts the socket under nc in the arrival order and returns it
+// wrapped so that its reads keep it. A connection that is not a socket is
+// returned as it is, with a nil arrival.
+func (o *arrivals) wrap(nc net.Conn) (net.Conn, *arrival, error) {
 	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return nil, nil
+	if o == nil || !ok {
+		return nc, nil, nil
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
-		return nil, errors.New("proxy: shut down")
+		return nil, nil, errors.New("proxy: shut down")
 	}
 	o.nextID++
 	a := &arrival{o: o, id: o.nextID}
 	ev := syscall.EpollEvent{
-		Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | -syscall.EPOLLET,
+		Events: syscall.EPOLLIN | -syscall.EPOLLET,
 		Fd:     int32(a.id),
 		Pad:    int32(a.id >> 32),
 	}
 	var cerr error
-	err = raw.Control(func(fd uintptr) {
+	if err := raw.Control(func(fd uintptr) {
 		cerr = syscall.EpollCtl(o.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
-	})
-	if err == nil {
-		err = cerr
+	}); err != nil {
+		return nil, nil, err
 	}
-	if err != nil {
-		return nil, err
+	if cerr != nil {
+		return nil, nil, cerr
 	}
 	// Closing the socket takes it out of the epoll instance.
 	o.conns[a.id] = a
-	return a, nil
+	c := &orderedConn{Conn: nc, raw: raw, a: a}
+	c.rd = c.readFD
+	return c, a, nil
 }
 
 // collect numbers, in arrival order, the sockets that received data since
@@ -186,25 +187,14 @@ func (a *arrival) number() {
 // below n: the one a read numbered n waits for, as that one waits for
 // those before it. o.mu is held.
 func (o *arrivals) before(n uint64) (ticket, bool) {
-	o.first() // drop the reads passed on at the head
+	for len(o.queue) > 0 && o.queue[0].a.n != o.queue[0].n {
+		o.queue = o.queue[1:] // passed on
+	}
 	for i := len(o.queue) - 1; i >= 0; i-- {
 		if t := o.queue[i]; t.n < n && t.a.n == t.n {
 			return t, true
 		}
 	}
-	return ticket{}, false
-}
-
-// first returns the oldest read not yet passed on. o.mu is held.
-func (o *arrivals) first() (ticket, bool) {
-	for len(o.queue) > 0 {
-		t := o.queue[0]
-		if t.a.n == t.n {
-			return t, true
-		}
-		o.queue = o.queue[1:]
-	}
-	o.queue = o.queue[:0]
 	return ticket{}, false
 }
 
@@ -217,35 +207,38 @@ type orderedConn struct {
 	raw syscall.RawConn
 	a   *arrival
 
-	// The read in progress; rd reads into buf.
+	// The read in progress: rd (readFD, made once) reads into buf.
 	rd   func(fd uintptr) bool
 	buf  []byte
 	n    int
 	rerr error
 }
 
-func newOrderedConn(nc net.Conn, a *arrival) (*orderedConn, error) {
-	raw, err := nc.(syscall.Conn).SyscallConn()
-	if err != nil {
-		return nil, err
+// readFD is the read in progress, called by the RawConn when the read
+// starts and each time the poller wakes it.
+func (c *orderedConn) readFD(fd uintptr) bool {
+	a := c.a
+	a.awake.Store(true)
+	a.o.mu.Lock()
+	if !a.waiting {
+		// The read starts: whatever the last one returned has been
+		// passed on.
+		a.endLocked()
+		a.waiting = true
 	}
-	c := &orderedConn{Conn: nc, raw: raw, a: a}
-	c.rd = func(fd uintptr) bool {
-		c.a.awake.Store(true)
-		c.a.collect()
-		for {
-			c.n, c.rerr = syscall.Read(int(fd), c.buf)
-			if c.rerr != syscall.EINTR {
-				break
-			}
+	a.o.collect()
+	a.o.mu.Unlock()
+	for {
+		c.n, c.rerr = syscall.Read(int(fd), c.buf)
+		if c.rerr != syscall.EINTR {
+			break
 		}
-		if c.rerr == syscall.EAGAIN {
-			c.a.awake.Store(false)
-			return false
-		}
-		return true
 	}
-	return c, nil
+	if c.rerr == syscall.EAGAIN {
+		a.awake.Store(false)
+		return false
+	}
+	return true
 }
 
 // SyscallConn is the socket's, for the writes that go to it directly.
@@ -256,7 +249,6 @@ func (c *orderedConn) Read(b []byte) (int, error) {
 		return 0, nil
 	}
 	c.buf, c.n, c.rerr = b, 0, nil
-	c.a.reading()
 	err := c.raw.Read(c.rd)
 	n := c.n
 	if err != nil || c.rerr != nil {
@@ -277,23 +269,6 @@ func (c *orderedConn) Read(b []byte) (int, error) {
 
 func (c *orderedConn) opError(err error) error {
 	return &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
-}
-
-// collect numbers the arrivals since the last collect (see arrivals).
-func (a *arrival) collect() {
-	a.o.mu.Lock()
-	a.o.collect()
-	a.o.mu.Unlock()
-}
-
-// reading is called before a read of the socket: whatever the previous
-// read returned has been passed on.
-func (a *arrival) reading() {
-	o := a.o
-	o.mu.Lock()
-	a.endLocked()
-	a.waiting = true
-	o.mu.Unlock()
 }
 
 // arrived is called after a read that returned n bytes. When the read was
@@ -353,7 +328,8 @@ wait:
 	}
 }
 
-// end says the commands of the socket's last read have been passed on.
+// end says the commands of the socket's last read have been passed on,
+// before its goroutine reads again (which says so too).
 func (a *arrival) end() {
 	if a == nil {
 		return

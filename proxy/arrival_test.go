@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -30,7 +31,7 @@ func arrivalRounds(t *testing.T, addr string, rounds int) (wrong int, sample str
 		b.send(encode(args("SET mystream val1")))
 		b.read(1)
 		b.do(args("DEL mystream"), args("XADD mystream 667 f v"))
-		got, err := a.tryRead(1, 2e9)
+		got, err := a.tryRead(1, 2*time.Second)
 		if err != nil || string(got) != want {
 			wrong++
 			sample = fmt.Sprintf("round %d: %q %v", i, got, err)

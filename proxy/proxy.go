@@ -480,7 +480,6 @@ func (p *Proxy) ServeRESP(conn redcon.Conn, cmd redcon.Command) {
 		s.handle(c)
 	}
 	s.endBatch()
-	s.nc.order.end()
 }
 
 func (p *Proxy) accept(conn redcon.Conn) bool {
@@ -556,14 +555,11 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 	// The socket is read in arrival order (arrival_linux.go) below TLS,
 	// so that a partial TLS record never holds other clients up.
-	a, err := l.p.order.add(c)
+	oc, a, err := l.p.order.wrap(c)
 	if err != nil {
 		l.p.log.Warn("arrival order", zap.Error(err))
-	}
-	if a != nil {
-		if oc, err := newOrderedConn(c, a); err == nil {
-			c = oc
-		}
+	} else {
+		c = oc
 	}
 	if l.p.cfg.TLS != nil {
 		c = tls.Server(c, l.p.cfg.TLS)
