@@ -151,8 +151,15 @@ start_proxy proxy proxy_pid
 	echo "gomaxprocs: 1"
 } >"$tmp/lockproxy-1p.yaml"
 start_proxy proxy1p proxy1p_pid lockproxy-1p.yaml
+# The same with arrival_order: false, to show what keeping different
+# clients' commands in their arrival order costs.
+{
+	cat "$tmp/lockproxy.yaml"
+	echo "arrival_order: false"
+} >"$tmp/lockproxy-unordered.yaml"
+start_proxy proxyun proxyun_pid lockproxy-unordered.yaml
 
-log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy (gomaxprocs 1: :$proxy1p)"
+log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy (gomaxprocs 1: :$proxy1p, arrival_order false: :$proxyun)"
 
 report="$tmp/report.md"
 {
@@ -166,8 +173,9 @@ report="$tmp/report.md"
 # --- 1. forwarding --------------------------------------------------------------
 
 if ! skipped forward; then
-	targets=(direct twemproxy lockproxy lockproxy-1p)
-	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy [lockproxy-1p]=$proxy1p)
+	targets=(direct twemproxy lockproxy lockproxy-1p lockproxy-unordered)
+	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy [lockproxy-1p]=$proxy1p
+		[lockproxy-unordered]=$proxyun)
 	rows="$tmp/forward.tsv"
 	: >"$rows"
 	# Warm-up, not reported: fill the key space, let every target open its
@@ -202,11 +210,12 @@ if ! skipped forward; then
 		echo
 		echo "Medians over rounds; throughput as median (min–max). Ratios are of medians in this run."
 		echo "lockproxy runs with Go's default GOMAXPROCS ($(nproc) here), lockproxy-1p with \`gomaxprocs: 1\`"
-		echo "(one thread running Go code, as twemproxy runs one); both are the same binary and configuration otherwise."
+		echo "(one thread running Go code, as twemproxy runs one), lockproxy-unordered with \`arrival_order: false\`;"
+		echo "all three are the same binary and configuration otherwise."
 		echo
 		echo "| test | target | requests/s | p50 ms | p99 ms | vs direct | vs twemproxy |"
 		echo "|---|---|---|---|---|---|---|"
-		awk -F'\t' '
+		awk -F'\t' -v targets="${targets[*]}" '
 			function median(s, a, n, i, j, x) {
 				n = split(s, a, " ")
 				for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x }
@@ -215,7 +224,7 @@ if ! skipped forward; then
 			}
 			{ k = $1 SUBSEP $2 SUBSEP $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7 }
 			END {
-				nt = split("direct twemproxy lockproxy lockproxy-1p", tg, " ")
+				nt = split(targets, tg, " ")
 				split("1 16", ps, " "); split("SET GET", ops, " ")
 				for (pi = 1; pi <= 2; pi++) for (oi = 1; oi <= 2; oi++) {
 					p = ps[pi]; op = ops[oi]
