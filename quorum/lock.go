@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -229,13 +228,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	case waits:
 		code = codeAcquireWait
 	}
-	var fresh bool
-	var res0 []reply // the replies, when fresh
 	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, ttl.Milliseconds())
-	l.fanout(l.nodes, r, func(res []reply) {
-		if fresh = l.fresh(res, start); fresh {
-			res0 = slices.Clone(res)
-		}
+	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
 			switch {
@@ -260,9 +254,6 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 			}
 		}
 	})
-	if fresh {
-		l.initFresh(context.WithoutCancel(ctx), res0)
-	}
 	fail := func(err error) (Lock, time.Duration, bool, error) {
 		l.release(context.WithoutCancel(ctx), owned, resource, token, false)
 		if cerr := ctxErr(ctx); cerr != nil {
@@ -511,13 +502,8 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		fence     int64   // the largest stored fence of the token
 		missing   []*node // nodes where the lock is free
 	)
-	var fresh bool
-	var res0 []reply // the replies, when fresh
 	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, ttl.Milliseconds())
-	l.fanout(l.nodes, r, func(res []reply) {
-		if fresh = l.fresh(res, start); fresh {
-			res0 = slices.Clone(res)
-		}
+	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
 			switch {
@@ -532,9 +518,6 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			}
 		}
 	})
-	if fresh {
-		l.initFresh(context.WithoutCancel(ctx), res0)
-	}
 	switch {
 	case extended >= l.quorum:
 		v := validity(ttl, time.Since(start), l.cfg.DriftFactor)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -296,6 +297,23 @@ func (l *Locker) fresh(res []reply, start time.Time) bool {
 		}
 	}
 	return len(res) == len(l.nodes)
+}
+
+// countRound fans r out to every node and hands f the replies and whether
+// they show a new deployment (fresh), whose markers it then creates (see
+// initFresh) before it returns.
+func (l *Locker) countRound(ctx context.Context, r *round, start time.Time, f func(res []reply, fresh bool)) {
+	var res0 []reply // the replies, when fresh
+	l.fanout(l.nodes, r, func(res []reply) {
+		fresh := l.fresh(res, start)
+		if fresh {
+			res0 = slices.Clone(res) // res is the round's, gone after f
+		}
+		f(res, fresh)
+	})
+	if res0 != nil {
+		l.initFresh(context.WithoutCancel(ctx), res0)
+	}
 }
 
 // initFresh creates the marker, in one round, on every node that answered
