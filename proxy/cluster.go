@@ -51,8 +51,7 @@ type router struct {
 	gen     atomic.Uint64
 	last    time.Time // of the last reading; under refresh
 
-	table   atomic.Pointer[map[string]keySpec]
-	tableMu sync.Mutex
+	table commandTable
 
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
@@ -209,29 +208,9 @@ func (r *router) forwarded(addr string) {
 	v.(*atomic.Uint64).Add(1)
 }
 
-// commands returns the cluster's COMMAND table, loading it once.
+// commands returns the cluster's COMMAND table.
 func (r *router) commands(ctx context.Context) (map[string]keySpec, error) {
-	if t := r.table.Load(); t != nil {
-		return *t, nil
-	}
-	r.tableMu.Lock()
-	defer r.tableMu.Unlock()
-	if t := r.table.Load(); t != nil {
-		return *t, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	v, err := r.do(ctx, "COMMAND")
-	if err != nil {
-		return nil, fmt.Errorf("COMMAND: %w", err)
-	}
-	reply, _ := v.([]any)
-	table := make(map[string]keySpec, len(reply)*2)
-	for _, c := range reply {
-		addSpec(table, c)
-	}
-	r.table.Store(&table)
-	return table, nil
+	return r.table.get(ctx, func(ctx context.Context) (any, error) { return r.do(ctx, "COMMAND") })
 }
 
 // keys appends the keys of a command to dst, as Redis finds them: the

@@ -45,13 +45,7 @@ type keyGuard struct {
 	p      *Proxy
 	client *redis.Client
 
-	// table is the backend's COMMAND table, read without a lock by every
-	// forwarded command. It is never changed once stored: a new table
-	// replaces it whole.
-	table atomic.Pointer[map[string]keySpec]
-	// load serialises loading the table, so that clients arriving before
-	// it is loaded wait for one COMMAND instead of each sending their own.
-	load sync.Mutex
+	table commandTable
 }
 
 func newKeyGuard(prefix string, p *Proxy) *keyGuard {
@@ -137,29 +131,51 @@ func (g *keyGuard) checkMovable(args [][]byte) error {
 	return nil
 }
 
-// commands returns the backend's COMMAND table, loading it once; a load
-// that fails is tried again by the next command.
+// commands returns the backend's COMMAND table.
 func (g *keyGuard) commands() (map[string]keySpec, error) {
-	if t := g.table.Load(); t != nil {
-		return *t, nil
+	return g.table.get(context.Background(), func(ctx context.Context) (any, error) {
+		return g.client.Do(ctx, "COMMAND").Result()
+	})
+}
+
+// commandTable is a backend's COMMAND table, loaded once, at its first use;
+// a load that fails is tried again at the next.
+type commandTable struct {
+	// table is read without a lock by every forwarded command. It is
+	// never changed once stored.
+	table atomic.Pointer[map[string]keySpec]
+	// load serialises loading the table, so that clients arriving before
+	// it is loaded wait for one COMMAND instead of each sending their own.
+	load sync.Mutex
+}
+
+// get returns the table, loading it with command (which sends COMMAND)
+// when it has none yet.
+func (t *commandTable) get(ctx context.Context, command func(context.Context) (any, error)) (map[string]keySpec, error) {
+	if m := t.table.Load(); m != nil {
+		return *m, nil
 	}
-	g.load.Lock()
-	defer g.load.Unlock()
-	if t := g.table.Load(); t != nil {
-		return *t, nil
+	t.load.Lock()
+	defer t.load.Unlock()
+	if m := t.table.Load(); m != nil {
+		return *m, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	reply, err := g.client.Do(ctx, "COMMAND").Slice()
+	v, err := command(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("COMMAND: %w", err)
 	}
-	table := make(map[string]keySpec, len(reply)*2)
-	for _, c := range reply {
-		addSpec(table, c)
+	reply, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("COMMAND: a %T instead of an array", v)
 	}
-	g.table.Store(&table)
-	return table, nil
+	m := make(map[string]keySpec, len(reply)*2)
+	for _, c := range reply {
+		addSpec(m, c)
+	}
+	t.table.Store(&m)
+	return m, nil
 }
 
 // addSpec adds one COMMAND entry: name, arity, flags, first key, last key,
