@@ -239,7 +239,10 @@ func (f *follower) watch(msgs <-chan *redis.Message) {
 			f.mu.Lock()
 			f.failSign = time.Now()
 			f.mu.Unlock()
-			f.drop("", "a Sentinel started a failover")
+			// Whichever primary it names: a Sentinel that has not heard
+			// of an earlier failover may fail over the primary before it,
+			// and its promotion would then demote the current one.
+			f.drop("", "a Sentinel started a failover of "+net.JoinHostPort(fields[2], fields[3]))
 		case len(fields) >= 2 && fields[0] == "master" && fields[1] == f.cfg.MasterName:
 			// -failover-abort-*: a poll tells whether another goes on.
 		default:

@@ -206,9 +206,13 @@ func startMonitor(t *testing.T, addr string) *monitor {
 }
 
 // writes returns the keys of the SET commands the server ran that came
-// from a client other than from (its primary's replication link, whose
-// address on a replica is the primary's).
-func (m *monitor) writes(from string) []string {
+// from a client other than one of servers (a primary's replication link,
+// whose address on a replica is the primary's).
+func (m *monitor) writes(servers []*redistest.Server) []string {
+	replication := map[string]bool{}
+	for _, s := range servers {
+		replication[s.Addr] = true
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
@@ -218,7 +222,7 @@ func (m *monitor) writes(from string) []string {
 		if len(f) < 5 || !strings.EqualFold(f[3], `"SET"`) {
 			continue
 		}
-		if strings.TrimSuffix(f[2], "]") != from {
+		if !replication[strings.TrimSuffix(f[2], "]")] {
 			out = append(out, strings.Trim(f[4], `"`))
 		}
 	}
@@ -330,8 +334,18 @@ func testFailover(t *testing.T, kill bool) {
 	for _, c := range append(clients, reader) {
 		<-c.done
 	}
-	if st := p.Backend(); st.Failovers != 1 || st.Primary != primary.Addr {
-		t.Fatalf("the Sentinels failed over again (the machine may be too loaded for down-after-milliseconds %v): %+v", g.DownAfter, st)
+	// The Sentinels may fail over once more on their own (one that had
+	// not heard of the first failover starts another); the proxy follows
+	// them wherever they end.
+	final := g.CurrentPrimary()
+	waitUntil(t, 5*time.Second, "the proxy follows the Sentinels to the end", func() bool { return p.Backend().Primary == final.Addr })
+	st := p.Backend()
+	again := st.Failovers != 1
+	if again {
+		t.Logf("the Sentinels failed over %d times (the machine may be too loaded for down-after-milliseconds %v): %+v", st.Failovers, g.DownAfter, st)
+		if final == old {
+			t.Fatal("the old primary is primary again: the check of what reached it does not apply")
+		}
 	}
 	// A command the client sent after the proxy dropped the old primary
 	// must not reach it. (One written before may still run there: Redis
@@ -343,7 +357,7 @@ func testFailover(t *testing.T, kill bool) {
 		}
 	}
 	late, inFlight := 0, 0
-	for _, key := range mon.writes(primary.Addr) {
+	for _, key := range mon.writes(g.Servers()) {
 		if sent[key].After(learned) {
 			late++
 			t.Errorf("%s, sent %v after the proxy dropped the old primary, reached it", key, sent[key].Sub(learned))
@@ -383,16 +397,30 @@ func testFailover(t *testing.T, kill bool) {
 		}
 	}
 	ctx := context.Background()
-	db1 := redis.NewClient(&redis.Options{Addr: primary.Addr, DB: 1, Protocol: 2})
+	db1 := redis.NewClient(&redis.Options{Addr: final.Addr, DB: 1, Protocol: 2})
 	defer db1.Close()
 	if n, err := db1.Exists(ctx, last).Result(); err != nil || n != 1 {
-		t.Errorf("%s in db 1 of the new primary: %d %v", last, n, err)
+		if err == nil && again {
+			// Written before a second failover, lost to asynchronous
+			// replication; no write of the client in db 0 (below) still
+			// shows that SELECT was replayed.
+			t.Logf("%s is not in db 1 of the last primary, after a second failover", last)
+		} else {
+			t.Errorf("%s in db 1 of the new primary: %d %v", last, n, err)
+		}
+	}
+	var keys []string
+	for _, o := range dedicated.ops {
+		keys = append(keys, o.key)
+	}
+	db0 := redis.NewClient(&redis.Options{Addr: final.Addr, Protocol: 2})
+	defer db0.Close()
+	if n, err := db0.Exists(ctx, keys...).Result(); err != nil || n != 0 {
+		t.Errorf("%d writes of the client in db 1 are in db 0: %v", n, err)
 	}
 
 	// Acknowledged writes that the new primary does not have: lost to
 	// asynchronous replication (reported, not a failure).
-	db0 := redis.NewClient(&redis.Options{Addr: primary.Addr, Protocol: 2})
-	defer db0.Close()
 	lost, acked := 0, 0
 	for _, c := range clients {
 		rdb := db0

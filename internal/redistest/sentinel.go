@@ -71,6 +71,17 @@ func StartGroup(tb testing.TB, masterName string, replicas, sentinels int) *Grou
 		g.Sentinels = append(g.Sentinels, s)
 	}
 	g.waitSentinels(replicas, sentinels-1)
+	// A failed test shows what the Sentinels did: their events (+sdown,
+	// +try-failover, +switch-master, ...) are in their logs.
+	tb.Cleanup(func() {
+		if !tb.Failed() {
+			return
+		}
+		for _, s := range g.Sentinels {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			tb.Logf("Sentinel %s log:\n%s", s.Addr, lastLines(string(log), 60))
+		}
+	})
 	return g
 }
 
