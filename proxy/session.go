@@ -119,6 +119,11 @@ func (s *session) handle(cmd redcon.Command) {
 		return
 	}
 	s.flush()
+	// The commands before it have left. It goes to the lock nodes, or is
+	// answered by the proxy, never to the backend, and a lock command
+	// takes a round trip to the nodes or waits: other clients' commands
+	// do not wait for it, nor for what follows it in this read.
+	s.nc.order.end()
 	// A command that is quick to answer, with no reply due before it, is
 	// answered here, on redcon's goroutine; the others get a goroutine of
 	// their own, so that this one goes on reading and sees the client hang
