@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -349,6 +350,28 @@ func (c *fileConfig) clientLimits() proxy.Limits {
 
 // configure loads the configuration the command line names, with the
 // environment's and the flags' overrides, and validates it.
+// goDefaultProcs is Go's GOMAXPROCS before run changes it.
+var goDefaultProcs = runtime.GOMAXPROCS(0)
+
+// threads returns the GOMAXPROCS the proxy sets, or 0 to keep Go's own,
+// goDefault (the CPUs, or the container's CPU limit). gomaxprocs: 0 with
+// no GOMAXPROCS environment variable leaves one CPU of Go's default to the
+// Redis the proxy usually runs beside, whose commands run on one thread:
+// on a 2-CPU host shared with Redis and its clients, one thread forwards
+// more commands per second, at a lower p99, than two, and locks as fast
+// (bench/README.md). gomaxprocs or GOMAXPROCS set a number of their own.
+func (c *fileConfig) threads(env []string, goDefault int) int {
+	if c.GOMAXPROCS > 0 {
+		return c.GOMAXPROCS
+	}
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			return 0 // Go read it already
+		}
+	}
+	return max(1, goDefault-1)
+}
+
 func configure(o options, env []string) (*fileConfig, error) {
 	overrides, err := envOverrides(env)
 	if err != nil {

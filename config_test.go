@@ -424,3 +424,26 @@ func TestSentinelConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestThreads: gomaxprocs 0 leaves one of Go's default CPUs to Redis
+// unless GOMAXPROCS is set; a number of its own is kept.
+func TestThreads(t *testing.T) {
+	for _, tt := range []struct {
+		gomaxprocs int
+		env        []string
+		goDefault  int
+		want       int
+	}{
+		{0, nil, 1, 1},
+		{0, nil, 2, 1},
+		{0, nil, 8, 7},
+		{0, []string{"HOME=/root", "GOMAXPROCS=2"}, 8, 0},
+		{3, []string{"GOMAXPROCS=2"}, 8, 3},
+		{4, nil, 2, 4},
+	} {
+		c := fileConfig{GOMAXPROCS: tt.gomaxprocs}
+		if got := c.threads(tt.env, tt.goDefault); got != tt.want {
+			t.Errorf("gomaxprocs %d, env %q, Go's default %d: %d threads, want %d", tt.gomaxprocs, tt.env, tt.goDefault, got, tt.want)
+		}
+	}
+}

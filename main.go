@@ -91,8 +91,8 @@ func run(ctx context.Context, pr process) error {
 	}
 	defer logger.Sync()
 	redis.SetLogger(redisLogger{logger.Named("go-redis")})
-	if cfg.GOMAXPROCS > 0 {
-		runtime.GOMAXPROCS(cfg.GOMAXPROCS)
+	if n := cfg.threads(pr.env, goDefaultProcs); n > 0 {
+		runtime.GOMAXPROCS(n)
 	}
 
 	var nodes embeddedNodes

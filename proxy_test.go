@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -50,10 +51,12 @@ func startApp(t testing.TB, yaml string, flags ...string) string {
 	return ""
 }
 
-// testProcess is a process for run with args, no environment, and its
-// output in the test's log.
+// testProcess is a process for run with args, its output in the test's
+// log, and no environment but the test binary's GOMAXPROCS: run, in the
+// test's own process, leaves the number of threads as it is.
 func testProcess(t testing.TB, args []string, listening chan<- net.Addr) process {
-	return process{args: args, stdout: testWriter{t}, stderr: testWriter{t}, listening: listening}
+	env := []string{fmt.Sprintf("GOMAXPROCS=%d", runtime.GOMAXPROCS(0))}
+	return process{args: args, env: env, stdout: testWriter{t}, stderr: testWriter{t}, listening: listening}
 }
 
 // testWriter writes to the test's log.
