@@ -5,10 +5,11 @@
 #
 # 1. Forwarding: redis-benchmark -c 50 -t set,get -r 100000 against direct
 #    Redis, twemproxy (nutcracker, one server, redis: true) and lockproxy
-#    (with Go's default GOMAXPROCS, and with gomaxprocs: 1), all in front of
-#    the same redis-server; without pipelining and with -P 16; in
-#    interleaved rounds. One markdown table: medians, min–max, p50/p99 and the
-#    ratios to direct Redis and to twemproxy.
+#    (shipped defaults; with a thread per CPU; with arrival_order: false),
+#    all in front of the same redis-server; without pipelining and with
+#    -P 16; in interleaved rounds, SET and GET each in a run of its own. One
+#    markdown table: medians, min–max, p50/p99, each target's own CPU time
+#    per command, and the ratios to direct Redis and to twemproxy.
 # 2. Lock path: bench/lockbench, lockproxy vs redsync on the same three lock
 #    nodes, uncontended and contended.
 # 3. Memory: bench/idleconns, 10,000 idle clients on a freshly started
@@ -82,7 +83,8 @@ log "building lockproxy, lockbench and idleconns"
 
 # --- processes ----------------------------------------------------------------
 
-# start_redis VAR: start a redis-server, set VAR to its port.
+# start_redis VAR [PIDVAR]: start a redis-server, set VAR to its port (and
+# PIDVAR to its process id).
 start_redis() {
 	local port dir
 	freeport port
@@ -91,6 +93,7 @@ start_redis() {
 	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
 		--daemonize no --protected-mode no --maxclients 20000 --logfile "$dir/redis.log" &
 	pids+=($!)
+	[[ -z "${2:-}" ]] || printf -v "$2" '%s' "$!"
 	waitping "$port" redis-server
 	printf -v "$1" '%s' "$port"
 }
@@ -110,7 +113,7 @@ start_proxy() {
 	printf -v "$1" '%s' "$port"
 }
 
-start_redis backend
+start_redis backend backend_pid
 start_redis node1
 start_redis node2
 start_redis node3
@@ -132,6 +135,7 @@ EOF
 nutcracker -c "$tmp/nutcracker.yml" -s "$twem_stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
 	-o "$tmp/nutcracker.log" -v 4 &
 pids+=($!)
+twem_pid=$!
 waitping "$twem" twemproxy
 
 # The flags give the addresses; the file raises max_clients above the
@@ -144,13 +148,13 @@ limits:
   max_clients: 20000
 EOF
 start_proxy proxy proxy_pid
-# The same with gomaxprocs: 1, one thread like twemproxy's, for the
-# forwarding comparison.
+# The same with a thread per CPU (Go's own default; the shipped default,
+# gomaxprocs: 0, leaves one CPU to Redis), for the forwarding comparison.
 {
 	cat "$tmp/lockproxy.yaml"
-	echo "gomaxprocs: 1"
-} >"$tmp/lockproxy-1p.yaml"
-start_proxy proxy1p proxy1p_pid lockproxy-1p.yaml
+	echo "gomaxprocs: $(nproc)"
+} >"$tmp/lockproxy-allcpus.yaml"
+start_proxy proxyall proxyall_pid lockproxy-allcpus.yaml
 # The same with arrival_order: false, to show what keeping different
 # clients' commands in their arrival order costs.
 {
@@ -159,7 +163,7 @@ start_proxy proxy1p proxy1p_pid lockproxy-1p.yaml
 } >"$tmp/lockproxy-unordered.yaml"
 start_proxy proxyun proxyun_pid lockproxy-unordered.yaml
 
-log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy (gomaxprocs 1: :$proxy1p, arrival_order false: :$proxyun)"
+log "backend redis :$backend, lock nodes :$node1 :$node2 :$node3, twemproxy :$twem, lockproxy :$proxy (gomaxprocs $(nproc): :$proxyall, arrival_order false: :$proxyun)"
 
 report="$tmp/report.md"
 {
@@ -173,9 +177,17 @@ report="$tmp/report.md"
 # --- 1. forwarding --------------------------------------------------------------
 
 if ! skipped forward; then
-	targets=(direct twemproxy lockproxy lockproxy-1p lockproxy-unordered)
-	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy [lockproxy-1p]=$proxy1p
+	targets=(direct twemproxy lockproxy lockproxy-allcpus lockproxy-unordered)
+	declare -A port_of=([direct]=$backend [twemproxy]=$twem [lockproxy]=$proxy [lockproxy-allcpus]=$proxyall
 		[lockproxy-unordered]=$proxyun)
+	# Whose CPU time is reported: the proxy's own, or Redis's when direct.
+	declare -A pid_of=([direct]=$backend_pid [twemproxy]=$twem_pid [lockproxy]=$proxy_pid [lockproxy-allcpus]=$proxyall_pid
+		[lockproxy-unordered]=$proxyun_pid)
+	hz=$(getconf CLK_TCK)
+	# cputicks PID: user and system time of PID so far, in clock ticks
+	# (fields 14 and 15 of /proc/PID/stat; the name, field 2, has no
+	# spaces here).
+	cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 	rows="$tmp/forward.tsv"
 	: >"$rows"
 	# Warm-up, not reported: fill the key space, let every target open its
@@ -191,16 +203,22 @@ if ! skipped forward; then
 			# Rotate the order every round so no target always goes first.
 			for ((k = 0; k < ${#targets[@]}; k++)); do
 				t=${targets[(k + r - 1) % ${#targets[@]}]}
-				csv="$tmp/rb-$r-$p-$t.csv"
-				redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t set,get -r 100000 \
-					-n "$n" -P "$p" --csv >"$csv" 2>"$csv.err" || {
-					log "redis-benchmark against $t failed: $(tail -2 "$csv.err")"
-					exit 1
-				}
-				# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-				tr -d '"' <"$csv" | awk -F, -v p="$p" -v t="$t" -v r="$r" \
-					'$1 == "SET" || $1 == "GET" { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, p, t, r, $2, $5, $7 }' >>"$rows"
-				log "forward round $r -P $p $t: $(tr -d '"' <"$csv" | awk -F, '$1=="SET"||$1=="GET"{printf "%s %.0f/s  ", $1, $2}')"
+				# One test per run, so that the CPU time read around it is
+				# that test's.
+				for op in set get; do
+					csv="$tmp/rb-$r-$p-$t-$op.csv"
+					before=$(cputicks "${pid_of[$t]}")
+					redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t "$op" -r 100000 \
+						-n "$n" -P "$p" --csv >"$csv" 2>"$csv.err" || {
+						log "redis-benchmark against $t failed: $(tail -2 "$csv.err")"
+						exit 1
+					}
+					ticks=$(($(cputicks "${pid_of[$t]}") - before))
+					# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+					tr -d '"' <"$csv" | awk -F, -v p="$p" -v t="$t" -v r="$r" -v us="$(awk -v k="$ticks" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }')" \
+						'$1 == "SET" || $1 == "GET" { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, p, t, r, $2, $5, $7, us }' >>"$rows"
+				done
+				log "forward round $r -P $p $t: $(cat "$tmp/rb-$r-$p-$t-set.csv" "$tmp/rb-$r-$p-$t-get.csv" | tr -d '"' | awk -F, '$1=="SET"||$1=="GET"{printf "%s %.0f/s  ", $1, $2}')"
 			done
 		done
 	done
@@ -209,12 +227,14 @@ if ! skipped forward; then
 		echo "#### Forwarding: redis-benchmark -c $CLIENTS -t set,get -r 100000 (n=$N, with -P 16 n=$NP), $ROUNDS interleaved rounds"
 		echo
 		echo "Medians over rounds; throughput as median (min–max). Ratios are of medians in this run."
-		echo "lockproxy runs with Go's default GOMAXPROCS ($(nproc) here), lockproxy-1p with \`gomaxprocs: 1\`"
-		echo "(one thread running Go code, as twemproxy runs one), lockproxy-unordered with \`arrival_order: false\`;"
-		echo "all three are the same binary and configuration otherwise."
+		echo "CPU µs/cmd: user and system CPU time of the target's own process (redis-server when direct, else the proxy)"
+		echo "during the test, from /proc/PID/stat, divided by the requests."
+		echo "lockproxy runs with the shipped \`gomaxprocs: 0\` (threads running Go code: $(($(nproc) > 1 ? $(nproc) - 1 : 1)) here, one CPU"
+		echo "left to Redis), lockproxy-allcpus with \`gomaxprocs: $(nproc)\` (Go's own default, a thread per CPU),"
+		echo "lockproxy-unordered with \`arrival_order: false\`; all three are the same binary and configuration otherwise."
 		echo
-		echo "| test | target | requests/s | p50 ms | p99 ms | vs direct | vs twemproxy |"
-		echo "|---|---|---|---|---|---|---|"
+		echo "| test | target | requests/s | p50 ms | p99 ms | CPU µs/cmd | vs direct | vs twemproxy |"
+		echo "|---|---|---|---|---|---|---|---|"
 		awk -F'\t' -v targets="${targets[*]}" '
 			function median(s, a, n, i, j, x) {
 				n = split(s, a, " ")
@@ -222,7 +242,7 @@ if ! skipped forward; then
 				lo = a[1]; hi = a[n]
 				return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 			}
-			{ k = $1 SUBSEP $2 SUBSEP $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7 }
+			{ k = $1 SUBSEP $2 SUBSEP $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7; cpu[k] = cpu[k] " " $8 }
 			END {
 				nt = split(targets, tg, " ")
 				split("1 16", ps, " "); split("SET GET", ops, " ")
@@ -234,7 +254,7 @@ if ! skipped forward; then
 						vd = m["direct"] > 0 ? sprintf("%.2fx", m[t] / m["direct"]) : "-"
 						vt = m["twemproxy"] > 0 ? sprintf("%.2fx", m[t] / m["twemproxy"]) : "-"
 						if (t ~ /^lockproxy/) { vd = "**" vd "**"; vt = "**" vt "**" }
-						printf "| %s -P %s | %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %s | %s |\n", op, p, t, m[t], l[t], h[t], median(p50[k]), median(p99[k]), vd, vt
+						printf "| %s -P %s | %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %.2f | %s | %s |\n", op, p, t, m[t], l[t], h[t], median(p50[k]), median(p99[k]), median(cpu[k]), vd, vt
 					}
 				}
 			}' "$rows"
