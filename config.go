@@ -358,8 +358,9 @@ var goDefaultProcs = runtime.GOMAXPROCS(0)
 // no GOMAXPROCS environment variable leaves one CPU of Go's default to the
 // Redis the proxy usually runs beside, whose commands run on one thread:
 // on a 2-CPU host shared with Redis and its clients, one thread forwards
-// more commands per second, at a lower p99, than two, and locks as fast
-// (bench/README.md). gomaxprocs or GOMAXPROCS set a number of their own.
+// more commands per second, at a lower p99, than two, and locks nearly as
+// fast (README.md, Performance). gomaxprocs or GOMAXPROCS set a number of
+// their own.
 func (c *fileConfig) threads(env []string, goDefault int) int {
 	if c.GOMAXPROCS > 0 {
 		return c.GOMAXPROCS

@@ -224,7 +224,7 @@ if ! skipped forward; then
 	done
 	{
 		echo
-		echo "#### Forwarding: redis-benchmark -c $CLIENTS -t set,get -r 100000 (n=$N, with -P 16 n=$NP), $ROUNDS interleaved rounds"
+		echo "#### Forwarding: redis-benchmark -c $CLIENTS -t set (then -t get) -r 100000 (n=$N, with -P 16 n=$NP), $ROUNDS interleaved rounds"
 		echo
 		echo "Medians over rounds; throughput as median (min–max). Ratios are of medians in this run."
 		echo "CPU µs/cmd: user and system CPU time of the target's own process (redis-server when direct, else the proxy)"
