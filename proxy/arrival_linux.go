@@ -30,8 +30,9 @@ import (
 // with no timeout) after the poller woke its goroutine and before it takes
 // the data, and numbers, in order, the sockets whose goroutine is in a
 // read; a read that finds no number of its own gets the next one after it.
-// A numbered read then waits for the newest read numbered before it until
-// that one's commands have been passed on: until that client's goroutine
+// Before the first of its commands that goes to the backend, a numbered
+// read then waits for the newest read numbered before it until that one's
+// commands have been passed on: until that client's goroutine
 // reads again, which redcon does as soon as the proxy's handler returned
 // (session.endBatch writes the commands to the backend, or to a shared
 // connection's queue, which keeps order), or until session.flush says so
@@ -82,6 +83,10 @@ type arrival struct {
 	// numbered then waits for the poller, which checks the sockets only
 	// when the scheduler runs out of goroutines, and nobody waits for it.
 	awake atomic.Bool
+	// waited: the last read has waited for those before it. Only the
+	// client's own goroutine, which reads and then handles the commands,
+	// uses it.
+	waited bool
 }
 
 func newArrivals() (*arrivals, error) {
@@ -271,9 +276,9 @@ func (c *orderedConn) opError(err error) error {
 	return &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
-// arrived is called after a read that returned n bytes. When the read was
-// numbered, it waits until the reads numbered before it have been passed
-// on, or for orderWait.
+// arrived is called after a read that returned n bytes: a read that
+// collect did not number gets the next number. It waits for nothing: see
+// wait.
 func (a *arrival) arrived(n int) {
 	o := a.o
 	o.mu.Lock()
@@ -286,6 +291,21 @@ func (a *arrival) arrived(n int) {
 		// numbered so far.
 		a.number()
 	}
+	o.mu.Unlock()
+	a.waited = false
+}
+
+// wait is called before a command of the last read goes to the backend:
+// the first time for that read, it waits until the reads numbered before
+// it have been passed on, or for orderWait. A read whose commands the
+// proxy answers itself (lock commands) waits for nobody.
+func (a *arrival) wait() {
+	if a == nil || a.waited {
+		return
+	}
+	a.waited = true
+	o := a.o
+	o.mu.Lock()
 	var timer *time.Timer
 	yields := 0
 wait:

@@ -114,6 +114,11 @@ func (s *session) handle(cmd redcon.Command) {
 			return
 		}
 	}
+	if s.p.cfg.IsLocal == nil || !s.p.cfg.IsLocal(cmd.Args[0]) {
+		// Commands of other clients that reached the proxy before this
+		// read go to the backend first (arrival_linux.go).
+		s.nc.order.wait()
+	}
 	it, forwarded := s.forward(cmd)
 	if forwarded {
 		return
