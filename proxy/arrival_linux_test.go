@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,5 +63,49 @@ func TestArrivalOrderLocalCommandHoldsNobody(t *testing.T) {
 	close(h.release)
 	if got := string(a.read(1)); got != "+OK\r\n" {
 		t.Errorf("HOLDLOCAL: %q", got)
+	}
+}
+
+// TestArrivalOrderLocalReadWaitsForNobody: a read that carries only
+// commands the proxy answers itself (lock commands) does not wait for the
+// reads numbered before it; a read with a command for the backend does.
+// The read before is one whose client is stuck in its handler: awake, its
+// commands never passed on.
+func TestArrivalOrderLocalReadWaitsForNobody(t *testing.T) {
+	srv := redistest.Start(t).Addr
+	addr, p := startProxy(t, srv, func(c *Config) {
+		c.IsLocal = func(name []byte) bool { return bytes.EqualFold(name, []byte("echolocal")) }
+		c.MayWait = func([][]byte) bool { return false }
+		c.NewLocal = func() Local { return echoLocal{new(atomic.Int64)} }
+	})
+	c := dial(t, addr)
+	c.do(args("PING"))
+	o := p.order
+	o.mu.Lock()
+	stuck := &arrival{o: o}
+	stuck.awake.Store(true)
+	stuck.number()
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		stuck.endLocked()
+		o.mu.Unlock()
+	}()
+	waitedFor := func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return stuck.done != nil // made by a read that waits for it
+	}
+	if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
+		t.Fatalf("ECHOLOCAL: %q", got)
+	}
+	if waitedFor() {
+		t.Error("a read with only a local command waited for the read before it")
+	}
+	if got := string(c.do(args("SET k v"))); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	if !waitedFor() {
+		t.Error("a read with a command for the backend did not wait for the read before it")
 	}
 }
