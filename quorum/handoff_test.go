@@ -11,17 +11,24 @@ import (
 // attempts, where an Unlock may hand it the lock.
 func waitIdle(tb testing.TB, l *Locker, resource string) {
 	tb.Helper()
-	eventually(tb, "the head between attempts", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		q := l.queues[resource]
-		return q != nil && q.waiters[0].idle
-	})
+	eventually(tb, "the head between attempts", func() bool { return headIdle(l, resource) })
+}
+
+// headIdle reports whether the head waiting for resource on l is between
+// attempts.
+func headIdle(l *Locker, resource string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queues[resource]
+	return q != nil && len(q.waiters) > 0 && q.waiters[0].idle
 }
 
 // TestHandoffChainKeepsOrderAndFences: a chain of waiters on one Locker
 // gets the lock in arrival order, each from the previous holder's Unlock,
-// with strictly growing fences.
+// with strictly growing fences. Each holder unlocks once the next head is
+// between attempts, as the first does: a head still in its first attempt
+// (it tries as soon as it is at the head) is not handed the lock, and the
+// release is published instead.
 func TestHandoffChainKeepsOrderAndFences(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, noFallback(testConfig()))
@@ -40,6 +47,15 @@ func TestHandoffChainKeepsOrderAndFences(t *testing.T) {
 			lk, err := l.Lock(ctx, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
 			if err == nil {
 				order <- got{i, lk.Fence}
+				for deadline := time.Now().Add(10 * time.Second); i < n-1 && !headIdle(l, "orders"); {
+					if time.Now().After(deadline) {
+						err = errors.New("the next head was not between attempts within 10s")
+						break
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+			if err == nil {
 				err = l.Unlock(ctx, "orders", lk.Token)
 			}
 			done <- err
