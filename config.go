@@ -348,8 +348,6 @@ func (c *fileConfig) clientLimits() proxy.Limits {
 	}
 }
 
-// configure loads the configuration the command line names, with the
-// environment's and the flags' overrides, and validates it.
 // goDefaultProcs is Go's GOMAXPROCS before run changes it.
 var goDefaultProcs = runtime.GOMAXPROCS(0)
 
@@ -373,6 +371,8 @@ func (c *fileConfig) threads(env []string, goDefault int) int {
 	return max(1, goDefault-1)
 }
 
+// configure loads the configuration the command line names, with the
+// environment's and the flags' overrides, and validates it.
 func configure(o options, env []string) (*fileConfig, error) {
 	overrides, err := envOverrides(env)
 	if err != nil {
