@@ -234,12 +234,7 @@ func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 	if err != nil {
 		return dst, err
 	}
-	spec, ok := table[string(name)]
-	if ok && spec.container && len(args) > 1 {
-		var sb [24]byte
-		sub := lower(&sb, args[1])
-		spec, ok = table[string(name)+"|"+string(sub)]
-	}
+	spec, ok := lookupSpec(table, name, args)
 	if !ok {
 		return dst, nil
 	}

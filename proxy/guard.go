@@ -79,12 +79,7 @@ func (g *keyGuard) check(name []byte, args [][]byte) error {
 	if err != nil {
 		return &BackendError{Err: err}
 	}
-	spec, ok := table[string(name)]
-	if ok && spec.container && len(args) > 1 {
-		var sb [24]byte
-		sub := lower(&sb, args[1])
-		spec, ok = table[string(name)+"|"+string(sub)]
-	}
+	spec, ok := lookupSpec(table, name, args)
 	if !ok {
 		return nil // Redis answers unknown commands with an error
 	}
@@ -176,6 +171,19 @@ func (t *commandTable) get(ctx context.Context, command func(context.Context) (a
 	}
 	t.table.Store(&m)
 	return m, nil
+}
+
+// lookupSpec finds the entry of the command args (named name, in lower
+// case) in a COMMAND table: a container command's (CONFIG, XINFO, ...) is
+// its subcommand's.
+func lookupSpec(table map[string]keySpec, name []byte, args [][]byte) (keySpec, bool) {
+	spec, ok := table[string(name)]
+	if ok && spec.container && len(args) > 1 {
+		var sb [24]byte
+		sub := lower(&sb, args[1])
+		spec, ok = table[string(name)+"|"+string(sub)]
+	}
+	return spec, ok
 }
 
 // addSpec adds one COMMAND entry: name, arity, flags, first key, last key,
