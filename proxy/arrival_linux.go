@@ -291,8 +291,14 @@ func (a *arrival) arrived(n int) {
 		// numbered so far.
 		a.number()
 	}
+	// With no live read numbered before it, none can come (numbers only
+	// grow), and wait need not take the lock again.
+	earlier := false
+	if a.n != 0 {
+		_, earlier = o.before(a.n)
+	}
 	o.mu.Unlock()
-	a.waited = false
+	a.waited = !earlier
 }
 
 // wait is called before a command of the last read goes to the backend:

@@ -114,12 +114,7 @@ func (s *session) handle(cmd redcon.Command) {
 			return
 		}
 	}
-	if s.p.cfg.IsLocal == nil || !s.p.cfg.IsLocal(cmd.Args[0]) {
-		// Commands of other clients that reached the proxy before this
-		// read go to the backend first (arrival_linux.go).
-		s.nc.order.wait()
-	}
-	it, forwarded := s.forward(cmd)
+	it, forwarded := s.forward(cmd, s.nc.order)
 	if forwarded {
 		return
 	}
@@ -205,7 +200,9 @@ func (s *session) drainBacklog() {
 			return
 		}
 		for _, cmd := range batch {
-			if it, forwarded := s.forward(cmd); !forwarded {
+			// Held back behind the client's own local command: its
+			// read has left the arrival order (see handle).
+			if it, forwarded := s.forward(cmd, nil); !forwarded {
 				s.flush()
 				s.answer(it)
 			}
@@ -215,8 +212,11 @@ func (s *session) drainBacklog() {
 }
 
 // forward sends cmd to the backend, or returns false and the item to
-// answer locally in its place.
-func (s *session) forward(cmd redcon.Command) (localItem, bool) {
+// answer locally in its place. order is the arrival order of the read cmd
+// came in, when it is the read just made on redcon's goroutine: a command
+// that is not the proxy's own waits there for the commands other clients
+// sent before it (arrival_linux.go).
+func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) {
 	if s.replica {
 		// A replica's REPLCONF ACK and whatever else it sends are Redis's
 		// to interpret, not the proxy's.
@@ -239,6 +239,7 @@ func (s *session) forward(cmd redcon.Command) (localItem, bool) {
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.q.silent()}, false
 	}
+	order.wait()
 	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
