@@ -7,11 +7,15 @@
 #    Redis, twemproxy (nutcracker, one server, redis: true) and lockproxy
 #    (shipped defaults; with a thread per CPU; with arrival_order: false),
 #    all in front of the same redis-server; without pipelining and with
-#    -P 16; in interleaved rounds, SET and GET each in a run of its own. One
+#    -P 16; in interleaved rounds, SET and GET each in a run of its own. A
 #    markdown table: medians, min–max, p50/p99, each target's own CPU time
-#    per command, and the ratios to direct Redis and to twemproxy.
+#    per command, and the ratios to direct Redis and to twemproxy; and a
+#    second one of where the CPU goes: redis-benchmark, the proxy and the
+#    backend redis-server per command, how busy the machine was, and the
+#    ceiling those sums put on the requests per second.
 # 2. Lock path: bench/lockbench, lockproxy vs redsync on the same three lock
-#    nodes, uncontended and contended.
+#    nodes, uncontended and contended, with the CPU time per operation of
+#    the benchmark's clients, the proxy and the nodes.
 # 3. Memory: bench/idleconns, 10,000 idle clients on a freshly started
 #    lockproxy, VmRSS.
 #
@@ -114,9 +118,9 @@ start_proxy() {
 }
 
 start_redis backend backend_pid
-start_redis node1
-start_redis node2
-start_redis node3
+start_redis node1 node1_pid
+start_redis node2 node2_pid
+start_redis node3 node3_pid
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
 
 freeport twem
@@ -188,6 +192,9 @@ if ! skipped forward; then
 	# (fields 14 and 15 of /proc/PID/stat; the name, field 2, has no
 	# spaces here).
 	cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+	# machineticks: busy and total time of all CPUs so far, in clock ticks
+	# (/proc/stat; busy is all but idle and iowait).
+	machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
 	rows="$tmp/forward.tsv"
 	: >"$rows"
 	# Warm-up, not reported: fill the key space, let every target open its
@@ -208,15 +215,27 @@ if ! skipped forward; then
 				for op in set get; do
 					csv="$tmp/rb-$r-$p-$t-$op.csv"
 					before=$(cputicks "${pid_of[$t]}")
-					redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t "$op" -r 100000 \
-						-n "$n" -P "$p" --csv >"$csv" 2>"$csv.err" || {
+					backend_before=$(cputicks "$backend_pid")
+					read -r busy_before total_before < <(machineticks)
+					# The subshell's children's times are redis-benchmark's.
+					(
+						redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" -c "$CLIENTS" -t "$op" -r 100000 \
+							-n "$n" -P "$p" --csv >"$csv" 2>"$csv.err" || exit 1
+						times >"$csv.times"
+					) || {
 						log "redis-benchmark against $t failed: $(tail -2 "$csv.err")"
 						exit 1
 					}
 					ticks=$(($(cputicks "${pid_of[$t]}") - before))
+					backend_ticks=$(($(cputicks "$backend_pid") - backend_before))
+					read -r busy_after total_after < <(machineticks)
+					# times: "0m0.001s 0m0.002s" for the shell, then the same for its children.
+					bench_s=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, k, /[ms]/); print u[1] * 60 + u[2] + k[1] * 60 + k[2] }' "$csv.times")
+					us() { awk -v k="$1" -v hz="$2" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }'; }
+					extra="$(us "$bench_s" 1)	$(us "$backend_ticks" "$hz")	$(awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) 'BEGIN { x = t > 0 ? 100 * b / t : 0; printf "%.0f", x }')"
 					# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-					tr -d '"' <"$csv" | awk -F, -v p="$p" -v t="$t" -v r="$r" -v us="$(awk -v k="$ticks" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }')" \
-						'$1 == "SET" || $1 == "GET" { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, p, t, r, $2, $5, $7, us }' >>"$rows"
+					tr -d '"' <"$csv" | awk -F, -v p="$p" -v t="$t" -v r="$r" -v us="$(us "$ticks" "$hz")" -v extra="$extra" \
+						'$1 == "SET" || $1 == "GET" { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", $1, p, t, r, $2, $5, $7, us, extra }' >>"$rows"
 				done
 				log "forward round $r -P $p $t: $(cat "$tmp/rb-$r-$p-$t-set.csv" "$tmp/rb-$r-$p-$t-get.csv" | tr -d '"' | awk -F, '$1=="SET"||$1=="GET"{printf "%s %.0f/s  ", $1, $2}')"
 			done
@@ -258,6 +277,35 @@ if ! skipped forward; then
 					}
 				}
 			}' "$rows"
+		echo
+		echo "Where the CPU goes, µs per command (medians over rounds): redis-benchmark (its children's times"
+		echo "from bash's times builtin), the proxy, the backend redis-server, and all three; machine busy is the share"
+		echo "of all $(nproc) CPUs busy during the test, any process, from /proc/stat. Ceiling: $(nproc) CPUs divided by"
+		echo "the sum, the requests/s this path could reach if the machine did nothing else and no CPU ever waited."
+		echo
+		echo "| test | target | redis-benchmark | proxy | redis-server | all three | machine busy | ceiling requests/s |"
+		echo "|---|---|---|---|---|---|---|---|"
+		awk -F'\t' -v targets="${targets[*]}" -v cpus="$(nproc)" '
+			function median(s, a, n, i, j, x) {
+				n = split(s, a, " ")
+				for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x }
+				return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+			}
+			{
+				k = $1 SUBSEP $2 SUBSEP $3
+				px = $3 == "direct" ? 0 : $8
+				bn[k] = bn[k] " " $9; pr[k] = pr[k] " " px; be[k] = be[k] " " $10; all[k] = all[k] " " ($9 + px + $10); busy[k] = busy[k] " " $11
+			}
+			END {
+				nt = split(targets, tg, " ")
+				split("1 16", ps, " "); split("SET GET", ops, " ")
+				for (pi = 1; pi <= 2; pi++) for (oi = 1; oi <= 2; oi++) for (ti = 1; ti <= nt; ti++) {
+					t = tg[ti]; k = ops[oi] SUBSEP ps[pi] SUBSEP t
+					a = median(all[k]); ceil = a > 0 ? cpus * 1e6 / a : 0
+					printf "| %s -P %s | %s | %.2f | %s | %.2f | %.2f | %.0f%% | %.0f |\n", ops[oi], ps[pi], t, median(bn[k]),
+						t == "direct" ? "–" : sprintf("%.2f", median(pr[k])), median(be[k]), a, median(busy[k]), ceil
+				}
+			}' "$rows"
 	} >>"$report"
 fi
 
@@ -266,7 +314,8 @@ fi
 if ! skipped lock; then
 	log "lock comparison: $ROUNDS rounds of 4 runs of $LOCK_DURATION"
 	"$tmp/lockbench" -proxy "127.0.0.1:$proxy" -nodes "$lock_nodes" -rounds "$ROUNDS" \
-		-duration "$LOCK_DURATION" -contended-duration "$LOCK_DURATION" >>"$report"
+		-duration "$LOCK_DURATION" -contended-duration "$LOCK_DURATION" \
+		-proxy-pid "$proxy_pid" -node-pids "$node1_pid,$node2_pid,$node3_pid" >>"$report"
 fi
 
 # --- 3. memory ------------------------------------------------------------------

@@ -18,6 +18,11 @@
 //     the client that just released is the next holder, and overlapping
 //     holders (which must be 0).
 //
+// With -proxy-pid and -node-pids, each scenario also reports the CPU time
+// per pair (or acquisition) of this benchmark's clients, the proxy and the
+// lock nodes, read from /proc around every run, and how busy the machine
+// was: see cpu.go.
+//
 // Every client uses go-redis with RESP2 and no CLIENT SETINFO, so neither
 // side pays for connection set-up the other does not.
 package main
@@ -57,6 +62,8 @@ type config struct {
 	poolSize    int
 	only        string
 	maxWaitCall time.Duration
+	proxyPid    int   // for CPU accounting; 0: none
+	nodePids    []int // for CPU accounting
 }
 
 func main() {
@@ -82,8 +89,17 @@ func run(args []string, out io.Writer) error {
 	fs.IntVar(&cfg.poolSize, "redsync-pool", 0, "go-redis PoolSize per lock node for redsync (0: as many as clients)")
 	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\"")
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
+	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
+	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var err error
+	if cfg.nodePids, err = parsePids(*nodePids); err != nil {
+		return fmt.Errorf("-node-pids: %w", err)
+	}
+	if (cfg.proxyPid > 0) != (len(cfg.nodePids) > 0) {
+		return errors.New("-proxy-pid and -node-pids go together")
 	}
 	if *nodes == "" {
 		return errors.New("-nodes is required")
@@ -139,7 +155,7 @@ func run(args []string, out io.Writer) error {
 				order[0], order[1] = order[1], order[0]
 			}
 			for _, s := range order {
-				res, err := s.fn(s.d)
+				res, err := b.measure(s.fn, s.d)
 				if err != nil {
 					return fmt.Errorf("round %d, %s: %w", r+1, s.name, err)
 				}
@@ -231,6 +247,29 @@ type result struct {
 	failed   int64           // failed LOCK calls (redsync ErrFailed; proxy nil reply)
 	errs     int64           // other errors
 	firstErr error
+	cpu      cpuUse // CPU time during the run, with -proxy-pid and -node-pids
+}
+
+// measure runs fn for d and, when the configuration names the processes,
+// adds the CPU time they and the machine used meanwhile.
+func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration) (result, error) {
+	if b.cfg.proxyPid == 0 {
+		return fn(d)
+	}
+	before, err := sampleCPU(b.cfg.proxyPid, b.cfg.nodePids)
+	if err != nil {
+		return result{}, err
+	}
+	res, err := fn(d)
+	if err != nil {
+		return res, err
+	}
+	after, err := sampleCPU(b.cfg.proxyPid, b.cfg.nodePids)
+	if err != nil {
+		return res, err
+	}
+	res.cpu = cpuUse{ok: true, cpuSample: after.sub(before)}
+	return res, nil
 }
 
 func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -602,6 +641,40 @@ func printUncontended(w io.Writer, cfg config, px, rs []result) {
 	fmt.Fprintf(w, "| not acquired / errors (all rounds) | %d / %d | %d / %d | |\n",
 		sum(px, func(r result) int64 { return r.failed }), sum(px, func(r result) int64 { return r.errs }),
 		sum(rs, func(r result) int64 { return r.failed }), sum(rs, func(r result) int64 { return r.errs }))
+	printCPU(w, px, rs)
+}
+
+// printCPU adds the rows of CPU time per pair (or acquisition) when every
+// run measured it. The proxy's row is empty for redsync, which does not
+// use it, and the sum leaves it out there.
+func printCPU(w io.Writer, px, rs []result) {
+	for _, r := range slices.Concat(px, rs) {
+		if !r.cpu.ok {
+			return
+		}
+	}
+	self := func(r result) float64 { return usPer(r.cpu.self, r) }
+	proxy := func(r result) float64 { return usPer(r.cpu.proxy, r) }
+	nodes := func(r result) float64 { return usPer(r.cpu.nodes, r) }
+	pxAll := func(r result) float64 { return usPer(r.cpu.self+r.cpu.proxy+r.cpu.nodes, r) }
+	rsAll := func(r result) float64 { return usPer(r.cpu.self+r.cpu.nodes, r) }
+	busy := func(r result) float64 {
+		if r.cpu.total == 0 {
+			return 0
+		}
+		return 100 * float64(r.cpu.busy) / float64(r.cpu.total)
+	}
+	fmt.Fprintf(w, "| CPU µs per operation: the benchmark's clients (redsync: all of Redlock) | %s | %s | %s |\n", cell(px, "%.1f", self), cell(rs, "%.1f", self), ratio(px, rs, self))
+	fmt.Fprintf(w, "| CPU µs per operation: lockproxy | %s | – | |\n", cell(px, "%.1f", proxy))
+	fmt.Fprintf(w, "| CPU µs per operation: the lock nodes together | %s | %s | %s |\n", cell(px, "%.1f", nodes), cell(rs, "%.1f", nodes), ratio(px, rs, nodes))
+	mp, _, _ := stat(px, pxAll)
+	mr, _, _ := stat(rs, rsAll)
+	all := "–"
+	if mr > 0 {
+		all = fmt.Sprintf("%.2fx", mp/mr)
+	}
+	fmt.Fprintf(w, "| CPU µs per operation: all of these | %s | %s | %s |\n", cell(px, "%.1f", pxAll), cell(rs, "%.1f", rsAll), all)
+	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | |\n", cell(px, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
 }
 
 func printContended(w io.Writer, cfg config, px, rs []result) {
@@ -628,4 +701,5 @@ func printContended(w io.Writer, cfg config, px, rs []result) {
 	fmt.Fprintf(w, "| overlapping holders (must be 0) | %d | %d | |\n", sum(px, ov), sum(rs, ov))
 	fmt.Fprintf(w, "| LOCK calls that gave up / errors (all rounds) | %d / %d | %d / %d | |\n",
 		sum(px, failed), sum(px, errs), sum(rs, failed), sum(rs, errs))
+	printCPU(w, px, rs)
 }
