@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,9 @@ func TestOverrides(t *testing.T) {
 		{give: "lock.max_ttl=2h", got: func(c *fileConfig) any { return c.Lock.MaxTTL }, want: 2 * time.Hour},
 		{give: "lock.drift_factor=0.05", got: func(c *fileConfig) any { return c.Lock.DriftFactor }, want: 0.05},
 		{give: "backend.db=3", got: func(c *fileConfig) any { return c.Backend.DB }, want: 3},
-		{give: "backend.shared_connections=-1", got: func(c *fileConfig) any { return c.Backend.SharedConnections }, want: -1},
+		{give: "backend.shared_connections=-1", got: func(c *fileConfig) any { return c.Backend.SharedConnections }, want: connCount(-1)},
+		{give: "backend.shared_connections=3", got: func(c *fileConfig) any { return c.Backend.SharedConnections }, want: connCount(3)},
+		{give: "backend.shared_connections=auto", got: func(c *fileConfig) any { return c.Backend.SharedConnections }, want: autoConns},
 		{give: "limits.max_bulk_len=1048576", got: func(c *fileConfig) any { return c.Limits.MaxBulkLen }, want: int64(1 << 20)},
 		{give: "tls.enabled=true", got: func(c *fileConfig) any { return c.TLS.Enabled }, want: true},
 		{give: "lock.tls.server_name=redis.internal", got: func(c *fileConfig) any { return c.Lock.TLS.ServerName }, want: "redis.internal"},
@@ -85,6 +88,7 @@ func TestOverrideErrorsMatchFile(t *testing.T) {
 	}{
 		{key: "lock.node_timeout", value: "fast", file: "lock: {node_timeout: fast}", want: "cannot unmarshal !!str `fast` into time.Duration"},
 		{key: "backend.db", value: "one", file: "backend: {db: one}", want: "cannot unmarshal !!str `one` into int"},
+		{key: "backend.shared_connections", value: "many", file: "backend: {shared_connections: many}", want: `cannot unmarshal "many" into a number of connections or auto`},
 		{key: "tls.enabled", value: "maybe", file: "tls: {enabled: maybe}", want: "cannot unmarshal !!str `maybe` into bool"},
 		{key: "lock.drift_factor", value: "[1]", file: "lock: {drift_factor: [1]}", want: "cannot unmarshal !!seq into float64"},
 		{key: "lock.nodes", value: "{a: b}", file: "lock: {nodes: {a: b}}", want: "cannot unmarshal !!map into []string"},
@@ -427,6 +431,37 @@ func TestSentinelConfig(t *testing.T) {
 
 // TestThreads: gomaxprocs 0 leaves one of Go's default CPUs to Redis
 // unless GOMAXPROCS is set; a number of its own is kept.
+// TestSharedConnections: auto is one shared connection per thread running
+// Go code, a number is itself, and -print-config writes auto back.
+func TestSharedConnections(t *testing.T) {
+	threads := runtime.GOMAXPROCS(0)
+	for _, tt := range []struct {
+		file string
+		want int
+	}{
+		{"", threads},
+		{"backend: {shared_connections: auto}", threads},
+		{"backend: {shared_connections: 1}", 1},
+		{"backend: {shared_connections: 0}", 0},
+		{"backend: {shared_connections: -1}", -1},
+	} {
+		cfg, err := loadConfig(writeConfig(t, tt.file+"\n"), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.file, err)
+		}
+		if got := cfg.proxyConfig().Backend.SharedConnections; got != tt.want {
+			t.Errorf("%q: %d shared connections, want %d", tt.file, got, tt.want)
+		}
+	}
+	var out bytes.Buffer
+	if err := printConfig(&out, &fileConfig{Backend: backendConfig{SharedConnections: autoConns}}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "shared_connections: auto\n") {
+		t.Errorf("-print-config of auto:\n%s", out.String())
+	}
+}
+
 func TestThreads(t *testing.T) {
 	for _, tt := range []struct {
 		gomaxprocs int

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,8 +113,11 @@ type BackendConfig struct {
 	DialTimeout time.Duration
 	// SharedConnections is how many backend connections carry the
 	// stateless commands of clients that have set no connection state
-	// (see package doc). Default 2; zero or negative: every client gets a
-	// dedicated connection.
+	// (see package doc). Default: one per thread running Go code
+	// (runtime.GOMAXPROCS when DefaultConfig is called), so that their
+	// readers can run side by side and no more connections than that split
+	// the batches; zero or negative: every client gets a dedicated
+	// connection.
 	SharedConnections int
 	// SpareConnections is how many backend connections the proxy keeps
 	// dialed and set up (TLS, Username and Password, DB), ready for the
@@ -142,7 +146,7 @@ func DefaultConfig() Config {
 		CommandTimeout: 2 * time.Minute,
 		ArrivalOrder:   true,
 		Backend: BackendConfig{
-			SharedConnections: 2,
+			SharedConnections: runtime.GOMAXPROCS(0),
 			SpareConnections:  defaultSpares,
 			DialTimeout:       2 * time.Second,
 			WriteTimeout:      10 * time.Second,
