@@ -29,7 +29,7 @@
 #   STALL [60]          runtest --timeout: seconds without a finished test
 #                       after which runtest gives the unit up
 #   UNIT_TIMEOUT [900]  hard bound on one run of one unit, in seconds
-#   SHARED [2]          backend.shared_connections of the proxy
+#   SHARED [auto]       backend.shared_connections of the proxy (the default)
 #   KEEP                keep the work folder (logs of every run) when set
 #   OUT                 also write the report to this file
 set -euo pipefail
@@ -37,7 +37,7 @@ set -euo pipefail
 TAGS=${TAGS:--slow -needs:debug}
 STALL=${STALL:-60}
 UNIT_TIMEOUT=${UNIT_TIMEOUT:-900}
-SHARED=${SHARED:-2}
+SHARED=${SHARED:-auto}
 KEEP=${KEEP:-}
 OUT=${OUT:-}
 
