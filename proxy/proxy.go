@@ -504,7 +504,9 @@ func (p *Proxy) accept(conn redcon.Conn) bool {
 		return false
 	}
 	p.m.connections.Add(1)
-	s := newSession(p, cc, p.log.With(zap.String("remote", conn.RemoteAddr())))
+	// Lazily: most connections never log, and an eager With encodes the
+	// field into a buffer of about 1 KB that the connection keeps.
+	s := newSession(p, cc, p.log.WithLazy(zap.String("remote", conn.RemoteAddr())))
 	cc.sess = s
 	conn.SetContext(s)
 	p.mu.Lock()

@@ -535,6 +535,40 @@ func TestSecretsNeverLogged(t *testing.T) {
 	}
 }
 
+// TestSessionLogNamesClient: what a session logs names its client's
+// address (a field added lazily, at the first entry).
+func TestSessionLogNamesClient(t *testing.T) {
+	srv := redistest.Start(t)
+	core, logs := observer.New(zap.DebugLevel)
+	cfg := DefaultConfig()
+	cfg.Backend.Addr = srv.Addr
+	p, err := New(cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go p.Serve(ln)
+	defer p.Shutdown(context.Background())
+	c := dial(t, ln.Addr().String())
+	c.do(args("SELECT 1"), args("SET k v")) // on a connection of its own, which logs each command
+	remote := c.c.LocalAddr().String()
+	c.c.Close()
+	eventually(t, "the client to go", func() bool { return p.clients.Load() == 0 })
+	seen := map[string]bool{}
+	for _, e := range logs.All() {
+		if e.Message != "client connected" && e.Message != "forward" && e.Message != "client disconnected" {
+			continue
+		}
+		seen[e.Message] = true
+		if got := e.ContextMap()["remote"]; got != remote {
+			t.Errorf("%q logged with remote %v, want %s", e.Message, got, remote)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("entries seen: %v; want client connected, forward and client disconnected", seen)
+	}
+}
+
 // TestPausedBackendDoesNotBlockOthers: a backend stopped with SIGSTOP
 // holds up only the clients waiting on it.
 func TestPausedBackendDoesNotBlockOthers(t *testing.T) {
