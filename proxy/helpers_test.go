@@ -30,6 +30,13 @@ func startProxy(tb testing.TB, backend string, edit func(*Config)) (string, *Pro
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return serveProxy(tb, p), p
+}
+
+// serveProxy serves p on a free loopback port until the test ends, then
+// shuts it down and waits for Serve to return; it returns the address.
+func serveProxy(tb testing.TB, p *Proxy) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -46,7 +53,7 @@ func startProxy(tb testing.TB, backend string, edit func(*Config)) (string, *Pro
 			tb.Errorf("serve: %v", err)
 		}
 	})
-	return ln.Addr().String(), p
+	return ln.Addr().String()
 }
 
 // client is a raw RESP connection that reads whole replies as bytes.

@@ -500,23 +500,38 @@ func TestLocalCommandCancelledWhenClientLeaves(t *testing.T) {
 	eventually(t, "the local state closed", func() bool { return closed.Load() == 1 })
 }
 
-// TestSecretsNeverLogged: passwords sent with AUTH and HELLO never reach the
-// log, even at debug level.
-func TestSecretsNeverLogged(t *testing.T) {
-	srv := redistest.Start(t, "--requirepass", "backend-pw")
+// loggedProxy is a proxy whose every log entry, debug included, is kept.
+type loggedProxy struct {
+	*Proxy
+	addr string
+}
+
+// startLoggedProxy starts a proxy on backend, with the configuration edit
+// makes, that logs into the returned observer at debug level.
+func startLoggedProxy(t *testing.T, backend string, edit func(*Config)) (loggedProxy, *observer.ObservedLogs) {
+	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := DefaultConfig()
-	cfg.Backend.Addr = srv.Addr
-	cfg.Backend.Password = "backend-pw"
-	cfg.Users = map[string]string{"default": "client-pw"}
+	cfg.Backend.Addr = backend
+	if edit != nil {
+		edit(&cfg)
+	}
 	p, err := New(cfg, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go p.Serve(ln)
-	defer p.Shutdown(context.Background())
-	c := dial(t, ln.Addr().String())
+	return loggedProxy{p, serveProxy(t, p)}, logs
+}
+
+// TestSecretsNeverLogged: passwords sent with AUTH and HELLO never reach the
+// log, even at debug level.
+func TestSecretsNeverLogged(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "backend-pw")
+	p, logs := startLoggedProxy(t, srv.Addr, func(c *Config) {
+		c.Backend.Password = "backend-pw"
+		c.Users = map[string]string{"default": "client-pw"}
+	})
+	c := dial(t, p.addr)
 	c.do(args("AUTH wrong-pw"), args("AUTH client-pw"), args("HELLO 3 AUTH default client-pw"), args("SET k v"), args("RESET"))
 	srv.Kill()
 	c.do(args("GET k"))
@@ -539,17 +554,8 @@ func TestSecretsNeverLogged(t *testing.T) {
 // address (a field added lazily, at the first entry).
 func TestSessionLogNamesClient(t *testing.T) {
 	srv := redistest.Start(t)
-	core, logs := observer.New(zap.DebugLevel)
-	cfg := DefaultConfig()
-	cfg.Backend.Addr = srv.Addr
-	p, err := New(cfg, zap.New(core))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go p.Serve(ln)
-	defer p.Shutdown(context.Background())
-	c := dial(t, ln.Addr().String())
+	p, logs := startLoggedProxy(t, srv.Addr, nil)
+	c := dial(t, p.addr)
 	c.do(args("SELECT 1"), args("SET k v")) // on a connection of its own, which logs each command
 	remote := c.c.LocalAddr().String()
 	c.c.Close()

@@ -36,24 +36,9 @@ func startSentinelProxy(t *testing.T, g *redistest.Group) (string, *Proxy, *obse
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := p.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	addr := serveProxy(t, p)
 	waitUntil(t, 10*time.Second, "the proxy knows the primary", func() bool { return p.Backend().Primary == g.Primary.Addr })
-	return ln.Addr().String(), p, logs
+	return addr, p, logs
 }
 
 // waitUntil polls cond every 5 ms for at most d.
