@@ -45,7 +45,7 @@ func subscription(name []byte) bool {
 
 // refuseOtherShard answers an SSUBSCRIBE or SUNSUBSCRIBE for channels of
 // another shard than the node the client's subscriptions are on.
-func refuseOtherShard(name []byte) []byte {
+func refuseOtherShard(name string) []byte {
 	return []byte(fmt.Sprintf("-ERR '%s' of a channel in another shard than the client's other subscriptions is not supported by lockproxy in front of a Redis Cluster\r\n", name))
 }
 
@@ -143,7 +143,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 		// only if it holds no subscription on this one.
 		s.settlePinned()
 		if subscribed, _ := s.q.pubsub(); subscribed {
-			return refuseOtherShard(name), false
+			return refuseOtherShard(string(name)), false
 		}
 	}
 	if s.be != nil {

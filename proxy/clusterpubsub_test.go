@@ -127,7 +127,7 @@ func TestClusterPubsub(t *testing.T) {
 		t.Errorf("SSUBSCRIBE across slots: %q, want %q", got, want)
 	}
 	a.do(args("SSUBSCRIBE " + shard[0][0]))
-	if got, want := string(a.do(args("SSUBSCRIBE "+shard[1][0]))), string(refuseOtherShard([]byte("ssubscribe"))); got != want {
+	if got, want := string(a.do(args("SSUBSCRIBE "+shard[1][0]))), string(refuseOtherShard("ssubscribe")); got != want {
 		t.Errorf("SSUBSCRIBE in another shard: %q, want %q", got, want)
 	}
 	// With no subscription left, the client may move to another shard.

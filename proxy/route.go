@@ -245,8 +245,9 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 }
 
 // unsupported is the reply to a command the proxy does not carry to a
-// cluster.
-func unsupported(name []byte) []byte {
+// cluster. name is a string: a byte slice given to Sprintf would make
+// every caller's buffer escape to the heap.
+func unsupported(name string) []byte {
 	return []byte(fmt.Sprintf("-ERR '%s' is not supported by lockproxy in front of a Redis Cluster\r\n", name))
 }
 
@@ -272,7 +273,7 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	case "monitor":
 		return localCall(replyMonitorCluster)
 	case "sync", "psync", "replconf":
-		return localCall(unsupported(name))
+		return localCall(unsupported(string(name)))
 	case "reset":
 		cs.dropAll()
 		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
@@ -372,16 +373,16 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	}
 	cs.mu.Unlock()
 	raw := cmd.Raw
-	name = append([]byte(nil), name...) // the caller's buffer
+	kind := string(name) // learn outlives the caller's buffer
 	var proto int64
-	if string(name) == "hello" && len(cmd.Args) > 1 {
+	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
 	}
 	c.learn = func(failed bool) {
 		if failed {
 			return
 		}
-		switch string(name) {
+		switch kind {
 		case "auth":
 			cs.auth = raw
 		case "hello":

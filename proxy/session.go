@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -255,9 +254,6 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		if string(name) == "quit" {
 			return localItem{reply: replyOK, quit: true}, false
 		}
-		// The router keeps the name it is given: a copy of its own, so
-		// that nb stays on the stack on the other paths.
-		name := bytes.Clone(name)
 		reply, pinned := s.clusterPubsub(name, cmd)
 		switch {
 		case reply != nil:
