@@ -355,17 +355,12 @@ type connCount int
 // autoConns is "auto": one shared connection per thread running Go code.
 const autoConns connCount = math.MinInt32
 
-// resolve returns the number of connections. auto is GOMAXPROCS as run
-// set it (see threads): each shared connection has a reader goroutine and
-// batches the commands of the clients it carries; one per thread lets the
-// readers run side by side, and no more keeps the batches large, so Redis
-// and the proxy make fewer system calls per command. On a 2-CPU host with
-// one thread, one connection forwarded 11-18% more commands per second
-// than two, at a lower p99; with two threads, one and two were alike
-// (README.md, Performance).
+// resolve returns the number of connections: auto is the proxy's own
+// default (proxy.BackendConfig.SharedConnections, one per thread), read
+// once run has set the threads.
 func (c connCount) resolve() int {
 	if c == autoConns {
-		return runtime.GOMAXPROCS(0)
+		return proxy.DefaultConfig().Backend.SharedConnections
 	}
 	return int(c)
 }
