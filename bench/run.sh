@@ -195,6 +195,8 @@ if ! skipped forward; then
 	# machineticks: busy and total time of all CPUs so far, in clock ticks
 	# (/proc/stat; busy is all but idle and iowait).
 	machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
+	# us TIME HZ: TIME (in 1/HZ s) as µs per request of the test ($n).
+	us() { awk -v k="$1" -v hz="$2" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }'; }
 	rows="$tmp/forward.tsv"
 	: >"$rows"
 	# Warm-up, not reported: fill the key space, let every target open its
@@ -231,7 +233,6 @@ if ! skipped forward; then
 					read -r busy_after total_after < <(machineticks)
 					# times: "0m0.001s 0m0.002s" for the shell, then the same for its children.
 					bench_s=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, k, /[ms]/); print u[1] * 60 + u[2] + k[1] * 60 + k[2] }' "$csv.times")
-					us() { awk -v k="$1" -v hz="$2" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }'; }
 					extra="$(us "$bench_s" 1)	$(us "$backend_ticks" "$hz")	$(awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) 'BEGIN { x = t > 0 ? 100 * b / t : 0; printf "%.0f", x }')"
 					# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
 					tr -d '"' <"$csv" | awk -F, -v p="$p" -v t="$t" -v r="$r" -v us="$(us "$ticks" "$hz")" -v extra="$extra" \

@@ -27,12 +27,9 @@ type cpuSample struct {
 	busy, total        int64
 }
 
-// cpuUse is the difference of two samples around one run; ok is false
-// when /proc could not be read.
-type cpuUse struct {
-	ok bool
-	cpuSample
-}
+// measured reports whether s is a difference taken around a run: every
+// run keeps the machine's CPUs counting.
+func (s cpuSample) measured() bool { return s.total > 0 }
 
 // sampleCPU reads the counters of this process, the proxy (pid 0: none)
 // and the nodes.

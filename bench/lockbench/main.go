@@ -247,7 +247,7 @@ type result struct {
 	failed   int64           // failed LOCK calls (redsync ErrFailed; proxy nil reply)
 	errs     int64           // other errors
 	firstErr error
-	cpu      cpuUse // CPU time during the run, with -proxy-pid and -node-pids
+	cpu      cpuSample // CPU time during the run, with -proxy-pid and -node-pids
 }
 
 // measure runs fn for d and, when the configuration names the processes,
@@ -268,7 +268,7 @@ func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration)
 	if err != nil {
 		return res, err
 	}
-	res.cpu = cpuUse{ok: true, cpuSample: after.sub(before)}
+	res.cpu = after.sub(before)
 	return res, nil
 }
 
@@ -608,9 +608,12 @@ func cell(rs []result, format string, f func(result) float64) string {
 	return fmt.Sprintf(format+" ("+format+"–"+format+")", med, lo, hi)
 }
 
-func ratio(a, b []result, f func(result) float64) string {
-	ma, _, _ := stat(a, f)
-	mb, _, _ := stat(b, f)
+func ratio(a, b []result, f func(result) float64) string { return ratioOf(a, f, b, f) }
+
+// ratioOf is the median of fa over a divided by that of fb over b.
+func ratioOf(a []result, fa func(result) float64, b []result, fb func(result) float64) string {
+	ma, _, _ := stat(a, fa)
+	mb, _, _ := stat(b, fb)
 	if mb == 0 {
 		return "–"
 	}
@@ -649,7 +652,7 @@ func printUncontended(w io.Writer, cfg config, px, rs []result) {
 // use it, and the sum leaves it out there.
 func printCPU(w io.Writer, px, rs []result) {
 	for _, r := range slices.Concat(px, rs) {
-		if !r.cpu.ok {
+		if !r.cpu.measured() {
 			return
 		}
 	}
@@ -667,13 +670,7 @@ func printCPU(w io.Writer, px, rs []result) {
 	fmt.Fprintf(w, "| CPU µs per operation: the benchmark's clients (redsync: all of Redlock) | %s | %s | %s |\n", cell(px, "%.1f", self), cell(rs, "%.1f", self), ratio(px, rs, self))
 	fmt.Fprintf(w, "| CPU µs per operation: lockproxy | %s | – | |\n", cell(px, "%.1f", proxy))
 	fmt.Fprintf(w, "| CPU µs per operation: the lock nodes together | %s | %s | %s |\n", cell(px, "%.1f", nodes), cell(rs, "%.1f", nodes), ratio(px, rs, nodes))
-	mp, _, _ := stat(px, pxAll)
-	mr, _, _ := stat(rs, rsAll)
-	all := "–"
-	if mr > 0 {
-		all = fmt.Sprintf("%.2fx", mp/mr)
-	}
-	fmt.Fprintf(w, "| CPU µs per operation: all of these | %s | %s | %s |\n", cell(px, "%.1f", pxAll), cell(rs, "%.1f", rsAll), all)
+	fmt.Fprintf(w, "| CPU µs per operation: all of these | %s | %s | %s |\n", cell(px, "%.1f", pxAll), cell(rs, "%.1f", rsAll), ratioOf(px, pxAll, rs, rsAll))
 	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | |\n", cell(px, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
 }
 
