@@ -148,6 +148,7 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	results := map[string][]result{}
+	var rtts []time.Duration // one per round, after its contended runs
 	for r := range cfg.rounds {
 		for _, p := range pairs {
 			order := []scenario{p[0], p[1]}
@@ -163,12 +164,19 @@ func run(args []string, out io.Writer) error {
 				results[s.name] = append(results[s.name], res)
 			}
 		}
+		if runCont {
+			rtt, err := b.roundTrip(rttPings)
+			if err != nil {
+				return fmt.Errorf("round %d, round trip: %w", r+1, err)
+			}
+			rtts = append(rtts, rtt)
+		}
 	}
 	if runUnc {
 		printUncontended(out, cfg, results["proxy uncontended"], results["redsync uncontended"])
 	}
 	if runCont {
-		printContended(out, cfg, results["proxy contended"], results["redsync contended"])
+		printContended(out, cfg, results["proxy contended"], results["redsync contended"], rtts)
 	}
 	return nil
 }
@@ -243,6 +251,7 @@ type result struct {
 	perCli   []int           // acquisitions per client (contended)
 	seq      []int32         // holder of each acquisition, in order (contended)
 	gaps     []time.Duration // from a holder's UNLOCK call to the next holder's LOCK reply (contended)
+	holds    []time.Duration // from a holder's LOCK reply to its UNLOCK call (contended)
 	overlaps int64           // acquisitions while another client held the lock
 	failed   int64           // failed LOCK calls (redsync ErrFailed; proxy nil reply)
 	errs     int64           // other errors
@@ -275,6 +284,18 @@ func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration)
 func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
 
 func (r result) quantile(q float64) time.Duration { return quantile(r.lat, q) }
+
+// mean returns the mean of d, 0 for none.
+func mean(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	var total time.Duration
+	for _, x := range d {
+		total += x
+	}
+	return total / time.Duration(len(d))
+}
 
 // quantile returns the q-quantile of d, 0 for none.
 func quantile(d []time.Duration, q float64) time.Duration {
@@ -373,9 +394,16 @@ func (c *collector) acquired(client int, asked, got time.Time) {
 
 func (c *collector) released() { c.holders.Add(-1) }
 
-// unlocking records that the holder is about to call UNLOCK, for the gap
-// to the next holder's acquisition.
-func (c *collector) unlocking() { c.unlockAt.Store(time.Now().UnixNano()) }
+// unlocking records that the holder, which got the lock at got, is about
+// to call UNLOCK: the hold it measured, and the start of the gap to the
+// next holder's acquisition.
+func (c *collector) unlocking(got time.Time) {
+	now := time.Now()
+	c.mu.Lock()
+	c.res.holds = append(c.res.holds, now.Sub(got))
+	c.mu.Unlock()
+	c.unlockAt.Store(now.UnixNano())
+}
 
 // runWorkers runs n workers until all return and fills in elapsed and the
 // counters.
@@ -512,7 +540,7 @@ func (b *bench) proxyContended(d time.Duration) (result, error) {
 				col.acquired(i, t0, got)
 				time.Sleep(b.cfg.hold)
 				col.released()
-				col.unlocking()
+				col.unlocking(got)
 			}
 			if n, err := conn.Do(ctx, "UNLOCK", resource, token).Int(); err != nil || n != 1 {
 				col.err(fmt.Errorf("UNLOCK = %d, %v", n, err))
@@ -550,7 +578,7 @@ func (b *bench) redsyncContended(d time.Duration) (result, error) {
 				col.acquired(i, t0, got)
 				time.Sleep(b.cfg.hold)
 				col.released()
-				col.unlocking()
+				col.unlocking(got)
 			}
 			if ok, err := m.Unlock(); !ok || err != nil {
 				col.err(fmt.Errorf("Unlock = %v, %v", ok, err))
@@ -558,6 +586,31 @@ func (b *bench) redsyncContended(d time.Duration) (result, error) {
 		}
 	})
 	return res, nil
+}
+
+// rttPings is how many PINGs one round trip measurement sends.
+const rttPings = 1000
+
+// roundTrip returns the median time of n PINGs to the first lock node, one
+// after another on one connection: the machine's round trip between two
+// processes, which a handoff needs at least twice (the holder's UNLOCK to
+// the proxy, the proxy's round to the nodes).
+func (b *bench) roundTrip(n int) (time.Duration, error) {
+	ctx := context.Background()
+	conn := b.nodes[0].Conn()
+	defer conn.Close()
+	if err := conn.Ping(ctx).Err(); err != nil { // connects
+		return 0, err
+	}
+	d := make([]time.Duration, n)
+	for i := range d {
+		t0 := time.Now()
+		if err := conn.Ping(ctx).Err(); err != nil {
+			return 0, err
+		}
+		d[i] = time.Since(t0)
+	}
+	return quantile(d, 0.5), nil
 }
 
 // proxyConns returns n dedicated, connected proxy connections: one per
@@ -590,6 +643,12 @@ func stat(rs []result, f func(result) float64) (med, lo, hi float64) {
 	for i, r := range rs {
 		v[i] = f(r)
 	}
+	return spread(v)
+}
+
+// spread returns the median, the least and the largest of v, which it
+// sorts.
+func spread(v []float64) (med, lo, hi float64) {
 	slices.Sort(v)
 	n := len(v)
 	if n%2 == 1 {
@@ -674,7 +733,7 @@ func printCPU(w io.Writer, px, rs []result) {
 	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | |\n", cell(px, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
 }
 
-func printContended(w io.Writer, cfg config, px, rs []result) {
+func printContended(w io.Writer, cfg config, px, rs []result, rtts []time.Duration) {
 	fmt.Fprintf(w, "\n#### Lock path, contended: %d clients, one resource, held %v (%d rounds × %v, median (min–max))\n\n",
 		cfg.contenders, cfg.hold, cfg.rounds, cfg.contDur)
 	fmt.Fprintln(w, "| metric | lockproxy LOCK ... WAIT | redsync v4 default retries | proxy/redsync |")
@@ -690,6 +749,10 @@ func printContended(w io.Writer, cfg config, px, rs []result) {
 	}
 	fmt.Fprintf(w, "| handoff gap p50 (ms): UNLOCK call to the next LOCK reply | %s | %s | %s |\n", cell(px, "%.2f", gap(0.5)), cell(rs, "%.2f", gap(0.5)), ratio(px, rs, gap(0.5)))
 	fmt.Fprintf(w, "| handoff gap p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", gap(0.99)), cell(rs, "%.2f", gap(0.99)), ratio(px, rs, gap(0.99)))
+	gapMean := func(r result) float64 { return msf(mean(r.gaps)) }
+	holdMean := func(r result) float64 { return msf(mean(r.holds)) }
+	fmt.Fprintf(w, "| handoff gap mean (ms) | %s | %s | %s |\n", cell(px, "%.2f", gapMean), cell(rs, "%.2f", gapMean), ratio(px, rs, gapMean))
+	fmt.Fprintf(w, "| hold mean (ms): LOCK reply to UNLOCK call | %s | %s | %s |\n", cell(px, "%.2f", holdMean), cell(rs, "%.2f", holdMean), ratio(px, rs, holdMean))
 	fmt.Fprintf(w, "| fairness: fewest/most acquisitions per client | %s | %s | |\n", cell(px, "%.2f", fair), cell(rs, "%.2f", fair))
 	fmt.Fprintf(w, "| releaser re-acquires (%% of acquisitions) | %s | %s | |\n", cell(px, "%.0f%%", re), cell(rs, "%.0f%%", re))
 	ov := func(r result) int64 { return r.overlaps }
@@ -699,4 +762,29 @@ func printContended(w io.Writer, cfg config, px, rs []result) {
 	fmt.Fprintf(w, "| LOCK calls that gave up / errors (all rounds) | %d / %d | %d / %d | |\n",
 		sum(px, failed), sum(px, errs), sum(rs, failed), sum(rs, errs))
 	printCPU(w, px, rs)
+	printGapBound(w, px, rs, rtts)
 }
+
+// printGapBound says how short the handoff gap would have to be for 1.2x
+// redsync's acquisitions, next to the round trip between two processes that
+// the gap contains at least twice: a cycle is a hold and a gap.
+func printGapBound(w io.Writer, px, rs []result, rtts []time.Duration) {
+	rsRate, _, _ := stat(rs, func(r result) float64 { return r.rate() })
+	if len(rtts) == 0 || rsRate == 0 {
+		return
+	}
+	rtt := make([]float64, len(rtts))
+	for i, d := range rtts {
+		rtt[i] = msf(d)
+	}
+	rttMed, rttLo, rttHi := spread(rtt)
+	hold, _, _ := stat(px, func(r result) float64 { return msf(mean(r.holds)) })
+	cycle := 1000 / (1.2 * rsRate)
+	fmt.Fprintf(w, "\nA round trip between two processes (%d PINGs to a lock node, one after another, after each round's contended runs): "+
+		"p50 %.3f ms, median of the rounds (%.3f–%.3f). A handoff gap contains at least two: the holder's UNLOCK to the proxy, and the proxy's round to the nodes. "+
+		"1.2x redsync's %.0f acquisitions/s is a cycle of %.2f ms; after lockproxy's mean hold of %.2f ms that leaves %.2f ms for the gap.\n",
+		rttPings, rttMed, rttLo, rttHi, rsRate, cycle, hold, cycle-hold)
+}
+
+// msf returns d in milliseconds.
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
