@@ -148,7 +148,7 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	results := map[string][]result{}
-	var rtts []time.Duration // one per round, after its contended runs
+	var floors []floor // one per round, after its contended runs
 	for r := range cfg.rounds {
 		for _, p := range pairs {
 			order := []scenario{p[0], p[1]}
@@ -165,18 +165,18 @@ func run(args []string, out io.Writer) error {
 			}
 		}
 		if runCont {
-			rtt, err := b.roundTrip(rttPings)
+			f, err := b.measureFloor(floorSamples)
 			if err != nil {
-				return fmt.Errorf("round %d, round trip: %w", r+1, err)
+				return fmt.Errorf("round %d, gap floor: %w", r+1, err)
 			}
-			rtts = append(rtts, rtt)
+			floors = append(floors, f)
 		}
 	}
 	if runUnc {
 		printUncontended(out, cfg, results["proxy uncontended"], results["redsync uncontended"])
 	}
 	if runCont {
-		printContended(out, cfg, results["proxy contended"], results["redsync contended"], rtts)
+		printContended(out, cfg, results["proxy contended"], results["redsync contended"], floors)
 	}
 	return nil
 }
@@ -588,29 +588,55 @@ func (b *bench) redsyncContended(d time.Duration) (result, error) {
 	return res, nil
 }
 
-// rttPings is how many PINGs one round trip measurement sends.
-const rttPings = 1000
+// floorSamples is how many samples of each part of a floor are taken.
+const floorSamples = 500
 
-// roundTrip returns the median time of n PINGs to the first lock node, one
-// after another on one connection: the machine's round trip between two
-// processes, which a handoff needs at least twice (the holder's UNLOCK to
-// the proxy, the proxy's round to the nodes).
-func (b *bench) roundTrip(n int) (time.Duration, error) {
+// floor is the least a handoff gap through the proxy costs on this machine,
+// measured with no lock work at all, each sample after sleeping for one
+// hold, so that the processes are as idle as after a real one. A gap holds
+// a round trip from the holder to the proxy and back (one: a PING to a lock
+// node) and the proxy's round to the nodes (round: a PING to every lock
+// node at once, until all answered). Both are p50s.
+type floor struct{ one, round time.Duration }
+
+func (f floor) gap() time.Duration { return f.one + f.round }
+
+// measureFloor measures a floor with n samples of each part, on a
+// connection of its own to each lock node.
+func (b *bench) measureFloor(n int) (floor, error) {
 	ctx := context.Background()
-	conn := b.nodes[0].Conn()
-	defer conn.Close()
-	if err := conn.Ping(ctx).Err(); err != nil { // connects
-		return 0, err
-	}
-	d := make([]time.Duration, n)
-	for i := range d {
-		t0 := time.Now()
-		if err := conn.Ping(ctx).Err(); err != nil {
-			return 0, err
+	conns := make([]*redis.Conn, len(b.nodes))
+	for i, c := range b.nodes {
+		conns[i] = c.Conn()
+		defer conns[i].Close()
+		if err := conns[i].Ping(ctx).Err(); err != nil { // connects
+			return floor{}, err
 		}
-		d[i] = time.Since(t0)
 	}
-	return quantile(d, 0.5), nil
+	one := make([]time.Duration, n)
+	round := make([]time.Duration, n)
+	errs := make([]error, len(conns))
+	for i := range n {
+		time.Sleep(b.cfg.hold)
+		t0 := time.Now()
+		if err := conns[0].Ping(ctx).Err(); err != nil {
+			return floor{}, err
+		}
+		one[i] = time.Since(t0)
+
+		time.Sleep(b.cfg.hold)
+		t0 = time.Now()
+		var wg sync.WaitGroup
+		for j, c := range conns {
+			wg.Go(func() { errs[j] = c.Ping(ctx).Err() })
+		}
+		wg.Wait()
+		round[i] = time.Since(t0)
+		if err := errors.Join(errs...); err != nil {
+			return floor{}, err
+		}
+	}
+	return floor{one: quantile(one, 0.5), round: quantile(round, 0.5)}, nil
 }
 
 // proxyConns returns n dedicated, connected proxy connections: one per
@@ -733,7 +759,7 @@ func printCPU(w io.Writer, px, rs []result) {
 	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | |\n", cell(px, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
 }
 
-func printContended(w io.Writer, cfg config, px, rs []result, rtts []time.Duration) {
+func printContended(w io.Writer, cfg config, px, rs []result, floors []floor) {
 	fmt.Fprintf(w, "\n#### Lock path, contended: %d clients, one resource, held %v (%d rounds × %v, median (min–max))\n\n",
 		cfg.contenders, cfg.hold, cfg.rounds, cfg.contDur)
 	fmt.Fprintln(w, "| metric | lockproxy LOCK ... WAIT | redsync v4 default retries | proxy/redsync |")
@@ -762,28 +788,33 @@ func printContended(w io.Writer, cfg config, px, rs []result, rtts []time.Durati
 	fmt.Fprintf(w, "| LOCK calls that gave up / errors (all rounds) | %d / %d | %d / %d | |\n",
 		sum(px, failed), sum(px, errs), sum(rs, failed), sum(rs, errs))
 	printCPU(w, px, rs)
-	printGapBound(w, px, rs, rtts)
+	printGapBound(w, len(cfg.nodes), px, rs, floors)
 }
 
-// printGapBound says how short the handoff gap would have to be for 1.2x
-// redsync's acquisitions, next to the round trip between two processes that
-// the gap contains at least twice: a cycle is a hold and a gap.
-func printGapBound(w io.Writer, px, rs []result, rtts []time.Duration) {
+// printGapBound gives the floor of the handoff gap measured in the run, and
+// the gap that 1.2x redsync's acquisitions would leave after the measured
+// hold: a cycle is one hold and one gap.
+func printGapBound(w io.Writer, nodes int, px, rs []result, floors []floor) {
 	rsRate, _, _ := stat(rs, func(r result) float64 { return r.rate() })
-	if len(rtts) == 0 || rsRate == 0 {
+	if len(floors) == 0 || rsRate == 0 {
 		return
 	}
-	rtt := make([]float64, len(rtts))
-	for i, d := range rtts {
-		rtt[i] = msf(d)
+	part := func(f func(floor) time.Duration) string {
+		v := make([]float64, len(floors))
+		for i, fl := range floors {
+			v[i] = msf(f(fl))
+		}
+		med, lo, hi := spread(v)
+		return fmt.Sprintf("%.3f ms (%.3f–%.3f)", med, lo, hi)
 	}
-	rttMed, rttLo, rttHi := spread(rtt)
 	hold, _, _ := stat(px, func(r result) float64 { return msf(mean(r.holds)) })
 	cycle := 1000 / (1.2 * rsRate)
-	fmt.Fprintf(w, "\nA round trip between two processes (%d PINGs to a lock node, one after another, after each round's contended runs): "+
-		"p50 %.3f ms, median of the rounds (%.3f–%.3f). A handoff gap contains at least two: the holder's UNLOCK to the proxy, and the proxy's round to the nodes. "+
+	fmt.Fprintf(w, "\nThe floor of a handoff gap through the proxy, measured after each round's contended runs with no lock work, "+
+		"each sample after a sleep of one hold (p50 of %d, median of the rounds): a PING to a lock node, as the holder's UNLOCK to the proxy and back, %s; "+
+		"PINGs to the %d lock nodes at once until all answered, as the proxy's round, %s; together %s. "+
 		"1.2x redsync's %.0f acquisitions/s is a cycle of %.2f ms; after lockproxy's mean hold of %.2f ms that leaves %.2f ms for the gap.\n",
-		rttPings, rttMed, rttLo, rttHi, rsRate, cycle, hold, cycle-hold)
+		floorSamples, part(func(f floor) time.Duration { return f.one }), nodes, part(func(f floor) time.Duration { return f.round }),
+		part(floor.gap), rsRate, cycle, hold, cycle-hold)
 }
 
 // msf returns d in milliseconds.
