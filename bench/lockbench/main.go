@@ -661,7 +661,7 @@ func closeAll(conns []*redis.Conn) {
 	}
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", msf(d)) }
 
 // stat summarises one metric over rounds: median (min–max).
 func stat(rs []result, f func(result) float64) (med, lo, hi float64) {
@@ -714,7 +714,7 @@ func sum(rs []result, f func(result) int64) int64 {
 }
 
 func msOf(q float64) func(result) float64 {
-	return func(r result) float64 { return float64(r.quantile(q)) / float64(time.Millisecond) }
+	return func(r result) float64 { return msf(r.quantile(q)) }
 }
 
 func printUncontended(w io.Writer, cfg config, px, rs []result) {
@@ -771,7 +771,7 @@ func printContended(w io.Writer, cfg config, px, rs []result, floors []floor) {
 	fmt.Fprintf(w, "| wait p50 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.5)), cell(rs, "%.2f", msOf(0.5)), ratio(px, rs, msOf(0.5)))
 	fmt.Fprintf(w, "| wait p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", msOf(0.99)), cell(rs, "%.2f", msOf(0.99)), ratio(px, rs, msOf(0.99)))
 	gap := func(q float64) func(r result) float64 {
-		return func(r result) float64 { return float64(quantile(r.gaps, q)) / float64(time.Millisecond) }
+		return func(r result) float64 { return msf(quantile(r.gaps, q)) }
 	}
 	fmt.Fprintf(w, "| handoff gap p50 (ms): UNLOCK call to the next LOCK reply | %s | %s | %s |\n", cell(px, "%.2f", gap(0.5)), cell(rs, "%.2f", gap(0.5)), ratio(px, rs, gap(0.5)))
 	fmt.Fprintf(w, "| handoff gap p99 (ms) | %s | %s | %s |\n", cell(px, "%.2f", gap(0.99)), cell(rs, "%.2f", gap(0.99)), ratio(px, rs, gap(0.99)))
