@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -219,12 +220,23 @@ func (n *node) submit(q request) {
 func (l *Locker) batch(n *node) {
 	defer l.batchWG.Done()
 	var spare []request // the last batch, emptied, to queue the next one in
+	busy := false       // the last batch carried more than one request
 	for {
 		select {
 		case <-n.wake:
 		case <-l.done:
 			n.shut()
 			return
+		}
+		if busy {
+			// Under load the request that woke this batcher seldom comes
+			// alone: the poll that woke its caller also made other callers
+			// runnable (clients whose commands arrived at the same time),
+			// and the wake-up put this goroutine ahead of them. Letting them
+			// run first puts their requests in this batch instead of the
+			// next: fewer, larger batches, less CPU per lock in the proxy
+			// and on the nodes. A lone caller's batcher does not yield.
+			runtime.Gosched()
 		}
 		for !l.isClosed() {
 			n.mu.Lock()
@@ -235,6 +247,7 @@ func (l *Locker) batch(n *node) {
 				spare = q
 				break
 			}
+			busy = len(q) > 1
 			l.sendPending(n, q)
 			clear(q)
 			spare = q[:0]

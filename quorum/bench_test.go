@@ -40,6 +40,7 @@ func BenchmarkLockerLockUnlockParallel(b *testing.B) {
 	ctx := context.Background()
 	lockUnlock(b, ctx, l, "bench")
 	cpu := c.cpu(b)
+	calls := c.allScriptCalls(b)
 	var next atomic.Int64
 	b.SetParallelism(25)
 	b.ReportAllocs()
@@ -60,6 +61,17 @@ func BenchmarkLockerLockUnlockParallel(b *testing.B) {
 	})
 	b.StopTimer()
 	reportNodeCPU(b, c, cpu)
+	b.ReportMetric(float64(c.allScriptCalls(b)-calls)/float64(b.N), "node-calls/op")
+}
+
+// allScriptCalls returns how many scripts all nodes of c have run: one per
+// batch sent to a node.
+func (c *cluster) allScriptCalls(b *testing.B) int {
+	n := 0
+	for i := range c.admin {
+		n += c.scriptCalls(b, i)
+	}
+	return n
 }
 
 // reportNodeCPU reports the CPU time the nodes of c used since they had
