@@ -429,8 +429,6 @@ func TestSentinelConfig(t *testing.T) {
 	}
 }
 
-// TestThreads: gomaxprocs 0 leaves one of Go's default CPUs to Redis
-// unless GOMAXPROCS is set; a number of its own is kept.
 // TestSharedConnections: auto is one shared connection per thread running
 // Go code, a number is itself, and -print-config writes auto back.
 func TestSharedConnections(t *testing.T) {
@@ -462,6 +460,8 @@ func TestSharedConnections(t *testing.T) {
 	}
 }
 
+// TestThreads: gomaxprocs 0 leaves one of Go's default CPUs to Redis
+// unless GOMAXPROCS is set; a number of its own is kept.
 func TestThreads(t *testing.T) {
 	for _, tt := range []struct {
 		gomaxprocs int

@@ -64,16 +64,6 @@ func BenchmarkLockerLockUnlockParallel(b *testing.B) {
 	b.ReportMetric(float64(c.allScriptCalls(b)-calls)/float64(b.N), "node-calls/op")
 }
 
-// allScriptCalls returns how many scripts all nodes of c have run: one per
-// batch sent to a node.
-func (c *cluster) allScriptCalls(b *testing.B) int {
-	n := 0
-	for i := range c.admin {
-		n += c.scriptCalls(b, i)
-	}
-	return n
-}
-
 // reportNodeCPU reports the CPU time the nodes of c used since they had
 // used before (from c.cpu), per op, as node-µs/op: the nodes' own count
 // (INFO cpu), so it holds however busy the machine was, unlike a node

@@ -180,6 +180,17 @@ func (c *cluster) scriptCalls(tb testing.TB, i int) int {
 	return c.calls(tb, i, "eval")
 }
 
+// allScriptCalls returns how many scripts all nodes of c ran since they
+// started: one per batch sent to a node.
+func (c *cluster) allScriptCalls(tb testing.TB) int {
+	tb.Helper()
+	n := 0
+	for i := range c.admin {
+		n += c.scriptCalls(tb, i)
+	}
+	return n
+}
+
 // cpu returns the CPU time (user and system) that the nodes of c have used
 // so far, as they report it in INFO cpu.
 func (c *cluster) cpu(tb testing.TB) time.Duration {

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 func TestStatTicks(t *testing.T) {
@@ -23,11 +24,25 @@ func TestSampleCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Burn CPU until this process's counter has moved by two ticks, so
+	// that the difference is not at the mercy of the tick's sampling.
+	deadline := time.Now().Add(10 * time.Second)
 	x := 0
-	for i := range 50_000_000 {
-		x += i
+	for {
+		for i := range 1_000_000 {
+			x += i
+		}
+		now, err := procTicks("self")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now-before.self >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no CPU time counted in 10 s of a busy loop (x %d)", x)
+		}
 	}
-	_ = x
 	after, err := sampleCPU(os.Getpid(), []int{os.Getpid()})
 	if err != nil {
 		t.Fatal(err)
