@@ -197,6 +197,16 @@ if ! skipped forward; then
 	machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
 	# us TIME HZ: TIME (in 1/HZ s) as µs per request of the test ($n).
 	us() { awk -v k="$1" -v hz="$2" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }'; }
+	# awk_median: an awk function, median(s), of the numbers in the
+	# space-separated string s; it also sets lo and hi, the least and the
+	# largest. Both tables' programs start with it.
+	awk_median='
+		function median(s, a, n, i, j, x) {
+			n = split(s, a, " ")
+			for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x }
+			lo = a[1]; hi = a[n]
+			return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+		}'
 	rows="$tmp/forward.tsv"
 	: >"$rows"
 	# Warm-up, not reported: fill the key space, let every target open its
@@ -255,13 +265,7 @@ if ! skipped forward; then
 		echo
 		echo "| test | target | requests/s | p50 ms | p99 ms | CPU µs/cmd | vs direct | vs twemproxy |"
 		echo "|---|---|---|---|---|---|---|---|"
-		awk -F'\t' -v targets="${targets[*]}" '
-			function median(s, a, n, i, j, x) {
-				n = split(s, a, " ")
-				for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x }
-				lo = a[1]; hi = a[n]
-				return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-			}
+		awk -F'\t' -v targets="${targets[*]}" "$awk_median"'
 			{ k = $1 SUBSEP $2 SUBSEP $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7; cpu[k] = cpu[k] " " $8 }
 			END {
 				nt = split(targets, tg, " ")
@@ -286,12 +290,7 @@ if ! skipped forward; then
 		echo
 		echo "| test | target | redis-benchmark | proxy | redis-server | all three | machine busy | ceiling requests/s |"
 		echo "|---|---|---|---|---|---|---|---|"
-		awk -F'\t' -v targets="${targets[*]}" -v cpus="$(nproc)" '
-			function median(s, a, n, i, j, x) {
-				n = split(s, a, " ")
-				for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x }
-				return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-			}
+		awk -F'\t' -v targets="${targets[*]}" -v cpus="$(nproc)" "$awk_median"'
 			{
 				k = $1 SUBSEP $2 SUBSEP $3
 				px = $3 == "direct" ? 0 : $8
