@@ -38,7 +38,9 @@ type Config struct {
 	Backend BackendConfig
 	// Limits bound the clients; SetLimits changes them while running.
 	Limits
-	// CommandTimeout bounds one of the proxy's own commands. Default 2m.
+	// CommandTimeout bounds one of the proxy's own commands: it ends
+	// after at least CommandTimeout and at most a 64th more (see
+	// session.commandContext). Default 2m.
 	CommandTimeout time.Duration
 	// IsLocal reports whether a command name (any case) is one the proxy
 	// answers itself; NewLocal makes the per-connection state that answers

@@ -500,6 +500,37 @@ func TestLocalCommandCancelledWhenClientLeaves(t *testing.T) {
 	eventually(t, "the local state closed", func() bool { return closed.Load() == 1 })
 }
 
+
+// TestCommandTimeout: a local command ends after CommandTimeout, and at
+// most a 64th later, also when it runs under a context an earlier command
+// of the client started (commandContext shares one between commands).
+func TestCommandTimeout(t *testing.T) {
+	const timeout = 640 * time.Millisecond
+	addr, _, _ := startLocalProxy(t, func(c *Config) { c.CommandTimeout = timeout })
+	c := dial(t, addr)
+	for i := range 3 {
+		// The first WAITLOCAL finds no context; the others find the one
+		// the ECHOLOCAL before them made, with less than the timeout left.
+		if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
+			t.Fatalf("ECHOLOCAL: %q", got)
+		}
+		time.Sleep(time.Duration(i) * 100 * time.Millisecond)
+		start := time.Now()
+		if got := string(c.do(args("WAITLOCAL"))); got != "+done\r\n" {
+			t.Fatalf("WAITLOCAL: %q", got)
+		}
+		took := time.Since(start)
+		t.Logf("WAITLOCAL %d ended after %v", i, took)
+		if took < timeout {
+			t.Errorf("WAITLOCAL %d ended after %v, before the command timeout %v", i, took, timeout)
+		}
+		// The upper bound is timeout + timeout/64; the rest is slack for
+		// a loaded machine.
+		if took > timeout+timeout/64+time.Second {
+			t.Errorf("WAITLOCAL %d ended after %v, want about %v", i, took, timeout)
+		}
+	}
+}
 // loggedProxy is a proxy whose every log entry, debug included, is kept.
 type loggedProxy struct {
 	*Proxy
