@@ -500,7 +500,6 @@ func TestLocalCommandCancelledWhenClientLeaves(t *testing.T) {
 	eventually(t, "the local state closed", func() bool { return closed.Load() == 1 })
 }
 
-
 // TestCommandTimeout: a local command ends after CommandTimeout, and at
 // most a 64th later, also when it runs under a context an earlier command
 // of the client started (commandContext shares one between commands).
@@ -531,6 +530,7 @@ func TestCommandTimeout(t *testing.T) {
 		}
 	}
 }
+
 // loggedProxy is a proxy whose every log entry, debug included, is kept.
 type loggedProxy struct {
 	*Proxy
