@@ -114,7 +114,7 @@ func (s *Server) start() error {
 	args = append(args, port[2:]...)
 	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = procAttr()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
