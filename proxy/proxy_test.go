@@ -508,8 +508,11 @@ func TestCommandTimeout(t *testing.T) {
 	addr, _, _ := startLocalProxy(t, func(c *Config) { c.CommandTimeout = timeout })
 	c := dial(t, addr)
 	for i := range 3 {
-		// The first WAITLOCAL finds no context; the others find the one
-		// the ECHOLOCAL before them made, with less than the timeout left.
+		// The first WAITLOCAL runs under the context the ECHOLOCAL just
+		// before it made, with the whole timeout left. Each of the others
+		// finds the one its ECHOLOCAL made 100 or 200 ms earlier, with
+		// less than the timeout left, and must get a new one (without,
+		// it would end 100 or 200 ms early).
 		if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
 			t.Fatalf("ECHOLOCAL: %q", got)
 		}

@@ -86,7 +86,6 @@ type session struct {
 	// used only where loc is.
 	cmdCtx    context.Context
 	cmdCancel context.CancelFunc
-	cmdUntil  time.Time
 	cl        *clusterSession // set when the backend is a Redis Cluster
 	pinAddr   string          // the cluster node of the client's pub/sub connection (be)
 
@@ -554,13 +553,13 @@ func (s *session) answer(it localItem) {
 // configuration keeps shorter, always fits.
 func (s *session) commandContext() context.Context {
 	now, d := time.Now(), s.p.cfg.CommandTimeout
-	if s.cmdCtx == nil || s.cmdUntil.Sub(now) < d {
-		if s.cmdCancel != nil {
-			s.cmdCancel()
+	if s.cmdCtx != nil {
+		if until, _ := s.cmdCtx.Deadline(); until.Sub(now) >= d {
+			return s.cmdCtx
 		}
-		s.cmdUntil = now.Add(d + d/64)
-		s.cmdCtx, s.cmdCancel = context.WithDeadline(s.ctx, s.cmdUntil)
+		s.cmdCancel()
 	}
+	s.cmdCtx, s.cmdCancel = context.WithDeadline(s.ctx, now.Add(d+d/64))
 	return s.cmdCtx
 }
 
