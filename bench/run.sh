@@ -15,7 +15,9 @@
 #    ceiling those sums put on the requests per second.
 # 2. Lock path: bench/lockbench, lockproxy vs redsync on the same three lock
 #    nodes, uncontended and contended, with the CPU time per operation of
-#    the benchmark's clients, the proxy and the nodes.
+#    the benchmark's clients, the proxy and the nodes; the uncontended runs
+#    also through bench/lockfloor, a minimal Redlock proxy on the same
+#    libraries and the same number of threads, as a reference.
 # 3. Memory: bench/idleconns, 10,000 idle clients on a freshly started
 #    lockproxy, VmRSS.
 #
@@ -29,7 +31,7 @@
 #   N [200000]          requests per redis-benchmark test without pipelining
 #   NP [1000000]        requests per redis-benchmark test with -P 16
 #   CLIENTS [50]        redis-benchmark -c
-#   LOCK_DURATION [3s]  one lockbench run (each of 4 scenarios per round)
+#   LOCK_DURATION [3s]  one lockbench run (each of 5 scenarios per round)
 #   IDLE_CONNS [10000]  idle connections for the memory measurement
 #   SKIP                space-separated parts to skip: forward lock memory
 #   OUT                 also write the report to this file
@@ -83,7 +85,8 @@ log "open files limit $(ulimit -n)"
 
 log "building lockproxy, lockbench and idleconns"
 (cd "$root" && go build -o "$tmp/lockproxy" .)
-(cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench && go build -o "$tmp/idleconns" ./idleconns)
+(cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench && go build -o "$tmp/idleconns" ./idleconns &&
+	go build -o "$tmp/lockfloor" ./lockfloor)
 
 # --- processes ----------------------------------------------------------------
 
@@ -312,10 +315,19 @@ fi
 # --- 2. lock path ---------------------------------------------------------------
 
 if ! skipped lock; then
-	log "lock comparison: $ROUNDS rounds of 4 runs of $LOCK_DURATION"
+	# The reference proxy runs Go code on as many threads as lockproxy's
+	# shipped gomaxprocs: 0 gives it: one fewer than the CPUs, at least one.
+	freeport floor
+	GOMAXPROCS=$(($(nproc) > 1 ? $(nproc) - 1 : 1)) \
+		"$tmp/lockfloor" -listen "127.0.0.1:$floor" -nodes "$lock_nodes" >>"$tmp/lockfloor.log" 2>&1 &
+	pids+=($!)
+	floor_pid=$!
+	waitping "$floor" lockfloor
+	log "lock comparison: $ROUNDS rounds of 5 runs of $LOCK_DURATION"
 	"$tmp/lockbench" -proxy "127.0.0.1:$proxy" -nodes "$lock_nodes" -rounds "$ROUNDS" \
 		-duration "$LOCK_DURATION" -contended-duration "$LOCK_DURATION" \
-		-proxy-pid "$proxy_pid" -node-pids "$node1_pid,$node2_pid,$node3_pid" >>"$report"
+		-proxy-pid "$proxy_pid" -node-pids "$node1_pid,$node2_pid,$node3_pid" \
+		-floor "127.0.0.1:$floor" -floor-pid "$floor_pid" >>"$report"
 fi
 
 # --- 3. memory ------------------------------------------------------------------

@@ -62,8 +62,10 @@ type config struct {
 	poolSize    int
 	only        string
 	maxWaitCall time.Duration
-	proxyPid    int   // for CPU accounting; 0: none
-	nodePids    []int // for CPU accounting
+	proxyPid    int    // for CPU accounting; 0: none
+	floor       string // bench/lockfloor's address; empty: no reference runs
+	floorPid    int    // for CPU accounting
+	nodePids    []int  // for CPU accounting
 }
 
 func main() {
@@ -91,6 +93,8 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
 	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
+	fs.StringVar(&cfg.floor, "floor", "", "bench/lockfloor's address: run the uncontended scenario through it too, as a reference")
+	fs.IntVar(&cfg.floorPid, "floor-pid", 0, "lockfloor's process id: report its CPU time per pair (with -proxy-pid)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -100,6 +104,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if (cfg.proxyPid > 0) != (len(cfg.nodePids) > 0) {
 		return errors.New("-proxy-pid and -node-pids go together")
+	}
+	if cfg.floor != "" && (cfg.floorPid > 0) != (cfg.proxyPid > 0) {
+		return errors.New("-floor-pid and -proxy-pid go together")
 	}
 	if *nodes == "" {
 		return errors.New("-nodes is required")
@@ -124,23 +131,30 @@ func run(args []string, out io.Writer) error {
 		name string
 		d    time.Duration
 		fn   func(time.Duration) (result, error)
+		pid  int // the proxy whose CPU time the run reports
 	}
-	var pairs [][2]scenario
+	// Each group's scenarios run one after the other in every round, the
+	// first one first in the first round, the next one in the next round.
+	var groups [][]scenario
 	if runUnc {
-		pairs = append(pairs, [2]scenario{
-			{"proxy uncontended", cfg.duration, b.proxyUncontended},
-			{"redsync uncontended", cfg.duration, b.redsyncUncontended},
-		})
+		g := []scenario{
+			{"proxy uncontended", cfg.duration, b.proxyUncontended, cfg.proxyPid},
+			{"redsync uncontended", cfg.duration, b.redsyncUncontended, cfg.proxyPid},
+		}
+		if b.floor != nil {
+			g = append(g, scenario{"floor uncontended", cfg.duration, b.floorUncontended, cfg.floorPid})
+		}
+		groups = append(groups, g)
 	}
 	if runCont {
-		pairs = append(pairs, [2]scenario{
-			{"proxy contended", cfg.contDur, b.proxyContended},
-			{"redsync contended", cfg.contDur, b.redsyncContended},
+		groups = append(groups, []scenario{
+			{"proxy contended", cfg.contDur, b.proxyContended, cfg.proxyPid},
+			{"redsync contended", cfg.contDur, b.redsyncContended, cfg.proxyPid},
 		})
 	}
 	if cfg.warmup > 0 {
-		for _, p := range pairs {
-			for _, s := range p {
+		for _, g := range groups {
+			for _, s := range g {
 				if _, err := s.fn(cfg.warmup); err != nil {
 					return fmt.Errorf("warm-up %s: %w", s.name, err)
 				}
@@ -150,13 +164,10 @@ func run(args []string, out io.Writer) error {
 	results := map[string][]result{}
 	var floors []floor // one per round, after its contended runs
 	for r := range cfg.rounds {
-		for _, p := range pairs {
-			order := []scenario{p[0], p[1]}
-			if r%2 == 1 {
-				order[0], order[1] = order[1], order[0]
-			}
-			for _, s := range order {
-				res, err := b.measure(s.fn, s.d)
+		for _, g := range groups {
+			k := r % len(g)
+			for _, s := range slices.Concat(g[k:], g[:k]) {
+				res, err := b.measure(s.fn, s.d, s.pid)
 				if err != nil {
 					return fmt.Errorf("round %d, %s: %w", r+1, s.name, err)
 				}
@@ -174,6 +185,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if runUnc {
 		printUncontended(out, cfg, results["proxy uncontended"], results["redsync uncontended"])
+		if b.floor != nil {
+			printFloor(out, results["proxy uncontended"], results["floor uncontended"], results["redsync uncontended"])
+		}
 	}
 	if runCont {
 		printContended(out, cfg, results["proxy contended"], results["redsync contended"], floors)
@@ -185,6 +199,7 @@ func run(args []string, out io.Writer) error {
 type bench struct {
 	cfg    config
 	proxy  *redis.Client
+	floor  *redis.Client // nil without -floor
 	nodes  []*redis.Client
 	rs     *redsync.Redsync
 	ttlArg string
@@ -209,6 +224,15 @@ func newBench(cfg config) (*bench, error) {
 		ReadTimeout:     cfg.maxWaitCall + 10*time.Second, // LOCK ... WAIT blocks
 		MaxRetries:      -1,
 	})
+	if cfg.floor != "" {
+		b.floor = redis.NewClient(&redis.Options{
+			Addr:            cfg.floor,
+			Protocol:        2,
+			DisableIdentity: true,
+			PoolSize:        cfg.clients + 1,
+			MaxRetries:      -1,
+		})
+	}
 	var pools []redsyncredis.Pool
 	for _, addr := range cfg.nodes {
 		c := redis.NewClient(&redis.Options{
@@ -227,6 +251,12 @@ func newBench(cfg config) (*bench, error) {
 		b.close()
 		return nil, fmt.Errorf("proxy %s: %w", cfg.proxy, err)
 	}
+	if b.floor != nil {
+		if err := b.floor.Ping(ctx).Err(); err != nil {
+			b.close()
+			return nil, fmt.Errorf("floor %s: %w", cfg.floor, err)
+		}
+	}
 	for i, c := range b.nodes {
 		if err := c.Ping(ctx).Err(); err != nil {
 			b.close()
@@ -238,6 +268,9 @@ func newBench(cfg config) (*bench, error) {
 
 func (b *bench) close() {
 	b.proxy.Close()
+	if b.floor != nil {
+		b.floor.Close()
+	}
 	for _, c := range b.nodes {
 		c.Close()
 	}
@@ -261,11 +294,11 @@ type result struct {
 
 // measure runs fn for d and, when the configuration names the processes,
 // adds the CPU time they and the machine used meanwhile.
-func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration) (result, error) {
-	if b.cfg.proxyPid == 0 {
+func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration, proxyPid int) (result, error) {
+	if proxyPid == 0 {
 		return fn(d)
 	}
-	before, err := sampleCPU(b.cfg.proxyPid, b.cfg.nodePids)
+	before, err := sampleCPU(proxyPid, b.cfg.nodePids)
 	if err != nil {
 		return result{}, err
 	}
@@ -273,7 +306,7 @@ func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration)
 	if err != nil {
 		return res, err
 	}
-	after, err := sampleCPU(b.cfg.proxyPid, b.cfg.nodePids)
+	after, err := sampleCPU(proxyPid, b.cfg.nodePids)
 	if err != nil {
 		return res, err
 	}
@@ -422,9 +455,19 @@ func (c *collector) runWorkers(n int, worker func(i int)) result {
 }
 
 func (b *bench) proxyUncontended(d time.Duration) (result, error) {
+	return b.uncontended(b.proxy, "proxy", d)
+}
+
+func (b *bench) floorUncontended(d time.Duration) (result, error) {
+	return b.uncontended(b.floor, "floor", d)
+}
+
+// uncontended runs the clients' LOCK+UNLOCK loop through c, lockproxy or
+// lockfloor, for d.
+func (b *bench) uncontended(c *redis.Client, side string, d time.Duration) (result, error) {
 	col := newCollector(b.cfg.clients, false)
 	ctx := context.Background()
-	conns, err := b.proxyConns(b.cfg.clients)
+	conns, err := clientConns(c, b.cfg.clients)
 	if err != nil {
 		return result{}, err
 	}
@@ -434,7 +477,7 @@ func (b *bench) proxyUncontended(d time.Duration) (result, error) {
 	res := col.runWorkers(b.cfg.clients, func(i int) {
 		conn := conns[i]
 		gen := 0
-		resource := resourceName("proxy", run, i, gen)
+		resource := resourceName(side, run, i, gen)
 		var lat []time.Duration
 		for time.Now().Before(stop) {
 			t0 := time.Now()
@@ -446,7 +489,7 @@ func (b *bench) proxyUncontended(d time.Duration) (result, error) {
 					col.err(err)
 				}
 				gen++ // the failed attempt's clean-up may have timed out too
-				resource = resourceName("proxy", run, i, gen)
+				resource = resourceName(side, run, i, gen)
 				continue
 			}
 			token, _ := v[0].(string)
@@ -454,7 +497,7 @@ func (b *bench) proxyUncontended(d time.Duration) (result, error) {
 			if err != nil || n != 1 {
 				col.err(fmt.Errorf("UNLOCK = %d, %v", n, err))
 				gen++
-				resource = resourceName("proxy", run, i, gen)
+				resource = resourceName(side, run, i, gen)
 				continue
 			}
 			lat = append(lat, time.Since(t0))
@@ -507,7 +550,7 @@ func (b *bench) proxyContended(d time.Duration) (result, error) {
 	n := b.cfg.contenders
 	col := newCollector(n, true)
 	ctx := context.Background()
-	conns, err := b.proxyConns(n)
+	conns, err := clientConns(b.proxy, n)
 	if err != nil {
 		return result{}, err
 	}
@@ -641,15 +684,16 @@ func (b *bench) measureFloor(n int) (floor, error) {
 
 // proxyConns returns n dedicated, connected proxy connections: one per
 // client, as n separate applications would have.
-func (b *bench) proxyConns(n int) ([]*redis.Conn, error) {
+// clientConns returns n connections of c, each a client of its own.
+func clientConns(c *redis.Client, n int) ([]*redis.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	conns := make([]*redis.Conn, n)
 	for i := range conns {
-		conns[i] = b.proxy.Conn()
+		conns[i] = c.Conn()
 		if err := conns[i].Ping(ctx).Err(); err != nil {
 			closeAll(conns[:i+1])
-			return nil, fmt.Errorf("proxy connection: %w", err)
+			return nil, fmt.Errorf("connection to %s: %w", c.Options().Addr, err)
 		}
 	}
 	return conns, nil
@@ -757,6 +801,36 @@ func printCPU(w io.Writer, px, rs []result) {
 	fmt.Fprintf(w, "| CPU µs per operation: the lock nodes together | %s | %s | %s |\n", cell(px, "%.1f", nodes), cell(rs, "%.1f", nodes), ratio(px, rs, nodes))
 	fmt.Fprintf(w, "| CPU µs per operation: all of these | %s | %s | %s |\n", cell(px, "%.1f", pxAll), cell(rs, "%.1f", rsAll), ratioOf(px, pxAll, rs, rsAll))
 	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | |\n", cell(px, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
+}
+
+// printFloor reports the reference runs through bench/lockfloor beside
+// lockproxy's and redsync's of the same rounds.
+func printFloor(w io.Writer, px, fl, rs []result) {
+	fmt.Fprintf(w, "\n#### Reference: the same uncontended runs through bench/lockfloor, a minimal Redlock proxy (median (min–max))\n\n")
+	fmt.Fprintln(w, "lockfloor answers LOCK with SET NX PX on every node and UNLOCK with a compare-and-delete, batched per node as lockproxy batches, and nothing else: no fences, no lost-data checks, no timeouts, no forwarding, no arrival order.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| metric | lockproxy | lockfloor | redsync v4 direct | lockproxy/redsync | lockfloor/redsync |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	rate := func(r result) float64 { return r.rate() }
+	fmt.Fprintf(w, "| pairs/s | %s | %s | %s | %s | **%s** |\n", cell(px, "%.0f", rate), cell(fl, "%.0f", rate), cell(rs, "%.0f", rate), ratio(px, rs, rate), ratio(fl, rs, rate))
+	for _, r := range slices.Concat(px, fl, rs) {
+		if !r.cpu.measured() {
+			return
+		}
+	}
+	proxy := func(r result) float64 { return usPer(r.cpu.proxy, r) }
+	nodes := func(r result) float64 { return usPer(r.cpu.nodes, r) }
+	all := func(r result) float64 { return usPer(r.cpu.self+r.cpu.proxy+r.cpu.nodes, r) }
+	busy := func(r result) float64 {
+		if r.cpu.total == 0 {
+			return 0
+		}
+		return 100 * float64(r.cpu.busy) / float64(r.cpu.total)
+	}
+	fmt.Fprintf(w, "| CPU µs per pair: the proxy | %s | %s | – | | |\n", cell(px, "%.1f", proxy), cell(fl, "%.1f", proxy))
+	fmt.Fprintf(w, "| CPU µs per pair: the lock nodes together | %s | %s | %s | | |\n", cell(px, "%.1f", nodes), cell(fl, "%.1f", nodes), cell(rs, "%.1f", nodes))
+	fmt.Fprintf(w, "| CPU µs per pair: clients, proxy and nodes | %s | %s | %s | | |\n", cell(px, "%.1f", all), cell(fl, "%.1f", all), cell(rs, "%.1f", all))
+	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | %s | | |\n", cell(px, "%.0f%%", busy), cell(fl, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
 }
 
 func printContended(w io.Writer, cfg config, px, rs []result, floors []floor) {
