@@ -74,7 +74,7 @@ type Config struct {
 	// clients with one thread, runs them (arrival_linux.go; Linux only).
 	// It costs throughput when many clients send at once: 2-25% of the
 	// commands per second of 50 clients without pipelining on 2 CPUs, up
-	// to 12% with 16 commands per pipeline (README.md, Performance). Reads
+	// to 13% with 16 commands per pipeline (README.md, Performance). Reads
 	// that carry only the proxy's own commands wait for nobody. Default
 	// true.
 	ArrivalOrder bool
