@@ -55,6 +55,15 @@ func sampleCPU(proxyPid int, nodePids []int) (cpuSample, error) {
 	return s, err
 }
 
+// busyPercent is how busy the machine's CPUs were, in percent of all of
+// them, 0 when s measured nothing.
+func (s cpuSample) busyPercent() float64 {
+	if s.total == 0 {
+		return 0
+	}
+	return 100 * float64(s.busy) / float64(s.total)
+}
+
 func (s cpuSample) sub(before cpuSample) cpuSample {
 	return cpuSample{
 		self:  s.self - before.self,

@@ -790,12 +790,7 @@ func printCPU(w io.Writer, px, rs []result) {
 	nodes := func(r result) float64 { return usPer(r.cpu.nodes, r) }
 	pxAll := func(r result) float64 { return usPer(r.cpu.self+r.cpu.proxy+r.cpu.nodes, r) }
 	rsAll := func(r result) float64 { return usPer(r.cpu.self+r.cpu.nodes, r) }
-	busy := func(r result) float64 {
-		if r.cpu.total == 0 {
-			return 0
-		}
-		return 100 * float64(r.cpu.busy) / float64(r.cpu.total)
-	}
+	busy := func(r result) float64 { return r.cpu.busyPercent() }
 	fmt.Fprintf(w, "| CPU µs per operation: the benchmark's clients (redsync: all of Redlock) | %s | %s | %s |\n", cell(px, "%.1f", self), cell(rs, "%.1f", self), ratio(px, rs, self))
 	fmt.Fprintf(w, "| CPU µs per operation: lockproxy | %s | – | |\n", cell(px, "%.1f", proxy))
 	fmt.Fprintf(w, "| CPU µs per operation: the lock nodes together | %s | %s | %s |\n", cell(px, "%.1f", nodes), cell(rs, "%.1f", nodes), ratio(px, rs, nodes))
@@ -821,12 +816,7 @@ func printFloor(w io.Writer, px, fl, rs []result) {
 	proxy := func(r result) float64 { return usPer(r.cpu.proxy, r) }
 	nodes := func(r result) float64 { return usPer(r.cpu.nodes, r) }
 	all := func(r result) float64 { return usPer(r.cpu.self+r.cpu.proxy+r.cpu.nodes, r) }
-	busy := func(r result) float64 {
-		if r.cpu.total == 0 {
-			return 0
-		}
-		return 100 * float64(r.cpu.busy) / float64(r.cpu.total)
-	}
+	busy := func(r result) float64 { return r.cpu.busyPercent() }
 	fmt.Fprintf(w, "| CPU µs per pair: the proxy | %s | %s | – | | |\n", cell(px, "%.1f", proxy), cell(fl, "%.1f", proxy))
 	fmt.Fprintf(w, "| CPU µs per pair: the lock nodes together | %s | %s | %s | | |\n", cell(px, "%.1f", nodes), cell(fl, "%.1f", nodes), cell(rs, "%.1f", nodes))
 	fmt.Fprintf(w, "| CPU µs per pair: clients, proxy and nodes | %s | %s | %s | | |\n", cell(px, "%.1f", all), cell(fl, "%.1f", all), cell(rs, "%.1f", all))

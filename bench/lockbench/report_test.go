@@ -29,17 +29,13 @@ func TestGapBound(t *testing.T) {
 	floors := []floor{{one: us(30), round: us(100)}, {one: us(19), round: us(120)}, {one: us(20), round: us(90)}}
 	printGapBound(&b, 3, px, rs, floors)
 	// 1.2 × 729/s is a cycle of 1000/874.8 = 1.143 ms; the median hold is 1.1 ms.
-	for _, want := range []string{
+	wantAll(t, b.String(),
 		"PING to a lock node, as the holder's UNLOCK to the proxy and back, 0.020 ms (0.019–0.030)",
 		"PINGs to the 3 lock nodes at once until all answered, as the proxy's round, 0.100 ms (0.090–0.120)",
 		"together 0.130 ms (0.110–0.139)",
 		"729 acquisitions/s is a cycle of 1.14 ms",
 		"mean hold of 1.10 ms that leaves 0.04 ms",
-	} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("missing %q in %q", want, b.String())
-		}
-	}
+	)
 
 	b.Reset()
 	printGapBound(&b, 3, px, rs, nil)
@@ -58,20 +54,26 @@ func TestPrintFloor(t *testing.T) {
 	rs := []result{run(1000, 0, 6), run(1000, 0, 6), run(1000, 0, 6)}
 	var b strings.Builder
 	printFloor(&b, px, fl, rs)
-	for _, want := range []string{
+	wantAll(t, b.String(),
 		"| pairs/s | 1600 (1500–1700) | 1900 (1800–2000) | 1000 (1000–1000) | 1.60x | **1.90x** |",
 		"| CPU µs per pair: the proxy | 25.0 (23.5–26.7) | 15.8 (15.0–16.7) | – | | |",
 		"| machine busy (% of all CPUs, any process) | 80% (80%–80%) | 80% (80%–80%) | 80% (80%–80%) | | |",
-	} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("missing %q in\n%s", want, b.String())
-		}
-	}
+	)
 
 	// Without CPU times, only the pairs.
 	b.Reset()
 	printFloor(&b, []result{{ops: 10, elapsed: time.Second}}, []result{{ops: 20, elapsed: time.Second}}, []result{{ops: 10, elapsed: time.Second}})
 	if strings.Contains(b.String(), "CPU") || !strings.Contains(b.String(), "| pairs/s | 10 | 20 | 10 | 1.00x | **2.00x** |") {
 		t.Errorf("without CPU times:\n%s", b.String())
+	}
+}
+
+// wantAll reports each of want that got does not contain.
+func wantAll(t *testing.T, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("missing %q in\n%s", w, got)
+		}
 	}
 }
