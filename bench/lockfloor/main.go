@@ -17,6 +17,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -57,22 +58,24 @@ type node struct {
 	reqs chan *request
 }
 
-// run sends what waits in n.reqs, one pipeline at a time, until the channel
-// is closed.
-func (n *node) run(wg *sync.WaitGroup) {
+// run sends what waits in n.reqs, one pipeline at a time, until quit is
+// closed.
+func (n *node) run(quit <-chan struct{}, wg *sync.WaitGroup) {
 	defer wg.Done()
 	ctx := context.Background()
 	var batch []*request
 	var cmds []*redis.Cmd
-	for r := range n.reqs {
-		batch = append(batch[:0], r)
+	for {
+		select {
+		case r := <-n.reqs:
+			batch = append(batch[:0], r)
+		case <-quit:
+			return
+		}
 	more:
 		for {
 			select {
-			case r, ok := <-n.reqs:
-				if !ok {
-					break more
-				}
+			case r := <-n.reqs:
 				batch = append(batch, r)
 			default:
 				break more
@@ -107,11 +110,12 @@ func (n *node) run(wg *sync.WaitGroup) {
 // floor is the proxy: its nodes and their batchers.
 type floor struct {
 	nodes []*node
+	quit  chan struct{} // closed by close: the batchers stop, callers give up
 	wg    sync.WaitGroup
 }
 
 func newFloor(addrs []string) (*floor, error) {
-	f := &floor{}
+	f := &floor{quit: make(chan struct{})}
 	for _, addr := range addrs {
 		c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true})
 		if err := release.Load(context.Background(), c).Err(); err != nil {
@@ -123,39 +127,47 @@ func newFloor(addrs []string) (*floor, error) {
 	}
 	for _, n := range f.nodes {
 		f.wg.Add(1)
-		go n.run(&f.wg)
+		go n.run(f.quit, &f.wg)
 	}
 	return f, nil
 }
 
-// close stops the batchers and waits for them.
+// close stops the batchers and waits for them. Clients still connected get
+// a refusal from then on.
 func (f *floor) close() {
-	for _, n := range f.nodes {
-		close(n.reqs)
-	}
+	close(f.quit)
 	f.wg.Wait()
 	for _, n := range f.nodes {
 		n.c.Close()
 	}
 }
 
-// round sends r to every node and reports whether a majority said yes.
+// round sends r to every node and reports whether a majority said yes;
+// false once the proxy is closing.
 func (f *floor) round(r *request) bool {
 	r.left.Store(int32(len(f.nodes)))
 	r.done = make(chan struct{})
 	for _, n := range f.nodes {
-		n.reqs <- r
+		select {
+		case n.reqs <- r:
+		case <-f.quit:
+			return false
+		}
 	}
-	<-r.done
+	select {
+	case <-r.done:
+	case <-f.quit:
+		return false
+	}
 	return int(r.yes.Load()) > len(f.nodes)/2
 }
 
 func (f *floor) serve(conn redcon.Conn, cmd redcon.Command) {
-	name := strings.ToLower(string(cmd.Args[0]))
+	name := cmd.Args[0]
 	switch {
-	case name == "ping":
+	case bytes.EqualFold(name, []byte("ping")):
 		conn.WriteString("PONG")
-	case name == "lock" && len(cmd.Args) == 3:
+	case bytes.EqualFold(name, []byte("lock")) && len(cmd.Args) == 3:
 		ttl, err := strconv.ParseInt(string(cmd.Args[2]), 10, 64)
 		if err != nil || ttl <= 0 {
 			conn.WriteError("ERR ttl-ms must be a positive integer")
@@ -171,7 +183,7 @@ func (f *floor) serve(conn redcon.Conn, cmd redcon.Command) {
 		conn.WriteBulkString(r.token)
 		conn.WriteInt64(ttl)
 		conn.WriteInt(0)
-	case name == "unlock" && len(cmd.Args) == 3:
+	case bytes.EqualFold(name, []byte("unlock")) && len(cmd.Args) == 3:
 		r := &request{key: "floor:" + string(cmd.Args[1]), token: string(cmd.Args[2])}
 		if f.round(r) {
 			conn.WriteInt(1)
