@@ -317,17 +317,17 @@ fi
 if ! skipped lock; then
 	# The reference proxy runs Go code on as many threads as lockproxy's
 	# shipped gomaxprocs: 0 gives it: one fewer than the CPUs, at least one.
-	freeport floor
+	freeport lockfloor
 	GOMAXPROCS=$(($(nproc) > 1 ? $(nproc) - 1 : 1)) \
-		"$tmp/lockfloor" -listen "127.0.0.1:$floor" -nodes "$lock_nodes" >>"$tmp/lockfloor.log" 2>&1 &
+		"$tmp/lockfloor" -listen "127.0.0.1:$lockfloor" -nodes "$lock_nodes" >>"$tmp/lockfloor.log" 2>&1 &
 	pids+=($!)
-	floor_pid=$!
-	waitping "$floor" lockfloor
+	lockfloor_pid=$!
+	waitping "$lockfloor" lockfloor
 	log "lock comparison: $ROUNDS rounds of 5 runs of $LOCK_DURATION"
 	"$tmp/lockbench" -proxy "127.0.0.1:$proxy" -nodes "$lock_nodes" -rounds "$ROUNDS" \
 		-duration "$LOCK_DURATION" -contended-duration "$LOCK_DURATION" \
 		-proxy-pid "$proxy_pid" -node-pids "$node1_pid,$node2_pid,$node3_pid" \
-		-floor "127.0.0.1:$floor" -floor-pid "$floor_pid" >>"$report"
+		-lockfloor "127.0.0.1:$lockfloor" -lockfloor-pid "$lockfloor_pid" >>"$report"
 fi
 
 # --- 3. memory ------------------------------------------------------------------

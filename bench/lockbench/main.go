@@ -49,23 +49,23 @@ import (
 )
 
 type config struct {
-	proxy       string
-	nodes       []string
-	rounds      int
-	duration    time.Duration
-	contDur     time.Duration
-	warmup      time.Duration
-	clients     int
-	contenders  int
-	hold        time.Duration
-	ttl         time.Duration
-	poolSize    int
-	only        string
-	maxWaitCall time.Duration
-	proxyPid    int    // for CPU accounting; 0: none
-	floor       string // bench/lockfloor's address; empty: no reference runs
-	floorPid    int    // for CPU accounting
-	nodePids    []int  // for CPU accounting
+	proxy        string
+	nodes        []string
+	rounds       int
+	duration     time.Duration
+	contDur      time.Duration
+	warmup       time.Duration
+	clients      int
+	contenders   int
+	hold         time.Duration
+	ttl          time.Duration
+	poolSize     int
+	only         string
+	maxWaitCall  time.Duration
+	proxyPid     int    // for CPU accounting; 0: none
+	lockfloor    string // bench/lockfloor's address; empty: no reference runs
+	lockfloorPid int    // for CPU accounting
+	nodePids     []int  // for CPU accounting
 }
 
 func main() {
@@ -93,8 +93,8 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
 	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
-	fs.StringVar(&cfg.floor, "floor", "", "bench/lockfloor's address: run the uncontended scenario through it too, as a reference")
-	fs.IntVar(&cfg.floorPid, "floor-pid", 0, "lockfloor's process id: report its CPU time per pair (with -proxy-pid)")
+	fs.StringVar(&cfg.lockfloor, "lockfloor", "", "bench/lockfloor's address: run the uncontended scenario through it too, as a reference")
+	fs.IntVar(&cfg.lockfloorPid, "lockfloor-pid", 0, "lockfloor's process id: report its CPU time per pair (with -proxy-pid)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,8 +105,8 @@ func run(args []string, out io.Writer) error {
 	if (cfg.proxyPid > 0) != (len(cfg.nodePids) > 0) {
 		return errors.New("-proxy-pid and -node-pids go together")
 	}
-	if cfg.floor != "" && (cfg.floorPid > 0) != (cfg.proxyPid > 0) {
-		return errors.New("-floor-pid and -proxy-pid go together")
+	if cfg.lockfloor != "" && (cfg.lockfloorPid > 0) != (cfg.proxyPid > 0) {
+		return errors.New("-lockfloor-pid and -proxy-pid go together")
 	}
 	if *nodes == "" {
 		return errors.New("-nodes is required")
@@ -141,8 +141,8 @@ func run(args []string, out io.Writer) error {
 			{"proxy uncontended", cfg.duration, b.proxyUncontended, cfg.proxyPid},
 			{"redsync uncontended", cfg.duration, b.redsyncUncontended, cfg.proxyPid},
 		}
-		if b.floor != nil {
-			g = append(g, scenario{"floor uncontended", cfg.duration, b.floorUncontended, cfg.floorPid})
+		if b.lockfloor != nil {
+			g = append(g, scenario{"lockfloor uncontended", cfg.duration, b.lockfloorUncontended, cfg.lockfloorPid})
 		}
 		groups = append(groups, g)
 	}
@@ -185,8 +185,8 @@ func run(args []string, out io.Writer) error {
 	}
 	if runUnc {
 		printUncontended(out, cfg, results["proxy uncontended"], results["redsync uncontended"])
-		if b.floor != nil {
-			printFloor(out, results["proxy uncontended"], results["floor uncontended"], results["redsync uncontended"])
+		if b.lockfloor != nil {
+			printLockfloor(out, results["proxy uncontended"], results["lockfloor uncontended"], results["redsync uncontended"])
 		}
 	}
 	if runCont {
@@ -197,13 +197,13 @@ func run(args []string, out io.Writer) error {
 
 // bench holds the clients of both sides.
 type bench struct {
-	cfg    config
-	proxy  *redis.Client
-	floor  *redis.Client // nil without -floor
-	nodes  []*redis.Client
-	rs     *redsync.Redsync
-	ttlArg string
-	runs   atomic.Int64 // numbers the runs, so that no run meets a lock an earlier one leaked
+	cfg       config
+	proxy     *redis.Client
+	lockfloor *redis.Client // nil without -lockfloor
+	nodes     []*redis.Client
+	rs        *redsync.Redsync
+	ttlArg    string
+	runs      atomic.Int64 // numbers the runs, so that no run meets a lock an earlier one leaked
 }
 
 // resourceName returns a name unique to this run, client and generation. A
@@ -224,9 +224,9 @@ func newBench(cfg config) (*bench, error) {
 		ReadTimeout:     cfg.maxWaitCall + 10*time.Second, // LOCK ... WAIT blocks
 		MaxRetries:      -1,
 	})
-	if cfg.floor != "" {
-		b.floor = redis.NewClient(&redis.Options{
-			Addr:            cfg.floor,
+	if cfg.lockfloor != "" {
+		b.lockfloor = redis.NewClient(&redis.Options{
+			Addr:            cfg.lockfloor,
 			Protocol:        2,
 			DisableIdentity: true,
 			PoolSize:        cfg.clients + 1,
@@ -251,10 +251,10 @@ func newBench(cfg config) (*bench, error) {
 		b.close()
 		return nil, fmt.Errorf("proxy %s: %w", cfg.proxy, err)
 	}
-	if b.floor != nil {
-		if err := b.floor.Ping(ctx).Err(); err != nil {
+	if b.lockfloor != nil {
+		if err := b.lockfloor.Ping(ctx).Err(); err != nil {
 			b.close()
-			return nil, fmt.Errorf("floor %s: %w", cfg.floor, err)
+			return nil, fmt.Errorf("lockfloor %s: %w", cfg.lockfloor, err)
 		}
 	}
 	for i, c := range b.nodes {
@@ -268,8 +268,8 @@ func newBench(cfg config) (*bench, error) {
 
 func (b *bench) close() {
 	b.proxy.Close()
-	if b.floor != nil {
-		b.floor.Close()
+	if b.lockfloor != nil {
+		b.lockfloor.Close()
 	}
 	for _, c := range b.nodes {
 		c.Close()
@@ -458,8 +458,8 @@ func (b *bench) proxyUncontended(d time.Duration) (result, error) {
 	return b.uncontended(b.proxy, "proxy", d)
 }
 
-func (b *bench) floorUncontended(d time.Duration) (result, error) {
-	return b.uncontended(b.floor, "floor", d)
+func (b *bench) lockfloorUncontended(d time.Duration) (result, error) {
+	return b.uncontended(b.lockfloor, "lockfloor", d)
 }
 
 // uncontended runs the clients' LOCK+UNLOCK loop through c, lockproxy or
@@ -798,9 +798,9 @@ func printCPU(w io.Writer, px, rs []result) {
 	fmt.Fprintf(w, "| machine busy (%% of all CPUs, any process) | %s | %s | |\n", cell(px, "%.0f%%", busy), cell(rs, "%.0f%%", busy))
 }
 
-// printFloor reports the reference runs through bench/lockfloor beside
+// printLockfloor reports the reference runs through bench/lockfloor beside
 // lockproxy's and redsync's of the same rounds.
-func printFloor(w io.Writer, px, fl, rs []result) {
+func printLockfloor(w io.Writer, px, fl, rs []result) {
 	fmt.Fprintf(w, "\n#### Reference: the same uncontended runs through bench/lockfloor, a minimal Redlock proxy (median (min–max))\n\n")
 	fmt.Fprintln(w, "lockfloor answers LOCK with SET NX PX on every node and UNLOCK with a compare-and-delete, batched per node as lockproxy batches, and nothing else: no fences, no lost-data checks, no timeouts, no forwarding, no arrival order.")
 	fmt.Fprintln(w)

@@ -44,7 +44,7 @@ func TestGapBound(t *testing.T) {
 	}
 }
 
-func TestPrintFloor(t *testing.T) {
+func TestPrintLockfloor(t *testing.T) {
 	run := func(pairs int, proxy, nodes int64) result {
 		return result{ops: pairs, elapsed: time.Second, cpu: cpuSample{self: 10, proxy: proxy, nodes: nodes, busy: 160, total: 200}}
 	}
@@ -53,7 +53,7 @@ func TestPrintFloor(t *testing.T) {
 	fl := []result{run(1800, 3, 2), run(1900, 3, 2), run(2000, 3, 2)}
 	rs := []result{run(1000, 0, 6), run(1000, 0, 6), run(1000, 0, 6)}
 	var b strings.Builder
-	printFloor(&b, px, fl, rs)
+	printLockfloor(&b, px, fl, rs)
 	wantAll(t, b.String(),
 		"| pairs/s | 1600 (1500–1700) | 1900 (1800–2000) | 1000 (1000–1000) | 1.60x | **1.90x** |",
 		"| CPU µs per pair: the proxy | 25.0 (23.5–26.7) | 15.8 (15.0–16.7) | – | | |",
@@ -62,7 +62,7 @@ func TestPrintFloor(t *testing.T) {
 
 	// Without CPU times, only the pairs.
 	b.Reset()
-	printFloor(&b, []result{{ops: 10, elapsed: time.Second}}, []result{{ops: 20, elapsed: time.Second}}, []result{{ops: 10, elapsed: time.Second}})
+	printLockfloor(&b, []result{{ops: 10, elapsed: time.Second}}, []result{{ops: 20, elapsed: time.Second}}, []result{{ops: 10, elapsed: time.Second}})
 	if strings.Contains(b.String(), "CPU") || !strings.Contains(b.String(), "| pairs/s | 10 | 20 | 10 | 1.00x | **2.00x** |") {
 		t.Errorf("without CPU times:\n%s", b.String())
 	}
