@@ -48,14 +48,37 @@ func (q *replyQueue) init(m *metrics) {
 func (q *replyQueue) send(e *entry, be *backend) (ok, replies bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if be != nil && be.dead {
-		return false, false
+	if be != nil && (be.dead || q.st.holds(e)) {
+		return false, false // connect again, or be refused (see doomed)
 	}
 	if replies = q.st.sent(e); replies {
 		e.at = q.m.stamp()
 		q.fifo = append(q.fifo, *e)
 	}
 	return true, replies
+}
+
+// doomed reports what the client gets in place of e, when e belongs to a
+// transaction whose backend connection was lost (see connState.doomed);
+// nil when e may be sent.
+func (q *replyQueue) doomed(e *entry) []byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.doomed(e)
+}
+
+// replyReplay returns the CLIENT REPLY a new backend connection must be
+// sent first, nil when replies are on.
+func (q *replyQueue) replyReplay() []byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch q.st.mode {
+	case replyOff:
+		return cmdReplyOff
+	case replySkip:
+		return cmdReplySkip
+	}
+	return nil
 }
 
 // silent reports whether the reply to a command answered by the proxy is

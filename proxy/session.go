@@ -14,14 +14,26 @@ import (
 
 // Replies the proxy writes itself.
 var (
-	replyConnLost    = []byte("-ERR backend unavailable: connection lost\r\n")
-	replyNotInMulti  = []byte("-ERR Command not allowed inside a transaction\r\n")
-	replyExecAbort   = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
-	cmdDiscard       = []byte("*1\r\n$7\r\nDISCARD\r\n")
-	replyMaxClients  = []byte("-ERR max number of clients reached\r\n")
-	subscribedPrefix = "-ERR Can't execute '"
-	subscribedSuffix = "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"
+	replyConnLost     = []byte("-ERR backend unavailable: connection lost\r\n")
+	replyNotInMulti   = []byte("-ERR Command not allowed inside a transaction\r\n")
+	replyExecAbort    = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
+	replyTxnLost      = errorReply(&BackendError{Err: errTxnLost})
+	replyNestedMulti  = []byte("-ERR MULTI calls can not be nested\r\n")
+	replyWatchInMulti = []byte("-ERR WATCH inside MULTI is not allowed\r\n")
+	replyNull2        = []byte("*-1\r\n")
+	replyNull3        = []byte("_\r\n")
+	cmdDiscard        = []byte("*1\r\n$7\r\nDISCARD\r\n")
+	cmdReplyOff       = command("CLIENT", "REPLY", "OFF")
+	cmdReplySkip      = command("CLIENT", "REPLY", "SKIP")
+	replyMaxClients   = []byte("-ERR max number of clients reached\r\n")
+	subscribedPrefix  = "-ERR Can't execute '"
+	subscribedSuffix  = "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"
 )
+
+// errTxnLost is why a command of a transaction whose backend connection
+// was lost is refused: what the backend had queued is gone, so the
+// transaction fails as a whole.
+var errTxnLost = errors.New("connection lost inside MULTI, EXEC will abort")
 
 // localItem is a command answered by the proxy rather than the backend,
 // in its place in the client's stream.
@@ -294,6 +306,9 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		s.dedicated = true
 	}
 	for {
+		if reply := s.q.doomed(&e); reply != nil {
+			return localItem{reply: reply, silent: s.q.silent()}, false
+		}
 		if err := s.connect(); err != nil {
 			if s.ctx.Err() == nil {
 				s.log.Debug("backend unavailable", zap.Error(err))
@@ -412,6 +427,11 @@ func (s *session) connect() error {
 	if err := s.q.attach(be); err != nil {
 		be.nc.Close()
 		return err
+	}
+	// CLIENT REPLY OFF or SKIP answers nothing: it is sent with the
+	// command that follows rather than replayed with the rest.
+	if raw := s.q.replyReplay(); raw != nil {
+		be.w.Write(raw)
 	}
 	s.be = be
 	s.wg.Add(1)

@@ -34,6 +34,13 @@ const (
 	// what answers it is the replication stream, not a reply: the reader
 	// then copies the connection's bytes as they come (connState.replica).
 	entrySync
+	entryWatch
+	entryUnwatch
+	// entryTracking is CLIENT TRACKING; mode is replyOn for ON, replyOff
+	// for OFF.
+	entryTracking
+	entryNoEvict // CLIENT NO-EVICT
+	entryNoTouch // CLIENT NO-TOUCH
 )
 
 // Pub/sub families: channels, patterns, shard channels.
@@ -73,19 +80,60 @@ type entry struct {
 
 // replayState is the connection state a client set on its backend
 // connection. When the backend connection is lost, the next one is brought
-// to the same state before the client's next command.
+// to the same state before the client's next command. Each piece is one
+// command, replayed in this order: the user (AUTH, or a HELLO with AUTH),
+// the protocol (HELLO), the name (CLIENT SETNAME, or HELLO's SETNAME as
+// CLIENT SETNAME), the database, then CLIENT NO-EVICT and NO-TOUCH. A HELLO
+// with AUTH or SETNAME is split so that a later AUTH, HELLO or SETNAME
+// replaces only what it sets, as it does on Redis.
 type replayState struct {
-	auth, hello, name, db []byte
+	auth, hello, name, db, noEvict, noTouch []byte
 }
 
 // commands appends the commands that bring a new connection to the state.
 func (r replayState) commands(dst [][]byte) [][]byte {
-	for _, raw := range [][]byte{r.auth, r.hello, r.name, r.db} {
+	for _, raw := range [][]byte{r.auth, r.hello, r.name, r.db, r.noEvict, r.noTouch} {
 		if raw != nil {
 			dst = append(dst, raw)
 		}
 	}
 	return dst
+}
+
+// learnHello records a HELLO that succeeded: the protocol it set, and the
+// user and name when it set them too.
+func (r *replayState) learnHello(raw []byte) {
+	cmd, err := redcon.Parse(raw)
+	if err != nil || len(cmd.Args) < 2 {
+		r.hello = raw
+		return
+	}
+	var auth bool
+	var name []byte
+	for i := 2; i < len(cmd.Args); i++ {
+		var sb [24]byte
+		switch string(lower(&sb, cmd.Args[i])) {
+		case "auth":
+			auth = true
+			i += 2
+		case "setname":
+			if i+1 < len(cmd.Args) {
+				name = cmd.Args[i+1]
+			}
+			i++
+		}
+	}
+	if !auth && name == nil {
+		r.hello = raw
+		return
+	}
+	r.hello = command("HELLO", string(cmd.Args[1]))
+	if auth {
+		r.auth = raw // HELLO v AUTH user pass: its protocol is set again after it
+	}
+	if name != nil {
+		r.name = command("CLIENT", "SETNAME", string(name))
+	}
 }
 
 // classify returns the entry for a command; name is its lower-case name.
@@ -121,6 +169,10 @@ func classify(name []byte, cmd redcon.Command) entry {
 		return entry{kind: entryExec}
 	case "discard":
 		return entry{kind: entryDiscard}
+	case "watch":
+		return entry{kind: entryWatch}
+	case "unwatch":
+		return entry{kind: entryUnwatch}
 	case "client":
 		if len(args) < 2 {
 			break
@@ -129,6 +181,19 @@ func classify(name []byte, cmd redcon.Command) entry {
 		switch string(lower(&sb, args[1])) {
 		case "setname":
 			return entry{kind: entrySetName, raw: cmd.Raw}
+		case "no-evict":
+			return entry{kind: entryNoEvict, raw: cmd.Raw}
+		case "no-touch":
+			return entry{kind: entryNoTouch, raw: cmd.Raw}
+		case "tracking":
+			if len(args) < 3 {
+				break
+			}
+			e := entry{kind: entryTracking, mode: replyOff}
+			if string(lower(&sb, args[2])) == "on" {
+				e.mode = replyOn
+			}
+			return e
 		case "reply":
 			if len(args) != 3 {
 				break
@@ -206,8 +271,25 @@ type connState struct {
 	// LOCK, or a command its key guard stopped), so EXEC must abort, as it
 	// does in Redis after an error while queuing.
 	txnFailed bool
-	mode      replyMode
-	replay    replayState
+	// txnLost: the backend connection was lost while a transaction was
+	// open, and with it what the backend had queued. The transaction
+	// stays open for the client, failed as a whole: until its EXEC or
+	// DISCARD nothing of it reaches the backend (see doomed), and EXEC
+	// aborts.
+	txnLost bool
+	// watching: a WATCH was sent and no UNWATCH, EXEC or DISCARD of a
+	// transaction, nor RESET, since. A WATCH that Redis refused counts
+	// too: erring this way costs an aborted EXEC at worst.
+	watching bool
+	// watchLost: the connection that held the watched keys was lost, so
+	// nothing can tell whether they changed: the next EXEC aborts, as
+	// Redis aborts it after a change of a watched key.
+	watchLost bool
+	// tracking: CLIENT TRACKING ON succeeded. The invalidations the lost
+	// connection owed cannot be had, so the client is disconnected.
+	tracking bool
+	mode     replyMode
+	replay   replayState
 }
 
 func newConnState() connState { return connState{proto: 2} }
@@ -224,7 +306,8 @@ func (c *connState) sent(e *entry) (replies bool) {
 		// hold it back, and the reader must know where it starts.
 		return true
 	case entryReset:
-		c.multi, c.txnFailed = false, false
+		c.multi, c.txnFailed, c.txnLost = false, false, false
+		c.watching, c.watchLost = false, false
 	case entryMulti:
 		if !c.multi {
 			c.multi = true
@@ -232,12 +315,70 @@ func (c *connState) sent(e *entry) (replies bool) {
 			e.arg = c.txn
 		}
 	case entryExec, entryDiscard:
-		if e.kind == entryExec && c.multi && c.txnFailed {
-			e.replace = replyExecAbort
+		if !c.multi {
+			break // Redis's "without MULTI" error; the keys stay watched
+		}
+		if e.kind == entryExec {
+			switch {
+			case c.txnFailed:
+				e.replace = replyExecAbort
+			case c.watchLost:
+				e.replace = replyNullArray(c.proto)
+			}
 		}
 		c.multi, c.txnFailed = false, false
+		c.watching, c.watchLost = false, false
+	case entryWatch:
+		c.watching = c.watching || !c.multi
+	case entryUnwatch:
+		if !c.multi {
+			c.watching, c.watchLost = false, false
+		}
 	}
 	return c.replies(e)
+}
+
+// doomed is what the client gets in place of e, which must not reach the
+// backend, when the connection of an open transaction was lost; nil when
+// e may be sent. It applies what e does to the transaction: EXEC aborts it
+// and DISCARD ends it, as Redis does with a transaction that failed to
+// queue a command, and both unwatch the keys. Inside the lost transaction
+// MULTI and WATCH get Redis's own errors, RESET and QUIT go to the backend,
+// and every other command the error of one that failed to queue.
+func (c *connState) doomed(e *entry) []byte {
+	if !c.holds(e) {
+		return nil
+	}
+	switch e.kind {
+	case entryExec, entryDiscard:
+		c.multi, c.txnFailed, c.txnLost = false, false, false
+		c.watching, c.watchLost = false, false
+		if e.kind == entryDiscard {
+			return replyOK
+		}
+		return replyExecAbort
+	case entryMulti:
+		return replyNestedMulti
+	case entryWatch:
+		return replyWatchInMulti
+	}
+	c.txnFailed = true
+	return replyTxnLost
+}
+
+// holds reports whether e must not reach the backend: it is part of a
+// transaction whose backend connection was lost.
+func (c *connState) holds(e *entry) bool {
+	return c.txnLost && e.kind != entryReset && e.kind != entryQuit
+}
+
+// replyNullArray is the null array of the protocol: what EXEC answers
+// when a watched key changed.
+func replyNullArray(proto int64) []byte {
+	if proto == 3 {
+		return replyNull3
+	}
+	return replyNull2
 }
 
 // replies applies what e does to the reply mode, and reports whether e
@@ -307,9 +448,21 @@ func (c *connState) replied(ri *replyInfo, head *entry) outcome {
 		if ok {
 			c.replay.name = head.raw
 		}
+	case entryNoEvict:
+		if ok {
+			c.replay.noEvict = head.raw
+		}
+	case entryNoTouch:
+		if ok {
+			c.replay.noTouch = head.raw
+		}
+	case entryTracking:
+		if ok {
+			c.tracking = head.mode == replyOn
+		}
 	case entryHello:
 		if ok {
-			c.replay.hello = head.raw
+			c.replay.learnHello(head.raw)
 			if head.arg == 2 || head.arg == 3 {
 				c.proto = head.arg
 			}
@@ -321,6 +474,7 @@ func (c *connState) replied(ri *replyInfo, head *entry) outcome {
 		// what was sent after it is not undone here.
 		c.replay = replayState{}
 		c.proto, c.nChan, c.nPat, c.nShard, c.monitor = 2, 0, 0, 0, false
+		c.tracking = false
 	case entryMulti:
 		if !ok && head.arg != 0 && head.arg == c.txn {
 			c.multi = false // the MULTI that opened it was refused
@@ -391,14 +545,18 @@ func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
 }
 
 // lost records that the backend connection is gone, with everything it
-// held. It reports whether the client was listening (subscribed,
-// monitoring or a replica): such a client must be disconnected to notice. The replay
-// state and the protocol stay: a new connection is brought back to them.
-func (c *connState) lost() (listening bool) {
-	listening = c.listening()
+// held. It reports whether the client must be disconnected to notice:
+// it was listening (subscribed, monitoring or a replica), or tracking
+// keys for its cache. The replay state and the protocol stay: a new
+// connection is brought back to them. An open transaction stays open and
+// failed (txnLost), and watched keys make the next EXEC abort (watchLost).
+func (c *connState) lost() (disconnect bool) {
+	disconnect = c.listening() || c.tracking
 	c.nChan, c.nPat, c.nShard, c.monitor, c.replica = 0, 0, 0, false, false
-	c.multi, c.txnFailed = false, false
-	return listening
+	c.tracking = false
+	c.txnLost = c.txnLost || c.multi
+	c.watchLost = c.watchLost || c.watching
+	return disconnect
 }
 
 func (c *connState) subscribed() bool { return c.nChan+c.nPat+c.nShard > 0 }

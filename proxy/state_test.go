@@ -56,13 +56,17 @@ func play(t *testing.T, events []event) (trace, state string) {
 				var nb [24]byte
 				e = classify(lower(&nb, cmd.Args[0]), cmd)
 			}
+			if reply := c.doomed(&e); reply != nil {
+				words = append(words, doomedWords[string(reply)])
+				break
+			}
 			w := "-"
 			if c.sent(&e) {
 				fifo = append(fifo, e)
 				w = "r"
 			}
 			if e.replace != nil {
-				w = "X"
+				w = replacedWords[string(e.replace)]
 			}
 			words = append(words, w)
 		case st.reply != "":
@@ -96,8 +100,13 @@ func play(t *testing.T, events []event) (trace, state string) {
 	if c.multi {
 		state += " multi"
 	}
-	if c.txnFailed {
-		state += " failed"
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{c.txnFailed, "failed"}, {c.txnLost, "txnlost"}, {c.watching, "watching"}, {c.watchLost, "watchlost"}, {c.tracking, "tracking"}} {
+		if f.on {
+			state += " " + f.name
+		}
 	}
 	state += " replay=" + replayed(c.replay)
 	if len(fifo) > 0 {
@@ -106,10 +115,27 @@ func play(t *testing.T, events []event) (trace, state string) {
 	return strings.Join(words, " "), state
 }
 
+// What play writes for a command the proxy answers in place of the
+// backend (doomed), and for an EXEC it sends as DISCARD (replace).
+var (
+	doomedWords = map[string]string{
+		string(replyTxnLost):      "!lost",
+		string(replyExecAbort):    "!execabort",
+		string(replyOK):           "!ok",
+		string(replyNestedMulti):  "!nested",
+		string(replyWatchInMulti): "!watch",
+	}
+	replacedWords = map[string]string{
+		string(replyExecAbort): "X",
+		string(replyNull2):     "N",
+		string(replyNull3):     "_",
+	}
+)
+
 // replayed names the commands a new connection would replay.
 func replayed(r replayState) string {
 	var names []string
-	for _, raw := range [][]byte{r.auth, r.hello, r.name, r.db} {
+	for _, raw := range r.commands(nil) {
 		if raw != nil {
 			cmd, _ := redcon.Parse(raw)
 			args := make([]string, len(cmd.Args))
@@ -224,10 +250,119 @@ func TestConnState(t *testing.T) {
 			state: "resp2 subs=0/0/0 replay=[]",
 		},
 		{
-			name:  "WATCH and a transaction die with the connection",
+			name:  "WATCH and a transaction outlive the connection, lost",
 			give:  []event{tx("WATCH k"), rx(frOK), tx("MULTI"), rx(frOK), refuse, lose},
 			trace: "r a r a l",
+			state: "resp2 subs=0/0/0 multi failed txnlost watching watchlost replay=[]",
+		},
+		{
+			name:  "a transaction lost with its connection fails as a whole",
+			give:  []event{tx("MULTI"), rx(frOK), tx("INCR a"), rx("+QUEUED\r\n"), lose, tx("INCR b"), tx("GET a"), tx("EXEC"), tx("GET a")},
+			trace: "r a r a l !lost !lost !execabort r",
+			state: "resp2 subs=0/0/0 replay=[] owed=1",
+		},
+		{
+			name:  "a transaction whose MULTI was in flight is lost too",
+			give:  []event{tx("MULTI"), tx("INCR a"), lose, tx("INCR b"), tx("EXEC")},
+			trace: "r r l !lost !execabort",
 			state: "resp2 subs=0/0/0 replay=[]",
+		},
+		{
+			name:  "DISCARD ends a lost transaction",
+			give:  []event{tx("MULTI"), rx(frOK), lose, tx("DISCARD"), tx("EXEC")},
+			trace: "r a l !ok r",
+			state: "resp2 subs=0/0/0 replay=[] owed=1",
+		},
+		{
+			name:  "MULTI and WATCH in a lost transaction get Redis's errors",
+			give:  []event{tx("MULTI"), rx(frOK), lose, tx("MULTI"), tx("WATCH k"), tx("PING"), tx("EXEC")},
+			trace: "r a l !nested !watch !lost !execabort",
+			state: "resp2 subs=0/0/0 replay=[]",
+		},
+		{
+			name:  "RESET and QUIT leave a lost transaction",
+			give:  []event{tx("MULTI"), rx(frOK), lose, tx("QUIT"), tx("RESET"), tx("GET k")},
+			trace: "r a l r r r",
+			state: "resp2 subs=0/0/0 replay=[] owed=3",
+		},
+		{
+			name:  "EXEC after a lost WATCH aborts",
+			give:  []event{tx("WATCH k"), rx(frOK), lose, tx("MULTI"), rx(frOK), tx("SET k v"), rx("+QUEUED\r\n"), tx("EXEC"), tx("MULTI"), tx("EXEC")},
+			trace: "r a l r a r a N r r",
+			state: "resp2 subs=0/0/0 replay=[] owed=3",
+		},
+		{
+			name:  "EXEC after a lost WATCH aborts in RESP3",
+			give:  []event{tx("HELLO 3"), rx("%0\r\n"), tx("WATCH k"), lose, tx("MULTI"), tx("EXEC")},
+			trace: "r a r l r _",
+			state: "resp3 subs=0/0/0 replay=[hello 3] owed=2",
+		},
+		{
+			name:  "a lost WATCH and a refused command: EXECABORT",
+			give:  []event{tx("WATCH k"), lose, tx("MULTI"), refuse, tx("EXEC")},
+			trace: "r l r X",
+			state: "resp2 subs=0/0/0 replay=[] owed=2",
+		},
+		{
+			name:  "UNWATCH and DISCARD forget a lost WATCH",
+			give:  []event{tx("WATCH k"), lose, tx("UNWATCH"), tx("MULTI"), tx("EXEC"), tx("WATCH k"), lose, tx("MULTI"), tx("DISCARD"), tx("MULTI"), tx("EXEC")},
+			trace: "r l r r r r l r r r r",
+			state: "resp2 subs=0/0/0 replay=[] owed=4",
+		},
+		{
+			name:  "EXEC and DISCARD without MULTI keep a lost WATCH",
+			give:  []event{tx("WATCH k"), lose, tx("EXEC"), tx("DISCARD"), tx("MULTI"), tx("EXEC")},
+			trace: "r l r r r N",
+			state: "resp2 subs=0/0/0 replay=[] owed=4",
+		},
+		{
+			name:  "WATCH inside MULTI watches nothing",
+			give:  []event{tx("MULTI"), tx("WATCH k"), tx("EXEC"), lose, tx("MULTI"), tx("EXEC")},
+			trace: "r r r l r r",
+			state: "resp2 subs=0/0/0 replay=[] owed=2",
+		},
+		{
+			name:  "RESET forgets a lost WATCH",
+			give:  []event{tx("WATCH k"), lose, tx("RESET"), tx("MULTI"), tx("EXEC")},
+			trace: "r l r r r",
+			state: "resp2 subs=0/0/0 replay=[] owed=3",
+		},
+		{
+			name:  "a client tracking keys is disconnected at a loss",
+			give:  []event{tx("CLIENT TRACKING ON"), rx(frOK), lose},
+			trace: "r a L",
+			state: "resp2 subs=0/0/0 replay=[]",
+		},
+		{
+			name:  "tracking turned off or refused keeps the client",
+			give:  []event{tx("CLIENT TRACKING ON"), rx(frOK), tx("CLIENT TRACKING OFF"), rx(frOK), tx("CLIENT TRACKING ON"), rx(frErr), lose},
+			trace: "r a r a r a l",
+			state: "resp2 subs=0/0/0 replay=[]",
+		},
+		{
+			name:  "RESET stops tracking",
+			give:  []event{tx("CLIENT TRACKING ON"), rx(frOK), tx("RESET"), rx("+RESET\r\n"), lose},
+			trace: "r a r a l",
+			state: "resp2 subs=0/0/0 replay=[]",
+		},
+		{
+			name:  "CLIENT NO-EVICT and NO-TOUCH are replayed once they succeeded",
+			give:  []event{tx("CLIENT NO-EVICT on"), rx(frOK), tx("CLIENT NO-TOUCH on"), rx(frErr), tx("CLIENT NO-EVICT off"), rx(frOK)},
+			trace: "r a r a r a",
+			state: "resp2 subs=0/0/0 replay=[client no-evict off]",
+		},
+		{
+			name: "HELLO's AUTH and SETNAME are replayed apart from its protocol",
+			give: []event{tx("AUTH u1 p1"), rx(frOK), tx("CLIENT SETNAME a"), rx(frOK),
+				tx("HELLO 3 AUTH u2 p2 SETNAME b"), rx("%0\r\n"), tx("HELLO 2"), rx("*0\r\n")},
+			trace: "r a r a r a r a",
+			state: "resp2 subs=0/0/0 replay=[hello 3 auth u2 p2 setname b,hello 2,client setname b]",
+		},
+		{
+			name:  "an AUTH after HELLO's AUTH is the user replayed",
+			give:  []event{tx("HELLO 3 AUTH u2 p2"), rx("%0\r\n"), tx("AUTH u1 p1"), rx(frOK)},
+			trace: "r a r a",
+			state: "resp3 subs=0/0/0 replay=[auth u1 p1,hello 3]",
 		},
 		{
 			name:  "SELECT is replayed once it succeeded",
