@@ -65,6 +65,12 @@ type part struct {
 	pos  []int    // opArray: the client's positions of this part's keys
 	be   *backend // the connection it was sent on; nil when it could not be
 	err  error    // why it could not be sent
+	// The transaction or WATCH the part belongs to (clustertx.go), and
+	// what the client gets instead of its reply, when set.
+	txn    *txnState
+	watch  *pin
+	txRole txRole
+	reply  []byte
 }
 
 // call is one client command in a batch.
@@ -124,6 +130,11 @@ type clusterSession struct {
 type pin struct {
 	addr string
 	slot int // noSlot until a command with keys chose it
+	// conn is the connection a WATCH (or the transaction's MULTI) went
+	// on; lost, that a WATCH went on another one before, or that the
+	// transaction's connection was lost (clustertx.go).
+	conn *backend
+	lost bool
 }
 
 // txnState is an open MULTI: where it is queued, the keyless commands
@@ -133,6 +144,10 @@ type txnState struct {
 	pin
 	early  [][]byte
 	failed bool
+	// watched is the client's WATCH when MULTI came; watchLost, that the
+	// MULTI went on another connection than it (clustertx.go).
+	watched   *pin
+	watchLost bool
 }
 
 func newClusterSession(r *router) *clusterSession {
@@ -240,7 +255,9 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	if blockingCommand(name) {
 		cs.blocking = true
 	}
+	txn, watch := cs.txn, cs.watch
 	c := s.plan(name, cmd)
+	s.tagTx(&c, name, txn, watch)
 	cs.batch = append(cs.batch, c)
 }
 
@@ -341,7 +358,10 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		if cross || (cs.watch != nil && cs.watch.slot != slot) {
 			return localCall(replyCrossSlot)
 		}
-		cs.watch = &pin{addr: m.master(slot), slot: slot}
+		if cs.watch == nil {
+			cs.watch = &pin{slot: slot}
+		}
+		cs.watch.addr = m.master(slot)
 		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
 	}
 	if !cross {
@@ -638,6 +658,9 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 	cs := s.cl
 	for {
 		be, err := cs.conn(s, cs.conns, p.addr)
+		if err == nil && (p.txn != nil || p.watch != nil) && !s.txConn(p, be) {
+			return nil
+		}
 		if err == nil {
 			be.w.Write(p.raw)
 			p.be = be
@@ -690,6 +713,10 @@ func (s *session) replyTo(c *call, deadline time.Time) bool {
 		return true
 	case callPlain:
 		p := &c.one
+		if p.reply != nil {
+			s.replaced(p, deadline)
+			return true
+		}
 		if p.be == nil {
 			s.unavailable(p.err)
 			return true

@@ -83,6 +83,9 @@ func open(be *backend) bool {
 		return false
 	}
 	nc := be.nc
+	if tc, ok := nc.(*trackedConn); ok {
+		nc = tc.Conn // one a Sentinel follower closes at a failover
+	}
 	if tc, ok := nc.(*tls.Conn); ok {
 		nc = tc.NetConn() // a TLS alert or a FIN shows on the socket alike
 	}

@@ -1,0 +1,393 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// The connection state a client set, across the loss of its backend
+// connection (README, "What a lost backend connection does to a client's
+// state"): every row sets one piece of state, the backend connections are
+// lost, and the row checks that the client sees the state restored or a
+// clear error (or has its connection closed), never a different state.
+
+// lossRow is one row of the state table.
+type lossRow struct {
+	name string
+	// before sets the state on c, a client of the proxy; it may leave a
+	// command in flight.
+	before func(t *testing.T, c *client)
+	// closed: the proxy closes c's connection at the loss.
+	closed bool
+	// after checks c after the loss; o is another client of the proxy.
+	after func(t *testing.T, c, o *client)
+}
+
+// expect sends cmds on c in one write and requires the replies, byte for
+// byte.
+func expect(t *testing.T, c *client, want string, cmds ...string) {
+	t.Helper()
+	expectN(t, c, len(cmds), want, cmds...)
+}
+
+// expectN is expect for commands of which n get a reply (CLIENT REPLY).
+func expectN(t *testing.T, c *client, n int, want string, cmds ...string) {
+	t.Helper()
+	enc := make([][]string, len(cmds))
+	for i, cmd := range cmds {
+		enc[i] = args(cmd)
+	}
+	c.send(encode(enc...))
+	if got := string(c.read(n)); got != want {
+		t.Errorf("%q: got %q, want %q", cmds, got, want)
+	}
+}
+
+// expectPrefix is expect for one command whose reply varies past prefix.
+func expectPrefix(t *testing.T, c *client, prefix, cmd string) {
+	t.Helper()
+	if got := string(c.do(args(cmd))); !strings.HasPrefix(got, prefix) {
+		t.Errorf("%q: got %q, want %q...", cmd, got, prefix)
+	}
+}
+
+var txLost = string(replyTxnLost)
+
+// stateRows is the state table. The backend must have the ACL users
+// alice and bob (password pw, see addUsers). The keys of a transaction
+// share a hash tag, for the cluster.
+func stateRows() []lossRow {
+	var target *client // the redirect target of CLIENT TRACKING ... REDIRECT
+	return []lossRow{
+		{
+			name:   "db (SELECT)",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n+OK\r\n", "SELECT 3", "SET tx:db v") },
+			after:  func(t *testing.T, c, _ *client) { expect(t, c, "$1\r\nv\r\n", "GET tx:db") },
+		},
+		{
+			name:   "protocol (HELLO 3)",
+			before: func(t *testing.T, c *client) { expectPrefix(t, c, "%7\r\n", "HELLO 3") },
+			after:  func(t *testing.T, c, _ *client) { expect(t, c, "%0\r\n", "HGETALL tx:none") },
+		},
+		{
+			name:   "name (CLIENT SETNAME)",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "CLIENT SETNAME keeper") },
+			after:  func(t *testing.T, c, _ *client) { expect(t, c, "$6\r\nkeeper\r\n", "CLIENT GETNAME") },
+		},
+		{
+			name: "name (HELLO SETNAME after CLIENT SETNAME)",
+			before: func(t *testing.T, c *client) {
+				expect(t, c, "+OK\r\n", "CLIENT SETNAME first")
+				expectPrefix(t, c, "*14\r\n", "HELLO 2 SETNAME second")
+			},
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, "$6\r\nsecond\r\n*0\r\n", "CLIENT GETNAME", "HGETALL tx:none")
+			},
+		},
+		{
+			name:   "user (AUTH)",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "AUTH alice pw") },
+			after:  func(t *testing.T, c, _ *client) { expect(t, c, "$5\r\nalice\r\n", "ACL WHOAMI") },
+		},
+		{
+			name: "user (HELLO AUTH, then AUTH)",
+			before: func(t *testing.T, c *client) {
+				expectPrefix(t, c, "%7\r\n", "HELLO 3 AUTH bob pw")
+				expect(t, c, "+OK\r\n", "AUTH alice pw")
+			},
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, "$5\r\nalice\r\n%0\r\n", "ACL WHOAMI", "HGETALL tx:none")
+			},
+		},
+		{
+			name: "user and name (AUTH, then HELLO AUTH SETNAME)",
+			before: func(t *testing.T, c *client) {
+				expect(t, c, "+OK\r\n", "AUTH alice pw")
+				expectPrefix(t, c, "*14\r\n", "HELLO 2 AUTH bob pw SETNAME bobs")
+			},
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, "$3\r\nbob\r\n$4\r\nbobs\r\n", "ACL WHOAMI", "CLIENT GETNAME")
+			},
+		},
+		{
+			name: "CLIENT TRACKING",
+			before: func(t *testing.T, c *client) {
+				expectPrefix(t, c, "%7\r\n", "HELLO 3")
+				expect(t, c, "+OK\r\n", "CLIENT TRACKING on")
+			},
+			closed: true,
+		},
+		{
+			name: "CLIENT TRACKING REDIRECT",
+			before: func(t *testing.T, c *client) {
+				target = dial(t, c.c.RemoteAddr().String())
+				id := strings.TrimSuffix(strings.TrimPrefix(string(target.do(args("CLIENT ID"))), ":"), "\r\n")
+				expectPrefix(t, target, "*3\r\n$9\r\nsubscribe\r\n", "SUBSCRIBE __redis__:invalidate")
+				expect(t, c, "+OK\r\n", "CLIENT TRACKING on REDIRECT "+id)
+			},
+			closed: true,
+			after: func(t *testing.T, _, _ *client) {
+				if rest, closed := target.closedAfter(5 * time.Second); !closed {
+					t.Errorf("the redirect target kept its connection (read %q)", rest)
+				}
+			},
+		},
+		{
+			name: "CLIENT REPLY OFF",
+			before: func(t *testing.T, c *client) {
+				c.send(encode(args("CLIENT REPLY OFF"), args("SET tx:off 1")))
+			},
+			after: func(t *testing.T, c, _ *client) {
+				expectN(t, c, 2, "+OK\r\n$1\r\n2\r\n", "SET tx:off 2", "CLIENT REPLY ON", "GET tx:off")
+			},
+		},
+		{
+			name:   "CLIENT REPLY SKIP",
+			before: func(t *testing.T, c *client) { c.send(encode(args("CLIENT REPLY SKIP"))) },
+			after: func(t *testing.T, c, _ *client) {
+				expectN(t, c, 1, "$1\r\n1\r\n", "SET tx:skip 1", "GET tx:skip")
+			},
+		},
+		{
+			name:   "CLIENT NO-EVICT",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "CLIENT NO-EVICT on") },
+			after: func(t *testing.T, c, _ *client) {
+				if got := string(c.do(args("CLIENT INFO"))); !strings.Contains(got, " flags=e ") {
+					t.Errorf("CLIENT INFO after the loss: %q, want flags=e", got)
+				}
+			},
+		},
+		{
+			// Redis 7.2 has NO-TOUCH; before it, the command is refused
+			// and there is no state to keep.
+			name: "CLIENT NO-TOUCH",
+			before: func(t *testing.T, c *client) {
+				if got := string(c.do(args("CLIENT NO-TOUCH on"))); got != "+OK\r\n" && !strings.HasPrefix(got, "-ERR unknown subcommand") {
+					t.Errorf("CLIENT NO-TOUCH on: %q", got)
+				}
+			},
+			after: func(t *testing.T, c, _ *client) {
+				touch := !strings.HasPrefix(string(c.do(args("CLIENT NO-TOUCH off"))), "-")
+				if !touch {
+					return
+				}
+				c.do(args("CLIENT NO-TOUCH on"))
+				if got := string(c.do(args("CLIENT INFO"))); !strings.Contains(got, "T") {
+					t.Errorf("CLIENT INFO after the loss: %q, want flag T", got)
+				}
+			},
+		},
+		{
+			// Only a cluster node accepts READONLY: one Redis refuses it
+			// before and after alike.
+			name:   "READONLY",
+			before: func(t *testing.T, c *client) { expectPrefix(t, c, "-ERR", "READONLY") },
+			after:  func(t *testing.T, c, _ *client) { expectPrefix(t, c, "-ERR", "READONLY") },
+		},
+		{
+			name: "subscriptions",
+			before: func(t *testing.T, c *client) {
+				expect(t, c, "*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n*3\r\n$10\r\npsubscribe\r\n$2\r\np*\r\n:2\r\n", "SUBSCRIBE ch", "PSUBSCRIBE p*")
+			},
+			closed: true,
+		},
+		{
+			name:   "MONITOR",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "MONITOR") },
+			closed: true,
+		},
+		{
+			name:   "a blocking command in flight",
+			before: func(t *testing.T, c *client) { c.send(encode(args("BLPOP tx:none 0"))) },
+			after: func(t *testing.T, c, _ *client) {
+				if got := string(c.read(1)); got != string(replyConnLost) {
+					t.Errorf("BLPOP in flight: %q, want %q", got, replyConnLost)
+				}
+				expect(t, c, "+PONG\r\n", "PING")
+			},
+		},
+		{
+			name:   "MULTI",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n+QUEUED\r\n", "MULTI", "INCR {tx}a") },
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, txLost+txLost+string(replyExecAbort)+"$-1\r\n$-1\r\n",
+					"INCR {tx}b", "SET {tx}c 1", "EXEC", "GET {tx}a", "GET {tx}b")
+			},
+		},
+		{
+			name:   "MULTI ended by DISCARD",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "MULTI") },
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, "-ERR MULTI calls can not be nested\r\n"+txLost+"+OK\r\n$-1\r\n", "MULTI", "SET {tx}d 1", "DISCARD", "GET {tx}d")
+			},
+		},
+		{
+			name:   "WATCH",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "WATCH tx:w") },
+			after: func(t *testing.T, c, o *client) {
+				expect(t, o, "+OK\r\n", "SET tx:w theirs")
+				expect(t, c, "+OK\r\n+QUEUED\r\n*-1\r\n$6\r\ntheirs\r\n", "MULTI", "SET tx:w mine", "EXEC", "GET tx:w")
+			},
+		},
+		{
+			name: "WATCH in RESP3",
+			before: func(t *testing.T, c *client) {
+				expectPrefix(t, c, "%7\r\n", "HELLO 3")
+				expect(t, c, "+OK\r\n", "WATCH tx:w3")
+			},
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, "+OK\r\n+QUEUED\r\n_\r\n_\r\n", "MULTI", "SET tx:w3 mine", "EXEC", "GET tx:w3")
+			},
+		},
+		{
+			name:   "WATCH ended by UNWATCH",
+			before: func(t *testing.T, c *client) { expect(t, c, "+OK\r\n", "WATCH tx:u") },
+			after: func(t *testing.T, c, _ *client) {
+				expect(t, c, "+OK\r\n+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n", "UNWATCH", "MULTI", "SET tx:u mine", "EXEC")
+			},
+		},
+	}
+}
+
+// addUsers creates the ACL users the table's rows authenticate as.
+func addUsers(t *testing.T, servers ...*redistest.Server) {
+	t.Helper()
+	for _, s := range servers {
+		for _, u := range []string{"alice", "bob"} {
+			if r, err := s.Do("ACL", "SETUSER", u, "on", ">pw", "~*", "&*", "+@all"); err != nil || r != "+OK" {
+				t.Fatalf("ACL SETUSER %s on %s: %q %v", u, s.Addr, r, err)
+			}
+		}
+	}
+}
+
+// runRows sets every row's state on a client of its own at addr, calls
+// lose, waits until p has seen every client's backend connection go and
+// ready reports the backend usable, and checks every row.
+func runRows(t *testing.T, p *Proxy, addr string, rows []lossRow, lose func(), ready func() bool) {
+	clients := make([]*client, len(rows))
+	for i, row := range rows {
+		clients[i] = dial(t, addr)
+		t.Run(row.name+"/before", func(t *testing.T) {
+			clients[i].tb = t
+			row.before(t, clients[i])
+		})
+	}
+	// What the rows sent without waiting for a reply has been handled.
+	time.Sleep(50 * time.Millisecond)
+	lose()
+	waitUntil(t, 10*time.Second, "every backend connection seen lost", func() bool { return allLost(p) })
+	waitUntil(t, 20*time.Second, "the backend usable again", ready)
+	o := dial(t, addr)
+	waitUntil(t, 5*time.Second, "a command through the proxy", func() bool { return string(o.do(args("PING"))) == "+PONG\r\n" })
+	for i, row := range rows {
+		t.Run(row.name+"/after", func(t *testing.T) {
+			clients[i].tb, o.tb = t, t
+			if row.closed {
+				if rest, closed := clients[i].closedAfter(5 * time.Second); !closed {
+					t.Errorf("kept its connection (read %q)", rest)
+				}
+			}
+			if row.after != nil {
+				row.after(t, clients[i], o)
+			}
+		})
+	}
+}
+
+// allLost reports whether no client of p has a backend connection of its
+// own that p has not seen lost.
+func allLost(p *Proxy) bool {
+	for s := range p.sessionsNow() {
+		s.q.mu.Lock()
+		live := s.q.be != nil && !s.q.be.dead
+		s.q.mu.Unlock()
+		if live {
+			return false
+		}
+	}
+	return true
+}
+
+// killClients closes every client connection of srv (CLIENT KILL TYPE
+// normal, and TYPE pubsub for the subscribed ones, from a connection of
+// its own) and returns how many it closed.
+func killClients(t testing.TB, srv *redistest.Server) int {
+	n := 0
+	for _, typ := range []string{"normal", "pubsub"} {
+		r, err := srv.Do("CLIENT", "KILL", "TYPE", typ)
+		if err != nil || !strings.HasPrefix(r, ":") {
+			t.Errorf("CLIENT KILL TYPE %s on %s: %q %v", typ, srv.Addr, r, err)
+			continue
+		}
+		k, _ := strconv.Atoi(r[1:])
+		n += k
+	}
+	return n
+}
+
+// TestStateAcrossConnectionLoss runs the state table against one Redis
+// whose clients are killed.
+func TestStateAcrossConnectionLoss(t *testing.T) {
+	srv := redistest.Start(t)
+	addUsers(t, srv)
+	addr, p := startProxy(t, srv.Addr, nil)
+	runRows(t, p, addr, stateRows(), func() { killClients(t, srv) }, func() bool { return true })
+}
+
+// TestStateAcrossFailover runs the state table through a Sentinel
+// failover (SENTINEL FAILOVER).
+func TestStateAcrossFailover(t *testing.T) {
+	g := redistest.StartGroup(t, "txloss", 1, 3)
+	addUsers(t, g.Servers()...)
+	addr, p, _ := startSentinelProxy(t, g)
+	old := g.Primary
+	runRows(t, p, addr, stateRows(), func() {
+		waitReplicated(t, old)
+		g.Failover()
+	}, func() bool {
+		b := p.Backend()
+		return b.Primary != "" && b.Primary != old.Addr
+	})
+}
+
+// waitReplicated waits until the replicas of srv have everything it wrote.
+func waitReplicated(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	c := dial(t, srv.Addr)
+	defer c.c.Close()
+	waitUntil(t, 5*time.Second, "the replicas in sync", func() bool {
+		info := string(c.do(args("INFO replication")))
+		var offset string
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "master_repl_offset:"); ok {
+				offset = v
+			}
+		}
+		return strings.Contains(info, ",offset="+offset+",")
+	})
+}
+
+// TestClusterTxAcrossConnectionLoss runs the MULTI and WATCH rows of the
+// table through a proxy in front of a Redis Cluster whose masters kill
+// their clients.
+func TestClusterTxAcrossConnectionLoss(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	var rows []lossRow
+	for _, row := range stateRows() {
+		if strings.HasPrefix(row.name, "MULTI") || strings.HasPrefix(row.name, "WATCH") {
+			rows = append(rows, row)
+		}
+	}
+	runRows(t, p, addr, rows, func() {
+		for _, s := range c.Nodes[:c.Masters] {
+			killClients(t, s)
+		}
+	}, func() bool { return true })
+
+}
