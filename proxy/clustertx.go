@@ -110,6 +110,17 @@ func (s *session) txConn(p *part, be *backend) bool {
 	return true
 }
 
+// txUnsent records that p, of a transaction or WATCH, could not be sent:
+// its master could not be reached. The transaction fails; the keys of the
+// WATCH count as lost.
+func (s *session) txUnsent(p *part) {
+	if p.watch != nil {
+		p.watch.lost = true
+	} else {
+		p.txn.failed = true
+	}
+}
+
 // replaced answers p with p.reply, after reading and dropping the reply
 // to what was sent in its place, if anything was.
 func (s *session) replaced(p *part, deadline time.Time) {

@@ -67,6 +67,13 @@ func (q *replyQueue) doomed(e *entry) []byte {
 	return q.st.doomed(e)
 }
 
+// unsent records that e could not be sent (see connState.unsent).
+func (q *replyQueue) unsent(e *entry) {
+	q.mu.Lock()
+	q.st.unsent(e)
+	q.mu.Unlock()
+}
+
 // replyReplay returns the CLIENT REPLY a new backend connection must be
 // sent first, nil when replies are on.
 func (q *replyQueue) replyReplay() []byte {

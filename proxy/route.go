@@ -670,6 +670,9 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 		}
 		if !s.again(p, deadline) {
 			p.err = err
+			if p.txn != nil || p.watch != nil {
+				s.txUnsent(p)
+			}
 			return nil
 		}
 	}

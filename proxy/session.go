@@ -314,6 +314,7 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 				s.log.Debug("backend unavailable", zap.Error(err))
 			}
 			s.p.m.unavailable.Add(1)
+			s.q.unsent(&e)
 			return localItem{reply: errorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
 		}
 		if ok, _ := s.q.send(&e, s.be); ok {

@@ -366,6 +366,24 @@ func (c *connState) doomed(e *entry) []byte {
 	return replyTxnLost
 }
 
+// unsent records that e could not be sent: no backend connection could
+// be had. A MULTI opens a transaction lost at once, and a WATCH counts as
+// watched keys lost, so that a client that goes on after the error (a
+// pipeline of MULTI ... EXEC does) never has the rest run outside the
+// transaction, nor an EXEC succeed unwatched.
+func (c *connState) unsent(e *entry) {
+	if c.multi {
+		return
+	}
+	switch e.kind {
+	case entryMulti:
+		c.multi, c.txnLost = true, true
+		c.txn++
+	case entryWatch:
+		c.watching, c.watchLost = true, true
+	}
+}
+
 // holds reports whether e must not reach the backend: it is part of a
 // transaction whose backend connection was lost.
 func (c *connState) holds(e *entry) bool {

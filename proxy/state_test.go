@@ -19,10 +19,12 @@ type event struct {
 	refuse bool   // the proxy refuses a command of the client
 	local  bool   // the proxy answers a command itself
 	own    bool   // the proxy sends a command of its own (AUTH after RESET)
+	unsent string // a command that could not be sent: no backend connection
 }
 
-func tx(cmd string) event   { return event{send: cmd} }
-func rx(frame string) event { return event{reply: frame} }
+func tx(cmd string) event     { return event{send: cmd} }
+func rx(frame string) event   { return event{reply: frame} }
+func unsent(cmd string) event { return event{unsent: cmd} }
 
 var (
 	lose   = event{lose: true}
@@ -46,6 +48,12 @@ func play(t *testing.T, events []event) (trace, state string) {
 	var words []string
 	for _, st := range events {
 		switch {
+		case st.unsent != "":
+			cmd, _ := redcon.Parse(command(strings.Split(st.unsent, " ")...))
+			var nb [24]byte
+			e := classify(lower(&nb, cmd.Args[0]), cmd)
+			c.unsent(&e)
+			words = append(words, "u")
 		case st.send != "" || st.own:
 			e := entry{kind: entryInternal}
 			if !st.own {
@@ -326,6 +334,18 @@ func TestConnState(t *testing.T) {
 			give:  []event{tx("WATCH k"), lose, tx("RESET"), tx("MULTI"), tx("EXEC")},
 			trace: "r l r r r",
 			state: "resp2 subs=0/0/0 replay=[] owed=3",
+		},
+		{
+			name:  "a MULTI that could not be sent opens a lost transaction",
+			give:  []event{unsent("MULTI"), tx("INCR a"), tx("EXEC"), tx("INCR a")},
+			trace: "u !lost !execabort r",
+			state: "resp2 subs=0/0/0 replay=[] owed=1",
+		},
+		{
+			name:  "a WATCH that could not be sent aborts EXEC",
+			give:  []event{unsent("WATCH k"), tx("MULTI"), tx("EXEC")},
+			trace: "u r N",
+			state: "resp2 subs=0/0/0 replay=[] owed=2",
 		},
 		{
 			name:  "a client tracking keys is disconnected at a loss",

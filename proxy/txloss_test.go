@@ -1,8 +1,14 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -390,4 +396,327 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 		}
 	}, func() bool { return true })
 
+}
+
+// loopConn is a RESP connection for the loops' goroutines: it returns
+// errors instead of failing the test.
+type loopConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func loopDial(addr string) (*loopConn, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &loopConn{c: c, r: bufio.NewReader(c)}, nil
+}
+
+// do sends cmds in one write and returns each reply, raw.
+func (l *loopConn) do(cmds ...[]string) ([]string, error) {
+	l.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := l.c.Write(encode(cmds...)); err != nil {
+		return nil, err
+	}
+	out := make([]string, len(cmds))
+	for i := range out {
+		var b bytes.Buffer
+		if err := readValue(&b, l.r); err != nil {
+			return out[:i], err
+		}
+		out[i] = b.String()
+	}
+	return out, nil
+}
+
+// lossBackend is where the loops run: the proxy in front of it, how to
+// make it close every client connection, and the master of the hash tag
+// {tx}, where the checker reads.
+type lossBackend struct {
+	addr   string
+	master string
+	kill   func()
+}
+
+// TestTxUnderConnectionLoss runs transactions and WATCH compare-and-set
+// loops through the proxy while the backend closes every client
+// connection every 20 ms, in front of one Redis and of a cluster.
+func TestTxUnderConnectionLoss(t *testing.T) {
+	t.Run("one Redis", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		addr, _ := startProxy(t, srv.Addr, nil)
+		b := lossBackend{addr: addr, master: srv.Addr, kill: func() { killClients(t, srv) }}
+		t.Run("MULTI INCR INCR EXEC", func(t *testing.T) { testTxLoop(t, b) })
+		t.Run("WATCH compare-and-set", func(t *testing.T) { testCASLoop(t, b) })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		c := redistest.StartCluster(t, 3, 0)
+		addr, _ := startClusterProxy(t, c)
+		masters := c.Nodes[:c.Masters]
+		b := lossBackend{addr: addr, kill: func() {
+			for _, s := range masters {
+				killClients(t, s)
+			}
+		}}
+		for _, s := range masters {
+			if r, _ := s.Do("GET", "{tx}a"); !strings.HasPrefix(r, "-MOVED") {
+				b.master = s.Addr
+			}
+		}
+		t.Run("MULTI INCR INCR EXEC", func(t *testing.T) { testTxLoop(t, b) })
+		t.Run("WATCH compare-and-set", func(t *testing.T) { testCASLoop(t, b) })
+	})
+}
+
+// lossLoop runs work on n goroutines, kills the backend's clients every
+// 20 ms and calls check every 2 ms, for 2 s; it returns the kills made.
+func lossLoop(t *testing.T, b lossBackend, n int, work func(i int, stop <-chan struct{}), check func()) int {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work(i, stop)
+		}()
+	}
+	kills := 0
+	killT := time.NewTicker(20 * time.Millisecond)
+	checkT := time.NewTicker(2 * time.Millisecond)
+	end := time.After(2 * time.Second)
+loop:
+	for {
+		select {
+		case <-killT.C:
+			b.kill()
+			kills++
+		case <-checkT.C:
+			check()
+		case <-end:
+			break loop
+		}
+	}
+	killT.Stop()
+	checkT.Stop()
+	close(stop)
+	wg.Wait()
+	check()
+	return kills
+}
+
+// readInts reads the integer values of keys from the master directly,
+// in one MGET; ok is false when the connection was killed meanwhile.
+func readInts(t *testing.T, master string, keys ...string) (vals []int, ok bool) {
+	l, err := loopDial(master)
+	if err != nil {
+		t.Errorf("checker: %v", err)
+		return nil, false
+	}
+	defer l.c.Close()
+	r, err := l.do(append([]string{"MGET"}, keys...))
+	if err != nil {
+		return nil, false // killed
+	}
+	lines := strings.Split(r[0], "\r\n")[1:] // after *n: $len and value, or $-1
+	for range keys {
+		n := 0
+		if lines[0] != "$-1" {
+			n, _ = strconv.Atoi(lines[1])
+			lines = lines[1:]
+		}
+		lines = lines[1:]
+		vals = append(vals, n)
+	}
+	return vals, true
+}
+
+// testTxLoop runs clients doing MULTI, INCR {tx}a, INCR {tx}b, EXEC, half
+// of them one command at a time, half in one pipeline, under repeated
+// connection loss. a and b must be equal on the backend at every check,
+// every INCR answered inside the transaction must be QUEUED or an error
+// (never run at once), and every EXEC that succeeded applied both.
+func testTxLoop(t *testing.T, b lossBackend) {
+	var ok, lost, aborted atomic.Int64 // EXECs: applied, unknown, aborted
+	var mu sync.Mutex
+	bad := map[string]int{}
+	note := func(what string) {
+		mu.Lock()
+		bad[what]++
+		mu.Unlock()
+	}
+	work := func(i int, stop <-chan struct{}) {
+		l, err := loopDial(b.addr)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer l.c.Close()
+		cmds := [][]string{args("MULTI"), args("INCR {tx}a"), args("INCR {tx}b"), args("EXEC")}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var r []string
+			if i%2 == 0 {
+				r, err = l.do(cmds...)
+			} else {
+				for _, cmd := range cmds {
+					var one []string
+					if one, err = l.do(cmd); err != nil {
+						break
+					}
+					r = append(r, one...)
+				}
+			}
+			if err != nil {
+				t.Errorf("client %d: %v", i, err)
+				return
+			}
+			for _, q := range r[1:3] {
+				if !strings.HasPrefix(q, "+QUEUED") && !strings.HasPrefix(q, "-") {
+					note("queued command answered " + q)
+				}
+			}
+			switch exec := r[3]; {
+			case strings.HasPrefix(exec, "*2\r\n:"):
+				v := strings.Split(exec, "\r\n")
+				if v[1] != v[2] {
+					note("EXEC applied a and b apart: " + exec)
+				}
+				ok.Add(1)
+			case exec == string(replyConnLost) || strings.HasPrefix(exec, "-ERR backend unavailable"):
+				lost.Add(1)
+			case exec == string(replyExecAbort):
+				aborted.Add(1)
+			default:
+				note("EXEC answered " + exec)
+			}
+		}
+	}
+	checks := 0
+	check := func() {
+		v, read := readInts(t, b.master, "{tx}a", "{tx}b")
+		if !read {
+			return
+		}
+		checks++
+		if v[0] != v[1] {
+			note(fmt.Sprintf("a=%d b=%d on the backend", v[0], v[1]))
+		}
+	}
+	before, _ := readInts(t, b.master, "{tx}a")
+	kills := lossLoop(t, b, 4, work, check)
+	after, read := readInts(t, b.master, "{tx}a")
+	if !read {
+		t.Fatal("no final read")
+	}
+	applied := int64(after[0] - before[0])
+	t.Logf("%d kills, %d checks; EXEC: %d applied, %d aborted, %d unknown (connection lost); a grew by %d",
+		kills, checks, ok.Load(), aborted.Load(), lost.Load(), applied)
+	for what, n := range bad {
+		t.Errorf("%d times: %s", n, what)
+	}
+	if applied < ok.Load() || applied > ok.Load()+lost.Load() {
+		t.Errorf("a grew by %d, with %d EXECs applied and %d unknown", applied, ok.Load(), lost.Load())
+	}
+	if ok.Load() == 0 || aborted.Load() == 0 {
+		t.Errorf("the loop did not exercise both outcomes: %d applied, %d aborted", ok.Load(), aborted.Load())
+	}
+}
+
+// testCASLoop runs clients that increment {tx}cas with WATCH, GET, MULTI,
+// SET, EXEC, against a writer that increments it with INCR, under repeated
+// connection loss. No update is lost: the final value is at least the
+// increments that answered success, and at most those plus the ones whose
+// reply was lost.
+func testCASLoop(t *testing.T, b lossBackend) {
+	var casOK, casNull, writes, unknown atomic.Int64
+	var mu sync.Mutex
+	bad := map[string]int{}
+	work := func(i int, stop <-chan struct{}) {
+		l, err := loopDial(b.addr)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer l.c.Close()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if i == 0 { // the writer
+				r, err := l.do(args("INCR {tx}cas"))
+				if err != nil {
+					t.Errorf("writer: %v", err)
+					return
+				}
+				if strings.HasPrefix(r[0], ":") {
+					writes.Add(1)
+				} else {
+					unknown.Add(1)
+				}
+				continue
+			}
+			r, err := l.do(args("WATCH {tx}cas"), args("GET {tx}cas"))
+			if err != nil {
+				t.Errorf("client %d: %v", i, err)
+				return
+			}
+			if r[0] != "+OK\r\n" || r[1][0] == '-' {
+				l.do(args("UNWATCH"))
+				continue
+			}
+			n := 0
+			if v := strings.Split(r[1], "\r\n"); v[0] != "$-1" {
+				n, _ = strconv.Atoi(v[1])
+			}
+			r, err = l.do(args("MULTI"), []string{"SET", "{tx}cas", strconv.Itoa(n + 1)}, args("EXEC"))
+			if err != nil {
+				t.Errorf("client %d: %v", i, err)
+				return
+			}
+			switch exec := r[2]; {
+			case exec == "*1\r\n+OK\r\n":
+				casOK.Add(1)
+			case exec == "*-1\r\n", exec == string(replyExecAbort):
+				casNull.Add(1)
+			case strings.HasPrefix(exec, "-ERR backend unavailable"):
+				unknown.Add(1)
+			default:
+				mu.Lock()
+				bad["EXEC answered "+exec]++
+				mu.Unlock()
+			}
+		}
+	}
+	b.kill()
+	before, _ := readInts(t, b.master, "{tx}cas")
+	kills := lossLoop(t, b, 4, work, func() {})
+	after, read := readInts(t, b.master, "{tx}cas")
+	if !read {
+		t.Fatal("no final read")
+	}
+	grew := int64(after[0] - before[0])
+	done := casOK.Load() + writes.Load()
+	t.Logf("%d kills; %d CAS applied, %d aborted, %d INCR applied, %d unknown; the value grew by %d",
+		kills, casOK.Load(), casNull.Load(), writes.Load(), unknown.Load(), grew)
+	for what, n := range bad {
+		t.Errorf("%d times: %s", n, what)
+	}
+	if grew < done {
+		t.Errorf("lost updates: the value grew by %d, %d increments answered success", grew, done)
+	}
+	if grew > done+unknown.Load() {
+		t.Errorf("the value grew by %d, more than the %d applied and %d unknown", grew, done, unknown.Load())
+	}
+	if casOK.Load() == 0 || casNull.Load() == 0 {
+		t.Errorf("the loop did not exercise both outcomes: %d applied, %d aborted", casOK.Load(), casNull.Load())
+	}
 }
