@@ -346,19 +346,28 @@ func TestStateAcrossConnectionLoss(t *testing.T) {
 }
 
 // TestStateAcrossFailover runs the state table through a Sentinel
-// failover (SENTINEL FAILOVER).
+// failover: SENTINEL FAILOVER, and a SIGKILL of the primary.
 func TestStateAcrossFailover(t *testing.T) {
-	g := redistest.StartGroup(t, "txloss", 1, 3)
-	addUsers(t, g.Servers()...)
-	addr, p, _ := startSentinelProxy(t, g)
-	old := g.Primary
-	runRows(t, p, addr, stateRows(), func() {
-		waitReplicated(t, old)
-		g.Failover()
-	}, func() bool {
-		b := p.Backend()
-		return b.Primary != "" && b.Primary != old.Addr
-	})
+	for _, kill := range []bool{false, true} {
+		t.Run(map[bool]string{false: "SENTINEL FAILOVER", true: "primary killed"}[kill], func(t *testing.T) {
+			t.Parallel()
+			g := redistest.StartGroup(t, "txloss", 1, 3)
+			addUsers(t, g.Servers()...)
+			addr, p, _ := startSentinelProxy(t, g)
+			old := g.Primary
+			runRows(t, p, addr, stateRows(), func() {
+				waitReplicated(t, old)
+				if kill {
+					old.Kill()
+				} else {
+					g.Failover()
+				}
+			}, func() bool {
+				b := p.Backend()
+				return b.Primary != "" && b.Primary != old.Addr
+			})
+		})
+	}
 }
 
 // waitReplicated waits until the replicas of srv have everything it wrote.
