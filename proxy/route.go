@@ -308,7 +308,7 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		switch string(lower(&sb, args[1])) {
 		case "setname":
 			return s.everywhere(m, cmd, name)
-		case "reply", "tracking", "caching":
+		case "reply", "tracking", "caching", "no-evict", "no-touch":
 			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1]))))
 		}
 	}

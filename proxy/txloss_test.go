@@ -405,6 +405,14 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 		}
 	}, func() bool { return true })
 
+	// What a connection to one master could not keep for the others is
+	// refused, not set on one of them.
+	cl := dial(t, addr)
+	for _, sub := range []string{"reply off", "tracking on", "no-evict on", "no-touch on"} {
+		name := strings.Fields(sub)[0]
+		expect(t, cl, "-ERR 'client "+name+"' is not supported by lockproxy in front of a Redis Cluster\r\n", "CLIENT "+sub)
+	}
+	expect(t, cl, string(replyMonitorCluster), "MONITOR")
 }
 
 // loopConn is a RESP connection for the loops' goroutines: it returns
