@@ -24,6 +24,16 @@ const (
 	txWatch                 // a WATCH inside it: the same
 )
 
+// txPart is what a part of a transaction or WATCH carries: the transaction
+// or WATCH, and, once it is sent or refused, what the client gets instead
+// of the part's reply (nil: the reply).
+type txPart struct {
+	txn   *txnState
+	watch *pin
+	role  txRole
+	reply []byte
+}
+
 // tagTx ties the parts of c, the call planned for name, to the transaction
 // or WATCH they belong to, for txConn to check when they are sent. txn and
 // watch are the client's transaction and WATCH before c was planned.
@@ -46,34 +56,34 @@ func (s *session) tagTx(c *call, name []byte, txn *txnState, watch *pin) {
 			role = txWatch
 		}
 		for i := range c.count() {
-			p := c.part(i)
-			p.txn, p.txRole = txn, role
+			c.part(i).tx = &txPart{txn: txn, role: role}
 		}
 		if c.kind == callMerge && c.op == opLast {
 			// The transaction moves to the master of its first key: the
 			// MULTI sent there opens it on that connection.
-			c.parts[1].txRole = txOpens
+			c.parts[1].tx.role = txOpens
 		}
 	case cs.txn != nil:
 		cs.txn.watched, cs.txn.lost = watch, false // lost was the WATCH's
-		c.one.txn, c.one.txRole = cs.txn, txOpens
+		c.one.tx = &txPart{txn: cs.txn, role: txOpens}
 	case cs.watch != nil && string(name) == "watch":
-		c.one.watch = cs.watch
+		c.one.tx = &txPart{watch: cs.watch}
 	}
 }
 
 // txConn checks p, about to be written on be, against the connection of
 // its transaction or WATCH, and reports false when it must not be written:
-// p then answers p.reply, or the error p.err.
+// p then answers p.tx.reply, or the error p.err.
 func (s *session) txConn(p *part, be *backend) bool {
-	if w := p.watch; w != nil {
+	x := p.tx
+	if w := x.watch; w != nil {
 		w.lost = w.lost || (w.conn != nil && w.conn != be)
 		w.conn = be
 		return true
 	}
-	t := p.txn
+	t := x.txn
 	switch {
-	case p.txRole == txOpens && !t.lost:
+	case x.role == txOpens && !t.lost:
 		t.conn = be
 		if w := t.watched; w != nil && (w.lost || w.conn != be) {
 			t.watchLost = true
@@ -83,27 +93,27 @@ func (s *session) txConn(p *part, be *backend) bool {
 		// key does not open again there.
 		t.lost = true
 		p.err = errTxnLost
-		switch p.txRole {
+		switch x.role {
 		case txExec:
-			p.reply = replyExecAbort
+			x.reply = replyExecAbort
 		case txDiscard:
-			p.reply = replyOK
+			x.reply = replyOK
 		case txMulti:
-			p.reply = replyNestedMulti
+			x.reply = replyNestedMulti
 		case txWatch:
-			p.reply = replyWatchInMulti
+			x.reply = replyWatchInMulti
 		default:
 			t.failed = true
 		}
 		return false
-	case p.txRole == txExec && (t.failed || t.watchLost):
+	case x.role == txExec && (t.failed || t.watchLost):
 		// The transaction is queued on be: throw it away.
 		p.raw = cmdDiscard
-		p.reply = replyExecAbort
+		x.reply = replyExecAbort
 		if !t.failed {
-			p.reply = replyNull2
+			x.reply = replyNull2
 			if s.cl.resp3 {
-				p.reply = replyNull3
+				x.reply = replyNull3
 			}
 		}
 	}
@@ -114,19 +124,19 @@ func (s *session) txConn(p *part, be *backend) bool {
 // its master could not be reached. The transaction fails; the keys of the
 // WATCH count as lost.
 func (s *session) txUnsent(p *part) {
-	if p.watch != nil {
-		p.watch.lost = true
+	if w := p.tx.watch; w != nil {
+		w.lost = true
 	} else {
-		p.txn.failed = true
+		p.tx.txn.failed = true
 	}
 }
 
-// replaced answers p with p.reply, after reading and dropping the reply
+// replaced answers p with p.tx.reply, after reading and dropping the reply
 // to what was sent in its place, if anything was.
 func (s *session) replaced(p *part, deadline time.Time) {
 	if p.be != nil {
 		var ri replyInfo
 		s.readReply(p, s.w.discard, &ri, deadline, false)
 	}
-	s.writeReply(p.reply)
+	s.writeReply(p.tx.reply)
 }

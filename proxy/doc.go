@@ -37,15 +37,22 @@
 // When the backend connection breaks, the commands waiting on it are
 // answered with "-ERR backend unavailable: ...", and the next command opens
 // a new connection brought back to the client's state (AUTH, HELLO, CLIENT
-// SETNAME, SELECT). A client that was subscribed, monitoring or a replica
-// is disconnected instead, so that it notices its subscriptions are gone.
+// SETNAME, SELECT, CLIENT NO-EVICT and NO-TOUCH, CLIENT REPLY). A client
+// that was subscribed, monitoring, tracking keys (CLIENT TRACKING) or a
+// replica is disconnected instead, so that it notices its subscriptions
+// or invalidations are gone. A transaction open on the lost connection
+// fails as a whole: its later commands are refused as commands that fail
+// to queue, without reaching the backend, and EXEC answers EXECABORT; keys
+// WATCHed on it make the next EXEC abort with a null reply (state.go,
+// connState.doomed; clustertx.go for a cluster).
 //
 // With a Redis Cluster behind it (BackendConfig.Cluster), none of the
 // above carries a client's commands: route.go routes each command by the
 // slot of its keys to the master serving it, on connections of the
 // client's own (one per master), splits and merges the multi-key commands
 // that may cross slots, fans keyless ones out, and follows MOVED and ASK;
-// cluster.go keeps the slot map and the COMMAND table. A client that
+// cluster.go keeps the slot map and the COMMAND table; clustertx.go ties
+// a transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served by
 // the single-Redis machinery above (clusterpubsub.go): the master of slot 0
 // for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH), that of the

@@ -65,12 +65,7 @@ type part struct {
 	pos  []int    // opArray: the client's positions of this part's keys
 	be   *backend // the connection it was sent on; nil when it could not be
 	err  error    // why it could not be sent
-	// The transaction or WATCH the part belongs to (clustertx.go), and
-	// what the client gets instead of its reply, when set.
-	txn    *txnState
-	watch  *pin
-	txRole txRole
-	reply  []byte
+	tx   *txPart  // set when it belongs to a transaction or WATCH (clustertx.go)
 }
 
 // call is one client command in a batch.
@@ -658,7 +653,7 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 	cs := s.cl
 	for {
 		be, err := cs.conn(s, cs.conns, p.addr)
-		if err == nil && (p.txn != nil || p.watch != nil) && !s.txConn(p, be) {
+		if err == nil && p.tx != nil && !s.txConn(p, be) {
 			return nil
 		}
 		if err == nil {
@@ -670,7 +665,7 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 		}
 		if !s.again(p, deadline) {
 			p.err = err
-			if p.txn != nil || p.watch != nil {
+			if p.tx != nil {
 				s.txUnsent(p)
 			}
 			return nil
@@ -716,7 +711,7 @@ func (s *session) replyTo(c *call, deadline time.Time) bool {
 		return true
 	case callPlain:
 		p := &c.one
-		if p.reply != nil {
+		if p.tx != nil && p.tx.reply != nil {
 			s.replaced(p, deadline)
 			return true
 		}

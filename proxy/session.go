@@ -306,10 +306,11 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		s.dedicated = true
 	}
 	for {
-		if reply := s.q.doomed(&e); reply != nil {
-			return localItem{reply: reply, silent: s.q.silent()}, false
+		doomed, err := s.connect(&e)
+		if doomed != nil {
+			return localItem{reply: doomed, silent: s.q.silent()}, false
 		}
-		if err := s.connect(); err != nil {
+		if err != nil {
 			if s.ctx.Err() == nil {
 				s.log.Debug("backend unavailable", zap.Error(err))
 			}
@@ -319,6 +320,9 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		}
 		if ok, _ := s.q.send(&e, s.be); ok {
 			break
+		}
+		if doomed := s.q.doomed(&e); doomed != nil {
+			return localItem{reply: doomed, silent: s.q.silent()}, false
 		}
 	}
 	raw := cmd.Raw
@@ -400,19 +404,24 @@ func (s *session) drainShared() {
 	s.w.drain()
 }
 
-// connect makes sure the forwarder has a live backend connection.
-func (s *session) connect() error {
+// connect makes sure the forwarder has a live backend connection for e,
+// unless e belongs to a transaction whose connection was lost: then it
+// returns what the client gets instead (see connState.doomed), and dials
+// nothing.
+func (s *session) connect(e *entry) (doomed []byte, err error) {
 	if s.be != nil {
 		if !s.q.dead(s.be) {
-			return nil
+			return nil, nil
 		}
 		// The old reader answers what was pending before the new
 		// connection's replies may start.
 		<-s.be.done
 		s.be = nil
 	}
+	if doomed := s.q.doomed(e); doomed != nil {
+		return doomed, nil
+	}
 	var be *backend
-	var err error
 	if s.cl != nil {
 		if be, err = s.p.dialAddr(s.ctx, s.pinAddr, s.q.replay()); err != nil {
 			// The node may have failed: the next subscription asks
@@ -423,11 +432,11 @@ func (s *session) connect() error {
 		be, err = s.p.dedicated(s.ctx, s.q.replay())
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.q.attach(be); err != nil {
 		be.nc.Close()
-		return err
+		return nil, err
 	}
 	// CLIENT REPLY OFF or SKIP answers nothing: it is sent with the
 	// command that follows rather than replayed with the rest.
@@ -437,7 +446,7 @@ func (s *session) connect() error {
 	s.be = be
 	s.wg.Add(1)
 	go s.readBackend(be)
-	return nil
+	return nil, nil
 }
 
 // readBackend copies the backend's replies to the client until the backend
