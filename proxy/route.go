@@ -401,7 +401,10 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 		case "auth":
 			cs.auth = raw
 		case "hello":
-			cs.hello = raw
+			// Its AUTH and SETNAME are replayed apart (replayState.learnHello).
+			st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
+			st.learnHello(raw)
+			cs.auth, cs.hello, cs.name = st.auth, st.hello, st.name
 			if proto == 2 || proto == 3 {
 				cs.resp3 = proto == 3
 			}

@@ -387,16 +387,19 @@ func waitReplicated(t *testing.T, srv *redistest.Server) {
 	})
 }
 
-// TestClusterTxAcrossConnectionLoss runs the MULTI and WATCH rows of the
-// table through a proxy in front of a Redis Cluster whose masters kill
-// their clients.
+// TestClusterTxAcrossConnectionLoss runs the rows of the table that a
+// cluster keeps (protocol, name, user, MULTI, WATCH) through a proxy in
+// front of a Redis Cluster whose masters kill their clients.
 func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
+	addUsers(t, c.Nodes...)
 	addr, p := startClusterProxy(t, c)
 	var rows []lossRow
 	for _, row := range stateRows() {
-		if strings.HasPrefix(row.name, "MULTI") || strings.HasPrefix(row.name, "WATCH") {
-			rows = append(rows, row)
+		for _, prefix := range []string{"protocol", "name", "user", "MULTI", "WATCH"} {
+			if strings.HasPrefix(row.name, prefix) {
+				rows = append(rows, row)
+			}
 		}
 	}
 	runRows(t, p, addr, rows, func() {
