@@ -100,6 +100,24 @@ func (r replayState) commands(dst [][]byte) [][]byte {
 	return dst
 }
 
+// piece returns the piece of the state a command of kind k sets as it
+// is, nil for the others.
+func (r *replayState) piece(k entryKind) *[]byte {
+	switch k {
+	case entrySelect:
+		return &r.db
+	case entryAuth:
+		return &r.auth
+	case entrySetName:
+		return &r.name
+	case entryNoEvict:
+		return &r.noEvict
+	case entryNoTouch:
+		return &r.noTouch
+	}
+	return nil
+}
+
 // learnHello records a HELLO that succeeded: the protocol it set, and the
 // user and name when it set them too.
 func (r *replayState) learnHello(raw []byte) {
@@ -453,27 +471,13 @@ func (c *connState) replied(ri *replyInfo, head *entry) outcome {
 		return unsolicited
 	}
 	ok := ri.typ != '-' && ri.typ != '!'
+	if ok {
+		if piece := c.replay.piece(head.kind); piece != nil {
+			*piece = head.raw
+			return answered
+		}
+	}
 	switch head.kind {
-	case entrySelect:
-		if ok {
-			c.replay.db = head.raw
-		}
-	case entryAuth:
-		if ok {
-			c.replay.auth = head.raw
-		}
-	case entrySetName:
-		if ok {
-			c.replay.name = head.raw
-		}
-	case entryNoEvict:
-		if ok {
-			c.replay.noEvict = head.raw
-		}
-	case entryNoTouch:
-		if ok {
-			c.replay.noTouch = head.raw
-		}
 	case entryTracking:
 		if ok {
 			c.tracking = head.mode == replyOn
