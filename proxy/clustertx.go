@@ -73,7 +73,7 @@ func (s *session) tagTx(c *call, name []byte, txn *txnState, watch *pin) {
 
 // txConn checks p, about to be written on be, against the connection of
 // its transaction or WATCH, and reports false when it must not be written:
-// p then answers p.tx.reply, or the error p.err.
+// p then answers p.tx.reply (p.err, in a call whose replies merge).
 func (s *session) txConn(p *part, be *backend) bool {
 	x := p.tx
 	if w := x.watch; w != nil {
@@ -104,6 +104,7 @@ func (s *session) txConn(p *part, be *backend) bool {
 			x.reply = replyWatchInMulti
 		default:
 			t.failed = true
+			x.reply = replyTxnLost
 		}
 		return false
 	case x.role == txExec && (t.failed || t.watchLost):
