@@ -39,7 +39,10 @@ type txPart struct {
 // watch are the client's transaction and WATCH before c was planned.
 func (s *session) tagTx(c *call, name []byte, txn *txnState, watch *pin) {
 	cs := s.cl
-	if c.kind == callLocal {
+	if c.kind == callLocal || (c.kind == callMerge && c.op != opLast) {
+		// The proxy's own reply, or AUTH, HELLO or CLIENT SETNAME, which
+		// go to every connection of the client, inside a transaction or
+		// not (everywhere).
 		return
 	}
 	switch {
