@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -367,6 +370,62 @@ func TestStateAcrossFailover(t *testing.T) {
 				return b.Primary != "" && b.Primary != old.Addr
 			})
 		})
+	}
+}
+
+// TestTxAcrossRepeatedFailovers runs the MULTI and WATCH rows of the
+// table through three Sentinel failovers in a row (SENTINEL FAILOVER).
+func TestTxAcrossRepeatedFailovers(t *testing.T) {
+	t.Parallel()
+	g := redistest.StartGroup(t, "txrepeat", 2, 3)
+	for _, s := range g.Servers() {
+		// A replica moved to a new primary syncs at once, not 5 s later.
+		if r, err := s.Do("CONFIG", "SET", "repl-diskless-sync-delay", "0"); err != nil || r != "+OK" {
+			t.Fatalf("CONFIG SET on %s: %q %v", s.Addr, r, err)
+		}
+	}
+	addr, p, _ := startSentinelProxy(t, g)
+	var rows []lossRow
+	for _, row := range stateRows() {
+		if strings.HasPrefix(row.name, "MULTI") || strings.HasPrefix(row.name, "WATCH") {
+			rows = append(rows, row)
+		}
+	}
+	for i := range 3 {
+		old := p.Backend().Primary
+		start := time.Now()
+		t.Run(fmt.Sprintf("failover %d", i+1), func(t *testing.T) {
+			runRows(t, p, addr, rows, func() { failoverWhenReady(t, g) }, func() bool {
+				b := p.Backend()
+				return b.Primary != "" && b.Primary != old
+			})
+		})
+		t.Logf("failover %d: %v", i+1, time.Since(start).Round(time.Millisecond))
+	}
+	if f := p.Backend().Failovers; f != 3 {
+		t.Errorf("the proxy followed %d failovers, want 3", f)
+	}
+}
+
+// failoverWhenReady asks a Sentinel to fail over, again while it answers
+// that the last failover is still in progress or that no replica is fit
+// yet (a replica of the new primary is still syncing), for at most 20 s.
+func failoverWhenReady(t *testing.T, g *redistest.Group) {
+	c := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinels[0].Addr})
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := c.Failover(ctx, g.MasterName).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		retry := strings.HasPrefix(err.Error(), "INPROG") || strings.HasPrefix(err.Error(), "NOGOODSLAVE")
+		if !retry || time.Now().After(deadline) {
+			t.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
