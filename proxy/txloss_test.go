@@ -262,6 +262,21 @@ func stateRows() []lossRow {
 	}
 }
 
+// rowsNamed returns the rows of the table whose names start with one of
+// prefixes.
+func rowsNamed(prefixes ...string) []lossRow {
+	var rows []lossRow
+	for _, row := range stateRows() {
+		for _, prefix := range prefixes {
+			if strings.HasPrefix(row.name, prefix) {
+				rows = append(rows, row)
+				break
+			}
+		}
+	}
+	return rows
+}
+
 // addUsers creates the ACL users the table's rows authenticate as.
 func addUsers(t *testing.T, servers ...*redistest.Server) {
 	t.Helper()
@@ -385,12 +400,7 @@ func TestTxAcrossRepeatedFailovers(t *testing.T) {
 		}
 	}
 	addr, p, _ := startSentinelProxy(t, g)
-	var rows []lossRow
-	for _, row := range stateRows() {
-		if strings.HasPrefix(row.name, "MULTI") || strings.HasPrefix(row.name, "WATCH") {
-			rows = append(rows, row)
-		}
-	}
+	rows := rowsNamed("MULTI", "WATCH")
 	for i := range 3 {
 		old := p.Backend().Primary
 		start := time.Now()
@@ -453,14 +463,7 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addUsers(t, c.Nodes...)
 	addr, p := startClusterProxy(t, c)
-	var rows []lossRow
-	for _, row := range stateRows() {
-		for _, prefix := range []string{"protocol", "name", "user", "MULTI", "WATCH"} {
-			if strings.HasPrefix(row.name, prefix) {
-				rows = append(rows, row)
-			}
-		}
-	}
+	rows := rowsNamed("protocol", "name", "user", "MULTI", "WATCH")
 	runRows(t, p, addr, rows, func() {
 		for _, s := range c.Nodes[:c.Masters] {
 			killClients(t, s)
