@@ -645,11 +645,19 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 			cs.r.forwarded(p.addr)
 			return be
 		}
-		if !s.again(p, deadline) {
+		if refused(err) || !s.again(p, deadline) {
 			p.err = err
 			return nil
 		}
 	}
+}
+
+// refused reports whether a dial failed because the node refused the
+// client's state (its AUTH, say): the error is the client's at once, as
+// waiting for the cluster cannot change the node's answer.
+func refused(err error) bool {
+	var r *refusedError
+	return errors.As(err, &r)
 }
 
 // again waits a little, reads the slot map again and routes p by its slot
@@ -889,7 +897,7 @@ func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline ti
 			if err == nil {
 				break
 			}
-			if kind == redirAsk || !s.again(p, deadline) {
+			if kind == redirAsk || refused(err) || !s.again(p, deadline) {
 				return err
 			}
 			addr = p.addr
