@@ -240,8 +240,31 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	if blockingCommand(name) {
 		cs.blocking = true
 	}
+	state := setsState(name, cmd.Args)
+	if state {
+		// It goes on every connection the client has, and every one
+		// opened after it replays it: what came before it must have
+		// opened its connections, and what follows must open them
+		// knowing whether it succeeded.
+		s.runCluster()
+	}
 	c := s.plan(name, cmd)
 	cs.batch = append(cs.batch, c)
+	if state {
+		s.runCluster()
+	}
+}
+
+// setsState reports whether a command sets connection state that every
+// connection of a cluster client carries (see everywhere).
+func setsState(name []byte, args [][]byte) bool {
+	switch string(name) {
+	case "auth", "hello":
+		return true
+	case "client":
+		return len(args) > 1 && len(args[1]) == 7 && bytes.EqualFold(args[1], []byte("setname"))
+	}
+	return false
 }
 
 // unsupported is the reply to a command the proxy does not carry to a
