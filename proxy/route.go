@@ -78,6 +78,9 @@ type call struct {
 	// learn, when set, sees whether the reply was an error.
 	learn func(failed bool)
 	scan  int // callScan: the master index in the cursor
+	// fold, when set, makes the reply of a callMerge whose parts all
+	// succeeded (see clusterfan.go).
+	fold func(replies [][]byte) []byte
 }
 
 func (c *call) count() int {
@@ -495,6 +498,9 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
 	args := cmd.Args
 	def := call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
+	if c, ok := s.serverWide(m, name, cmd); ok {
+		return c
+	}
 	var sb [24]byte
 	switch string(name) {
 	case "dbsize":
@@ -948,6 +954,9 @@ func merge(c *call, replies [][]byte) ([]byte, bool) {
 		if len(r) > 0 && (r[0] == '-' || r[0] == '!') && firstErr == nil && (c.op != opLast || i < len(replies)-1) {
 			firstErr = r
 		}
+	}
+	if c.fold != nil && firstErr == nil {
+		return c.fold(replies), false
 	}
 	switch c.op {
 	case opLast:

@@ -1,0 +1,234 @@
+package proxy
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// startClusterServer starts a cluster of 3 masters, one standalone Redis
+// to compare with, and a proxy in front of the cluster that has its own
+// commands (testDocs) and INFO section, as main wires it.
+func startClusterServer(t *testing.T) (*redistest.Cluster, *redistest.Server, string, *Proxy) {
+	t.Helper()
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.Docs = testDocs
+		cfg.Info = func() string { return "answer:42\r\n" }
+	})
+	return c, srv, addr, p
+}
+
+// keyOn returns a key with prefix whose slot is served by the i-th master
+// of a cluster made by StartCluster (the i-th third of the slots).
+func keyOn(i int, prefix string) string {
+	for n := 0; ; n++ {
+		k := fmt.Sprintf("%s%d", prefix, n)
+		if keySlot([]byte(k))*3/numSlots == i {
+			return k
+		}
+	}
+}
+
+// TestClusterServerCommands checks the commands about the whole server in
+// front of a cluster: COMMAND and INFO as one Redis answers them, and the
+// commands that set server state applied on every master.
+func TestClusterServerCommands(t *testing.T) {
+	c, srv, addr, p := startClusterServer(t)
+	masters := c.Nodes[:c.Masters]
+
+	t.Run("COMMAND", func(t *testing.T) {
+		// The answers are the slot-0 master's: the order of COMMAND and
+		// COMMAND LIST differs from one process to another.
+		checkOwnCommands(t, dial(t, c.Nodes[0].Addr), dial(t, addr))
+		direct, a := dial(t, c.Nodes[0].Addr), dial(t, addr)
+		want := string(direct.do(args("COMMAND")))
+		i := strings.Index(want, "\r\n")
+		n, _ := strconv.Atoi(want[1:i])
+		want = "*" + strconv.Itoa(n+1) + want[i:] + "*1\r\n$9\r\ninfo:lock\r\n"
+		if got := string(a.do(args("COMMAND"))); got != want {
+			t.Errorf("COMMAND: %q", trunc([]byte(got)))
+		}
+		one := dial(t, srv.Addr)
+		for _, cmd := range []string{"COMMAND DOCS get", "COMMAND INFO get set", "COMMAND GETKEYS MSET a 1 b 2", "COMMAND COUNT x", "COMMAND NOSUCH"} {
+			if got, want := string(a.do(args(cmd))), string(one.do(args(cmd))); got != want {
+				t.Errorf("%s: %q, want %q", cmd, trunc([]byte(got)), trunc([]byte(want)))
+			}
+		}
+	})
+
+	t.Run("INFO", func(t *testing.T) {
+		flushCluster(t, c)
+		mustFlush(t, srv)
+		direct, a := dial(t, srv.Addr), dial(t, addr)
+		var cmds [][]string
+		for i := range 30 {
+			cmds = append(cmds, args(fmt.Sprintf("SET info:%d v", i)))
+			if i%3 == 0 {
+				cmds = append(cmds, args(fmt.Sprintf("EXPIRE info:%d 1000", i)))
+			}
+		}
+		direct.do(cmds...)
+		a.do(cmds...)
+		// avg_ttl is an estimate that changes with time, and so the
+		// reply's length.
+		ttl := regexp.MustCompile(`avg_ttl=\d+|^[$=]\d+`)
+		for _, cmd := range []string{"INFO keyspace", "INFO KEYSPACE", "INFO nosuchsection", "HELLO 3", "INFO keyspace"} {
+			got := ttl.ReplaceAllString(string(a.do(args(cmd))), "<masked>")
+			want := ttl.ReplaceAllString(string(direct.do(args(cmd))), "<masked>")
+			if cmd == "HELLO 3" {
+				continue // HELLO's reply says mode cluster (see TestCluster)
+			}
+			if got != want {
+				t.Errorf("%s: %q, want %q", cmd, got, want)
+			}
+		}
+		a.do(args("HELLO 2"))
+		all := string(a.do(args("INFO")))
+		for _, want := range []string{"\r\nredis_mode:standalone\r\n", "\r\ncluster_enabled:0\r\n",
+"\r\ndb0:keys=30,expires=10,", "# Server\r\n", "\r\n\r\n# Keyspace\r\n"} {
+			if !strings.Contains(all, want) {
+				t.Errorf("INFO lacks %q: %q", want, trunc([]byte(all)))
+			}
+		}
+		// The proxy's clients, not the masters' connections.
+		if m := regexp.MustCompile(`\r\nconnected_clients:(\d+)\r\n`).FindStringSubmatch(all); m == nil || m[1] != strconv.FormatInt(p.clients.Load(), 10) {
+			t.Errorf("INFO connected_clients: %q, the proxy has %d", m, p.clients.Load())
+		}
+		if strings.Contains(all, "cluster_enabled:1") || strings.Contains(all, "redis_mode:cluster") {
+			t.Errorf("INFO says cluster: %q", all)
+		}
+		// The command counts of the three masters are summed.
+		stats := string(a.do(args("INFO commandstats")))
+		if m := regexp.MustCompile(`cmdstat_set:calls=(\d+),`).FindStringSubmatch(stats); m == nil || m[1] != "30" {
+			t.Errorf("INFO commandstats: %q", stats)
+		}
+		// One section only, as Redis answers.
+		server := string(a.do(args("INFO server")))
+		if strings.Count(server, "# ") != 1 || !strings.Contains(server, "redis_mode:standalone") {
+			t.Errorf("INFO server: %q", server)
+		}
+		if got := string(a.do(args("INFO lockproxy"))); !strings.Contains(got, "answer:42\r\n") {
+			t.Errorf("INFO lockproxy: %q", got)
+		}
+	})
+
+	t.Run("READONLY", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a", "READONLY", "READWRITE", "GET k")})
+	})
+
+	t.Run("CONFIG", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a",
+			"CONFIG SET maxmemory-policy allkeys-lru", "CONFIG GET maxmemory-policy",
+			"CONFIG SET maxmemory-policy nosuch", "CONFIG SET", "CONFIG RESETSTAT",
+			"CONFIG SET maxmemory-policy noeviction")})
+		a := dial(t, addr)
+		a.do(args("CONFIG SET maxmemory-policy volatile-lfu"))
+		defer a.do(args("CONFIG SET maxmemory-policy noeviction"))
+		for _, m := range masters {
+			if got := string(dial(t, m.Addr).do(args("CONFIG GET maxmemory-policy"))); !strings.Contains(got, "volatile-lfu") {
+				t.Errorf("%s: maxmemory-policy %q", m.Addr, got)
+			}
+		}
+	})
+
+	t.Run("ACL", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a",
+			"ACL SETUSER alice on >pw ~* +@all", "ACL SETUSER alice nosuchrule", "AUTH alice pw",
+			"GET "+keyOn(1, "k"), "GET "+keyOn(2, "k"), "AUTH default x")})
+		for _, m := range masters {
+			if got := string(dial(t, m.Addr).do(args("ACL USERS"))); !strings.Contains(got, "alice") {
+				t.Errorf("%s: ACL USERS %q", m.Addr, got)
+			}
+		}
+		compareCluster(t, srv, c, addr, []step{send("a", "ACL DELUSER alice nobody", "ACL DELUSER alice")})
+		for _, m := range masters {
+			if got := string(dial(t, m.Addr).do(args("ACL USERS"))); strings.Contains(got, "alice") {
+				t.Errorf("%s: ACL USERS %q after DELUSER", m.Addr, got)
+			}
+		}
+	})
+
+	t.Run("SLOWLOG", func(t *testing.T) {
+		a := dial(t, addr)
+		a.do(args("CONFIG SET slowlog-log-slower-than 0"))
+		a.do(args("SLOWLOG RESET"))
+		keys := []string{keyOn(0, "slow"), keyOn(1, "slow"), keyOn(2, "slow")}
+		for i, k := range keys {
+			if i > 0 {
+				time.Sleep(1050 * time.Millisecond) // a new second for each entry's time
+			}
+			a.do(args("SET " + k + " 1"))
+		}
+		a.do(args("CONFIG SET slowlog-log-slower-than 10000"))
+		got := string(a.do(args("SLOWLOG GET -1")))
+		// Newest first: the three SETs, on three masters, in reverse.
+		i0, i1, i2 := strings.Index(got, keys[0]), strings.Index(got, keys[1]), strings.Index(got, keys[2])
+		if i0 < 0 || i1 < 0 || i2 < 0 || !(i2 < i1 && i1 < i0) {
+			t.Errorf("SLOWLOG GET -1 is not the three masters' entries, newest first: %q", got)
+		}
+		var total int64
+		for _, m := range masters {
+			n, _ := m.Do("SLOWLOG", "LEN")
+			v, _ := strconv.ParseInt(strings.TrimPrefix(n, ":"), 10, 64)
+			total += v
+		}
+		if got := string(a.do(args("SLOWLOG LEN"))); got != ":"+strconv.FormatInt(total, 10)+"\r\n" {
+			t.Errorf("SLOWLOG LEN %q, the masters hold %d", got, total)
+		}
+		if got := string(a.do(args("SLOWLOG GET 2"))); !strings.HasPrefix(got, "*2\r\n") {
+			t.Errorf("SLOWLOG GET 2: %q", got)
+		}
+		if got := string(a.do(args("SLOWLOG RESET"), args("SLOWLOG LEN"), args("SLOWLOG GET"))); got != "+OK\r\n:0\r\n*0\r\n" {
+			t.Errorf("SLOWLOG RESET, LEN, GET: %q", got)
+		}
+	})
+
+	t.Run("requirepass", func(t *testing.T) {
+		// Set last: the proxy's own connections to the nodes have no
+		// password (backend.password is not set).
+		defer func() {
+			for _, m := range masters {
+				raw := dial(t, m.Addr)
+				raw.do(args("AUTH x"), []string{"CONFIG", "SET", "requirepass", ""})
+			}
+		}()
+		a := dial(t, addr)
+		a.do(args("GET " + keyOn(0, "k")))
+		start := time.Now()
+		got := string(a.do(args("CONFIG SET requirepass x"), args("AUTH x"),
+			args("GET "+keyOn(1, "k")), args("SET "+keyOn(2, "k")+" v"), args("GET "+keyOn(2, "k"))))
+		if took := time.Since(start); got != "+OK\r\n+OK\r\n$-1\r\n+OK\r\n$1\r\nv\r\n" || took > time.Second {
+			t.Errorf("CONFIG SET requirepass, AUTH, GET: %q after %v", got, took)
+		}
+		for _, m := range masters {
+			if got, _ := m.Do("GET", "k"); !strings.HasPrefix(got, "-NOAUTH") {
+				t.Errorf("%s without a password: %q", m.Addr, got)
+			}
+		}
+		// A new client authenticates as with one Redis.
+		b := dial(t, addr)
+		if got := string(b.do(args("GET "+keyOn(2, "k")), args("AUTH x"), args("GET "+keyOn(2, "k")))); got != "-NOAUTH Authentication required.\r\n+OK\r\n$1\r\nv\r\n" {
+			t.Errorf("new client: %q", got)
+		}
+		// A node that refuses the client's AUTH on a new connection: the
+		// client hears at once, with the node's whole error.
+		cl := dial(t, addr)
+		cl.do(args("AUTH x"))
+		raw := dial(t, masters[2].Addr)
+		raw.do(args("AUTH x"), []string{"CONFIG", "SET", "requirepass", ""})
+		start = time.Now()
+		got = string(cl.do(args("GET " + keyOn(2, "k"))))
+		want := "-ERR backend unavailable: AUTH: ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n"
+		if took := time.Since(start); got != want || took > time.Second {
+			t.Errorf("refused AUTH: %q after %v, want %q at once", got, took, want)
+		}
+	})
+}
