@@ -93,7 +93,7 @@ func TestClusterServerCommands(t *testing.T) {
 		a.do(args("HELLO 2"))
 		all := string(a.do(args("INFO")))
 		for _, want := range []string{"\r\nredis_mode:standalone\r\n", "\r\ncluster_enabled:0\r\n",
-"\r\ndb0:keys=30,expires=10,", "# Server\r\n", "\r\n\r\n# Keyspace\r\n"} {
+			"\r\ndb0:keys=30,expires=10,", "# Server\r\n", "\r\n\r\n# Keyspace\r\n"} {
 			if !strings.Contains(all, want) {
 				t.Errorf("INFO lacks %q: %q", want, trunc([]byte(all)))
 			}
