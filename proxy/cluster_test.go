@@ -176,7 +176,7 @@ func TestClusterDifferences(t *testing.T) {
 		give []string
 		want string
 	}{
-		{args("SINTER a b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{args("SINTERSTORE c a b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{args("MSETNX a 1 b 2"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{[]string{"EVAL", "return 1", "2", "a", "b"}, "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{args("SELECT 1"), "-ERR SELECT is not allowed in cluster mode\r\n"},

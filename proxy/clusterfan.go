@@ -59,13 +59,20 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 	case "info":
 		c := fan(m, cmd.Raw, opFirst)
 		clients := s.p.clients.Load()
-		c.fold = func(replies [][]byte) []byte { return mergeInfo(replies, clients) }
+		c.fold = func(replies [][]byte) ([]byte, bool) {
+			return allOK(replies, func() []byte { return mergeInfo(replies, clients) })
+		}
 		return c, true
 	case "save", "bgsave", "bgrewriteaof":
 		return all(opFirst)
 	case "config":
 		switch sub {
-		case "set", "resetstat", "rewrite":
+		case "set":
+			c := fan(m, cmd.Raw, opFirst)
+			r := s.cl.r
+			c.learn = func(bool) { r.intsetMax.Store(0) } // read again (clusterjoin.go)
+			return c, true
+		case "resetstat", "rewrite":
 			return all(opFirst)
 		}
 	case "acl":
@@ -90,11 +97,24 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 				count, _ = strconv.ParseInt(string(args[2]), 10, 64)
 			}
 			c := fan(m, cmd.Raw, opFirst)
-			c.fold = func(replies [][]byte) []byte { return mergeSlowlog(replies, count) }
+			c.fold = func(replies [][]byte) ([]byte, bool) {
+				return allOK(replies, func() []byte { return mergeSlowlog(replies, count) })
+			}
 			return c, true
 		}
 	}
 	return call{}, false
+}
+
+// allOK returns the first error among replies, or else what merged makes.
+func allOK(replies [][]byte, merged func() []byte) ([]byte, bool) {
+	for _, r := range replies {
+		if len(r) > 0 && (r[0] == '-' || r[0] == '!') {
+			return r, true
+		}
+	}
+	b := merged()
+	return b, b[0] == '-'
 }
 
 // dialAny opens a connection for one of the proxy's own queries of the

@@ -78,9 +78,10 @@ type call struct {
 	// learn, when set, sees whether the reply was an error.
 	learn func(failed bool)
 	scan  int // callScan: the master index in the cursor
-	// fold, when set, makes the reply of a callMerge whose parts all
-	// succeeded (see clusterfan.go).
-	fold func(replies [][]byte) []byte
+	// fold, when set, makes the reply of a callMerge from its parts'
+	// replies, errors included, and reports whether it is an error (see
+	// clusterfan.go, clusterjoin.go).
+	fold func(replies [][]byte) ([]byte, bool)
 }
 
 func (c *call) count() int {
@@ -373,6 +374,9 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	if !cross {
 		c := one(slot)
 		cs.last = c.one.addr
+		return c
+	}
+	if c, ok := s.crossRead(m, name, args); ok {
 		return c
 	}
 	op, ok := splitCommand(name)
@@ -949,14 +953,14 @@ func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline ti
 // merge makes the client's reply from the replies of c's parts, and
 // reports whether one of them failed.
 func merge(c *call, replies [][]byte) ([]byte, bool) {
+	if c.fold != nil {
+		return c.fold(replies)
+	}
 	var firstErr []byte
 	for i, r := range replies {
 		if len(r) > 0 && (r[0] == '-' || r[0] == '!') && firstErr == nil && (c.op != opLast || i < len(replies)-1) {
 			firstErr = r
 		}
-	}
-	if c.fold != nil && firstErr == nil {
-		return c.fold(replies), false
 	}
 	switch c.op {
 	case opLast:
