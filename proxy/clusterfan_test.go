@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"slices"
 	"strconv"
@@ -242,7 +243,7 @@ func TestClusterCrossSlotReads(t *testing.T) {
 	addr, _ := startClusterProxy(t, c)
 	r := strings.NewReplacer("s0", keyOn(0, "s"), "s1", keyOn(1, "s"), "s2", keyOn(2, "s"),
 		"z0", keyOn(0, "z"), "z1", keyOn(1, "z"), "z2", keyOn(2, "z"),
-		"none", keyOn(2, "none"), "str", keyOn(1, "str"))
+		"none", keyOn(2, "none"), "str", keyOn(1, "str"), "lcsa", keyOn(0, "lcsa"), "lcsb", keyOn(2, "lcsb"))
 	cmds := func(list ...string) []string {
 		for i, l := range list {
 			list[i] = r.Replace(l)
@@ -262,12 +263,35 @@ func TestClusterCrossSlotReads(t *testing.T) {
 		"ZINTERCARD 2 z0 z1 LIMIT 1", "ZINTERCARD 2 z0 z1 LIMIT -2", "ZUNION 2 z0 z1 WEIGHTS 1 x",
 		"ZUNION 2 z0 z1 AGGREGATE foo", "ZDIFF 2 z0 z1 WEIGHTS 1 1", "ZUNION 2 z0 str", "ZUNION 2 str z0 WEIGHTS x",
 		"ZINTER 2 z0 none WITHSCORES", "ZUNION 2 z2 z0 WEIGHTS 0 1 WITHSCORES", "ZUNION 2 z2 z1 WEIGHTS -1 3 WITHSCORES",
-		"ZINTER 3 z0 z1 z2 AGGREGATE SUM WITHSCORES")
+		"ZINTER 3 z0 z1 z2 AGGREGATE SUM WITHSCORES",
+		"SET lcsa ohmytext", "SET lcsb mynewtext", "LCS lcsa lcsb", "LCS lcsa lcsb LEN", "LCS lcsa lcsb IDX",
+		"LCS lcsa lcsb IDX MINMATCHLEN 4 WITHMATCHLEN", "LCS lcsa lcsb IDX WITHMATCHLEN", "LCS lcsa lcsb LEN IDX",
+		"LCS lcsa none", "LCS lcsa none IDX", "LCS lcsa s0", "LCS lcsa lcsb MINMATCHLEN x IDX", "LCS lcsa lcsb FOO",
+		"SET lcsa abcabcXYZabababab", "SET lcsb bacbacZYXbbaab", "LCS lcsa lcsb", "LCS lcsa lcsb IDX WITHMATCHLEN")
 	t.Run("RESP2", func(t *testing.T) {
 		compareCluster(t, srv, c, addr, []step{send("a", data...), send("a", sets...), send("a", zsets...)})
 	})
 	t.Run("RESP3", func(t *testing.T) {
 		compareCluster(t, srv, c, addr, []step{send("a", "HELLO 3"), send("a", data...), send("a", sets...), send("a", zsets...)})
+	})
+	t.Run("LCS of random strings", func(t *testing.T) {
+		direct, a := dial(t, srv.Addr), dial(t, addr)
+		rnd := rand.New(rand.NewPCG(1, 2))
+		word := func() string {
+			b := make([]byte, rnd.IntN(40))
+			for i := range b {
+				b[i] = "abc"[rnd.IntN(3)]
+			}
+			return string(b)
+		}
+		for range 50 {
+			x, y := word(), word()
+			cmds := [][]string{{"SET", r.Replace("lcsa"), x}, {"SET", r.Replace("lcsb"), y},
+				args(r.Replace("LCS lcsa lcsb")), args(r.Replace("LCS lcsa lcsb IDX WITHMATCHLEN MINMATCHLEN 2"))}
+			if got, want := string(a.do(cmds...)), string(direct.do(cmds...)); got != want {
+				t.Fatalf("LCS %q %q: %q, want %q", x, y, got, want)
+			}
+		}
 	})
 	// Members that are not integers: Redis's order is a hash table's, so
 	// the members are compared as sets.
