@@ -293,6 +293,27 @@ func TestClusterCrossSlotReads(t *testing.T) {
 			}
 		}
 	})
+	t.Run("PFCOUNT", func(t *testing.T) {
+		direct, a := dial(t, srv.Addr), dial(t, addr)
+		h := []string{keyOn(0, "hll"), keyOn(1, "hll"), keyOn(2, "hll")}
+		var cmds [][]string
+		// Sparse ones, and a dense one (more than hll-sparse-max-bytes).
+		for i, n := range []int{10, 300, 20000} {
+			add := []string{"PFADD", h[i]}
+			for e := range n {
+				add = append(add, fmt.Sprintf("e%d", e*(i+1)))
+			}
+			cmds = append(cmds, add)
+		}
+		for _, q := range []string{"PFCOUNT h0 h1", "PFCOUNT h0 h1 h2", "PFCOUNT h2 none h0", "PFCOUNT h0 str", "PFCOUNT h0 s0"} {
+			cmds = append(cmds, args(strings.NewReplacer("h0", h[0], "h1", h[1], "h2", h[2]).Replace(r.Replace(q))))
+		}
+		cmds = append(cmds, args(r.Replace("SET str x")), args(r.Replace("SADD s0 1")))
+		cmds = append(cmds, cmds[len(cmds)-4:len(cmds)-2]...)
+		if got, want := string(a.do(cmds...)), string(direct.do(cmds...)); got != want {
+			t.Errorf("PFCOUNT: %q, want %q", got, want)
+		}
+	})
 	// Members that are not integers: Redis's order is a hash table's, so
 	// the members are compared as sets.
 	t.Run("unordered", func(t *testing.T) {

@@ -80,8 +80,13 @@ func (k joinKind) card() bool   { return k == joinSInterCard || k == joinZInterC
 // crossRead plans one of the commands above whose keys are in several
 // slots; it reports false for any other command.
 func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool) {
-	if string(name) == "lcs" && len(args) >= 3 {
-		return s.lcsCall(m, args), true
+	switch string(name) {
+	case "lcs":
+		if len(args) >= 3 {
+			return s.lcsCall(m, args), true
+		}
+	case "pfcount":
+		return s.pfcountCall(m, args), true
 	}
 	kind, ok := joinKinds[string(name)]
 	if !ok {
