@@ -103,10 +103,14 @@ func (c *call) part(i int) *part {
 type clusterSession struct {
 	r *router
 
-	mu     sync.Mutex // guards conns, side and closed against close
+	mu     sync.Mutex // guards conns, side, monitors and closed against close
 	conns  map[string]*backend
 	side   map[string]*backend // for commands sent again elsewhere
 	closed bool
+	// monitors are the MONITOR connections, one per master, while the
+	// client monitors (clustermonitor.go).
+	monitors []*backend
+	monWG    sync.WaitGroup // their readers
 
 	batch    []call
 	blocking bool // the batch holds a command that may block
@@ -150,6 +154,7 @@ func (cs *clusterSession) close() {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true
+	cs.stopMonitor()
 	for _, m := range []map[string]*backend{cs.conns, cs.side} {
 		for _, be := range m {
 			be.nc.Close()
@@ -159,6 +164,7 @@ func (cs *clusterSession) close() {
 
 // dropAll closes every connection (after RESET, whose state is gone).
 func (cs *clusterSession) dropAll() {
+	cs.endMonitor()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for _, m := range []map[string]*backend{cs.conns, cs.side} {
@@ -298,7 +304,9 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	// Connection state.
 	switch string(name) {
 	case "monitor":
-		return localCall(replyMonitorCluster)
+		if cs.txn == nil { // queued otherwise, as Redis queues it
+			return s.monitorCall(m)
+		}
 	case "sync", "psync", "replconf":
 		return localCall(unsupported(string(name)))
 	case "reset":
@@ -321,6 +329,10 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		case "reply", "tracking", "caching":
 			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1]))))
 		}
+	}
+
+	if s.monitorRefuses(name, args) {
+		return localCall(replyReplicaKeyspace)
 	}
 
 	// Transactions.
