@@ -27,7 +27,7 @@ import (
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
 //     newest first) and LEN (the sum);
 //   - answered as one Redis answers: READONLY and READWRITE, which only a
-//     cluster node accepts;
+//     cluster node accepts, and HELLO, whose reply says mode standalone;
 //   - COMMAND and its subcommands are answered from one node's table
 //     (every node of a cluster runs the same commands), with the proxy's
 //     own commands added (command.go, dialAny).
@@ -104,6 +104,18 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		}
 	}
 	return call{}, false
+}
+
+var (
+	helloCluster    = []byte("$4\r\nmode\r\n$7\r\ncluster\r\n")
+	helloStandalone = []byte("$4\r\nmode\r\n$10\r\nstandalone\r\n")
+)
+
+// standaloneHello merges the replies of a HELLO sent on every connection
+// of the client: the first error, or the first node's reply saying mode
+// standalone, as INFO does.
+func standaloneHello(replies [][]byte) ([]byte, bool) {
+	return allOK(replies, func() []byte { return bytes.Replace(replies[0], helloCluster, helloStandalone, 1) })
 }
 
 // allOK returns the first error among replies, or else what merged makes.

@@ -416,6 +416,9 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	cs.mu.Unlock()
 	raw := cmd.Raw
 	kind := string(name) // learn outlives the caller's buffer
+	if kind == "hello" {
+		c.fold = standaloneHello
+	}
 	var proto int64
 	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
