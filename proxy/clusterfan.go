@@ -22,7 +22,9 @@ import (
 //   - applied to every master, with the reply one Redis sends when all of
 //     them succeed and the first error otherwise: CONFIG SET, RESETSTAT and
 //     REWRITE, ACL SETUSER, DELUSER, LOAD and SAVE, SLOWLOG RESET, LATENCY
-//     RESET (the sum), SAVE, BGSAVE and BGREWRITEAOF (and, in route.go,
+//     RESET (the sum), CLIENT PAUSE and UNPAUSE, SAVE, BGSAVE and
+//     BGREWRITEAOF, SCRIPT KILL and FUNCTION KILL (+OK from the master
+//     running the script, else the first NOTBUSY) (and, in route.go,
 //     FLUSHALL, FLUSHDB, SCRIPT LOAD/FLUSH, FUNCTION LOAD/DELETE/FLUSH/RESTORE);
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
 //     newest first) and LEN (the sum);
@@ -80,6 +82,19 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		case "setuser", "deluser", "load", "save":
 			return all(opFirst)
 		}
+	case "client":
+		switch sub {
+		case "pause", "unpause":
+			return all(opFirst)
+		}
+	case "script", "function":
+		if sub == "kill" {
+			// The script runs on one master at most: its +OK, or else
+			// the first master's NOTBUSY.
+			c := fan(m, cmd.Raw, opFirst)
+			c.fold = anyOK
+			return c, true
+		}
 	case "latency":
 		if sub == "reset" {
 			return all(opSum)
@@ -116,6 +131,16 @@ var (
 // standalone, as INFO does.
 func standaloneHello(replies [][]byte) ([]byte, bool) {
 	return allOK(replies, func() []byte { return bytes.Replace(replies[0], helloCluster, helloStandalone, 1) })
+}
+
+// anyOK returns the first +OK among replies, or else the first reply.
+func anyOK(replies [][]byte) ([]byte, bool) {
+	for _, r := range replies {
+		if bytes.Equal(r, replyOK) {
+			return r, false
+		}
+	}
+	return replies[0], isError(replies[0])
 }
 
 // allOK returns the first error among replies, or else what merged makes.

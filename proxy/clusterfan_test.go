@@ -190,6 +190,28 @@ func TestClusterServerCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("CLIENT PAUSE, SCRIPT KILL", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a", "CLIENT PAUSE 100000 WRITE", "CLIENT UNPAUSE", "SCRIPT KILL", "FUNCTION KILL")})
+		// Writes wait on every master until CLIENT UNPAUSE.
+		a := dial(t, addr)
+		a.do(args("CLIENT PAUSE 100000 WRITE"))
+		var direct []*client
+		for i, m := range masters {
+			d := dial(t, m.Addr)
+			d.send(encode(args("SET " + keyOn(i, "paused") + " 1")))
+			if b, err := d.tryRead(1, 200*time.Millisecond); err == nil {
+				t.Errorf("%s: a write during CLIENT PAUSE answered %q", m.Addr, b)
+			}
+			direct = append(direct, d)
+		}
+		a.do(args("CLIENT UNPAUSE"))
+		for _, d := range direct {
+			if got := string(d.read(1)); got != "+OK\r\n" {
+				t.Errorf("write after CLIENT UNPAUSE: %q", got)
+			}
+		}
+	})
+
 	t.Run("requirepass", func(t *testing.T) {
 		// Set last: the proxy's own connections to the nodes have no
 		// password (backend.password is not set).
