@@ -175,6 +175,12 @@ func TestClusterDifferences(t *testing.T) {
 		want string
 	}{
 		{args("SINTERSTORE c a b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{args("ZUNIONSTORE c 2 a b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{args("RENAME a b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{args("SMOVE a b m"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{args("SORT a STORE b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{args("SORT a BY w_*"), "-ERR BY option of SORT denied in Cluster mode.\r\n"},
+		{args("READONLY"), "-ERR This instance has cluster support disabled\r\n"},
 		{args("MSETNX a 1 b 2"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{[]string{"EVAL", "return 1", "2", "a", "b"}, "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{args("SELECT 1"), "-ERR SELECT is not allowed in cluster mode\r\n"},
