@@ -133,16 +133,8 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 	}
 
 	c := call{kind: callMerge}
-	if j.probe {
-		raw := redcon.AppendArray(nil, len(args))
-		for i, a := range args {
-			if i >= 2 && i < 2+len(j.keys) { // only the commands with numkeys have options
-				a = probeKey
-			}
-			raw = redcon.AppendBulk(raw, a)
-		}
-		sl := keySlot(probeKey)
-		c.parts = append(c.parts, part{slot: sl, addr: m.master(sl), raw: raw})
+	if j.probe { // only the commands with numkeys have options
+		c.parts = append(c.parts, probePart(m, args, 2, 2+len(j.keys)))
 	}
 	for _, k := range j.keys {
 		sl := keySlot(k)
@@ -153,6 +145,21 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 	}
 	c.fold = j.fold
 	return c, true
+}
+
+// probePart is the command args with the keys at [from, to) replaced by
+// probeKey, for probeKey's master: the node checks the options, and finds
+// no data to work on.
+func probePart(m *slotMap, args [][]byte, from, to int) part {
+	raw := redcon.AppendArray(nil, len(args))
+	for i, a := range args {
+		if i >= from && i < to {
+			a = probeKey
+		}
+		raw = redcon.AppendBulk(raw, a)
+	}
+	sl := keySlot(probeKey)
+	return part{slot: sl, addr: m.master(sl), raw: raw}
 }
 
 // command3 encodes a request of a command name, a key and string

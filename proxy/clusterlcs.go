@@ -48,15 +48,7 @@ func (s *session) lcsCall(m *slotMap, args [][]byte) call {
 	c := call{kind: callMerge}
 	probe := len(args) > 3
 	if probe {
-		raw := redcon.AppendArray(nil, len(args))
-		for i, a := range args {
-			if i == 1 || i == 2 {
-				a = probeKey
-			}
-			raw = redcon.AppendBulk(raw, a)
-		}
-		sl := keySlot(probeKey)
-		c.parts = append(c.parts, part{slot: sl, addr: m.master(sl), raw: raw})
+		c.parts = append(c.parts, probePart(m, args, 1, 3))
 	}
 	for _, k := range args[1:3] {
 		sl := keySlot(k)

@@ -69,6 +69,7 @@ func (s *session) monitorCall(m *slotMap) call {
 	}
 	cs.monitors = conns
 	cs.mu.Unlock()
+	cs.monitorOn = true
 	s.writeReply(replyOK)
 	s.w.flush()
 	for _, be := range conns {
@@ -79,12 +80,9 @@ func (s *session) monitorCall(m *slotMap) call {
 	return localCall(nil)
 }
 
-// monitoring reports whether the client is in MONITOR mode.
-func (cs *clusterSession) monitoring() bool {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	return cs.monitors != nil
-}
+// monitoring reports whether the client is in MONITOR mode. Only the
+// forwarder, which starts and ends it, asks.
+func (cs *clusterSession) monitoring() bool { return cs.monitorOn }
 
 // stopMonitor closes the MONITOR connections; cs.mu is held.
 func (cs *clusterSession) stopMonitor() {
@@ -97,6 +95,7 @@ func (cs *clusterSession) stopMonitor() {
 // endMonitor ends MONITOR (RESET) and waits until the lines already read
 // are written: no line may follow the reply to the command that ended it.
 func (cs *clusterSession) endMonitor() {
+	cs.monitorOn = false
 	cs.mu.Lock()
 	cs.stopMonitor()
 	cs.mu.Unlock()

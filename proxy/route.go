@@ -111,6 +111,8 @@ type clusterSession struct {
 	// client monitors (clustermonitor.go).
 	monitors []*backend
 	monWG    sync.WaitGroup // their readers
+	// monitorOn: the client is in MONITOR mode; the forwarder's own.
+	monitorOn bool
 
 	batch    []call
 	blocking bool // the batch holds a command that may block
