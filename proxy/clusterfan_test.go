@@ -119,6 +119,11 @@ func TestClusterServerCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("SCAN errors", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a", "SCAN abc", "SCAN 0 COUNT 0", "SCAN 0 COUNT x",
+			"SCAN 0 FOO bar", "SCAN", "SCAN 0 MATCH")})
+	})
+
 	t.Run("READONLY", func(t *testing.T) {
 		compareCluster(t, srv, c, addr, []step{send("a", "READONLY", "READWRITE", "GET k")})
 	})
