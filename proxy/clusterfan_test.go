@@ -380,3 +380,42 @@ func sortedElems(t *testing.T, reply []byte) string {
 	slices.Sort(elems)
 	return head + " " + strings.Join(elems, ",")
 }
+
+// TestClusterSortPatterns compares SORT with BY and GET patterns, which a
+// cluster node refuses, with one Redis holding the same keys.
+func TestClusterSortPatterns(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, _ := startClusterProxy(t, c)
+	data := []string{"RPUSH mylist 3 1 2 10", "SET w_3 30", "SET w_1 100", "SET w_2 -5", "SET w_10 7.5",
+		"HSET obj_1 name one", "HSET obj_2 name two", "HSET obj_3 name three", "SET obj_10 str",
+		"SADD myset 5 4 9", "SET w_5 1", "ZADD myzset 1 x 2 y 3 z", "SET w_x 2", "SET str v"}
+	queries := []string{"SORT mylist BY w_*", "SORT mylist BY w_* DESC", "SORT mylist BY w_* GET #",
+		"SORT mylist BY w_* GET obj_*->name GET #", "SORT mylist GET obj_*->name", "SORT mylist BY w_* LIMIT 1 2",
+		"SORT mylist BY w_* LIMIT 5 2", "SORT mylist BY w_* LIMIT -1 -1 GET #", "SORT mylist BY nosort GET obj_*->name",
+		"SORT mylist BY nosort DESC GET #", "SORT mylist BY nosort LIMIT 1 2 GET #", "SORT mylist BY nosort DESC LIMIT 1 2 GET #",
+		"SORT myset BY w_* GET #", "SORT myset GET # GET w_*", "SORT myzset BY nosort GET #", "SORT myzset BY nosort DESC LIMIT 0 2 GET #",
+		"SORT myzset BY w_* GET #", "SORT mylist BY w_* ALPHA", "SORT mylist BY obj_*->name ALPHA GET #",
+		"SORT mylist BY obj_*->name ALPHA DESC GET # GET obj_*", "SORT_RO mylist BY w_* GET #", "SORT mylist GET nostar",
+		"SORT mylist BY w_* LIMIT x 1", "SORT mylist GET", "SORT mylist BY w_* FOO", "SORT_RO mylist BY w_* STORE x",
+		"SORT str BY w_*", "SORT none BY w_* GET #", "SORT mylist BY obj_*->name", "SET w_1 notnum", "SORT mylist BY w_*"}
+	t.Run("RESP2", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a", data...), send("a", queries...)})
+	})
+	t.Run("RESP3", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{send("a", "HELLO 3"), send("a", data...), send("a", queries...)})
+	})
+	// RANDOMKEY, which asks the masters one after the other, in a
+	// pipeline with commands for the same masters.
+	t.Run("RANDOMKEY in a pipeline", func(t *testing.T) {
+		flushCluster(t, c)
+		a := dial(t, addr)
+		k := []string{keyOn(0, "rk"), keyOn(1, "rk"), keyOn(2, "rk")}
+		a.do(args("SET "+k[0]+" v0"), args("SET "+k[1]+" v1"), args("SET "+k[2]+" v2"))
+		got := string(a.do(args("GET "+k[0]), args("RANDOMKEY"), args("GET "+k[1]), args("GET "+k[2]), args("GET "+k[0])))
+		parts := strings.Split(got, "\r\n")
+		if len(parts) != 11 || parts[1] != "v0" || parts[5] != "v1" || parts[7] != "v2" || parts[9] != "v0" || !strings.HasPrefix(parts[3], "rk") {
+			t.Errorf("GET, RANDOMKEY, GET, GET, GET: %q", got)
+		}
+	})
+}

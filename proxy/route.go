@@ -82,6 +82,10 @@ type call struct {
 	// replies, errors included, and reports whether it is an error (see
 	// clusterfan.go, clusterjoin.go).
 	fold func(replies [][]byte) ([]byte, bool)
+	// alone: making the reply sends more commands (RANDOMKEY, SORT with
+	// patterns), so the call ends its batch: no later command's reply may
+	// be on its way on the connections it uses.
+	alone bool
 }
 
 func (c *call) count() int {
@@ -262,7 +266,7 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	}
 	c := s.plan(name, cmd)
 	cs.batch = append(cs.batch, c)
-	if state {
+	if state || c.alone || c.kind == callRandom {
 		s.runCluster()
 	}
 }
@@ -384,6 +388,9 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		}
 		cs.watch = &pin{addr: m.master(slot), slot: slot}
 		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
+	}
+	if c, ok := s.sortCall(m, name, args); ok {
+		return c
 	}
 	if !cross {
 		c := one(slot)
