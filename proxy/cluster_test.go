@@ -179,7 +179,6 @@ func TestClusterDifferences(t *testing.T) {
 		{args("RENAME a b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{args("SMOVE a b m"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{args("SORT a STORE b"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
-		{args("SORT a BY w_*"), "-ERR BY option of SORT denied in Cluster mode.\r\n"},
 		{args("READONLY"), "-ERR This instance has cluster support disabled\r\n"},
 		{args("MSETNX a 1 b 2"), "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{[]string{"EVAL", "return 1", "2", "a", "b"}, "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},

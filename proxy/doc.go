@@ -55,8 +55,9 @@
 // and copies their lines (clustermonitor.go). The commands about the
 // whole server are applied to, or merged from, every master
 // (clusterfan.go), and the set, sorted-set, LCS and PFCOUNT reads of keys
-// in several slots are computed by the proxy from each key's value
-// (clusterjoin.go, clusterlcs.go, clusterhll.go).
+// in several slots, and SORT with BY/GET patterns, are computed by the
+// proxy from each key's value (clusterjoin.go, clusterlcs.go,
+// clusterhll.go, clustersort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (limits.go): what Redis skips
