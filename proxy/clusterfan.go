@@ -27,7 +27,8 @@ import (
 //     running the script, else the first NOTBUSY) (and, in route.go,
 //     FLUSHALL, FLUSHDB, SCRIPT LOAD/FLUSH, FUNCTION LOAD/DELETE/FLUSH/RESTORE);
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
-//     newest first) and LEN (the sum);
+//     newest first) and LEN (the sum), SCRIPT EXISTS (known on any master:
+//     EVAL caches a script on the master of its keys only);
 //   - answered as one Redis answers: READONLY and READWRITE, which only a
 //     cluster node accepts, and HELLO, whose reply says mode standalone;
 //   - COMMAND and its subcommands are answered from one node's table
@@ -88,6 +89,13 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			return all(opFirst)
 		}
 	case "script", "function":
+		if string(name) == "script" && sub == "exists" {
+			// EVAL caches its script on the master of its keys only: a
+			// script is known when any master knows it.
+			c := fan(m, cmd.Raw, opFirst)
+			c.fold = func(replies [][]byte) ([]byte, bool) { return allOK(replies, func() []byte { return anyExists(replies) }) }
+			return c, true
+		}
 		if sub == "kill" {
 			// The script runs on one master at most: its +OK, or else
 			// the first master's NOTBUSY.
@@ -131,6 +139,31 @@ var (
 // standalone, as INFO does.
 func standaloneHello(replies [][]byte) ([]byte, bool) {
 	return allOK(replies, func() []byte { return bytes.Replace(replies[0], helloCluster, helloStandalone, 1) })
+}
+
+// anyExists merges the masters' SCRIPT EXISTS replies: 1 where any of
+// them has 1.
+func anyExists(replies [][]byte) []byte {
+	var out []int64
+	for _, r := range replies {
+		vals, err := scalars(nil, r)
+		if err != nil {
+			return errorReply(err)
+		}
+		if out == nil {
+			out = make([]int64, len(vals))
+		}
+		for i, v := range vals {
+			if i < len(out) && string(v) == "1" {
+				out[i] = 1
+			}
+		}
+	}
+	b := redcon.AppendArray(nil, len(out))
+	for _, v := range out {
+		b = redcon.AppendInt(b, v)
+	}
+	return b
 }
 
 // anyOK returns the first +OK among replies, or else the first reply.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/sha1"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
@@ -117,6 +118,14 @@ func TestClusterServerCommands(t *testing.T) {
 		if got := string(a.do(args("INFO lockproxy"))); !strings.Contains(got, "answer:42\r\n") {
 			t.Errorf("INFO lockproxy: %q", got)
 		}
+	})
+
+	t.Run("SCRIPT EXISTS", func(t *testing.T) {
+		// EVAL caches the script where its key is: on one master.
+		compareCluster(t, srv, c, addr, []step{
+			cmdArgs("a", "EVAL", "return 7", "1", keyOn(2, "k")),
+			send("a", "SCRIPT EXISTS 0fb4b3ad2b9af1aea2eba0b6f3b5a2b7a3c7b4b5 "+sha1hex("return 7")+" nosuch", "SCRIPT EXISTS", "SCRIPT FLUSH",
+				"SCRIPT EXISTS "+sha1hex("return 7"))})
 	})
 
 	t.Run("SCAN errors", func(t *testing.T) {
@@ -355,6 +364,8 @@ func TestClusterCrossSlotReads(t *testing.T) {
 		}
 	})
 }
+
+func sha1hex(s string) string { return fmt.Sprintf("%x", sha1.Sum([]byte(s))) }
 
 func argsAll(cmds []string) [][]string {
 	var out [][]string
