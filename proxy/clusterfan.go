@@ -93,7 +93,9 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			// EVAL caches its script on the master of its keys only: a
 			// script is known when any master knows it.
 			c := fan(m, cmd.Raw, opFirst)
-			c.fold = func(replies [][]byte) ([]byte, bool) { return allOK(replies, func() []byte { return anyExists(replies) }) }
+			c.fold = func(replies [][]byte) ([]byte, bool) {
+				return allOK(replies, func() []byte { return anyExists(replies) })
+			}
 			return c, true
 		}
 		if sub == "kill" {
