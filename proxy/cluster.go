@@ -52,6 +52,9 @@ type router struct {
 	last    time.Time // of the last reading; under refresh
 
 	table commandTable
+	// intsetMax is the masters' set-max-intset-entries, 0 until read
+	// (clusterjoin.go).
+	intsetMax atomic.Int64
 
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS

@@ -49,10 +49,6 @@ func refuseOtherShard(name string) []byte {
 	return []byte(fmt.Sprintf("-ERR '%s' of a channel in another shard than the client's other subscriptions is not supported by lockproxy in front of a Redis Cluster\r\n", name))
 }
 
-// replyMonitorCluster refuses MONITOR: one node's MONITOR would show a
-// part of the commands and look like all of them.
-var replyMonitorCluster = []byte("-ERR 'monitor' is not supported by lockproxy in front of a Redis Cluster: it would show one node's commands only (run MONITOR on each node)\r\n")
-
 // clusterPubsub decides whether cmd goes to the client's pinned pub/sub
 // connection. It returns pinned true for that (the caller sends it there
 // as to one Redis), a local reply when the proxy answers it, or neither:

@@ -136,9 +136,6 @@ func TestClusterPubsub(t *testing.T) {
 	if got := string(a.do(args("SSUBSCRIBE " + shard[1][0]))); got != want {
 		t.Errorf("SSUBSCRIBE after SUNSUBSCRIBE: %q, want %q", got, want)
 	}
-	if got, want := string(dial(t, addr).do(args("MONITOR"))), string(replyMonitorCluster); got != want {
-		t.Errorf("MONITOR: %q, want %q", got, want)
-	}
 }
 
 // TestClusterPubsubNodeLost kills the node a subscribed client's

@@ -214,7 +214,7 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 	if resp3 {
 		st.hello = command("HELLO", "3")
 	}
-	be, err := p.dial(ctx, st)
+	be, err := p.dialAny(ctx, st)
 	if err != nil {
 		return nil, &BackendError{Err: err}
 	}

@@ -23,8 +23,13 @@ var testDocs = &Docs{
 func TestCommandListsOwnCommands(t *testing.T) {
 	srv := redistest.Start(t)
 	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Docs = testDocs })
-	direct, c := dial(t, srv.Addr), dial(t, addr)
+	checkOwnCommands(t, dial(t, srv.Addr), dial(t, addr))
+}
 
+// checkOwnCommands requires the proxy's answers to COMMAND on c to be
+// direct's (one Redis) with the proxy's commands (testDocs) added.
+func checkOwnCommands(t *testing.T, direct, c *client) {
+	t.Helper()
 	n := string(direct.do(args("COMMAND COUNT")))
 	count, _ := strconv.Atoi(strings.TrimSpace(n[1:]))
 	if got := string(c.do(args("COMMAND COUNT"))); got != ":"+strconv.Itoa(count+1)+"\r\n" {

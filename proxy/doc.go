@@ -58,7 +58,13 @@
 // for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH), that of the
 // channels' slot for SSUBSCRIBE. While it is pinned, each command waits for
 // the node's replies before it, so that the two paths keep the client's
-// order. MONITOR is refused there.
+// order. MONITOR opens a connection of the client's own to every master
+// and copies their lines (clustermonitor.go). The commands about the
+// whole server are applied to, or merged from, every master
+// (clusterfan.go), and the set, sorted-set, LCS and PFCOUNT reads of keys
+// in several slots, and SORT with BY/GET patterns, are computed by the
+// proxy from each key's value (clusterjoin.go, clusterlcs.go,
+// clusterhll.go, clustersort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (limits.go): what Redis skips

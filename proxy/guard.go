@@ -28,6 +28,7 @@ type keySpec struct {
 	first, last, step int
 	movable           bool // only COMMAND GETKEYS can tell
 	container         bool // the keys depend on the subcommand
+	keyspace          bool // flagged readonly, write or may_replicate
 }
 
 // keyGuard keeps forwarded commands away from the lock state when the
@@ -200,8 +201,11 @@ func addSpec(table map[string]keySpec, c any) {
 	spec := keySpec{first: int(first), last: int(last), step: int(step)}
 	if flags, ok := e[2].([]any); ok {
 		for _, f := range flags {
-			if f == "movablekeys" {
+			switch f {
+			case "movablekeys":
 				spec.movable = true
+			case "readonly", "write", "may_replicate":
+				spec.keyspace = true
 			}
 		}
 	}

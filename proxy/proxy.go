@@ -2,11 +2,11 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"runtime"
 	"strconv"
@@ -738,20 +738,34 @@ func (be *backend) setup(ctx context.Context, cmds [][]byte) error {
 	if err := be.w.Flush(); err != nil {
 		return err
 	}
-	discard := bufio.NewWriter(io.Discard)
+	var reply bytes.Buffer
+	w := bufio.NewWriter(&reply)
 	var ri replyInfo
 	for _, c := range cmds {
-		if err := copyReply(discard, be.r, &ri); err != nil {
+		reply.Reset()
+		if err := copyReply(w, be.r, &ri); err != nil {
 			return err
 		}
+		w.Flush()
 		if ri.typ == '-' {
 			name, _ := redcon.Parse(c)
-			return fmt.Errorf("%s: %s", strings.ToUpper(string(name.Args[0])),
-				strings.TrimSpace(string(ri.lineBytes()[1:])))
+			return &refusedError{Command: strings.ToUpper(string(name.Args[0])),
+				Reply: strings.TrimSpace(reply.String()[1:])}
 		}
 	}
 	return nil
 }
+
+// refusedError reports that the backend answered with an error a command
+// the proxy sent to bring a new connection to the client's state (AUTH,
+// HELLO, CLIENT SETNAME, SELECT). Sending it again cannot help, unlike a
+// dial that failed.
+type refusedError struct {
+	Command string // in upper case
+	Reply   string // the backend's error, whole, without its "-" and CRLF
+}
+
+func (e *refusedError) Error() string { return e.Command + ": " + e.Reply }
 
 // command encodes args as a RESP request.
 func command(args ...string) []byte {

@@ -79,6 +79,14 @@ type call struct {
 	// learn, when set, sees whether the reply was an error.
 	learn func(failed bool)
 	scan  int // callScan: the master index in the cursor
+	// fold, when set, makes the reply of a callMerge from its parts'
+	// replies, errors included, and reports whether it is an error (see
+	// clusterfan.go, clusterjoin.go).
+	fold func(replies [][]byte) ([]byte, bool)
+	// alone: making the reply sends more commands (RANDOMKEY, SORT with
+	// patterns), so the call ends its batch: no later command's reply may
+	// be on its way on the connections it uses.
+	alone bool
 }
 
 func (c *call) count() int {
@@ -100,10 +108,16 @@ func (c *call) part(i int) *part {
 type clusterSession struct {
 	r *router
 
-	mu     sync.Mutex // guards conns, side and closed against close
+	mu     sync.Mutex // guards conns, side, monitors and closed against close
 	conns  map[string]*backend
 	side   map[string]*backend // for commands sent again elsewhere
 	closed bool
+	// monitors are the MONITOR connections, one per master, while the
+	// client monitors (clustermonitor.go).
+	monitors []*backend
+	monWG    sync.WaitGroup // their readers
+	// monitorOn: the client is in MONITOR mode; the forwarder's own.
+	monitorOn bool
 
 	batch    []call
 	blocking bool // the batch holds a command that may block
@@ -156,6 +170,7 @@ func (cs *clusterSession) close() {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true
+	cs.stopMonitor()
 	for _, m := range []map[string]*backend{cs.conns, cs.side} {
 		for _, be := range m {
 			be.nc.Close()
@@ -165,6 +180,7 @@ func (cs *clusterSession) close() {
 
 // dropAll closes every connection (after RESET, whose state is gone).
 func (cs *clusterSession) dropAll() {
+	cs.endMonitor()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for _, m := range []map[string]*backend{cs.conns, cs.side} {
@@ -250,10 +266,33 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	if blockingCommand(name) {
 		cs.blocking = true
 	}
+	state := setsState(name, cmd.Args)
+	if state {
+		// It goes on every connection the client has, and every one
+		// opened after it replays it: what came before it must have
+		// opened its connections, and what follows must open them
+		// knowing whether it succeeded.
+		s.runCluster()
+	}
 	txn, watch := cs.txn, cs.watch
 	c := s.plan(name, cmd)
 	s.tagTx(&c, name, txn, watch)
 	cs.batch = append(cs.batch, c)
+	if state || c.alone || c.kind == callRandom {
+		s.runCluster()
+	}
+}
+
+// setsState reports whether a command sets connection state that every
+// connection of a cluster client carries (see everywhere).
+func setsState(name []byte, args [][]byte) bool {
+	switch string(name) {
+	case "auth", "hello":
+		return true
+	case "client":
+		return len(args) > 1 && len(args[1]) == 7 && bytes.EqualFold(args[1], []byte("setname"))
+	}
+	return false
 }
 
 // unsupported is the reply to a command the proxy does not carry to a
@@ -283,7 +322,9 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	// Connection state.
 	switch string(name) {
 	case "monitor":
-		return localCall(replyMonitorCluster)
+		if cs.txn == nil { // queued otherwise, as Redis queues it
+			return s.monitorCall(m)
+		}
 	case "sync", "psync", "replconf":
 		return localCall(unsupported(string(name)))
 	case "reset":
@@ -306,6 +347,10 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		case "reply", "tracking", "caching", "no-evict", "no-touch":
 			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1]))))
 		}
+	}
+
+	if s.monitorRefuses(name, args) {
+		return localCall(replyReplicaKeyspace)
 	}
 
 	// Transactions.
@@ -359,9 +404,15 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		cs.watch.addr = m.master(slot)
 		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
 	}
+	if c, ok := s.sortCall(m, name, args); ok {
+		return c
+	}
 	if !cross {
 		c := one(slot)
 		cs.last = c.one.addr
+		return c
+	}
+	if c, ok := s.crossRead(m, name, args); ok {
 		return c
 	}
 	op, ok := splitCommand(name)
@@ -389,6 +440,9 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	cs.mu.Unlock()
 	raw := cmd.Raw
 	kind := string(name) // learn outlives the caller's buffer
+	if kind == "hello" {
+		c.fold = standaloneHello
+	}
 	var proto int64
 	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
@@ -490,6 +544,9 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
 	args := cmd.Args
 	def := call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
+	if c, ok := s.serverWide(m, name, cmd); ok {
+		return c
+	}
 	var sb [24]byte
 	switch string(name) {
 	case "dbsize":
@@ -666,7 +723,7 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 			cs.r.forwarded(p.addr)
 			return be
 		}
-		if !s.again(p, deadline) {
+		if refused(err) || !s.again(p, deadline) {
 			p.err = err
 			if p.tx != nil {
 				s.txUnsent(p)
@@ -674,6 +731,14 @@ func (s *session) sendPart(p *part, deadline time.Time) *backend {
 			return nil
 		}
 	}
+}
+
+// refused reports whether a dial failed because the node refused the
+// client's state (its AUTH, say): the error is the client's at once, as
+// waiting for the cluster cannot change the node's answer.
+func refused(err error) bool {
+	var r *refusedError
+	return errors.As(err, &r)
 }
 
 // again waits a little, reads the slot map again and routes p by its slot
@@ -917,7 +982,7 @@ func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline ti
 			if err == nil {
 				break
 			}
-			if kind == redirAsk || !s.again(p, deadline) {
+			if kind == redirAsk || refused(err) || !s.again(p, deadline) {
 				return err
 			}
 			addr = p.addr
@@ -940,6 +1005,9 @@ func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline ti
 // merge makes the client's reply from the replies of c's parts, and
 // reports whether one of them failed.
 func merge(c *call, replies [][]byte) ([]byte, bool) {
+	if c.fold != nil {
+		return c.fold(replies)
+	}
 	var firstErr []byte
 	for i, r := range replies {
 		if len(r) > 0 && (r[0] == '-' || r[0] == '!') && firstErr == nil && (c.op != opLast || i < len(replies)-1) {

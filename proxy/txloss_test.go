@@ -477,7 +477,6 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 		name := strings.Fields(sub)[0]
 		expect(t, cl, "-ERR 'client "+name+"' is not supported by lockproxy in front of a Redis Cluster\r\n", "CLIENT "+sub)
 	}
-	expect(t, cl, string(replyMonitorCluster), "MONITOR")
 }
 
 // loopConn is a RESP connection for the loops' goroutines: it returns

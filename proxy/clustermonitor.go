@@ -1,0 +1,166 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+)
+
+// MONITOR in front of a Redis Cluster. The client gets a connection of
+// its own to every master, each put in MONITOR mode (with the client's
+// AUTH, HELLO and CLIENT SETNAME), and one +OK once all of them are; then
+// every line any master sends is copied to the client whole, by one
+// goroutine per master, in the order each master sent them (the lines of
+// two masters interleave as they arrive: there is no one order of what
+// different masters ran). The commands the client sends meanwhile are
+// answered as a monitoring client of one Redis is answered: a second
+// MONITOR is ignored, a command that reads or writes the keyspace gets
+// "Replica can't interact with the keyspace", the others are served;
+// RESET ends the monitoring. When a master's connection breaks, the client
+// is disconnected, as when the one Redis behind the proxy goes.
+
+var (
+	replyReplicaKeyspace = []byte("-ERR Replica can't interact with the keyspace\r\n")
+	cmdMonitor           = []byte("*1\r\n$7\r\nMONITOR\r\n")
+)
+
+// monitorCall starts MONITOR on every master; the calls before it in the
+// batch are answered first.
+func (s *session) monitorCall(m *slotMap) call {
+	cs := s.cl
+	if cs.monitoring() {
+		return localCall(nil) // Redis ignores it, without a reply
+	}
+	s.runCluster()
+	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
+	defer cancel()
+	st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
+	var conns []*backend
+	fail := func(err error) call {
+		for _, be := range conns {
+			be.nc.Close()
+		}
+		s.p.m.unavailable.Add(1)
+		return localCall(errorReply(&BackendError{Err: err}))
+	}
+	for _, addr := range m.masters {
+		be, err := s.p.dialAddr(ctx, addr, st)
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", addr, err))
+		}
+		conns = append(conns, be)
+		if err := be.setup(ctx, [][]byte{cmdMonitor}); err != nil {
+			var r *refusedError
+			if errors.As(err, &r) {
+				for _, be := range conns {
+					be.nc.Close()
+				}
+				return localCall([]byte("-" + r.Reply + "\r\n")) // the node's own refusal (NOPERM, ...)
+			}
+			return fail(fmt.Errorf("%s: %w", addr, err))
+		}
+	}
+	cs.mu.Lock()
+	if cs.closed {
+		cs.mu.Unlock()
+		return fail(errClusterClosed)
+	}
+	cs.monitors = conns
+	cs.mu.Unlock()
+	cs.monitorOn = true
+	s.writeReply(replyOK)
+	s.w.flush()
+	for _, be := range conns {
+		s.wg.Add(1)
+		cs.monWG.Add(1)
+		go s.copyMonitor(be)
+	}
+	return localCall(nil)
+}
+
+// monitoring reports whether the client is in MONITOR mode. Only the
+// forwarder, which starts and ends it, asks.
+func (cs *clusterSession) monitoring() bool { return cs.monitorOn }
+
+// stopMonitor closes the MONITOR connections; cs.mu is held.
+func (cs *clusterSession) stopMonitor() {
+	for _, be := range cs.monitors {
+		be.nc.Close()
+	}
+	cs.monitors = nil
+}
+
+// endMonitor ends MONITOR (RESET) and waits until the lines already read
+// are written: no line may follow the reply to the command that ended it.
+func (cs *clusterSession) endMonitor() {
+	cs.monitorOn = false
+	cs.mu.Lock()
+	cs.stopMonitor()
+	cs.mu.Unlock()
+	cs.monWG.Wait()
+}
+
+// monitorRefuses reports whether a monitoring client's command touches
+// the keyspace, which Redis refuses to a monitoring client (a replica, to
+// Redis): the commands flagged readonly, write or may_replicate.
+func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
+	if !s.cl.monitoring() {
+		return false
+	}
+	table, err := s.cl.r.commands(s.ctx)
+	if err != nil {
+		return false
+	}
+	spec, ok := lookupSpec(table, name, args)
+	return ok && spec.keyspace
+}
+
+// copyMonitor copies the MONITOR lines of one master to the client until
+// the connection ends. It disconnects the client when the master's
+// connection broke while the client was still monitoring.
+func (s *session) copyMonitor(be *backend) {
+	defer s.wg.Done()
+	defer s.cl.monWG.Done()
+	defer s.recoverPanic()
+	var line []byte
+	for {
+		b, err := be.r.ReadSlice('\n')
+		line = append(line, b...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err != nil {
+			break
+		}
+		w := s.w.lockOutput()
+		w.Write(line)
+		if !hasLine(be.r) {
+			w.Flush()
+		}
+		s.w.unlock()
+		line = line[:0]
+	}
+	cs := s.cl
+	cs.mu.Lock()
+	lost := false
+	for _, m := range cs.monitors {
+		lost = lost || m == be
+	}
+	cs.mu.Unlock()
+	if lost {
+		s.nc.Close()
+	}
+}
+
+// hasLine reports whether r holds a whole line already read from its
+// connection, so that flushing the client may wait for it.
+func hasLine(r *bufio.Reader) bool {
+	n := r.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := r.Peek(n)
+	return bytes.IndexByte(b, '\n') >= 0
+}
