@@ -28,6 +28,18 @@ type Config struct {
 	// and resources must use the same prefix. The default is "lockproxy:".
 	KeyPrefix string
 
+	// ClockTolerance is how far a lock node's clock may move against the
+	// others' (beyond DriftFactor) before it is taken for a clock jump: a
+	// node whose clock jumped forward further has expired its locks early
+	// and is handled as a node that lost its data (see clock.go). A jump
+	// within it can go unnoticed, so every validity is shortened by it.
+	// Half of it bounds how late a node may read its clock after a call was
+	// sent for its vote to count, so keep it above the round trip to the
+	// nodes under load: a vote that comes too late to be placed does not
+	// count. Lockers that share nodes should use the same value. The
+	// default is 50ms.
+	ClockTolerance time.Duration
+
 	// MaxTTL is the largest ttl that Lock and Extend accept. It also bounds
 	// how long a node that lost its data stays out of the quorum when its
 	// locks cannot be copied back from the other nodes: every lock it may
@@ -55,13 +67,14 @@ type Config struct {
 // DefaultConfig returns the defaults documented on each Config field.
 func DefaultConfig() Config {
 	return Config{
-		NodeTimeout:   50 * time.Millisecond,
-		DriftFactor:   0.01,
-		KeyPrefix:     "lockproxy:",
-		MaxTTL:        time.Hour,
-		ProbeInterval: 100 * time.Millisecond,
-		RetryMin:      5 * time.Millisecond,
-		RetryMax:      50 * time.Millisecond,
+		NodeTimeout:    50 * time.Millisecond,
+		DriftFactor:    0.01,
+		ClockTolerance: 50 * time.Millisecond,
+		KeyPrefix:      "lockproxy:",
+		MaxTTL:         time.Hour,
+		ProbeInterval:  100 * time.Millisecond,
+		RetryMin:       5 * time.Millisecond,
+		RetryMax:       50 * time.Millisecond,
 	}
 }
 
@@ -73,6 +86,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.DriftFactor >= 0 && c.DriftFactor < 1) { // also rejects NaN
 		errs = append(errs, fmt.Errorf("quorum: DriftFactor must be in [0, 1), got %v", c.DriftFactor))
+	}
+	if c.ClockTolerance < 2*time.Millisecond {
+		errs = append(errs, fmt.Errorf("quorum: ClockTolerance must be at least 2ms, got %v", c.ClockTolerance))
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("quorum: KeyPrefix must not be empty"))

@@ -60,11 +60,13 @@ func startClusterArgs(tb testing.TB, n int, args ...string) *cluster {
 	return c
 }
 
-// testConfig is DefaultConfig with a node timeout that survives a loaded CI
-// machine running -race.
+// testConfig is DefaultConfig with a node timeout and a clock tolerance
+// that survive a loaded CI machine running -race, where a node's reply
+// can take a hundred milliseconds.
 func testConfig() Config {
 	cfg := DefaultConfig()
 	cfg.NodeTimeout = 250 * time.Millisecond
+	cfg.ClockTolerance = 300 * time.Millisecond
 	return cfg
 }
 

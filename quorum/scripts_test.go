@@ -28,15 +28,59 @@ func runOps(t *testing.T, a *redis.Client, ops ...scriptOp) []any {
 		args = append(args, o.code, o.token, o.x)
 	}
 	keys = append(keys, "lockproxy:fence", "lockproxy:intact", "lockproxy:recovery")
-	args = append(args, "lockproxy:released")
+	args = append(args, "lockproxy:released", "lockproxy:clock", 10, "")
 	v, err := a.Eval(context.Background(), opsScript.src, keys, args...).Slice()
 	if err != nil {
 		t.Fatalf("opsScript %v: %v", ops, err)
 	}
-	if len(v) != len(ops)+1 {
-		t.Fatalf("opsScript %v replied %v: want one result per operation and the node's state", ops, v)
+	if len(v) != len(ops)+3 {
+		t.Fatalf("opsScript %v replied %v: want one result per operation, the node's state and its clock", ops, v)
 	}
 	return v[:len(ops)]
+}
+
+// TestOpsScriptClock checks the clock that opsScript reports after the
+// node's state: the node's TIME and its offset, which a call moves only
+// for a node with its marker that reads more than the band below the
+// caller's reference.
+func TestOpsScriptClock(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	call := func(ref any) (now, offset int64) {
+		t.Helper()
+		keys := []string{"lockproxy:lock:r", "lockproxy:fence", "lockproxy:intact", "lockproxy:recovery"}
+		v, err := a.Eval(ctx, opsScript.src, keys, "s", "", 0, "lockproxy:released", "lockproxy:clock", 10, ref).Slice()
+		if err != nil || len(v) != 4 {
+			t.Fatalf("opsScript: %v, %v", v, err)
+		}
+		return v[2].(int64), v[3].(int64)
+	}
+	now, offset := call("")
+	if offset != 0 || now < time.Now().Add(-time.Minute).UnixMilli() {
+		t.Fatalf("clock %d, offset %d; want the node's time and offset 0 without the key", now, offset)
+	}
+	// Without the marker, a node far behind is left alone.
+	if _, offset = call(now + 60_000); offset != 0 {
+		t.Errorf("offset %d after a call with a reference 60s ahead on a node without its marker, want 0", offset)
+	}
+	a.Set(ctx, "lockproxy:intact", "1", 0)
+	// Ahead of the reference (a late call, or a jump): left alone.
+	if _, offset = call(now - 60_000); offset != 0 {
+		t.Errorf("offset %d after a call with a reference 60s behind, want 0", offset)
+	}
+	// Within the band: left alone.
+	if _, offset = call(now + 5); offset != 0 {
+		t.Errorf("offset %d after a call with a reference 5ms ahead (band 10ms), want 0", offset)
+	}
+	// Behind by more than the band: moved so that it reads the reference.
+	now, offset = call(now + 60_000)
+	if offset > -59_000 || offset < -61_000 {
+		t.Errorf("offset %d after a call with a reference 60s ahead, want about -60000", offset)
+	}
+	if got := a.Get(ctx, "lockproxy:clock").Val(); got != strconv.FormatInt(offset, 10) {
+		t.Errorf("stored offset %q, want %d", got, offset)
+	}
 }
 
 // TestOpsScript runs each operation of the node script directly on one node
