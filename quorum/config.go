@@ -36,8 +36,9 @@ type Config struct {
 	// Half of it bounds how late a node may read its clock after a call was
 	// sent for its vote to count, so keep it above the round trip to the
 	// nodes under load: a vote that comes too late to be placed does not
-	// count. Lockers that share nodes should use the same value. The
-	// default is 50ms.
+	// count. Lockers that share nodes should use the same value. Zero, the
+	// default, means NodeTimeout (at least 2ms): a reply that comes in
+	// time can then be judged when its way there took at most half of it.
 	ClockTolerance time.Duration
 
 	// MaxTTL is the largest ttl that Lock and Extend accept. It also bounds
@@ -67,15 +68,23 @@ type Config struct {
 // DefaultConfig returns the defaults documented on each Config field.
 func DefaultConfig() Config {
 	return Config{
-		NodeTimeout:    50 * time.Millisecond,
-		DriftFactor:    0.01,
-		ClockTolerance: 50 * time.Millisecond,
-		KeyPrefix:      "lockproxy:",
-		MaxTTL:         time.Hour,
-		ProbeInterval:  100 * time.Millisecond,
-		RetryMin:       5 * time.Millisecond,
-		RetryMax:       50 * time.Millisecond,
+		NodeTimeout:   50 * time.Millisecond,
+		DriftFactor:   0.01,
+		KeyPrefix:     "lockproxy:",
+		MaxTTL:        time.Hour,
+		ProbeInterval: 100 * time.Millisecond,
+		RetryMin:      5 * time.Millisecond,
+		RetryMax:      50 * time.Millisecond,
 	}
+}
+
+// clockTolerance returns ClockTolerance, or for zero NodeTimeout (at least
+// 2ms).
+func (c Config) clockTolerance() time.Duration {
+	if c.ClockTolerance != 0 {
+		return c.ClockTolerance
+	}
+	return max(c.NodeTimeout, 2*time.Millisecond)
 }
 
 // Validate reports every field of c that New would reject, joined.
@@ -87,8 +96,8 @@ func (c Config) Validate() error {
 	if !(c.DriftFactor >= 0 && c.DriftFactor < 1) { // also rejects NaN
 		errs = append(errs, fmt.Errorf("quorum: DriftFactor must be in [0, 1), got %v", c.DriftFactor))
 	}
-	if c.ClockTolerance < 2*time.Millisecond {
-		errs = append(errs, fmt.Errorf("quorum: ClockTolerance must be at least 2ms, got %v", c.ClockTolerance))
+	if c.ClockTolerance != 0 && c.ClockTolerance < 2*time.Millisecond {
+		errs = append(errs, fmt.Errorf("quorum: ClockTolerance must be 0 (NodeTimeout) or at least 2ms, got %v", c.ClockTolerance))
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("quorum: KeyPrefix must not be empty"))

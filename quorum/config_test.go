@@ -44,14 +44,13 @@ func TestConfigValidate(t *testing.T) {
 
 func TestDefaultConfig(t *testing.T) {
 	want := Config{
-		NodeTimeout:    50 * time.Millisecond,
-		DriftFactor:    0.01,
-		ClockTolerance: 50 * time.Millisecond,
-		KeyPrefix:      "lockproxy:",
-		MaxTTL:         time.Hour,
-		ProbeInterval:  100 * time.Millisecond,
-		RetryMin:       5 * time.Millisecond,
-		RetryMax:       50 * time.Millisecond,
+		NodeTimeout:   50 * time.Millisecond,
+		DriftFactor:   0.01,
+		KeyPrefix:     "lockproxy:",
+		MaxTTL:        time.Hour,
+		ProbeInterval: 100 * time.Millisecond,
+		RetryMin:      5 * time.Millisecond,
+		RetryMax:      50 * time.Millisecond,
 	}
 	if got := DefaultConfig(); got != want {
 		t.Errorf("DefaultConfig() = %+v, want %+v", got, want)

@@ -121,6 +121,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 	if logger == nil {
 		logger = zap.NewNop()
 	}
+	cfg.ClockTolerance = cfg.clockTolerance()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Locker{
 		cfg:         cfg,
