@@ -330,11 +330,11 @@ func (l *Locker) jumped(n *node) {
 // every Locker takes it for a node that lost its data, and then advances
 // its recovery (which registers it at once).
 func (l *Locker) clockLoss(ctx context.Context, n *node) error {
-	dctx, cancel := context.WithTimeout(ctx, l.cfg.NodeTimeout)
-	err := n.client.Del(dctx, l.markerArg.(string)).Err()
-	cancel()
-	l.observe(ctx, n, err)
-	if err != nil {
+	var ref any = "" // without a reference, the recovery's end sets the offset
+	if ms, ok := l.clock.ref(l.since(time.Now())); ok {
+		ref = ms
+	}
+	if _, err := l.run(ctx, n, lossScript, []string{l.markerArg.(string), l.clockArg.(string)}, ref); err != nil {
 		return fmt.Errorf("clock jump: delete the marker: %w", err)
 	}
 	n.jumped.Store(false)

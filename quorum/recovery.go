@@ -113,6 +113,20 @@ import (
 // counter is raised only from the intact nodes that could be read, so the
 // order holds only if those include one of S.
 //
+// A clock jump is a loss too. A node whose wall clock jumped forward has
+// expired its locks early, exactly as if it had forgotten them. clock.go
+// finds such a node from the clock reading that every opsScript call
+// returns with the node's state (so, as for the marker, in the same atomic
+// call as the vote), compared with the other nodes: its vote does not
+// count, the watcher deletes its marker, and from then on everything above
+// applies unchanged. The marker's deletion also writes the node's new
+// clock offset (lossScript), so that it reads in line from then on. A jump
+// forward during the recovery would expire the copied locks early and
+// bring the deadline early, so the recovery's end (finishScript) checks, in
+// the same call, that the node still reads in line with the reference; if
+// not, it moves the deadline out by the jump, takes a new offset and starts
+// the copy over. A jump back only delays the deadline.
+//
 // What is not covered: every node losing its data at once (or a majority, as
 // seen by a Locker started afterwards that never saw a marker), which looks
 // exactly like a fresh deployment.
@@ -779,7 +793,7 @@ func (l *Locker) finish(ctx context.Context, n *node, id string, floor int64, by
 	if err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
-	v, err := l.run(ctx, n, finishScript, []string{l.markerArg.(string), l.recoveryArg.(string), l.fenceArg.(string), l.clockArg.(string)}, id, floor, flag, ref)
+	v, err := l.run(ctx, n, finishScript, []string{l.markerArg.(string), l.recoveryArg.(string), l.fenceArg.(string), l.clockArg.(string)}, id, floor, flag, ref, l.bandArg)
 	if err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}

@@ -382,6 +382,23 @@ end
 return {0, id, now - detected, math.max(deadline - now, 0)}
 `)
 
+// lossScript takes a node whose clock jumped forward for one that lost its
+// data: it deletes the marker and, when ref is given, sets the clock offset
+// so that the node reads ref, the reference clock in ms, from then on (the
+// recovery's end checks that it still does; see clock.go).
+//
+//	EVALSHA sha 2 marker clock ref
+var lossScript = newScript(`
+redis.call('DEL', KEYS[1])
+local ref = tonumber(ARGV[1])
+if ref then
+	local t = redis.call('TIME')
+	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	redis.call('SET', KEYS[2], string.format('%d', now - ref))
+end
+return 1
+`)
+
 // dumpScript reads one SCAN step of the live locks of a node that kept its
 // data.
 //
@@ -516,11 +533,16 @@ return 0
 // sets the clock offset so that the node reads ref, the reference clock in
 // ms (see clock.go), creates the marker and deletes the recovery.
 //
-//	EVALSHA sha 4 marker recovery counter clock id floor byDeadline ref
+//	EVALSHA sha 4 marker recovery counter clock id floor byDeadline ref band
 //
 // It replies 1 when the marker exists afterwards, and 0, changing nothing,
 // when the recovery does not have the given id or, with byDeadline "1",
-// its deadline has not passed on the node's clock.
+// its deadline has not passed on the node's clock. A node whose clock reads
+// more than band ms ahead of ref jumped during its recovery: the locks
+// copied to it may have expired early, and its deadline came early. Then
+// the script moves the deadline out by the jump, gives the recovery a new
+// id (so that it is copied again), sets the offset to read ref, and
+// replies 0.
 var finishScript = newScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
 	return 1
@@ -531,6 +553,13 @@ if r[1] ~= ARGV[1] then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ref = tonumber(ARGV[4])
+local ahead = now - tonumber(redis.call('GET', KEYS[4]) or '0') - ref
+if ahead > tonumber(ARGV[5]) then
+	redis.call('HSET', KEYS[2], 'id', ARGV[1] .. '+', 'deadline', string.format('%d', (tonumber(r[2]) or now) + ahead))
+	redis.call('SET', KEYS[4], string.format('%d', now - ref))
+	return 0
+end
 if ARGV[3] == '1' then
 	if not tonumber(r[2]) or now < tonumber(r[2]) then
 		return 0
@@ -539,7 +568,7 @@ end
 if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
 	redis.call('SET', KEYS[3], ARGV[2])
 end
-redis.call('SET', KEYS[4], string.format('%d', now - tonumber(ARGV[4])))
+redis.call('SET', KEYS[4], string.format('%d', now - ref))
 redis.call('SET', KEYS[1], '1')
 redis.call('DEL', KEYS[2])
 return 1

@@ -259,3 +259,37 @@ func TestLargeBatchIsSplit(t *testing.T) {
 		t.Errorf("%d locks on the node, want %d", len(keys), ops)
 	}
 }
+
+// TestFinishScriptClock: a recovery does not end on a node whose clock
+// jumped forward during it (its copied locks may have expired early, its
+// deadline came early): the deadline moves out by the jump, the copy is
+// started over under a new id, and the node gets an offset that puts it in
+// line, so that the next attempt ends it.
+func TestFinishScriptClock(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	keys := []string{"lockproxy:intact", "lockproxy:recovery", "lockproxy:fence", "lockproxy:clock"}
+	now := time.Now().UnixMilli()
+	a.HSet(ctx, "lockproxy:recovery", "id", "x", "detected", now, "deadline", now+1000)
+	// The reference reads 60s behind the node: the node jumped 60s.
+	v, err := a.Eval(ctx, finishScript.src, keys, "x", 0, "0", now-60_000, 10).Int()
+	if err != nil || v != 0 {
+		t.Fatalf("finish on a node 60s ahead = %d, %v; want 0", v, err)
+	}
+	r := a.HGetAll(ctx, "lockproxy:recovery").Val()
+	deadline, _ := strconv.ParseInt(r["deadline"], 10, 64)
+	if r["id"] != "x+" || deadline < now+60_000 {
+		t.Errorf("recovery %v after the jump, want id x+ and the deadline about %d", r, now+61_000)
+	}
+	if off, _ := a.Get(ctx, "lockproxy:clock").Int64(); off < 59_000 || off > 61_000 {
+		t.Errorf("offset %d, want about 60000", off)
+	}
+	if a.Exists(ctx, "lockproxy:intact").Val() != 0 {
+		t.Fatal("marker created on a node whose clock jumped")
+	}
+	v, err = a.Eval(ctx, finishScript.src, keys, "x+", 7, "0", time.Now().UnixMilli()-60_000, 10).Int()
+	if err != nil || v != 1 || a.Exists(ctx, "lockproxy:intact").Val() != 1 {
+		t.Errorf("finish in line = %d, %v; want 1 and the marker", v, err)
+	}
+}
