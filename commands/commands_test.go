@@ -849,3 +849,39 @@ func TestKeepAliveSurvivesNodeLoss(t *testing.T) {
 		e.waitExtensions(t, ext)
 	}
 }
+
+// TestStalledGrantNotSent: a proxy that stalls between the grant and its
+// reply (stopped, starved of CPU) for longer than the validity answers not
+// acquired and gives the lock back, rather than promise time that has
+// passed; a shorter stall shortens the validity in the reply by as much.
+func TestStalledGrantNotSent(t *testing.T) {
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	b.lock("LOCK", "warm-up", "1000")
+
+	stall := 600 * time.Millisecond
+	hook := func() { time.Sleep(stall) }
+	testHookLocked.Store(&hook)
+	t.Cleanup(func() { testHookLocked.Store(nil) })
+	if reply := a.do("LOCK", "r", "700"); reply != "*-1\r\n" {
+		t.Fatalf("LOCK r 700 after a 600ms stall = %q, want null: its validity (under 550ms) ran out", reply)
+	}
+	testHookLocked.Store(nil)
+	start := time.Now()
+	if got := b.lock("LOCK", "r", "10000"); got.validity <= 0 {
+		t.Fatalf("LOCK r through another connection = %+v", got)
+	}
+	if waited := time.Since(start); waited > 500*time.Millisecond {
+		t.Errorf("r taken %v later: the stalled grant was not given back", waited)
+	}
+	if reply := a.do("UNLOCK", "r"); !strings.HasPrefix(reply, "-ERR no token given") {
+		t.Errorf("token-less UNLOCK on the stalled connection = %q, want no record of the lock", reply)
+	}
+
+	stall = 200 * time.Millisecond
+	testHookLocked.Store(&hook)
+	got := a.lock("LOCK", "s", "10000")
+	if got.validity > 10000-150-100-200 {
+		t.Errorf("LOCK s 10000 after a 200ms stall: validity %d, want it shortened by the stall", got.validity)
+	}
+}

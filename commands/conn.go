@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/redcon"
@@ -94,6 +95,9 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 	resource := string(a.resource)
 	start := time.Now()
 	lk, err := c.h.locker.Lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token)})
+	if hook := testHookLocked.Load(); hook != nil {
+		(*hook)()
+	}
 	c.h.debug("lock", resource, start, err)
 	switch {
 	case errors.Is(err, quorum.ErrNotAcquired):
@@ -134,6 +138,10 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 	dst = redcon.AppendInt(dst, ms)
 	return redcon.AppendInt(dst, lk.Fence)
 }
+
+// testHookLocked, when set, runs right after a LOCK's Lock call returns:
+// tests stall the proxy there.
+var testHookLocked atomic.Pointer[func()]
 
 // record makes lk the holding of resource on this connection, replacing
 // (and stopping the extender of) an earlier one, and starts an extender if

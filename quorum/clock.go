@@ -338,9 +338,6 @@ func (l *Locker) clockLoss(ctx context.Context, n *node) error {
 		return fmt.Errorf("clock jump: delete the marker: %w", err)
 	}
 	n.jumped.Store(false)
-	n.health.mu.Lock()
-	n.health.clockJumps++
-	n.health.mu.Unlock()
 	return l.recoverNode(ctx, n)
 }
 

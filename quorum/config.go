@@ -37,8 +37,9 @@ type Config struct {
 	// sent for its vote to count, so keep it above the round trip to the
 	// nodes under load: a vote that comes too late to be placed does not
 	// count. Lockers that share nodes should use the same value. Zero, the
-	// default, means NodeTimeout (at least 2ms): a reply that comes in
-	// time can then be judged when its way there took at most half of it.
+	// default, means NodeTimeout, at least 2ms and at most 100ms: a reply
+	// that comes in time can then be judged when its way there took at
+	// most half of that.
 	ClockTolerance time.Duration
 
 	// MaxTTL is the largest ttl that Lock and Extend accept. It also bounds
@@ -78,13 +79,13 @@ func DefaultConfig() Config {
 	}
 }
 
-// clockTolerance returns ClockTolerance, or for zero NodeTimeout (at least
-// 2ms).
+// clockTolerance returns ClockTolerance, or for zero NodeTimeout within
+// [2ms, 100ms].
 func (c Config) clockTolerance() time.Duration {
 	if c.ClockTolerance != 0 {
 		return c.ClockTolerance
 	}
-	return max(c.NodeTimeout, 2*time.Millisecond)
+	return min(max(c.NodeTimeout, 2*time.Millisecond), 100*time.Millisecond)
 }
 
 // Validate reports every field of c that New would reject, joined.

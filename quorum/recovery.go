@@ -145,10 +145,8 @@ type health struct {
 	deadline  time.Time // recovering: counts again by then at the latest
 	waitsCopy bool      // recovering: too few intact nodes to copy from
 	losses    uint64    // losses noticed
-	// clockJumps counts clock jumps this Locker took for losses (clock.go)
-	clockJumps uint64
-	byCopy     uint64 // recoveries ended by a copy, by any Locker
-	byExpiry   uint64 // recoveries ended by the deadline, by any Locker
+	byCopy    uint64    // recoveries ended by a copy, by any Locker
+	byExpiry  uint64    // recoveries ended by the deadline, by any Locker
 }
 
 // observeState tracks whether n kept its data from the state one of its
