@@ -84,7 +84,8 @@ func (s *Server) ShiftClock(d time.Duration) {
 	}
 	// Written whole and renamed into place: the shim never reads half.
 	tmp := s.skew + ".tmp"
-	if err := os.WriteFile(tmp, fmt.Appendf(nil, "%d\n", cur+d.Milliseconds()), 0o600); err == nil {
+	err = os.WriteFile(tmp, fmt.Appendf(nil, "%d\n", cur+d.Milliseconds()), 0o600)
+	if err == nil {
 		err = os.Rename(tmp, s.skew)
 	}
 	if err != nil {
