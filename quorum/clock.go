@@ -38,9 +38,11 @@ import (
 //     the reading was taken between the moment the call was sent and the
 //     moment its reply was read.
 //
-//   - The reference. A Locker keeps, per node, the last reading it judged
-//     good. A reading x taken at s (sent) ... r (read) says that at a later
-//     time t the node reads at least x + (t - r) and at most x + (t - s),
+//   - The reference. A Locker keeps, per node, a reading it judged good:
+//     the last one, unless an earlier one still bounds the node more
+//     tightly (a fast reply, when the last came slowly). A reading x taken
+//     between s (sent) and r (read) says that at a later time t the node
+//     reads at least x + (t - r) and at most x + (t - s),
 //     widened by DriftFactor of t - r (or t - s) for the rates of the
 //     clocks. The Locker's lower bound of the reference at t is the lower
 //     median of those lower bounds over the nodes, its upper bound the upper
@@ -213,7 +215,12 @@ func (c *refClock) judgeLocked(i int, rd clockReading) int8 {
 	case rd.at > hi+c.band:
 		return clockAhead
 	case rd.at >= lo-c.band && rd.at <= lo+c.band:
-		c.last[i], c.good[i] = rd, true
+		// Keep the reading that bounds the node more tightly now: a fast
+		// reply's bounds stay tighter than a slow one's for a while.
+		old := c.last[i]
+		if !c.good[i] || rd.read-rd.sent <= old.read-old.sent+int64(2*c.rate*float64(rd.read-old.read)) {
+			c.last[i], c.good[i] = rd, true
+		}
 		return clockGood
 	}
 	return clockUnjudged
