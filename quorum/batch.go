@@ -371,16 +371,26 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	}
 
 	read := time.Now()
-	var clock int8
+	var (
+		rd       clockReading
+		hasClock bool
+		clock    int8
+	)
 	for i, req := range batch {
-		rep := opReply(req.r.op, cmds[i/maxOps].(*redis.Cmd), i%maxOps)
-		rep.rd.sent, rep.rd.read = l.since(sent), l.since(read)
+		c := cmds[i/maxOps].(*redis.Cmd)
 		if i%maxOps == 0 {
 			// One clock reading per call, judged once.
-			l.judgeClock(n, &rep)
-			clock = rep.clock
+			rd, hasClock = callClock(c)
+			rd.sent, rd.read = l.since(sent), l.since(read)
+			clock = clockUnjudged
+			if hasClock {
+				clock = l.clock.judge(n.index, rd)
+			}
 		}
-		rep.clock = clock
+		rep := opReply(req.r.op, c, i%maxOps)
+		if rep.err == nil {
+			rep.hasClock, rep.rd, rep.clock = hasClock, rd, clock
+		}
 		l.complete(n, req, rep)
 	}
 	clear(cmds)
@@ -412,6 +422,25 @@ func (l *Locker) appendOpsArgs(args []any, ops []request, ref any) []any {
 	return append(args, l.channelArg, l.clockArg, l.bandArg, ref)
 }
 
+// replyTail is the number of elements of an opsScript reply after the
+// operations' results: the node's state, then its clock (TIME and offset).
+const replyTail = 3
+
+// callClock returns the clock reading that the opsScript call c reported
+// after the node's state (see clock.go), without the times of the call.
+func callClock(c *redis.Cmd) (clockReading, bool) {
+	a, _ := c.Val().([]any)
+	if len(a) < replyTail {
+		return clockReading{}, false
+	}
+	now, ok1 := a[len(a)-2].(int64)
+	offset, ok2 := a[len(a)-1].(int64)
+	if !ok1 || !ok2 {
+		return clockReading{}, false
+	}
+	return clockReading{at: (now - offset) * int64(time.Millisecond), offset: offset}, true
+}
+
 // exec sends cmds to n in one pipeline. Every command carries its own
 // outcome, so the pipeline's error is not needed.
 func (n *node) exec(ctx context.Context, cmds []redis.Cmder) {
@@ -430,20 +459,12 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 	if err != nil {
 		return reply{err: err}
 	}
-	// After the operations' results: the state, then the clock.
-	const tail = 3
-	if a, ok := v.([]any); ok && i < len(a)-tail {
-		state, ok := a[len(a)-tail].(int64)
+	if a, ok := v.([]any); ok && i < len(a)-replyTail {
+		state, ok := a[len(a)-replyTail].(int64)
 		if !ok || state < stateRecovering || state > stateIntact {
-			return reply{err: fmt.Errorf("quorum: %s replied state %v", o.name, a[len(a)-tail])}
+			return reply{err: fmt.Errorf("quorum: %s replied state %v", o.name, a[len(a)-replyTail])}
 		}
 		rep := reply{state: int8(state)}
-		now, ok1 := a[len(a)-2].(int64)
-		offset, ok2 := a[len(a)-1].(int64)
-		if ok1 && ok2 {
-			rep.hasClock = true
-			rep.rd = clockReading{at: (now - offset) * int64(time.Millisecond), offset: offset}
-		}
 		switch x := a[i].(type) {
 		case int64:
 			rep.val = x

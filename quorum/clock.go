@@ -283,14 +283,6 @@ func abs(x int64) int64 {
 // since returns t as ns after the Locker's birth.
 func (l *Locker) since(t time.Time) int64 { return int64(t.Sub(l.born)) }
 
-// judgeClock judges the reading in rep, a reply of n.
-func (l *Locker) judgeClock(n *node, rep *reply) {
-	if rep.err != nil || !rep.hasClock {
-		return
-	}
-	rep.clock = l.clock.judge(n.index, rep.rd)
-}
-
 // settleClock judges the replies of a round, res[i] being nodes[i]'s, that
 // came while the Locker had no reference, after building one from the
 // round itself. A reply found ahead is observed again, so that the node
