@@ -316,8 +316,8 @@ func TestTokenlessAfterExpiry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
 	a := e.client(t, false)
-	a.lock("LOCK", "r", "200")
-	time.Sleep(300 * time.Millisecond)
+	a.lock("LOCK", "r", "600")
+	time.Sleep(700 * time.Millisecond)
 	if reply := a.do("EXTEND", "r", "1000"); reply != ":0\r\n" {
 		t.Errorf("token-less EXTEND of an expired lock = %q, want :0", reply)
 	}
@@ -613,7 +613,9 @@ func TestKeepAlivePanicIsContained(t *testing.T) {
 	t.Cleanup(func() { testHookExtend.Store(nil) })
 	e := newEnv(t, 3)
 	a, b := e.client(t, false), e.client(t, false)
-	a.lock("LOCK", "panicky", "300", "KEEPALIVE")
+	// A ttl that leaves the extender time to run (and panic) before the
+	// validity, shortened by the clock tolerance, runs out.
+	a.lock("LOCK", "panicky", "1000", "KEEPALIVE")
 	if !eventually(2*time.Second, func() bool { return e.logs.FilterMessage("keepalive lost").Len() > 0 }) {
 		t.Fatal("no keepalive lost logged after the extender panicked")
 	}
