@@ -24,8 +24,9 @@ type Config struct {
 
 	// KeyPrefix starts every key and channel the Locker uses on the lock
 	// nodes: "<prefix>lock:<resource>", "<prefix>fence", "<prefix>intact",
-	// "<prefix>recovery" and "<prefix>released". Lockers that share nodes
-	// and resources must use the same prefix. The default is "lockproxy:".
+	// "<prefix>recovery", "<prefix>clock" and "<prefix>released". Lockers
+	// that share nodes and resources must use the same prefix. The default
+	// is "lockproxy:".
 	KeyPrefix string
 
 	// ClockTolerance is how far a lock node's clock may move against the
