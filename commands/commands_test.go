@@ -36,6 +36,9 @@ func newEnv(tb testing.TB, n int) *env {
 	tb.Helper()
 	qcfg := quorum.DefaultConfig()
 	qcfg.NodeTimeout = 250 * time.Millisecond
+	// Less than NodeTimeout, its default: every validity is shortened by
+	// it, and the tests take locks of a few hundred ms.
+	qcfg.ClockTolerance = 150 * time.Millisecond
 	return newEnvQuorum(tb, n, qcfg)
 }
 
@@ -313,8 +316,8 @@ func TestTokenlessAfterExpiry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
 	a := e.client(t, false)
-	a.lock("LOCK", "r", "50")
-	time.Sleep(150 * time.Millisecond)
+	a.lock("LOCK", "r", "600")
+	time.Sleep(700 * time.Millisecond)
 	if reply := a.do("EXTEND", "r", "1000"); reply != ":0\r\n" {
 		t.Errorf("token-less EXTEND of an expired lock = %q, want :0", reply)
 	}
@@ -610,7 +613,9 @@ func TestKeepAlivePanicIsContained(t *testing.T) {
 	t.Cleanup(func() { testHookExtend.Store(nil) })
 	e := newEnv(t, 3)
 	a, b := e.client(t, false), e.client(t, false)
-	a.lock("LOCK", "panicky", "300", "KEEPALIVE")
+	// A ttl that leaves the extender time to run (and panic) before the
+	// validity, shortened by the clock tolerance, runs out.
+	a.lock("LOCK", "panicky", "1000", "KEEPALIVE")
 	if !eventually(2*time.Second, func() bool { return e.logs.FilterMessage("keepalive lost").Len() > 0 }) {
 		t.Fatal("no keepalive lost logged after the extender panicked")
 	}
@@ -844,5 +849,41 @@ func TestKeepAliveSurvivesNodeLoss(t *testing.T) {
 		}
 		ext += 2
 		e.waitExtensions(t, ext)
+	}
+}
+
+// TestStalledGrantNotSent: a proxy that stalls between the grant and its
+// reply (stopped, starved of CPU) for longer than the validity answers not
+// acquired and gives the lock back, rather than promise time that has
+// passed; a shorter stall shortens the validity in the reply by as much.
+func TestStalledGrantNotSent(t *testing.T) {
+	e := newEnv(t, 3)
+	a, b := e.client(t, false), e.client(t, false)
+	b.lock("LOCK", "warm-up", "1000")
+
+	stall := 600 * time.Millisecond
+	hook := func() { time.Sleep(stall) }
+	testHookLocked.Store(&hook)
+	t.Cleanup(func() { testHookLocked.Store(nil) })
+	if reply := a.do("LOCK", "r", "700"); reply != "*-1\r\n" {
+		t.Fatalf("LOCK r 700 after a 600ms stall = %q, want null: its validity (under 550ms) ran out", reply)
+	}
+	testHookLocked.Store(nil)
+	start := time.Now()
+	if got := b.lock("LOCK", "r", "10000"); got.validity <= 0 {
+		t.Fatalf("LOCK r through another connection = %+v", got)
+	}
+	if waited := time.Since(start); waited > 500*time.Millisecond {
+		t.Errorf("r taken %v later: the stalled grant was not given back", waited)
+	}
+	if reply := a.do("UNLOCK", "r"); !strings.HasPrefix(reply, "-ERR no token given") {
+		t.Errorf("token-less UNLOCK on the stalled connection = %q, want no record of the lock", reply)
+	}
+
+	stall = 200 * time.Millisecond
+	testHookLocked.Store(&hook)
+	got := a.lock("LOCK", "s", "10000")
+	if got.validity > 10000-150-100-200 {
+		t.Errorf("LOCK s 10000 after a 200ms stall: validity %d, want it shortened by the stall", got.validity)
 	}
 }

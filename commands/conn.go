@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/redcon"
@@ -94,9 +95,9 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 	resource := string(a.resource)
 	start := time.Now()
 	lk, err := c.h.locker.Lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token)})
-	// Validity counts from Lock's return, which may come long after start
-	// when the call waited.
-	until := time.Now().Add(lk.Validity)
+	if hook := testHookLocked.Load(); hook != nil {
+		(*hook)()
+	}
 	c.h.debug("lock", resource, start, err)
 	switch {
 	case errors.Is(err, quorum.ErrNotAcquired):
@@ -114,27 +115,43 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 		c.h.release(ctx, resource, lk.Token)
 		return appendEngineErr(dst, err)
 	}
-	if !c.record(ctx, resource, lk, a.ttl, until, a.keepalive) {
+	h := c.record(ctx, resource, lk, a.ttl, lk.Expires, a.keepalive)
+	if h == nil {
 		c.h.count(lockError)
 		c.h.release(ctx, resource, lk.Token)
 		return appendErr(dst, errClosed)
 	}
+	// The validity is what is left of it now, as the reply is written: a
+	// proxy that stalled since the grant (stopped, starved of CPU) must not
+	// promise time that has passed. A grant with less than a millisecond
+	// left is given back and answered as not acquired.
+	ms := time.Until(lk.Expires).Milliseconds()
+	if ms <= 0 {
+		c.forget(resource, h)
+		c.h.count(lockNotAcquired)
+		c.h.release(ctx, resource, lk.Token)
+		return appendNull(dst, resp3)
+	}
 	c.h.count(lockAcquired)
 	dst = redcon.AppendArray(dst, 3)
 	dst = redcon.AppendBulkString(dst, lk.Token)
-	dst = redcon.AppendInt(dst, lk.Validity.Milliseconds())
+	dst = redcon.AppendInt(dst, ms)
 	return redcon.AppendInt(dst, lk.Fence)
 }
 
+// testHookLocked, when set, runs right after a LOCK's Lock call returns:
+// tests stall the proxy there.
+var testHookLocked atomic.Pointer[func()]
+
 // record makes lk the holding of resource on this connection, replacing
 // (and stopping the extender of) an earlier one, and starts an extender if
-// keepalive is set. until is the end of lk's validity. It reports false if
-// the connection is closed.
-func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive bool) bool {
+// keepalive is set. until is the end of lk's validity. It returns the
+// holding, or nil if the connection is closed.
+func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive bool) *holding {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return false
+		return nil
 	}
 	if old := c.held[resource]; old != nil && old.ext != nil {
 		old.ext.stop()
@@ -144,7 +161,7 @@ func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl 
 		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
 	}
 	c.held[resource] = h
-	return true
+	return h
 }
 
 // lookup returns the token to use for resource and, when that token is the
@@ -246,7 +263,7 @@ func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 	validity, err := c.h.locker.Extend(ctx, resource, token, a.ttl)
 	until := time.Now().Add(validity) // validity counts from Extend's return
 	c.h.debug("extend", resource, start, err)
-	ms := validity.Milliseconds()
+	ms := time.Until(until).Milliseconds() // what is left as the reply is written
 	switch {
 	case err == nil && ms > 0:
 		c.h.count(extendExtended)
@@ -259,9 +276,14 @@ func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 		return redcon.AppendInt(dst, ms)
 	case err == nil || errors.Is(err, quorum.ErrNotHeld):
 		// Less than a millisecond of validity left is as good as gone; a
-		// reply of 0 must mean that the lock is not held.
+		// reply of 0 must mean that the lock is not held, so an extension
+		// whose validity ran out before the reply (a stalled proxy) is
+		// given back.
 		c.h.count(extendNotHeld)
 		c.forget(resource, h)
+		if err == nil {
+			c.h.release(ctx, resource, token)
+		}
 		return redcon.AppendInt(dst, 0)
 	}
 	c.h.countEngineErr(err, extendNoQuorum, extendError)

@@ -52,6 +52,7 @@ func metricsEnv(tb testing.TB, n int) *env {
 	tb.Helper()
 	cfg := quorum.DefaultConfig()
 	cfg.NodeTimeout = 250 * time.Millisecond
+	cfg.ClockTolerance = 150 * time.Millisecond // as newEnv
 	return newEnvQuorum(tb, n, cfg)
 }
 

@@ -61,6 +61,11 @@ type reply struct {
 	state    int8  // the node's state in the same call: stateIntact, ...
 	released bool  // handoff: the releasing token owned the lock
 	evicts   bool  // the node may evict keys (see checkEviction)
+	// The node's clock, read in the same call (clock.go): hasClock when
+	// the call reported it, and the verdict on it.
+	hasClock bool
+	clock    int8
+	rd       clockReading
 	err      error
 }
 
@@ -338,9 +343,14 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	defer cancel()
 	cmds := n.cmds[:0]
 	args := n.args[:0]
+	sent := time.Now()
+	var ref any = "" // the reference clock's lower bound, when known
+	if ms, ok := l.clock.ref(l.since(sent)); ok {
+		ref = ms
+	}
 	for i := 0; i < len(batch); i += maxOps {
 		from := len(args)
-		args = l.appendOpsArgs(args, batch[i:min(i+maxOps, len(batch))])
+		args = l.appendOpsArgs(args, batch[i:min(i+maxOps, len(batch))], ref)
 		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
 	}
 	n.exec(ctx, cmds)
@@ -360,8 +370,28 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		n.exec(ctx, again)
 	}
 
+	read := time.Now()
+	var (
+		rd       clockReading
+		hasClock bool
+		clock    int8
+	)
 	for i, req := range batch {
-		l.complete(n, req, opReply(req.r.op, cmds[i/maxOps].(*redis.Cmd), i%maxOps))
+		c := cmds[i/maxOps].(*redis.Cmd)
+		if i%maxOps == 0 {
+			// One clock reading per call, judged once.
+			rd, hasClock = callClock(c)
+			rd.sent, rd.read = l.since(sent), l.since(read)
+			clock = clockUnjudged
+			if hasClock {
+				clock = l.clock.judge(n.index, rd)
+			}
+		}
+		rep := opReply(req.r.op, c, i%maxOps)
+		if rep.err == nil {
+			rep.hasClock, rep.rd, rep.clock = hasClock, rd, clock
+		}
+		l.complete(n, req, rep)
 	}
 	clear(cmds)
 	clear(args)
@@ -372,14 +402,15 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 func (l *Locker) complete(n *node, req request, rep reply) {
 	l.observe(req.r.ctx, n, rep.err)
 	if rep.err == nil {
-		l.observeState(n, rep.state, req.r.start)
+		l.observeState(n, rep.state, rep.clock == clockAhead, req.r.start)
 		rep.evicts = n.evicts.Load()
 	}
 	req.r.complete(req.i, rep)
 }
 
-// appendOpsArgs appends to args the opsScript call that runs ops.
-func (l *Locker) appendOpsArgs(args []any, ops []request) []any {
+// appendOpsArgs appends to args the opsScript call that runs ops, with ref
+// the reference clock's lower bound in ms, or "" (see clock.go).
+func (l *Locker) appendOpsArgs(args []any, ops []request, ref any) []any {
 	args = append(args, "evalsha", opsScript.sha, len(ops)+3)
 	for _, req := range ops {
 		args = append(args, req.r.key)
@@ -388,7 +419,26 @@ func (l *Locker) appendOpsArgs(args []any, ops []request) []any {
 	for _, req := range ops {
 		args = append(args, req.r.code, req.r.token, req.r.x)
 	}
-	return append(args, l.channelArg)
+	return append(args, l.channelArg, l.clockArg, l.bandArg, ref)
+}
+
+// replyTail is the number of elements of an opsScript reply after the
+// operations' results: the node's state, then its clock (TIME and offset).
+const replyTail = 3
+
+// callClock returns the clock reading that the opsScript call c reported
+// after the node's state (see clock.go), without the times of the call.
+func callClock(c *redis.Cmd) (clockReading, bool) {
+	a, _ := c.Val().([]any)
+	if len(a) < replyTail {
+		return clockReading{}, false
+	}
+	now, ok1 := a[len(a)-2].(int64)
+	offset, ok2 := a[len(a)-1].(int64)
+	if !ok1 || !ok2 {
+		return clockReading{}, false
+	}
+	return clockReading{at: (now - offset) * int64(time.Millisecond), offset: offset}, true
 }
 
 // exec sends cmds to n in one pipeline. Every command carries its own
@@ -409,20 +459,23 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 	if err != nil {
 		return reply{err: err}
 	}
-	if a, ok := v.([]any); ok && i < len(a)-1 {
-		state, ok := a[len(a)-1].(int64)
+	if a, ok := v.([]any); ok && i < len(a)-replyTail {
+		state, ok := a[len(a)-replyTail].(int64)
 		if !ok || state < stateRecovering || state > stateIntact {
-			return reply{err: fmt.Errorf("quorum: %s replied state %v", o.name, a[len(a)-1])}
+			return reply{err: fmt.Errorf("quorum: %s replied state %v", o.name, a[len(a)-replyTail])}
 		}
+		rep := reply{state: int8(state)}
 		switch x := a[i].(type) {
 		case int64:
-			return reply{val: x, state: int8(state)}
+			rep.val = x
+			return rep
 		case []any: // handoff: {released, result}
 			if len(x) == 2 {
 				r, ok1 := x[0].(int64)
 				v, ok2 := x[1].(int64)
 				if ok1 && ok2 {
-					return reply{val: v, released: r == 1, state: int8(state)}
+					rep.val, rep.released = v, r == 1
+					return rep
 				}
 			}
 		case error:

@@ -91,11 +91,23 @@ var faults = []fault{
 		c.servers[i].CutOff()
 		return c.servers[i].Reconnect
 	}},
+	// The node's wall clock jumps forward 1-30s (two times in three; its
+	// locks expire early, and it must be taken for a node that lost its
+	// data) or back 1-30s (its locks live longer). The clock stays where
+	// it jumped to.
+	{"clock jump", func(c *cluster, i int) func() {
+		d := time.Duration(1+rand.IntN(30)) * time.Second
+		if rand.IntN(3) == 0 {
+			d = -d
+		}
+		c.servers[i].ShiftClock(d)
+		return func() {}
+	}},
 }
 
 // TestChaos runs two Lockers with 16 clients taking a few resources with
-// waits, while one node at a time is killed, paused, restarted empty or
-// cut off, and checks with the independent storage that no two holdings
+// waits, while one node at a time is killed, paused, restarted empty, cut
+// off or has its clock jump, and checks with the independent storage that no two holdings
 // overlapped within their validity and that no stale fence was presented.
 func TestChaos(t *testing.T) {
 	for _, n := range []int{3, 5} {
@@ -106,7 +118,7 @@ func TestChaos(t *testing.T) {
 func chaos(t *testing.T, nodes int, run time.Duration) {
 	// appendfsync always: a kill loses nothing, so a node that keeps its
 	// marker really kept every lock it granted.
-	c := startClusterArgs(t, nodes, "--appendonly", "yes", "--appendfsync", "always")
+	c := startClockCluster(t, nodes, "--appendonly", "yes", "--appendfsync", "always")
 	cfg := testConfig()
 	cfg.MaxTTL = 3 * time.Second
 	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}

@@ -24,9 +24,24 @@ type Config struct {
 
 	// KeyPrefix starts every key and channel the Locker uses on the lock
 	// nodes: "<prefix>lock:<resource>", "<prefix>fence", "<prefix>intact",
-	// "<prefix>recovery" and "<prefix>released". Lockers that share nodes
-	// and resources must use the same prefix. The default is "lockproxy:".
+	// "<prefix>recovery", "<prefix>clock" and "<prefix>released". Lockers
+	// that share nodes and resources must use the same prefix. The default
+	// is "lockproxy:".
 	KeyPrefix string
+
+	// ClockTolerance is how far a lock node's clock may move against the
+	// others' (beyond DriftFactor) before it is taken for a clock jump: a
+	// node whose clock jumped forward further has expired its locks early
+	// and is handled as a node that lost its data (see clock.go). A jump
+	// within it can go unnoticed, so every validity is shortened by it.
+	// Half of it bounds how late a node may read its clock after a call was
+	// sent for its vote to count, so keep it above the round trip to the
+	// nodes under load: a vote that comes too late to be placed does not
+	// count. Lockers that share nodes should use the same value. Zero, the
+	// default, means NodeTimeout, at least 2ms and at most 100ms: a reply
+	// that comes in time can then be judged when its way there took at
+	// most half of that.
+	ClockTolerance time.Duration
 
 	// MaxTTL is the largest ttl that Lock and Extend accept. It also bounds
 	// how long a node that lost its data stays out of the quorum when its
@@ -65,6 +80,15 @@ func DefaultConfig() Config {
 	}
 }
 
+// clockTolerance returns ClockTolerance, or for zero NodeTimeout within
+// [2ms, 100ms].
+func (c Config) clockTolerance() time.Duration {
+	if c.ClockTolerance != 0 {
+		return c.ClockTolerance
+	}
+	return min(max(c.NodeTimeout, 2*time.Millisecond), 100*time.Millisecond)
+}
+
 // Validate reports every field of c that New would reject, joined.
 func (c Config) Validate() error {
 	var errs []error
@@ -73,6 +97,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.DriftFactor >= 0 && c.DriftFactor < 1) { // also rejects NaN
 		errs = append(errs, fmt.Errorf("quorum: DriftFactor must be in [0, 1), got %v", c.DriftFactor))
+	}
+	if c.ClockTolerance != 0 && c.ClockTolerance < 2*time.Millisecond {
+		errs = append(errs, fmt.Errorf("quorum: ClockTolerance must be 0 (NodeTimeout) or at least 2ms, got %v", c.ClockTolerance))
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("quorum: KeyPrefix must not be empty"))

@@ -5,8 +5,8 @@
 // A Locker acquires a resource by running one Lua script on every node in
 // parallel, each call bounded by Config.NodeTimeout, and holds the lock when a
 // majority (N/2+1) granted it and some validity is left: validity = ttl -
-// elapsed - (ttl*DriftFactor + 2ms), with elapsed measured on the monotonic
-// clock. A failed acquisition releases whatever it got on every node. Unlock
+// elapsed - (ttl*DriftFactor + 2ms) - ClockTolerance, with elapsed measured
+// on the monotonic clock. A failed acquisition releases whatever it got on every node. Unlock
 // and Extend are compare-and-delete and compare-and-pexpire scripts that need a
 // majority too. One node is a plain single-instance lock. An even N is allowed
 // but tolerates no more failed nodes than N-1 does (4 nodes need 3).
@@ -20,9 +20,9 @@
 //
 // Redlock's safety rests on assumptions worth knowing before relying on it.
 // Nodes expire keys with their own clocks, so clocks must advance at about the
-// same rate (DriftFactor is the allowance); a jump of a node's wall clock or a
-// long pause of the holder (GC, swap, a stopped VM) can let a lock expire
-// while its holder still believes it holds it. Validity is the only
+// same rate (DriftFactor is the allowance), and a long pause of the holder
+// (GC, swap, a stopped VM) can let a lock expire while its holder still
+// believes it holds it. Validity is the only
 // guarantee: a holder must finish, or Extend, before it runs out. Because a
 // paused holder cannot notice its own expiry, every Lock carries a fence, a
 // number that grows strictly for successive holders of a resource; storage
@@ -40,8 +40,14 @@
 // showed the previous holder is placed there later (place.go), so that
 // locks do not rest on a bare majority. A node that may evict keys (a
 // memory limit with a policy other than noeviction) never counts, and one
-// that did evict keys loses its marker and is recovered. What stays out of
-// reach: a majority of the nodes losing their data at once, and a node that
+// that did evict keys loses its marker and is recovered. A node whose wall
+// clock jumps forward expires its locks early, which is the same loss: every
+// call also reads the node's clock against a reference clock that the nodes
+// keep (each its offset) and a majority of them defines, a vote counts only
+// from a node in line with it, and a node found ahead loses its marker and is
+// recovered the same way (clock.go gives the argument and its races). What
+// stays out of reach: a majority of the nodes losing their data (or jumping
+// their clocks) at once, a forward jump within ClockTolerance, and a node that
 // keeps its marker but loses recent writes (persistence without appendfsync
 // always, a promoted replica).
 //
@@ -61,7 +67,8 @@
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
 // (a string with the holder's fence and token, expiring with the lock),
 // "<prefix>fence" (one counter per node), "<prefix>intact" (the marker),
-// "<prefix>recovery" and "<prefix>released". State on the nodes therefore
+// "<prefix>recovery", "<prefix>clock" (the node's clock offset) and
+// "<prefix>released". State on the nodes therefore
 // does not grow with the number of resources ever locked.
 //
 // A Locker tracks whether each node's last call succeeded and whether it

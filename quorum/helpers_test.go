@@ -47,9 +47,21 @@ func startCluster(tb testing.TB, n int) *cluster {
 // every node.
 func startClusterArgs(tb testing.TB, n int, args ...string) *cluster {
 	tb.Helper()
+	return startClusterWith(tb, n, redistest.Start, args...)
+}
+
+// startClockCluster is startClusterArgs with nodes whose wall clocks the
+// test can shift (redistest.StartWithClock).
+func startClockCluster(tb testing.TB, n int, args ...string) *cluster {
+	tb.Helper()
+	return startClusterWith(tb, n, redistest.StartWithClock, args...)
+}
+
+func startClusterWith(tb testing.TB, n int, start func(testing.TB, ...string) *redistest.Server, args ...string) *cluster {
+	tb.Helper()
 	c := &cluster{}
 	for range n {
-		s := redistest.Start(tb, args...)
+		s := start(tb, args...)
 		a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
 		tb.Cleanup(func() { a.Close() })
 		c.servers = append(c.servers, s)
@@ -60,11 +72,13 @@ func startClusterArgs(tb testing.TB, n int, args ...string) *cluster {
 	return c
 }
 
-// testConfig is DefaultConfig with a node timeout that survives a loaded CI
-// machine running -race.
+// testConfig is DefaultConfig with a node timeout and a clock tolerance
+// that survive a loaded CI machine running -race, where a node's reply
+// can take a hundred milliseconds.
 func testConfig() Config {
 	cfg := DefaultConfig()
 	cfg.NodeTimeout = 250 * time.Millisecond
+	cfg.ClockTolerance = 300 * time.Millisecond
 	return cfg
 }
 

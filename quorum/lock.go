@@ -34,8 +34,14 @@ type Lock struct {
 	// Token proves ownership to Unlock and Extend.
 	Token string
 	// Validity is how long, from Lock's return, the lock is guaranteed:
-	// ttl - elapsed - (ttl*DriftFactor + 2ms). It is always positive.
+	// ttl - elapsed - (ttl*DriftFactor + 2ms) - ClockTolerance. It is
+	// always positive.
 	Validity time.Duration
+	// Expires is when the validity runs out, on this process's monotonic
+	// clock (time.Now's). A caller that passes the lock on later (a proxy
+	// writing its reply) takes time.Until(Expires) as the validity then,
+	// so that time spent stalled is not promised to anyone.
+	Expires time.Time
 	// Fence grows strictly for successive holders of the resource, while a
 	// majority of nodes keeps its data; see Locker.Lock.
 	Fence int64
@@ -64,6 +70,23 @@ type Lock struct {
 // unless a node loses its data, which is why the order holds only while a
 // majority keeps it, as Redlock's exclusion itself does.
 func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, opt Options) (Lock, error) {
+	lk, err := l.lock(ctx, resource, ttl, opt)
+	if err != nil {
+		return lk, err
+	}
+	// The validity counts from here. A Locker stalled since the grant (a
+	// stopped process, CPU starvation, a waiter scheduled late after a
+	// handoff) may have spent it all: then the lock is given back.
+	lk.Validity = time.Until(lk.Expires)
+	if lk.Validity <= 0 {
+		l.release(context.WithoutCancel(ctx), l.nodes, resource, lk.Token, true)
+		return Lock{}, ErrNotAcquired
+	}
+	return lk, nil
+}
+
+// lock is Lock before the validity is taken at its return.
+func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, opt Options) (Lock, error) {
 	start := time.Now()
 	ttl, err := l.checkTTL(ttl)
 	if err != nil {
@@ -271,7 +294,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if !l.confirm(ctx, key, token, granted, fence, start) {
 		return fail(ErrNotAcquired)
 	}
-	v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
+	v := l.validity(ttl, time.Since(start))
 	if v <= 0 {
 		return fail(ErrNotAcquired)
 	}
@@ -287,7 +310,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		// it does not rest on a bare majority.
 		l.schedulePlacement(resource, token, fence, start.Add(ttl), held, hint)
 	}
-	return Lock{Token: token, Validity: v, Fence: fence}, 0, false, nil
+	return Lock{Token: token, Validity: v, Expires: time.Now().Add(v), Fence: fence}, 0, false, nil
 }
 
 // confirm makes sure that a majority of the nodes that count has a fence
@@ -423,8 +446,8 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
 	if votes >= l.quorum && l.confirm(bg, key, w.token, granted, fence, start) {
-		if v := validity(w.ttl, time.Since(start), l.cfg.DriftFactor); v > 0 {
-			h.lk, h.ok = Lock{Token: w.token, Validity: v, Fence: fence}, true
+		if v := l.validity(w.ttl, time.Since(start)); v > 0 {
+			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: time.Now().Add(v), Fence: fence}, true
 		}
 	}
 	if h.ok && len(held) > 0 {
@@ -520,16 +543,17 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	})
 	switch {
 	case extended >= l.quorum:
-		v := validity(ttl, time.Since(start), l.cfg.DriftFactor)
-		if v <= 0 {
-			return 0, ErrNotHeld
-		}
-		if len(missing) > 0 {
+		if len(missing) > 0 && l.validity(ttl, time.Since(start)) > 0 {
 			// Heal: the holder keeps a majority; put the lock back on the
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
 			l.place(context.WithoutCancel(ctx), missing, resource, token, fence, start.Add(ttl))
+		}
+		// After the placement: the validity counts from Extend's return.
+		v := l.validity(ttl, time.Since(start))
+		if v <= 0 {
+			return 0, ErrNotHeld
 		}
 		return v, nil
 	case ctxErr(ctx) != nil:
@@ -547,6 +571,12 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 func validity(ttl, elapsed time.Duration, driftFactor float64) time.Duration {
 	drift := time.Duration(float64(ttl)*driftFactor) + 2*time.Millisecond
 	return ttl - elapsed - drift
+}
+
+// validity is validity less ClockTolerance: a clock jump on a node that
+// small may go unnoticed and shorten the lock there by as much (clock.go).
+func (l *Locker) validity(ttl, elapsed time.Duration) time.Duration {
+	return validity(ttl, elapsed, l.cfg.DriftFactor) - l.cfg.ClockTolerance
 }
 
 // checkTTL is checkTTL with the Locker's MaxTTL as the upper bound.

@@ -30,6 +30,8 @@ type Locker struct {
 	recoveryArg any
 	channelArg  any
 	evictedArg  string // "<prefix>evicted"
+	clockArg    any    // "<prefix>clock", boxed once
+	bandArg     any    // ClockTolerance/2 in ms, boxed once
 
 	mu       sync.Mutex
 	queues   map[string]*waitQueue   // resources with local waiters only
@@ -37,6 +39,7 @@ type Locker struct {
 	bgClosed bool                    // Close has begun: start no more bg work
 	bg       sync.WaitGroup          // placements running
 	born     time.Time               // New's time, on the monotonic clock
+	clock    *refClock               // the reference clock (clock.go)
 	seenAt   atomic.Int64            // ns after born that some node first had a marker or a recovery; 0: never
 
 	poke    chan struct{} // capacity 1: the watcher should look at once
@@ -62,6 +65,9 @@ type node struct {
 	down   atomic.Bool // last call outcome; logged once per change
 	health health      // whether the node kept its data (recovery.go)
 	evicts atomic.Bool // the node may evict keys: its grants do not count
+	// jumped is set while a reply showed the node's clock ahead (clock.go)
+	// and the watcher has not deleted its marker yet.
+	jumped atomic.Bool
 
 	errorCount   atomic.Uint64 // failed calls other than timeouts
 	timeoutCount atomic.Uint64 // timed-out calls
@@ -115,6 +121,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 	if logger == nil {
 		logger = zap.NewNop()
 	}
+	cfg.ClockTolerance = cfg.clockTolerance()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Locker{
 		cfg:         cfg,
@@ -127,6 +134,8 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		recoveryArg: cfg.KeyPrefix + "recovery",
 		channelArg:  cfg.KeyPrefix + "released",
 		evictedArg:  cfg.KeyPrefix + "evicted",
+		clockArg:    cfg.KeyPrefix + "clock",
+		bandArg:     (cfg.ClockTolerance / 2).Milliseconds(),
 		born:        time.Now(),
 		queues:      make(map[string]*waitQueue),
 		placing:     make(map[string][]*placement),
@@ -138,6 +147,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		waitSeconds:    newWaitHistogram(),
 		handoffSeconds: newHandoffHistogram(),
 	}
+	l.clock = newRefClock(len(nodes), l.quorum, cfg)
 	for i, o := range nodes {
 		opt := *o
 		opt.MaxRetries = -1

@@ -83,6 +83,9 @@ func (l *Locker) Status() []NodeStatus {
 			if n.health.waitsCopy {
 				st.Reason = "lost its data (no marker), and too few nodes that kept theirs answer to copy the live locks from: it counts again when every lock it may have held has expired"
 			}
+			if n.jumped.Load() {
+				st.Reason = "its clock jumped forward, so its locks may have expired early: taken for a node that lost its data"
+			}
 		}
 		n.health.mu.Unlock()
 		out[i] = st

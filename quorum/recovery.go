@@ -113,6 +113,20 @@ import (
 // counter is raised only from the intact nodes that could be read, so the
 // order holds only if those include one of S.
 //
+// A clock jump is a loss too. A node whose wall clock jumped forward has
+// expired its locks early, exactly as if it had forgotten them. clock.go
+// finds such a node from the clock reading that every opsScript call
+// returns with the node's state (so, as for the marker, in the same atomic
+// call as the vote), compared with the other nodes: its vote does not
+// count, the watcher deletes its marker, and from then on everything above
+// applies unchanged. The marker's deletion also writes the node's new
+// clock offset (lossScript), so that it reads in line from then on. A jump
+// forward during the recovery would expire the copied locks early and
+// bring the deadline early, so the recovery's end (finishScript) checks, in
+// the same call, that the node still reads in line with the reference; if
+// not, it moves the deadline out by the jump, takes a new offset and starts
+// the copy over. A jump back only delays the deadline.
+//
 // What is not covered: every node losing its data at once (or a majority, as
 // seen by a Locker started afterwards that never saw a marker), which looks
 // exactly like a fresh deployment.
@@ -139,11 +153,18 @@ type health struct {
 // replies, to a round made at start, reported, and warns once per change.
 // A node without a marker in a deployment that may be fresh is not counted
 // as lost.
-func (l *Locker) observeState(n *node, state int8, start time.Time) {
+//
+// ahead reports that the reply showed the node's clock ahead of the
+// reference (clock.go): a node with its marker is then taken for one that
+// lost its data until the watcher has deleted the marker.
+func (l *Locker) observeState(n *node, state int8, ahead bool, start time.Time) {
 	if state != statePristine {
 		l.markSeen()
 	}
-	lost := l.lostState(reply{state: state}, start)
+	if ahead && state == stateIntact {
+		l.jumped(n)
+	}
+	lost := l.lostState(reply{state: state}, start) || n.jumped.Load()
 	switch p := &n.health.pristineSince; {
 	case state == statePristine && p.Load() == 0:
 		p.CompareAndSwap(0, max(int64(time.Since(l.born)), 1))
@@ -193,9 +214,10 @@ func (l *Locker) seenSince(start time.Time) bool {
 
 // counts reports whether a node's reply counts towards a grant or an
 // extension. fresh is true while the deployment looks unused (see fresh).
-// A node that may evict keys never counts.
+// A node that may evict keys never counts, nor does a reply whose clock
+// reading was not judged good (clock.go).
 func counts(rep reply, fresh bool) bool {
-	return !rep.evicts && (rep.state == stateIntact || (fresh && rep.state == statePristine))
+	return !rep.evicts && rep.clock == clockGood && (rep.state == stateIntact || (fresh && rep.state == statePristine))
 }
 
 // checkEviction reads n's memory settings and eviction count (INFO memory
@@ -259,7 +281,7 @@ func (l *Locker) tally(t *tally, r reply, fresh bool, start time.Time) {
 	switch {
 	case r.evicts:
 		t.evicting++
-	case l.lostState(r, start):
+	case l.lostState(r, start) || r.clock == clockAhead:
 		t.recovering++
 	case !counts(r, fresh):
 		t.unmarked++
@@ -305,6 +327,7 @@ func (l *Locker) fresh(res []reply, start time.Time) bool {
 func (l *Locker) countRound(ctx context.Context, r *round, start time.Time, f func(res []reply, fresh bool)) {
 	var res0 []reply // the replies, when fresh
 	l.fanout(l.nodes, r, func(res []reply) {
+		l.settleClock(l.nodes, res, start)
 		fresh := l.fresh(res, start)
 		if fresh {
 			res0 = slices.Clone(res) // res is the round's, gone after f
@@ -381,6 +404,15 @@ func (l *Locker) watch() {
 			if res[i].err == nil {
 				l.checkEviction(ctx, n)
 			}
+			if n.jumped.Load() && !l.isClosed() {
+				// Its clock jumped forward: its locks may have expired
+				// early. Delete its marker and begin its recovery.
+				if err := l.clockLoss(ctx, n); err != nil && ctx.Err() == nil {
+					l.logger.Debug("lock node recovery step failed", zap.Int("node", n.index), zap.String("addr", n.addr), zap.Error(err))
+				}
+				next = min(next, 100*time.Millisecond)
+				continue
+			}
 			if res[i].err == nil && res[i].state != stateIntact && !fresh {
 				// A recovery to advance (or markers to create): look
 				// again soon even if the probes are rare.
@@ -412,8 +444,10 @@ func (l *Locker) watch() {
 // recovery's deadline, in parallel, each bounded by NodeTimeout.
 func (l *Locker) probe(ctx context.Context) []reply {
 	out := make([]reply, len(l.nodes))
+	start := time.Now()
 	r := l.call(ctx, opStatus, len(l.nodes), l.markerArg.(string), codeStatus, "", 0)
 	l.fanout(l.nodes, r, func(res []reply) { copy(out, res) })
+	l.settleClock(l.nodes, out, start)
 	for i, n := range l.nodes {
 		if out[i].err != nil {
 			continue
@@ -753,7 +787,11 @@ func (l *Locker) finish(ctx context.Context, n *node, id string, floor int64, by
 	if byDeadline {
 		flag = "1"
 	}
-	v, err := l.run(ctx, n, finishScript, []string{l.markerArg.(string), l.recoveryArg.(string), l.fenceArg.(string)}, id, floor, flag)
+	ref, err := l.clockRef()
+	if err != nil {
+		return fmt.Errorf("finish: %w", err)
+	}
+	v, err := l.run(ctx, n, finishScript, []string{l.markerArg.(string), l.recoveryArg.(string), l.fenceArg.(string), l.clockArg.(string)}, id, floor, flag, ref, l.bandArg)
 	if err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
@@ -768,7 +806,7 @@ func (l *Locker) finish(ctx context.Context, n *node, id string, floor int64, by
 	}
 	n.health.deadline, n.health.waitsCopy = time.Time{}, false
 	n.health.mu.Unlock()
-	l.observeState(n, stateIntact, time.Now())
+	l.observeState(n, stateIntact, false, time.Now())
 	return nil
 }
 

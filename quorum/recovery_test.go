@@ -183,7 +183,9 @@ func TestFreshDeploymentUsableAtOnce(t *testing.T) {
 // default timeouts.
 func TestRecoveryWithinASecond(t *testing.T) {
 	c := startCluster(t, 3)
-	l := newLocker(t, c, DefaultConfig())
+	cfg := DefaultConfig()
+	cfg.ClockTolerance = testConfig().ClockTolerance // replies under -race
+	l := newLocker(t, c, cfg)
 	warm(t, c, l)
 	for i := range 50 {
 		mustLock(t, l, fmt.Sprintf("held-%d", i), 30*time.Second, Options{})

@@ -13,6 +13,8 @@ import (
 //	<prefix>recovery         hash (id, detected, deadline): the node lost its
 //	                         data and is being brought back (see recovery.go)
 //	<prefix>evicted          the node's evicted_keys already taken for a loss
+//	<prefix>clock            the node's clock offset in ms against the
+//	                         deployment's reference clock (see clock.go)
 //	<prefix>released         channel; payload is the released resource name
 //
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
@@ -35,14 +37,19 @@ import (
 //
 // The call is
 //
-//	EVALSHA sha n+3 key_1 .. key_n fence-counter marker recovery code_1 token_1 x_1 .. code_n token_n x_n channel
+//	EVALSHA sha n+3 key_1 .. key_n fence-counter marker recovery code_1 token_1 x_1 .. code_n token_n x_n channel clock band ref
 //
-// and replies with an array of n+1 elements: first the integer result of
+// and replies with an array of n+3 elements: first the integer result of
 // each operation or, if that operation failed, its error (the others still
 // run), then the node's state, read in the same atomic call: 1 when the
 // marker exists (the node kept its data), 0 when neither the marker nor a
 // recovery exists (a node never used, or one whose loss nobody noticed
-// yet), -1 when a recovery is under way. The operations, by code:
+// yet), -1 when a recovery is under way; then the node's TIME in ms and its
+// clock offset in ms (the key clock, "<prefix>clock", 0 when it does not
+// exist), after moving the offset of a node with its marker that reads more
+// than band ms below ref, the caller's lower bound of the reference clock
+// in ms (empty when it has none; see clock.go). The global arguments after
+// the operations' are read from the end of ARGV. The operations, by code:
 //
 //	a, aw  acquire: take the lock if it is free, refresh it if the token owns
 //	       it; x is the ttl in ms. aw also marks a lock held by another
@@ -297,6 +304,18 @@ elseif redis.call('EXISTS', recovery) == 1 then
 else
 	res[n + 1] = 0
 end
+-- The node's clock (clock.go): its TIME and its offset against the
+-- reference. A node with its marker that reads more than the band below the
+-- caller's lower bound of the reference is moved up to it.
+local clock, band, ref = ARGV[#ARGV - 2], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+local t = now()
+local offset = tonumber(redis.call('GET', clock) or '0') or 0
+if ref and res[n + 1] == 1 and t - offset - ref < -band then
+	offset = t - ref
+	redis.call('SET', clock, string.format('%d', offset))
+end
+res[n + 2] = t
+res[n + 3] = offset
 return res
 `)
 
@@ -361,6 +380,23 @@ elseif deadline < detected + wait then
 	redis.call('HSET', KEYS[2], 'deadline', string.format('%d', deadline))
 end
 return {0, id, now - detected, math.max(deadline - now, 0)}
+`)
+
+// lossScript takes a node whose clock jumped forward for one that lost its
+// data: it deletes the marker and, when ref is given, sets the clock offset
+// so that the node reads ref, the reference clock in ms, from then on (the
+// recovery's end checks that it still does; see clock.go).
+//
+//	EVALSHA sha 2 marker clock ref
+var lossScript = newScript(`
+redis.call('DEL', KEYS[1])
+local ref = tonumber(ARGV[1])
+if ref then
+	local t = redis.call('TIME')
+	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	redis.call('SET', KEYS[2], string.format('%d', now - ref))
+end
+return 1
 `)
 
 // dumpScript reads one SCAN step of the live locks of a node that kept its
@@ -494,13 +530,19 @@ return 0
 `)
 
 // finishScript ends a node's recovery: it raises the counter to floor,
-// creates the marker and deletes the recovery.
+// sets the clock offset so that the node reads ref, the reference clock in
+// ms (see clock.go), creates the marker and deletes the recovery.
 //
-//	EVALSHA sha 3 marker recovery counter id floor byDeadline
+//	EVALSHA sha 4 marker recovery counter clock id floor byDeadline ref band
 //
 // It replies 1 when the marker exists afterwards, and 0, changing nothing,
 // when the recovery does not have the given id or, with byDeadline "1",
-// its deadline has not passed on the node's clock.
+// its deadline has not passed on the node's clock. A node whose clock reads
+// more than band ms ahead of ref jumped during its recovery: the locks
+// copied to it may have expired early, and its deadline came early. Then
+// the script moves the deadline out by the jump, gives the recovery a new
+// id (so that it is copied again), sets the offset to read ref, and
+// replies 0.
 var finishScript = newScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
 	return 1
@@ -509,9 +551,16 @@ local r = redis.call('HMGET', KEYS[2], 'id', 'deadline')
 if r[1] ~= ARGV[1] then
 	return 0
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ref = tonumber(ARGV[4])
+local ahead = now - tonumber(redis.call('GET', KEYS[4]) or '0') - ref
+if ahead > tonumber(ARGV[5]) then
+	redis.call('HSET', KEYS[2], 'id', ARGV[1] .. '+', 'deadline', string.format('%d', (tonumber(r[2]) or now) + ahead))
+	redis.call('SET', KEYS[4], string.format('%d', now - ref))
+	return 0
+end
 if ARGV[3] == '1' then
-	local t = redis.call('TIME')
-	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 	if not tonumber(r[2]) or now < tonumber(r[2]) then
 		return 0
 	end
@@ -519,6 +568,7 @@ end
 if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
 	redis.call('SET', KEYS[3], ARGV[2])
 end
+redis.call('SET', KEYS[4], string.format('%d', now - ref))
 redis.call('SET', KEYS[1], '1')
 redis.call('DEL', KEYS[2])
 return 1

@@ -28,15 +28,59 @@ func runOps(t *testing.T, a *redis.Client, ops ...scriptOp) []any {
 		args = append(args, o.code, o.token, o.x)
 	}
 	keys = append(keys, "lockproxy:fence", "lockproxy:intact", "lockproxy:recovery")
-	args = append(args, "lockproxy:released")
+	args = append(args, "lockproxy:released", "lockproxy:clock", 10, "")
 	v, err := a.Eval(context.Background(), opsScript.src, keys, args...).Slice()
 	if err != nil {
 		t.Fatalf("opsScript %v: %v", ops, err)
 	}
-	if len(v) != len(ops)+1 {
-		t.Fatalf("opsScript %v replied %v: want one result per operation and the node's state", ops, v)
+	if len(v) != len(ops)+3 {
+		t.Fatalf("opsScript %v replied %v: want one result per operation, the node's state and its clock", ops, v)
 	}
 	return v[:len(ops)]
+}
+
+// TestOpsScriptClock checks the clock that opsScript reports after the
+// node's state: the node's TIME and its offset, which a call moves only
+// for a node with its marker that reads more than the band below the
+// caller's reference.
+func TestOpsScriptClock(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	call := func(ref any) (now, offset int64) {
+		t.Helper()
+		keys := []string{"lockproxy:lock:r", "lockproxy:fence", "lockproxy:intact", "lockproxy:recovery"}
+		v, err := a.Eval(ctx, opsScript.src, keys, "s", "", 0, "lockproxy:released", "lockproxy:clock", 10, ref).Slice()
+		if err != nil || len(v) != 4 {
+			t.Fatalf("opsScript: %v, %v", v, err)
+		}
+		return v[2].(int64), v[3].(int64)
+	}
+	now, offset := call("")
+	if offset != 0 || now < time.Now().Add(-time.Minute).UnixMilli() {
+		t.Fatalf("clock %d, offset %d; want the node's time and offset 0 without the key", now, offset)
+	}
+	// Without the marker, a node far behind is left alone.
+	if _, offset = call(now + 60_000); offset != 0 {
+		t.Errorf("offset %d after a call with a reference 60s ahead on a node without its marker, want 0", offset)
+	}
+	a.Set(ctx, "lockproxy:intact", "1", 0)
+	// Ahead of the reference (a late call, or a jump): left alone.
+	if _, offset = call(now - 60_000); offset != 0 {
+		t.Errorf("offset %d after a call with a reference 60s behind, want 0", offset)
+	}
+	// Within the band: left alone.
+	if _, offset = call(now + 5); offset != 0 {
+		t.Errorf("offset %d after a call with a reference 5ms ahead (band 10ms), want 0", offset)
+	}
+	// Behind by more than the band: moved so that it reads the reference.
+	_, offset = call(now + 60_000)
+	if offset > -59_000 || offset < -61_000 {
+		t.Errorf("offset %d after a call with a reference 60s ahead, want about -60000", offset)
+	}
+	if got := a.Get(ctx, "lockproxy:clock").Val(); got != strconv.FormatInt(offset, 10) {
+		t.Errorf("stored offset %q, want %d", got, offset)
+	}
 }
 
 // TestOpsScript runs each operation of the node script directly on one node
@@ -213,5 +257,39 @@ func TestLargeBatchIsSplit(t *testing.T) {
 	}
 	if keys := c.lockKeys(t, 0); len(keys) != ops {
 		t.Errorf("%d locks on the node, want %d", len(keys), ops)
+	}
+}
+
+// TestFinishScriptClock: a recovery does not end on a node whose clock
+// jumped forward during it (its copied locks may have expired early, its
+// deadline came early): the deadline moves out by the jump, the copy is
+// started over under a new id, and the node gets an offset that puts it in
+// line, so that the next attempt ends it.
+func TestFinishScriptClock(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	keys := []string{"lockproxy:intact", "lockproxy:recovery", "lockproxy:fence", "lockproxy:clock"}
+	now := time.Now().UnixMilli()
+	a.HSet(ctx, "lockproxy:recovery", "id", "x", "detected", now, "deadline", now+1000)
+	// The reference reads 60s behind the node: the node jumped 60s.
+	v, err := a.Eval(ctx, finishScript.src, keys, "x", 0, "0", now-60_000, 10).Int()
+	if err != nil || v != 0 {
+		t.Fatalf("finish on a node 60s ahead = %d, %v; want 0", v, err)
+	}
+	r := a.HGetAll(ctx, "lockproxy:recovery").Val()
+	deadline, _ := strconv.ParseInt(r["deadline"], 10, 64)
+	if r["id"] != "x+" || deadline < now+60_000 {
+		t.Errorf("recovery %v after the jump, want id x+ and the deadline about %d", r, now+61_000)
+	}
+	if off, _ := a.Get(ctx, "lockproxy:clock").Int64(); off < 59_000 || off > 61_000 {
+		t.Errorf("offset %d, want about 60000", off)
+	}
+	if a.Exists(ctx, "lockproxy:intact").Val() != 0 {
+		t.Fatal("marker created on a node whose clock jumped")
+	}
+	v, err = a.Eval(ctx, finishScript.src, keys, "x+", 7, "0", time.Now().UnixMilli()-60_000, 10).Int()
+	if err != nil || v != 1 || a.Exists(ctx, "lockproxy:intact").Val() != 1 {
+		t.Errorf("finish in line = %d, %v; want 1 and the marker", v, err)
 	}
 }

@@ -35,6 +35,8 @@ type Server struct {
 	tls  *tls.Config // set for a server that speaks only TLS
 	bin  string      // the program: redis-server or redis-sentinel
 	conf string      // a configuration file given first, or ""
+	env  []string    // added to the process's environment (the clock shim)
+	skew string      // the clock shim's offset file, or ""
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -115,6 +117,9 @@ func (s *Server) start() error {
 	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.SysProcAttr = procAttr()
+	if s.env != nil {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
