@@ -48,9 +48,11 @@ var (
 	opAcquire = &op{name: "acquire"}
 	opRaise   = &op{name: "raise"}
 	opRelease = &op{name: "release"}
+	opCleanup = &op{name: "cleanup"}
 	opExtend  = &op{name: "extend"}
 	opPlace   = &op{name: "place"}
 	opStatus  = &op{name: "status"}
+	opTime    = &op{name: "time"}
 	opInit    = &op{name: "init"}
 	opHandoff = &op{name: "handoff"}
 )
@@ -83,11 +85,13 @@ type round struct {
 	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
 	op          *op
 	// The operation's arguments in opsScript: the lock key, the operation
-	// code, the token, and x.
-	key   string
-	code  any
-	token string
-	x     any
+	// code, the token, x and the attempt id. The deadline argument is
+	// deadline on each node's clock (see late.go).
+	key     string
+	code    any
+	token   string
+	x       any
+	attempt string
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
@@ -124,10 +128,10 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 }
 
 // call returns a round that runs the opsScript operation o with key, code,
-// token and x.
-func (l *Locker) call(ctx context.Context, o *op, nodes int, key string, code any, token string, x any) *round {
+// token, x and attempt.
+func (l *Locker) call(ctx context.Context, o *op, nodes int, key string, code any, token, attempt string, x any) *round {
 	r := l.newRound(ctx, o, nodes)
-	r.key, r.code, r.token, r.x = key, code, token, x
+	r.key, r.code, r.token, r.x, r.attempt = key, code, token, x, attempt
 	return r
 }
 
@@ -138,12 +142,15 @@ func (r *round) free() {
 		r.finBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
-	r.key, r.code, r.token, r.x = "", nil, "", nil
+	r.key, r.code, r.token, r.x, r.attempt = "", nil, "", nil, ""
 	rounds.Put(r)
 }
 
 // complete records rep as the answer of the round's i-th node.
 func (r *round) complete(i int, rep reply) {
+	if dbg && len(r.res) >= 1 {
+		println("REQ", i, r.op.name, time.Now().Format("05.000"), fmt.Sprint(rep.err), time.Since(r.start).String())
+	}
 	r.res[i] = rep
 	r.fin[i].Store(true)
 	if r.left.Add(-1) == 0 {
@@ -273,11 +280,24 @@ func (n *node) shut() {
 func (l *Locker) sendPending(n *node, q []request) {
 	now := time.Now()
 	live := q[:0]
+	reachable, rtt := n.reachable.Load(), time.Duration(n.rtt.Load())
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
 			// The caller is gone; the node never sees the request.
 			r.complete(req.i, reply{err: err})
+			continue
+		}
+		if !reachable && r.op != opTime {
+			// The keeper is reconnecting (conn.go).
+			r.complete(req.i, reply{err: errReconnecting})
+			continue
+		}
+		if r.deadline.Sub(now) < rtt {
+			// Queued behind a batch on a slow link, it cannot be answered
+			// in time: fail it as a timeout without sending it, rather
+			// than time out on the connection and lose that.
+			r.complete(req.i, reply{err: context.DeadlineExceeded})
 			continue
 		}
 		if !now.Before(r.deadline) {
@@ -340,10 +360,16 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	args := n.args[:0]
 	for i := 0; i < len(batch); i += maxOps {
 		from := len(args)
-		args = l.appendOpsArgs(args, batch[i:min(i+maxOps, len(batch))])
+		args = l.appendOpsArgs(n, args, batch[i:min(i+maxOps, len(batch))])
 		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
 	}
+	sent := time.Now()
 	n.exec(ctx, cmds)
+	keeper := false // the batch may have dialed: no round trip sample
+	for _, req := range batch {
+		keeper = keeper || req.r.op == opTime
+	}
+	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout, keeper)
 
 	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
 	// run those calls again with EVAL, which also caches it.
@@ -370,6 +396,9 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 
 // complete records rep as n's answer to req.
 func (l *Locker) complete(n *node, req request, rep reply) {
+	if rep.err != nil && redis.HasErrorPrefix(rep.err, "LATE") {
+		n.redialSoon() // the node's clock may have jumped: read it again
+	}
 	l.observe(req.r.ctx, n, rep.err)
 	if rep.err == nil {
 		l.observeState(n, rep.state, req.r.start)
@@ -378,15 +407,16 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 	req.r.complete(req.i, rep)
 }
 
-// appendOpsArgs appends to args the opsScript call that runs ops.
-func (l *Locker) appendOpsArgs(args []any, ops []request) []any {
+// appendOpsArgs appends to args the opsScript call that runs ops on n.
+// Each operation's deadline is its request's, on n's clock.
+func (l *Locker) appendOpsArgs(n *node, args []any, ops []request) []any {
 	args = append(args, "evalsha", opsScript.sha, len(ops)+3)
 	for _, req := range ops {
 		args = append(args, req.r.key)
 	}
 	args = append(args, l.fenceArg, l.markerArg, l.recoveryArg)
 	for _, req := range ops {
-		args = append(args, req.r.code, req.r.token, req.r.x)
+		args = append(args, req.r.code, req.r.token, req.r.x, req.r.attempt, n.deadlineOn(req.r.deadline))
 	}
 	return append(args, l.channelArg)
 }
@@ -431,3 +461,5 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 	}
 	return reply{err: fmt.Errorf("quorum: %s replied %v, not an array of integers", o.name, v)}
 }
+
+const dbg = true

@@ -41,6 +41,10 @@ type Locker struct {
 
 	poke    chan struct{} // capacity 1: the watcher should look at once
 	watchWG sync.WaitGroup
+	keepWG  sync.WaitGroup // the node keepers (conn.go)
+
+	attemptPrefix string        // random, for this Locker's attempt ids
+	attemptSeq    atomic.Uint64 // the last attempt id's number
 
 	subCtx    context.Context // ends the subscribers
 	subCancel context.CancelFunc
@@ -72,6 +76,13 @@ type node struct {
 	pending []request
 	closed  bool // the batcher stopped; requests fail at once
 
+	// The keeper (conn.go): the last reading of the node's clock, and a
+	// wake-up after a failed call.
+	clock     atomic.Pointer[nodeClock]
+	redial    chan struct{} // capacity 1
+	reachable atomic.Bool   // no batch went unanswered since the keeper's last success
+	rtt       atomic.Int64  // smoothed round trip of a batch, ns
+
 	// Used by the batcher only: its pipeline, and buffers send reuses.
 	pipe redis.Pipeliner
 	cmds []redis.Cmder
@@ -79,16 +90,20 @@ type node struct {
 }
 
 // New returns a Locker with one go-redis client per entry of nodes and
-// starts, for each node, a goroutine subscribed to release notifications and
-// one that sends the node's calls in batches; Close stops them. New does not
+// starts, for each node, a goroutine subscribed to release notifications,
+// one that sends the node's calls in batches and one that keeps a
+// connection warm and reads the node's clock (conn.go); Close stops them. New does not
 // contact the nodes, so it succeeds while nodes are down.
 //
 // The options are copied and overridden where they would defeat Redlock's
 // timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
-// ContextTimeoutEnabled is true, DialerRetries is 1, and DialTimeout,
-// ReadTimeout, WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
+// ContextTimeoutEnabled is true, DialerRetries is 1, PipelinePoolSize is
+// -1 (pipelines use the main pool), and DialTimeout, ReadTimeout,
+// WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
 // The Dialer is wrapped so that go-redis never sees a dial fail (see
-// dialer), so a node that comes back is used by the next call.
+// dialer). While a node does not answer, its calls fail at once and only
+// its keeper reaches out to it (conn.go): a node that comes back is used by
+// the next call after the keeper reached it.
 // An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in
 // both, and RESP3 makes go-redis look for push notifications before every
 // reply it reads, which costs CPU on every call.
@@ -135,6 +150,8 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		done:        make(chan struct{}),
 		poke:        make(chan struct{}, 1),
 
+		attemptPrefix: newAttemptPrefix(),
+
 		waitSeconds:    newWaitHistogram(),
 		handoffSeconds: newHandoffHistogram(),
 	}
@@ -150,22 +167,30 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		if opt.Protocol == 0 {
 			opt.Protocol = 2
 		}
-		opt.Dialer = dialer(&opt)
-		c := redis.NewClient(&opt)
-		l.nodes = append(l.nodes, &node{
+		// The batcher's pipelines share the main pool with the keeper, which
+		// keeps a connection of it warm (conn.go).
+		opt.PipelinePoolSize = -1
+		n := &node{
 			index:  i,
 			addr:   opt.Addr,
-			client: c,
-			sub:    c.Subscribe(ctx), // no channel yet: no I/O here
 			wake:   make(chan struct{}, 1),
-			pipe:   c.Pipeline(),
-		})
+			redial: make(chan struct{}, 1),
+		}
+		n.reachable.Store(true) // until a call finds otherwise
+		opt.Dialer = dialer(&opt)
+		c := redis.NewClient(&opt)
+		n.client = c
+		n.sub = c.Subscribe(ctx) // no channel yet: no I/O here
+		n.pipe = c.Pipeline()
+		l.nodes = append(l.nodes, n)
 	}
 	for _, n := range l.nodes {
 		l.subWG.Add(1)
 		go l.subscribe(n)
 		l.batchWG.Add(1)
 		go l.batch(n)
+		l.keepWG.Add(1)
+		go l.keep(n)
 	}
 	l.watchWG.Add(1)
 	go l.watch()
@@ -183,8 +208,8 @@ func bound(v, limit time.Duration) time.Duration {
 // Nodes returns the number of configured lock nodes.
 func (l *Locker) Nodes() int { return len(l.nodes) }
 
-// Close stops the watcher, the placements, the notification subscribers
-// and the batchers, waits for them and closes the node clients. Calls still
+// Close stops the watcher, the keepers, the placements, the notification
+// subscribers and the batchers, waits for them and closes the node clients. Calls still
 // running fail (a batch already sent is awaited, at most NodeTimeout);
 // waiting Lock calls return. Close is idempotent and returns the same
 // result every time.
@@ -197,6 +222,7 @@ func (l *Locker) Close() error {
 		}
 		l.subWG.Wait()
 		l.watchWG.Wait()
+		l.keepWG.Wait()
 		l.stopPlacements()
 		l.batchWG.Wait()
 		var errs []error

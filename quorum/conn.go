@@ -1,0 +1,255 @@
+package quorum
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every node has a keeper goroutine (owned by the Locker: started in New,
+// stopped and waited for in Close). It does two things with one time
+// operation of opsScript, sent through the node's batcher (nodeTime),
+// every keepInterval ProbeIntervals and whenever a call found the node
+// unreachable or a reply was LATE:
+//
+//   - It keeps a connection to the node warm. A call that finds no idle
+//     connection dials one, and dialing, go-redis's handshake and the call
+//     itself take three or four round trips, which a node behind a link
+//     whose latency is a good part of NodeTimeout never answers in time: the
+//     call fails, its connection is dropped, and the next call starts over.
+//     The keeper's request is bounded by keepTimeout, not by one call's
+//     NodeTimeout, so it establishes the batcher's connection and leaves
+//     it in the pool, where the next batch finds it and needs one round
+//     trip.
+//     A call that fails for want of an answer (a timeout, a refused or
+//     broken connection) marks the node unreachable and wakes the keeper;
+//     until the keeper's request succeeds, the batcher fails the node's
+//     requests at once (errReconnecting) instead of sending them, so that
+//     they do not dial (see dialer) and a node behind a slow link does not
+//     lose every call to a handshake. After its own failures the keeper
+//     backs off (from NodeTimeout/2, doubling, up to maxKeepBackoff), so
+//     a node that answers again is used within about half a second.
+//   - It reads the node's clock, for the deadlines that requests carry (see
+//     late.go): the node's time as the script read it and the local
+//     (monotonic) time when the reply arrived. The time was read before
+//     the reply arrived, so node time + time elapsed locally since the reply is
+//     never later than the node's clock, drift aside: a deadline computed
+//     from it passes on the node no later than the request's own deadline
+//     does here.
+
+// maxKeepBackoff is the longest a keeper waits between two attempts to
+// reach a node that does not answer.
+const maxKeepBackoff = 400 * time.Millisecond
+
+// keepInterval is how many ProbeIntervals a keeper waits between two
+// readings of a node that answers. Failed calls and LATE replies (a clock
+// that jumped) wake it at once.
+const keepInterval = 10
+
+// nodeClock is one reading of a node's clock.
+type nodeClock struct {
+	ms int64     // the node's time, Unix ms
+	at time.Time // local time (monotonic) when the reading arrived
+}
+
+// keepTimeout bounds one keeper request: a dial, the handshake and the
+// script call, each at most a NodeTimeout.
+func (l *Locker) keepTimeout() time.Duration { return 4 * l.cfg.NodeTimeout }
+
+// keep runs n's keeper until Close.
+func (l *Locker) keep(n *node) {
+	defer l.keepWG.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var backoff time.Duration // after a failure, until the next try
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		case <-n.redial:
+			if backoff > 0 {
+				continue // the timer is set for after the backoff
+			}
+			t.Stop()
+		}
+		ms, err := l.nodeTime(n)
+		got := time.Now()
+		next := keepInterval * l.cfg.ProbeInterval
+		n.reachable.Store(err == nil)
+		if err == nil {
+			n.clock.Store(&nodeClock{ms: ms, at: got})
+			backoff = 0
+		} else {
+			backoff = min(max(2*backoff, l.cfg.NodeTimeout/2), maxKeepBackoff)
+			next = min(next, backoff)
+		}
+		select {
+		case <-n.redial: // a failure that this round already answers
+		default:
+		}
+		t.Reset(next)
+	}
+}
+
+// errReconnecting fails at once a call to a node that did not answer the
+// last call: until its keeper reaches it again, the call would only spend
+// its NodeTimeout on a dial and a handshake that do not finish in time.
+var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting in the background")
+
+// dialer wraps a node's Dialer so that a failed dial reaches go-redis as a
+// connection whose first read or write fails with the dial's error. The
+// call that needed the connection fails with that error all the same, but
+// go-redis's pool never counts a failed dial: after PoolSize of them it
+// stops dialing and probes the node once a second in the background, so a
+// node that came back would stay unused for up to a second (and the
+// failures never reset while the node stays up). The dial itself is
+// bounded by DialTimeout, which New sets to at most NodeTimeout. A
+// connection made closes with SO_LINGER 0 (see abortOnClose).
+func dialer(opt *redis.Options) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	dial := opt.Dialer
+	if dial == nil {
+		dial = redis.NewDialer(opt)
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return failedConn{err: err, addr: addr}, nil
+		}
+		abortOnClose(c)
+		return c, nil
+	}
+}
+
+// failedConn is a connection that was never made: every read and write
+// returns the dial's error.
+type failedConn struct {
+	err  error
+	addr string
+}
+
+func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
+func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
+func (c failedConn) Close() error                     { return nil }
+func (c failedConn) LocalAddr() net.Addr              { return failedAddr("") }
+func (c failedConn) RemoteAddr() net.Addr             { return failedAddr(c.addr) }
+func (c failedConn) SetDeadline(time.Time) error      { return nil }
+func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+type failedAddr string
+
+func (a failedAddr) Network() string { return "tcp" }
+func (a failedAddr) String() string  { return string(a) }
+
+// settle takes in the outcome of a batch that n's batcher sent with a
+// budget of budget and that took took: its error err (of the first call;
+// the calls of one pipeline share the connection's fate) and, on success,
+// the round trip. A batch that got no answer although it had at least half
+// a NodeTimeout marks the node unreachable and wakes the keeper; one that
+// merely ran out of a budget shortened by queueing says nothing of the
+// node.
+func (n *node) settle(err error, took, budget, nodeTimeout time.Duration, keeper bool) {
+	var rerr redis.Error
+	switch {
+	case (err == nil || errors.As(err, &rerr)) && keeper:
+		return
+	case err == nil || errors.As(err, &rerr):
+		// Answered: the round trip, smoothed (1/4 of each sample).
+		old := n.rtt.Load()
+		if old == 0 {
+			n.rtt.Store(int64(took))
+		} else {
+			n.rtt.Store(old + (int64(took)-old)/4)
+		}
+	case isTimeout(err) && budget < nodeTimeout/2:
+	default:
+		n.reachable.Store(false)
+		n.redialSoon()
+	}
+}
+
+// nodeTime reads n's clock with the time operation of opsScript, through
+// n's batcher like any call but bounded by keepTimeout: the batcher sends
+// it also while the node is unreachable, on the connection its batches
+// use, which it dials if need be.
+func (l *Locker) nodeTime(n *node) (int64, error) {
+	r := l.newRound(l.subCtx, opTime, 1)
+	r.code = codeTime
+	if !n.reachable.Load() {
+		// Time to dial and shake hands. A node that answers gets the
+		// calls' bound, so that the request joins their batches instead
+		// of delaying them with one of its own.
+		r.deadline = r.start.Add(l.keepTimeout())
+	}
+	var rep reply
+	l.fanout([]*node{n}, r, func(res []reply) { rep = res[0] })
+	return rep.val, rep.err
+}
+
+// redialSoon makes n's keeper reach the node at once, unless it backs off.
+func (n *node) redialSoon() {
+	select {
+	case n.redial <- struct{}{}:
+	default:
+	}
+}
+
+// deadlineOn returns the time on n's clock, in Unix ms, that corresponds
+// to local time d, or never later than it (see nodeClock); 0 when n's clock
+// was never read.
+func (n *node) deadlineOn(d time.Time) int64 {
+	c := n.clock.Load()
+	if c == nil {
+		return 0
+	}
+	return c.ms + d.Sub(c.at).Milliseconds()
+}
+
+// newAttemptPrefix returns a random prefix for the attempt ids of one
+// Locker, so that ids of different Lockers never collide.
+func newAttemptPrefix() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:]) + "."
+}
+
+// newAttempt returns a fresh attempt id: unique among every Locker's, and
+// free of ':' and '/', which delimit it in a lock's value.
+func (l *Locker) newAttempt() string {
+	return l.attemptPrefix + strconv.FormatUint(l.attemptSeq.Add(1), 36)
+}
+
+// lingerAbort makes every node connection close with SO_LINGER 0: closing a
+// connection that a call gave up on (go-redis closes it after a timeout)
+// drops whatever of it the node did not acknowledge yet, instead of
+// retransmitting it after a partition heals. Tests turn it off to show that
+// the node scripts alone keep late requests harmless.
+var lingerAbort = func() *atomic.Bool { var b atomic.Bool; b.Store(true); return &b }()
+
+// abortOnClose sets SO_LINGER 0 on c's TCP connection, if it has one.
+func abortOnClose(c net.Conn) {
+	if !lingerAbort.Load() {
+		return
+	}
+	for {
+		switch x := c.(type) {
+		case *net.TCPConn:
+			_ = x.SetLinger(0)
+			return
+		case interface{ NetConn() net.Conn }: // TLS
+			c = x.NetConn()
+		default:
+			return
+		}
+	}
+}
