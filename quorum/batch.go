@@ -92,6 +92,7 @@ type round struct {
 	token   string
 	x       any
 	attempt string
+	anytime bool // the operation is safe whenever it arrives: no deadline
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
@@ -142,15 +143,12 @@ func (r *round) free() {
 		r.finBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
-	r.key, r.code, r.token, r.x, r.attempt = "", nil, "", nil, ""
+	r.key, r.code, r.token, r.x, r.attempt, r.anytime = "", nil, "", nil, "", false
 	rounds.Put(r)
 }
 
 // complete records rep as the answer of the round's i-th node.
 func (r *round) complete(i int, rep reply) {
-	if dbg && len(r.res) >= 1 {
-		println("REQ", i, r.op.name, time.Now().Format("05.000"), fmt.Sprint(rep.err), time.Since(r.start).String())
-	}
 	r.res[i] = rep
 	r.fin[i].Store(true)
 	if r.left.Add(-1) == 0 {
@@ -280,7 +278,10 @@ func (n *node) shut() {
 func (l *Locker) sendPending(n *node, q []request) {
 	now := time.Now()
 	live := q[:0]
-	reachable, rtt := n.reachable.Load(), time.Duration(n.rtt.Load())
+	// A request that waited in the queue is not sent when less than the
+	// node's round trip is left; one that did not always is (the bound:
+	// half a NodeTimeout), so a high estimate cannot keep the node unused.
+	reachable, rtt := n.reachable.Load(), min(time.Duration(n.rtt.Load()), l.cfg.NodeTimeout/2)
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
@@ -288,7 +289,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: err})
 			continue
 		}
-		if !reachable && r.op != opTime {
+		if !reachable {
 			// The keeper is reconnecting (conn.go).
 			r.complete(req.i, reply{err: errReconnecting})
 			continue
@@ -365,11 +366,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	}
 	sent := time.Now()
 	n.exec(ctx, cmds)
-	keeper := false // the batch may have dialed: no round trip sample
-	for _, req := range batch {
-		keeper = keeper || req.r.op == opTime
-	}
-	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout, keeper)
+	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout)
 
 	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
 	// run those calls again with EVAL, which also caches it.
@@ -416,7 +413,11 @@ func (l *Locker) appendOpsArgs(n *node, args []any, ops []request) []any {
 	}
 	args = append(args, l.fenceArg, l.markerArg, l.recoveryArg)
 	for _, req := range ops {
-		args = append(args, req.r.code, req.r.token, req.r.x, req.r.attempt, n.deadlineOn(req.r.deadline))
+		var deadline int64
+		if !req.r.anytime {
+			deadline = n.deadlineOn(req.r.deadline)
+		}
+		args = append(args, req.r.code, req.r.token, req.r.x, req.r.attempt, deadline)
 	}
 	return append(args, l.channelArg)
 }
@@ -461,5 +462,3 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 	}
 	return reply{err: fmt.Errorf("quorum: %s replied %v, not an array of integers", o.name, v)}
 }
-
-const dbg = true

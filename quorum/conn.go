@@ -14,10 +14,9 @@ import (
 )
 
 // Every node has a keeper goroutine (owned by the Locker: started in New,
-// stopped and waited for in Close). It does two things with one time
-// operation of opsScript, sent through the node's batcher (nodeTime),
-// every keepInterval ProbeIntervals and whenever a call found the node
-// unreachable or a reply was LATE:
+// stopped and waited for in Close). It does two things with one reading
+// of the node's clock (nodeTime), every keepInterval ProbeIntervals and
+// whenever a call found the node unreachable or a reply was LATE:
 //
 //   - It keeps a connection to the node warm. A call that finds no idle
 //     connection dials one, and dialing, go-redis's handshake and the call
@@ -25,9 +24,8 @@ import (
 //     whose latency is a good part of NodeTimeout never answers in time: the
 //     call fails, its connection is dropped, and the next call starts over.
 //     The keeper's request is bounded by keepTimeout, not by one call's
-//     NodeTimeout, so it establishes the batcher's connection and leaves
-//     it in the pool, where the next batch finds it and needs one round
-//     trip.
+//     NodeTimeout, so it establishes a connection and leaves it in the
+//     pool, where the next batch finds it and needs one round trip.
 //     A call that fails for want of an answer (a timeout, a refused or
 //     broken connection) marks the node unreachable and wakes the keeper;
 //     until the keeper's request succeeds, the batcher fails the node's
@@ -35,7 +33,8 @@ import (
 //     they do not dial (see dialer) and a node behind a slow link does not
 //     lose every call to a handshake. After its own failures the keeper
 //     backs off (from NodeTimeout/2, doubling, up to maxKeepBackoff), so
-//     a node that answers again is used within about half a second.
+//     a node that answers again is used within NodeTimeout (a dial in
+//     flight) + maxKeepBackoff + the reconnection's round trips.
 //   - It reads the node's clock, for the deadlines that requests carry (see
 //     late.go): the node's time as the script read it and the local
 //     (monotonic) time when the reply arrived. The time was read before
@@ -46,7 +45,7 @@ import (
 
 // maxKeepBackoff is the longest a keeper waits between two attempts to
 // reach a node that does not answer.
-const maxKeepBackoff = 400 * time.Millisecond
+const maxKeepBackoff = 200 * time.Millisecond
 
 // keepInterval is how many ProbeIntervals a keeper waits between two
 // readings of a node that answers. Failed calls and LATE replies (a clock
@@ -61,7 +60,7 @@ type nodeClock struct {
 
 // keepTimeout bounds one keeper request: a dial, the handshake and the
 // script call, each at most a NodeTimeout.
-func (l *Locker) keepTimeout() time.Duration { return 4 * l.cfg.NodeTimeout }
+func (l *Locker) keepTimeout() time.Duration { return 3 * l.cfg.NodeTimeout }
 
 // keep runs n's keeper until Close.
 func (l *Locker) keep(n *node) {
@@ -87,7 +86,11 @@ func (l *Locker) keep(n *node) {
 		if err == nil {
 			n.clock.Store(&nodeClock{ms: ms, at: got})
 			backoff = 0
+			l.retryCleanups(n)
 		} else {
+			if isTimeout(err) {
+				l.retryCleanups(n)
+			}
 			backoff = min(max(2*backoff, l.cfg.NodeTimeout/2), maxKeepBackoff)
 			next = min(next, backoff)
 		}
@@ -156,18 +159,17 @@ func (a failedAddr) String() string  { return string(a) }
 // a NodeTimeout marks the node unreachable and wakes the keeper; one that
 // merely ran out of a budget shortened by queueing says nothing of the
 // node.
-func (n *node) settle(err error, took, budget, nodeTimeout time.Duration, keeper bool) {
+func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 	var rerr redis.Error
 	switch {
-	case (err == nil || errors.As(err, &rerr)) && keeper:
-		return
 	case err == nil || errors.As(err, &rerr):
-		// Answered: the round trip, smoothed (1/4 of each sample).
-		old := n.rtt.Load()
-		if old == 0 {
+		// Answered: the round trip, which follows a slower sample at once
+		// (a request that could not be answered in time is not sent, and
+		// does not cost the connection) and a faster one by 1/8.
+		if old := n.rtt.Load(); int64(took) > old {
 			n.rtt.Store(int64(took))
 		} else {
-			n.rtt.Store(old + (int64(took)-old)/4)
+			n.rtt.Store(old + (int64(took)-old)/8)
 		}
 	case isTimeout(err) && budget < nodeTimeout/2:
 	default:
@@ -176,22 +178,83 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration, keeper
 	}
 }
 
-// nodeTime reads n's clock with the time operation of opsScript, through
-// n's batcher like any call but bounded by keepTimeout: the batcher sends
-// it also while the node is unreachable, on the connection its batches
-// use, which it dials if need be.
+// nodeTime reads n's clock. A node that answers gets the time operation
+// of opsScript through its batcher, bounded like any call, so that it joins
+// the calls' batches and uses their connection. A node that does not gets
+// TIME on a connection of its own (the batcher sends nothing meanwhile),
+// bounded by keepTimeout: time to dial and shake hands over a slow link;
+// the connection then stays in the pool for the batcher.
 func (l *Locker) nodeTime(n *node) (int64, error) {
-	r := l.newRound(l.subCtx, opTime, 1)
-	r.code = codeTime
 	if !n.reachable.Load() {
-		// Time to dial and shake hands. A node that answers gets the
-		// calls' bound, so that the request joins their batches instead
-		// of delaying them with one of its own.
-		r.deadline = r.start.Add(l.keepTimeout())
+		ctx, cancel := context.WithTimeout(l.subCtx, l.keepTimeout())
+		defer cancel()
+		tm, err := n.client.Time(ctx).Result()
+		return tm.UnixMilli(), err
 	}
+	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
 	var rep reply
 	l.fanout([]*node{n}, r, func(res []reply) { rep = res[0] })
 	return rep.val, rep.err
+}
+
+// maxPendingCleanups bounds the cleanups a node keeps for its keeper to
+// send again; beyond it, a leftover lock waits for its ttl.
+const maxPendingCleanups = 4096
+
+// pendingCleanup is an attempt's cleanup that a node did not answer.
+type pendingCleanup struct {
+	resource, token, attempt string
+	until                    time.Time // the attempt's ttl ends: nothing to undo after
+}
+
+// deferCleanup keeps c for n's keeper to send once n answers again.
+func (n *node) deferCleanup(c pendingCleanup) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.cleanups) < maxPendingCleanups {
+		n.cleanups = append(n.cleanups, c)
+	}
+}
+
+// retryCleanups sends the cleanups that n did not answer again: in one
+// pipeline on a connection of the keeper's goroutine, outside the batcher,
+// bounded by keepTimeout like the keeper's own request, so that a slow
+// link delays no call. The keeper calls it when it reached n, and when its
+// request timed out (n may only be slow: a link slower than NodeTimeout
+// still carries the cleanup, even if the reply comes too late). Those that
+// n does not answer are kept. A cleanup is safe whenever it arrives (see
+// late.go), so it carries no deadline.
+func (l *Locker) retryCleanups(n *node) {
+	n.mu.Lock()
+	cs := n.cleanups
+	n.cleanups = nil
+	n.mu.Unlock()
+	if len(cs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(l.subCtx, l.keepTimeout())
+	defer cancel()
+	pipe := n.client.Pipeline()
+	var sent []pendingCleanup
+	var cmds []*redis.Cmd
+	for _, c := range cs {
+		left := time.Until(c.until).Milliseconds()
+		if left < 1 {
+			continue
+		}
+		keys := []string{l.lockPrefix + c.resource, l.fenceArg.(string), l.markerArg.(string), l.recoveryArg.(string)}
+		args := []any{codeCleanup, c.token, strconv.FormatInt(left, 10) + ":" + c.resource, c.attempt, 0, l.channelArg}
+		// EVAL: a node that restarted lacks the script, and these are rare.
+		cmds = append(cmds, pipe.Eval(ctx, opsScript.src, keys, args...))
+		sent = append(sent, c)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, cmd := range cmds {
+		var rerr redis.Error
+		if err := cmd.Err(); err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
+			n.deferCleanup(sent[i])
+		}
+	}
 }
 
 // redialSoon makes n's keeper reach the node at once, unless it backs off.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 )
 
 // Options are the optional parts of a Lock call. The zero value makes one
@@ -383,13 +384,22 @@ func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, at
 	if publish {
 		code = codeCleanupPub
 	}
+	until := time.Now().Add(ttl)
 	x := strconv.FormatInt(ttl.Milliseconds(), 10) + ":" + resource
 	deleted := 0
 	r := l.call(ctx, opCleanup, len(nodes), l.lockPrefix+resource, code, token, attempt, x)
+	r.anytime = true
 	l.fanout(nodes, r, func(res []reply) {
-		for _, r := range res {
-			if r.err == nil && r.val == 1 {
+		for i, r := range res {
+			var rerr redis.Error
+			switch {
+			case r.err == nil && r.val == 1:
 				deleted++
+			case r.err != nil && !errors.As(r.err, &rerr):
+				// No answer: the attempt may still have run there, or run
+				// later. The keeper sends the cleanup again once the node
+				// answers (conn.go).
+				nodes[i].deferCleanup(pendingCleanup{resource: resource, token: token, attempt: attempt, until: until})
 			}
 		}
 	})

@@ -71,10 +71,11 @@ type node struct {
 	timeoutCount atomic.Uint64 // timed-out calls
 
 	// The batcher's queue (see batch.go).
-	wake    chan struct{} // capacity 1: pending is not empty
-	mu      sync.Mutex
-	pending []request
-	closed  bool // the batcher stopped; requests fail at once
+	wake     chan struct{} // capacity 1: pending is not empty
+	mu       sync.Mutex
+	pending  []request
+	closed   bool             // the batcher stopped; requests fail at once
+	cleanups []pendingCleanup // cleanups to send again (conn.go)
 
 	// The keeper (conn.go): the last reading of the node's clock, and a
 	// wake-up after a failed call.
@@ -98,15 +99,17 @@ type node struct {
 // The options are copied and overridden where they would defeat Redlock's
 // timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
 // ContextTimeoutEnabled is true, DialerRetries is 1, PipelinePoolSize is
-// -1 (pipelines use the main pool), and DialTimeout, ReadTimeout,
-// WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
-// The Dialer is wrapped so that go-redis never sees a dial fail (see
-// dialer). While a node does not answer, its calls fail at once and only
-// its keeper reaches out to it (conn.go): a node that comes back is used by
-// the next call after the keeper reached it.
-// An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in
-// both, and RESP3 makes go-redis look for push notifications before every
-// reply it reads, which costs CPU on every call.
+// -1 (pipelines use the main pool, which the keeper keeps warm),
+// DialTimeout and PoolTimeout are at most cfg.NodeTimeout, and ReadTimeout
+// and WriteTimeout at most 3*cfg.NodeTimeout (the keeper's bound, see
+// conn.go; every call is bounded by its context's deadline, at most
+// NodeTimeout). The Dialer is wrapped so that go-redis never sees a dial
+// fail (see dialer). While a node does not answer, its calls fail at once
+// and only its keeper reaches out to it (conn.go): a node that comes back
+// is used by the next call after the keeper reached it. An unset Protocol
+// becomes 2 (RESP2): the scripts' replies are the same in both, and RESP3
+// makes go-redis look for push notifications before every reply it reads,
+// which costs CPU on every call.
 //
 // New also starts the watcher, which checks every node each
 // cfg.ProbeInterval and brings back nodes that lost their data (see
@@ -161,8 +164,10 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		opt.ContextTimeoutEnabled = true
 		opt.DialerRetries = 1
 		opt.DialTimeout = bound(opt.DialTimeout, cfg.NodeTimeout)
-		opt.ReadTimeout = bound(opt.ReadTimeout, cfg.NodeTimeout)
-		opt.WriteTimeout = bound(opt.WriteTimeout, cfg.NodeTimeout)
+		// Every call carries a context deadline (at most NodeTimeout);
+		// the keeper's may be longer, to reconnect over a slow link.
+		opt.ReadTimeout = bound(opt.ReadTimeout, 3*cfg.NodeTimeout)
+		opt.WriteTimeout = bound(opt.WriteTimeout, 3*cfg.NodeTimeout)
 		opt.PoolTimeout = bound(opt.PoolTimeout, cfg.NodeTimeout)
 		if opt.Protocol == 0 {
 			opt.Protocol = 2

@@ -17,15 +17,16 @@ import (
 //	<prefix>released         channel; payload is the released resource name
 //
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
-// release and '0' before, <fence> is decimal and <attempt> is the id of the
-// attempt that took the lock (no ':' or '/'), or '*' once two attempts of
-// the token relied on it (see late.go), so the first ':' after the fence
-// ends the header whatever the token holds. A value without a ':' is a lock
+// release and '0' before, <fence> is decimal and <attempt> lists the ids
+// of the attempts of the token that rely on the lock, comma-separated (ids
+// have no ',', ':' or '/'), or is '*' when more than 8 did (see late.go),
+// so the first ':' after the fence ends the header whatever the token
+// holds. A value without a ':' is a lock
 // that no token owns (recovery writes one where the nodes it copied from
 // disagreed on the owner): it reads as held by someone else until it
 // expires. A tombstone "x/<attempt>" is a free lock for everyone but that
 // attempt. The previous layout's "<w><fence>:<token>" reads as a holding of
-// the token by no attempt (only a holding-level release deletes it); that
+// the token that no cleanup may delete ('*' once refreshed); that
 // layout's proxies read this layout's values and tombstones as held by
 // someone else (the fence does not parse). A lock key of another type (the
 // hash an earlier layout used) reads as held by someone else too:
@@ -69,9 +70,10 @@ import (
 //	       smaller fence than the majority's maximum x.
 //	u, up  release: delete the lock if the token owns it; up then publishes
 //	       x, the resource name, on the channel if a waiter marked the lock.
-//	c, cp  cleanup of an attempt: x is "<ttl>:<resource>". Delete the lock
-//	       if the token owns it with this attempt (not shared), cp then
-//	       publishes as up does; where the lock is free, leave a tombstone
+//	c, cp  cleanup of an attempt: x is "<ttl>:<resource>". If the token owns
+//	       the lock and the attempt relies on it, take the attempt off the
+//	       list, and delete the lock when no attempt is left (cp then
+//	       publishes as up does); where the lock is free, leave a tombstone
 //	       of the attempt for ttl ms, so that the attempt's acquisition,
 //	       arriving late, does nothing (it fails with LATE).
 //	e      extend: reset the ttl to x ms if the token owns the lock.
@@ -105,9 +107,10 @@ import (
 // -1-pttl when another token holds it. Raise and release return 1 when done
 // and 0 when the token does not own the lock; raise never lowers a stored
 // fence. A refresh by another attempt of the same token (acquire, or
-// handoff to a token that holds the lock already) makes the lock shared,
-// so that no attempt's cleanup deletes it; only a holding-level release
-// (u, up, h) or the ttl ends it.
+// handoff to a token that holds the lock already) adds the attempt to the
+// lock's list, so that one attempt's cleanup never deletes a lock that
+// another relies on; a holding-level release (u, up, h) ends it whatever
+// the list.
 var opsScript = newScript(`
 local n = #KEYS - 3
 local counter, marker, recovery = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
@@ -167,14 +170,30 @@ local function value(mark, fence, attempt, token)
 	return mark .. fence .. '/' .. attempt .. ':' .. token
 end
 
--- refresh resets the ttl of v, a lock that token owns with fence and
--- attempt att, and makes it shared when another attempt relies on it now.
+-- relies reports whether attempt is one of the attempts in att, a list
+-- "<a1>,<a2>,..." or '*' for more than maxAttempts.
+local function relies(att, attempt)
+	return att == '*' or string.find(',' .. att .. ',', ',' .. attempt .. ',', 1, true) ~= nil
+end
+
+-- refresh resets the ttl of v, a lock that token owns with fence and the
+-- attempts att, and adds attempt to those that rely on it.
 local function refresh(key, v, token, ttl, fence, att, attempt)
-	if att == attempt or att == '*' then
+	if relies(att, attempt) then
 		redis.call('PEXPIRE', key, ttl)
-	else
-		redis.call('SET', key, value(string.sub(v, 1, 1), fence, '*', token), 'PX', ttl)
+		return fence
 	end
+	if att == '' then
+		att = '*' -- the previous layout's lock: no attempt may undo it
+	else
+		local _, commas = string.gsub(att, ',', '')
+		if commas + 1 >= 8 then
+			att = '*'
+		else
+			att = att .. ',' .. attempt
+		end
+	end
+	redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token), 'PX', ttl)
 	return fence
 end
 
@@ -252,9 +271,10 @@ local function release(key, code, token, resource)
 	return 1
 end
 
--- cleanup undoes one attempt: it deletes the lock only if that attempt
--- alone holds it, and leaves a tombstone where the lock is free, so that
--- the attempt's acquisition, if it arrives later, does nothing.
+-- cleanup undoes one attempt: it takes the attempt off the attempts that
+-- rely on the lock, and deletes the lock when none is left; where the lock
+-- is free, it leaves a tombstone, so that the attempt's acquisition, if it
+-- arrives later, does nothing.
 local function cleanup(key, code, token, x, attempt)
 	local sep = string.find(x, ':', 1, true)
 	local ttl, resource = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
@@ -267,7 +287,12 @@ local function cleanup(key, code, token, x, attempt)
 		return 0
 	end
 	local f, att = parse(v, token)
-	if not f or att ~= attempt then
+	if not f or att == '*' or not relies(att, attempt) then
+		return 0
+	end
+	if att ~= attempt then
+		local rest = string.sub(string.gsub(',' .. att .. ',', ',' .. attempt:gsub('%p', '%%%0') .. ',', ',', 1), 2, -2)
+		redis.call('SET', key, value(string.sub(v, 1, 1), f, rest, token), 'KEEPTTL')
 		return 0
 	end
 	redis.call('DEL', key)

@@ -304,21 +304,32 @@ func TestLateOps(t *testing.T) {
 		t.Errorf("after the attempt's cleanup %q is left", v)
 	}
 
-	// Two attempts of one token relied on one lock, in either order: it
-	// is shared, and neither cleanup deletes it; the holder's release does.
+	// Two attempts of one token relied on one lock, in either order: one
+	// attempt's cleanup leaves it to the other; the last one deletes it.
 	for _, order := range [][2]string{{"A1", "A2"}, {"A2", "A1"}} {
 		f = runOpsAt(t, a, order[0], 0, scriptOp{"s", "a", "t", 10000})[0].(int64)
 		want("refresh by the second attempt", runOpsAt(t, a, order[1], 0, scriptOp{"s", "a", "t", 10000})[0], f)
-		if v := get("s"); v != "0"+strconv.FormatInt(f, 10)+"/*:t" {
-			t.Errorf("after a second attempt %q, want it shared", v)
+		if v := get("s"); v != "0"+strconv.FormatInt(f, 10)+"/"+order[0]+","+order[1]+":t" {
+			t.Errorf("after a second attempt %q, want both attempts", v)
 		}
-		r = runOpsAt(t, a, "x", 0, scriptOp{"s", "c", "t", "10000:s"})
-		want("cleanup of a shared lock", r[0], 0)
-		for _, at := range order {
-			want("cleanup of a shared lock by "+at, runOpsAt(t, a, at, 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		want("cleanup by an attempt that never relied on it", runOpsAt(t, a, "x", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		want("cleanup by the first attempt", runOpsAt(t, a, order[0], 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		if v := get("s"); v != "0"+strconv.FormatInt(f, 10)+"/"+order[1]+":t" {
+			t.Errorf("after the first attempt's cleanup %q, want the second attempt's lock", v)
 		}
-		want("the holder's release", runOps(t, a, scriptOp{"s", "u", "t", "s"})[0], 1)
+		want("cleanup by the first attempt again", runOpsAt(t, a, order[0], 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		want("cleanup by the last attempt", runOpsAt(t, a, order[1], 0, scriptOp{"s", "c", "t", "10000:s"})[0], 1)
 	}
+	// The holder's release deletes the lock whatever attempts rely on it;
+	// beyond eight attempts, no cleanup does.
+	for i := range 9 {
+		runOpsAt(t, a, "B"+strconv.Itoa(i), 0, scriptOp{"s", "a", "t", 10000})
+	}
+	if v := get("s"); !strings.Contains(v, "/*:") {
+		t.Errorf("after nine attempts %q, want '*'", v)
+	}
+	want("cleanup of a lock that many attempts relied on", runOpsAt(t, a, "B0", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+	want("the holder's release", runOps(t, a, scriptOp{"s", "u", "t", "s"})[0], 1)
 
 	// A late raise never lowers the stored fence.
 	f = runOpsAt(t, a, "A1", 0, scriptOp{"f", "a", "t", 10000})[0].(int64)

@@ -1,6 +1,9 @@
 package redistest
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -145,4 +148,29 @@ func (r *Relay) pipe(dst, src net.Conn) {
 			return
 		}
 	}
+}
+
+// Ping sends PING to addr on a fresh connection and waits for the answer
+// until ctx ends.
+func Ping(ctx context.Context, addr string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
 }
