@@ -281,7 +281,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 	// A request that waited in the queue is not sent when less than the
 	// node's round trip is left; one that did not always is (the bound:
 	// half a NodeTimeout), so a high estimate cannot keep the node unused.
-	reachable, rtt := n.reachable.Load(), min(time.Duration(n.rtt.Load()), l.cfg.NodeTimeout/2)
+	reachable, rtt := n.reachable.Load(), time.Duration(n.rtt.Load())
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
@@ -289,12 +289,14 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: err})
 			continue
 		}
-		if !reachable {
-			// The keeper is reconnecting (conn.go).
+		if !reachable && 3*rtt >= r.deadline.Sub(now) {
+			// The keeper is reconnecting (conn.go), and a dial, the
+			// handshake and the call would not fit in the time left. Over
+			// a fast link they do: the next call tries the node itself.
 			r.complete(req.i, reply{err: errReconnecting})
 			continue
 		}
-		if r.deadline.Sub(now) < rtt {
+		if r.deadline.Sub(now) < min(rtt, l.cfg.NodeTimeout/2) {
 			// Queued behind a batch on a slow link, it cannot be answered
 			// in time: fail it as a timeout without sending it, rather
 			// than time out on the connection and lose that.

@@ -28,10 +28,12 @@ import (
 //     pool, where the next batch finds it and needs one round trip.
 //     A call that fails for want of an answer (a timeout, a refused or
 //     broken connection) marks the node unreachable and wakes the keeper;
-//     until the keeper's request succeeds, the batcher fails the node's
-//     requests at once (errReconnecting) instead of sending them, so that
-//     they do not dial (see dialer) and a node behind a slow link does not
-//     lose every call to a handshake. After its own failures the keeper
+//     until the keeper's request succeeds, the batcher fails at once
+//     (errReconnecting) the node's requests that could not dial, shake
+//     hands and get an answer in the time they have left (three of the
+//     node's round trips), so that a node behind a slow link does not lose
+//     every call to a handshake, while over a fast link the next call
+//     tries the node itself. After its own failures the keeper
 //     backs off (from NodeTimeout/2, doubling, up to maxKeepBackoff), so
 //     a node that answers again is used within NodeTimeout (a dial in
 //     flight) + maxKeepBackoff + the reconnection's round trips.
