@@ -93,11 +93,15 @@ type round struct {
 	x       any
 	attempt string
 	anytime bool // the operation is safe whenever it arrives: no deadline
+	keeper  bool // the keeper's: sent while the node is unreachable (conn.go)
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
 	left atomic.Int32
 	done chan struct{} // one value when left reaches zero
+	// timer fires just after deadline: a request that waits in its node's
+	// queue behind a longer batch (the keeper's) is given up then.
+	timer *time.Timer
 
 	resBuf [smallRound]reply
 	finBuf [smallRound]atomic.Bool
@@ -128,6 +132,16 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	return r
 }
 
+// armTimer starts r's timer for just after r.deadline.
+func (r *round) armTimer() {
+	d := time.Until(r.deadline) + 2*time.Millisecond
+	if r.timer == nil {
+		r.timer = time.NewTimer(d)
+	} else {
+		r.timer.Reset(d)
+	}
+}
+
 // call returns a round that runs the opsScript operation o with key, code,
 // token, x and attempt.
 func (l *Locker) call(ctx context.Context, o *op, nodes int, key string, code any, token, attempt string, x any) *round {
@@ -143,7 +157,7 @@ func (r *round) free() {
 		r.finBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
-	r.key, r.code, r.token, r.x, r.attempt, r.anytime = "", nil, "", nil, "", false
+	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
 	rounds.Put(r)
 }
 
@@ -165,8 +179,9 @@ type request struct {
 // fanout runs r on every node of nodes, batched with the requests of other
 // callers, and calls f with the replies in the order of nodes. Each node
 // gets until r's deadline. fanout returns when every node answered or
-// failed, or when r's context ends; then the replies that are still missing
-// are the context's error (requests not sent yet are dropped, and replies
+// failed, when r's context ends, or just after r's deadline; then the
+// replies that are still missing are the context's error or
+// context.DeadlineExceeded (requests not sent yet are dropped, and replies
 // to those in flight are discarded). fanout takes r over.
 func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 	if len(nodes) == 0 {
@@ -174,12 +189,19 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 		r.free()
 		return
 	}
+	r.armTimer()
 	for i, n := range nodes {
 		n.submit(request{r, i})
 	}
+	var gone error
 	select {
 	case <-r.done:
 	case <-r.ctx.Done():
+		gone = r.ctx.Err()
+	case <-r.timer.C:
+		gone = context.DeadlineExceeded
+	}
+	if gone != nil {
 		select {
 		case <-r.done:
 		default:
@@ -190,13 +212,14 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 				if r.fin[i].Load() {
 					out[i] = r.res[i]
 				} else {
-					out[i].err = r.ctx.Err()
+					out[i].err = gone
 				}
 			}
 			f(out)
 			return
 		}
 	}
+	r.timer.Stop()
 	f(r.res)
 	r.free()
 }
@@ -281,7 +304,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 	// A request that waited in the queue is not sent when less than the
 	// node's round trip is left; one that did not always is (the bound:
 	// half a NodeTimeout), so a high estimate cannot keep the node unused.
-	reachable, rtt := n.reachable.Load(), time.Duration(n.rtt.Load())
+	reachable, rtt, rttLow := n.reachable.Load(), time.Duration(n.rtt.Load()), time.Duration(n.rttLow.Load())
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
@@ -289,7 +312,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: err})
 			continue
 		}
-		if !reachable && 3*rtt >= r.deadline.Sub(now) {
+		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
 			// The keeper is reconnecting (conn.go), and a dial, the
 			// handshake and the call would not fit in the time left. Over
 			// a fast link they do: the next call tries the node itself.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,9 +24,11 @@ import (
 //     itself take three or four round trips, which a node behind a link
 //     whose latency is a good part of NodeTimeout never answers in time: the
 //     call fails, its connection is dropped, and the next call starts over.
-//     The keeper's request is bounded by keepTimeout, not by one call's
-//     NodeTimeout, so it establishes a connection and leaves it in the
-//     pool, where the next batch finds it and needs one round trip.
+//     While the node does not answer, the keeper's request is bounded by
+//     keepTimeout, not by one call's NodeTimeout, so it establishes a
+//     connection (through the batcher, which the calls' requests use too)
+//     and leaves it in the pool, where the next batch finds it and needs
+//     one round trip.
 //     A call that fails for want of an answer (a timeout, a refused or
 //     broken connection) marks the node unreachable and wakes the keeper;
 //     until the keeper's request succeeds, the batcher fails at once
@@ -47,7 +50,7 @@ import (
 
 // maxKeepBackoff is the longest a keeper waits between two attempts to
 // reach a node that does not answer.
-const maxKeepBackoff = 200 * time.Millisecond
+const maxKeepBackoff = 100 * time.Millisecond
 
 // keepInterval is how many ProbeIntervals a keeper waits between two
 // readings of a node that answers. Failed calls and LATE replies (a clock
@@ -164,14 +167,26 @@ func (a failedAddr) String() string  { return string(a) }
 func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 	var rerr redis.Error
 	switch {
+	case (err == nil || errors.As(err, &rerr)) && budget > nodeTimeout:
+		// The keeper's batch, which may have dialed: no sample.
 	case err == nil || errors.As(err, &rerr):
-		// Answered: the round trip, which follows a slower sample at once
-		// (a request that could not be answered in time is not sent, and
-		// does not cost the connection) and a faster one by 1/8.
-		if old := n.rtt.Load(); int64(took) > old {
-			n.rtt.Store(int64(took))
+		// Answered: two estimates of the round trip. rtt follows a slower
+		// sample at once and a faster one by 1/8: a request queued with
+		// less time left is not sent (it would time out and cost the
+		// connection). rttLow follows a faster sample at once and a slower
+		// one by 1/8: a node that did not answer is tried by a call only
+		// when three round trips fit, and one slow batch (a pause) must
+		// not keep it from being tried.
+		t := int64(took)
+		if old := n.rtt.Load(); t > old {
+			n.rtt.Store(t)
 		} else {
-			n.rtt.Store(old + (int64(took)-old)/8)
+			n.rtt.Store(old + (t-old)/8)
+		}
+		if old := n.rttLow.Load(); t < old || old == 0 {
+			n.rttLow.Store(t)
+		} else {
+			n.rttLow.Store(old + (t-old)/8)
 		}
 	case isTimeout(err) && budget < nodeTimeout/2:
 	default:
@@ -180,20 +195,18 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 	}
 }
 
-// nodeTime reads n's clock. A node that answers gets the time operation
-// of opsScript through its batcher, bounded like any call, so that it joins
-// the calls' batches and uses their connection. A node that does not gets
-// TIME on a connection of its own (the batcher sends nothing meanwhile),
-// bounded by keepTimeout: time to dial and shake hands over a slow link;
-// the connection then stays in the pool for the batcher.
+// nodeTime reads n's clock with the time operation of opsScript, sent
+// through n's batcher like any call, so that the keeper and the calls use
+// the same connections and never take one from each other. While n does
+// not answer, the request is the keeper's (see round.keeper): bounded by
+// keepTimeout, time to dial and shake hands over a slow link, and sent
+// while the calls' requests are not.
 func (l *Locker) nodeTime(n *node) (int64, error) {
-	if !n.reachable.Load() {
-		ctx, cancel := context.WithTimeout(l.subCtx, l.keepTimeout())
-		defer cancel()
-		tm, err := n.client.Time(ctx).Result()
-		return tm.UnixMilli(), err
-	}
 	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
+	if !n.reachable.Load() {
+		r.keeper = true
+		r.deadline = r.start.Add(l.keepTimeout())
+	}
 	var rep reply
 	l.fanout([]*node{n}, r, func(res []reply) { rep = res[0] })
 	return rep.val, rep.err
@@ -218,45 +231,41 @@ func (n *node) deferCleanup(c pendingCleanup) {
 	}
 }
 
-// retryCleanups sends the cleanups that n did not answer again: in one
-// pipeline on a connection of the keeper's goroutine, outside the batcher,
-// bounded by keepTimeout like the keeper's own request, so that a slow
-// link delays no call. The keeper calls it when it reached n, and when its
-// request timed out (n may only be slow: a link slower than NodeTimeout
-// still carries the cleanup, even if the reply comes too late). Those that
-// n does not answer are kept. A cleanup is safe whenever it arrives (see
-// late.go), so it carries no deadline.
+// retryCleanups sends the cleanups that n did not answer again, as the
+// keeper's requests (bounded by keepTimeout, sent also while the calls'
+// requests are not), all at once so that they share batches. The keeper
+// calls it when it reached n, and when its request timed out (n may only
+// be slow: a link slower than NodeTimeout still carries the cleanup, even
+// if the reply comes too late). Those that n does not answer are kept. A
+// cleanup is safe whenever it arrives (see late.go), so it carries no
+// deadline on the node.
 func (l *Locker) retryCleanups(n *node) {
 	n.mu.Lock()
 	cs := n.cleanups
 	n.cleanups = nil
 	n.mu.Unlock()
-	if len(cs) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(l.subCtx, l.keepTimeout())
-	defer cancel()
-	pipe := n.client.Pipeline()
-	var sent []pendingCleanup
-	var cmds []*redis.Cmd
+	var wg sync.WaitGroup
 	for _, c := range cs {
 		left := time.Until(c.until).Milliseconds()
 		if left < 1 {
 			continue
 		}
-		keys := []string{l.lockPrefix + c.resource, l.fenceArg.(string), l.markerArg.(string), l.recoveryArg.(string)}
-		args := []any{codeCleanup, c.token, strconv.FormatInt(left, 10) + ":" + c.resource, c.attempt, 0, l.channelArg}
-		// EVAL: a node that restarted lacks the script, and these are rare.
-		cmds = append(cmds, pipe.Eval(ctx, opsScript.src, keys, args...))
-		sent = append(sent, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := strconv.FormatInt(left, 10) + ":" + c.resource
+			r := l.call(l.subCtx, opCleanup, 1, l.lockPrefix+c.resource, codeCleanup, c.token, c.attempt, x)
+			r.anytime, r.keeper = true, true
+			r.deadline = r.start.Add(l.keepTimeout())
+			l.fanout([]*node{n}, r, func(res []reply) {
+				var rerr redis.Error
+				if err := res[0].err; err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
+					n.deferCleanup(c)
+				}
+			})
+		}()
 	}
-	_, _ = pipe.Exec(ctx)
-	for i, cmd := range cmds {
-		var rerr redis.Error
-		if err := cmd.Err(); err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
-			n.deferCleanup(sent[i])
-		}
-	}
+	wg.Wait()
 }
 
 // redialSoon makes n's keeper reach the node at once, unless it backs off.

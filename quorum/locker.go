@@ -82,7 +82,8 @@ type node struct {
 	clock     atomic.Pointer[nodeClock]
 	redial    chan struct{} // capacity 1
 	reachable atomic.Bool   // no batch went unanswered since the keeper's last success
-	rtt       atomic.Int64  // smoothed round trip of a batch, ns
+	rtt       atomic.Int64  // round trip of a batch, ns, quick to rise (conn.go)
+	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall
 
 	// Used by the batcher only: its pipeline, and buffers send reuses.
 	pipe redis.Pipeliner

@@ -168,7 +168,7 @@ func TestSlowNodeCountsAgain(t *testing.T) {
 	warm(t, c, l)
 	heal1 := c.cut(t, 1, lockerIPs[0])
 	defer heal1()
-	oneWay := cfg.NodeTimeout / 10 // a round trip of 0.2 NodeTimeout
+	oneWay := cfg.NodeTimeout / 5 // a round trip of 0.4 NodeTimeout: a dial, the handshake and a call take more than NodeTimeout
 	for run := range 3 {
 		heal2 := redistest.Blackhole(t, relay.Addr)
 		for range 3 { // calls fail meanwhile and drop their connections
@@ -384,7 +384,7 @@ func contend(t *testing.T, lockers []*Locker, resources []string, clients int, s
 
 // check fails t for every overlap and stale fence that st recorded and
 // logs the figures of the run.
-func check(t *testing.T, what string, st *storage, calls, grants, noQuorum int) {
+func check(t *testing.T, what string, st *storage, calls, grants, noQuorum, minGrants int) {
 	t.Helper()
 	overlaps := st.overlaps()
 	for _, o := range overlaps {
@@ -395,7 +395,7 @@ func check(t *testing.T, what string, st *storage, calls, grants, noQuorum int) 
 	}
 	t.Logf("%s: %d LOCK calls, %d grants, %d NOQUORUM (%.1f%%); %d overlaps, %d stale fences",
 		what, calls, grants, noQuorum, 100*float64(noQuorum)/float64(max(calls, 1)), len(overlaps), len(st.stale))
-	if grants < 50 {
+	if grants < minGrants {
 		t.Errorf("only %d grants: the run proves little", grants)
 	}
 }
@@ -439,12 +439,12 @@ func TestFlappingPartition(t *testing.T) {
 	close(stop)
 	r := <-done
 	heal()
-	check(t, fmt.Sprintf("60s, %d flaps", flaps), st, r.calls, r.grants, r.noQuorum)
+	check(t, fmt.Sprintf("60s, %d flaps", flaps), st, r.calls, r.grants, r.noQuorum, 100)
 }
 
 // TestAsymmetricPartition is issue 23's asymmetric partition: two Lockers
 // that see different minorities (one cannot reach node 0, the other node
-// 2; which node each misses changes every second) contend for a few
+// 2; which node each misses changes every second, for 12s) contend for a few
 // resources, and never hold one at once.
 func TestAsymmetricPartition(t *testing.T) {
 	c := startBoundCluster(t, 3)
@@ -462,7 +462,7 @@ func TestAsymmetricPartition(t *testing.T) {
 		done <- r
 	}()
 	var cuts []string
-	for round := range 8 {
+	for round := range 12 {
 		i, j := round%3, (round+1)%3
 		healA, healB := c.cut(t, i, lockerIPs[0]), c.cut(t, j, lockerIPs[1])
 		cuts = append(cuts, fmt.Sprintf("A-%d/B-%d", i, j))
@@ -472,5 +472,5 @@ func TestAsymmetricPartition(t *testing.T) {
 	}
 	close(stop)
 	r := <-done
-	check(t, "asymmetric "+strings.Join(cuts, " "), st, r.calls, r.grants, r.noQuorum)
+	check(t, "asymmetric "+strings.Join(cuts, " "), st, r.calls, r.grants, r.noQuorum, 30)
 }
