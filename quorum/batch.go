@@ -64,6 +64,10 @@ type reply struct {
 	released bool  // handoff: the releasing token owned the lock
 	evicts   bool  // the node may evict keys (see checkEviction)
 	err      error
+	// When the reply was read, and how long before that its call was
+	// sent: the node ran the script within that window (nodeTime).
+	at     time.Time
+	window time.Duration
 }
 
 // smallRound is the number of nodes that fit in a round without more
@@ -93,7 +97,7 @@ type round struct {
 	x       any
 	attempt string
 	anytime bool // the operation is safe whenever it arrives: no deadline
-	keeper  bool // the keeper's: sent while the node is unreachable (conn.go)
+	keeper  bool // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
@@ -213,6 +217,11 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 					out[i] = r.res[i]
 				} else {
 					out[i].err = gone
+					if gone == context.DeadlineExceeded && !r.keeper {
+						// Still queued behind a slower batch: the node did
+						// not answer in time.
+						l.observe(r.ctx, nodes[i], gone)
+					}
 				}
 			}
 			f(out)
@@ -305,6 +314,12 @@ func (l *Locker) sendPending(n *node, q []request) {
 	// node's round trip is left; one that did not always is (the bound:
 	// half a NodeTimeout), so a high estimate cannot keep the node unused.
 	reachable, rtt, rttLow := n.reachable.Load(), time.Duration(n.rtt.Load()), time.Duration(n.rttLow.Load())
+	keeper := false // the keeper reconnects in this pickup: it goes alone
+	if !reachable {
+		for _, req := range q {
+			keeper = keeper || req.r.keeper
+		}
+	}
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
@@ -312,10 +327,11 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: err})
 			continue
 		}
-		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
-			// The keeper is reconnecting (conn.go), and a dial, the
-			// handshake and the call would not fit in the time left. Over
-			// a fast link they do: the next call tries the node itself.
+		if !reachable && !r.keeper && (keeper || 3*rttLow >= r.deadline.Sub(now)) {
+			// The keeper is reconnecting (conn.go), and its request goes
+			// first, or a dial, the handshake and the call would not fit
+			// in the time left. Over a fast link they fit: the next call
+			// tries the node itself.
 			r.complete(req.i, reply{err: errReconnecting})
 			continue
 		}
@@ -408,8 +424,11 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		n.exec(ctx, again)
 	}
 
+	recv := time.Now()
 	for i, req := range batch {
-		l.complete(n, req, opReply(req.r.op, cmds[i/maxOps].(*redis.Cmd), i%maxOps))
+		rep := opReply(req.r.op, cmds[i/maxOps].(*redis.Cmd), i%maxOps)
+		rep.at, rep.window = recv, recv.Sub(sent)
+		l.complete(n, req, rep)
 	}
 	clear(cmds)
 	clear(args)
@@ -421,7 +440,10 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 	if rep.err != nil && redis.HasErrorPrefix(rep.err, "LATE") {
 		n.redialSoon() // the node's clock may have jumped: read it again
 	}
-	l.observe(req.r.ctx, n, rep.err)
+	if rep.err == nil || !req.r.keeper {
+		// The keeper's failures repeat the calls' (conn.go): not counted.
+		l.observe(req.r.ctx, n, rep.err)
+	}
 	if rep.err == nil {
 		l.observeState(n, rep.state, req.r.start)
 		rep.evicts = n.evicts.Load()

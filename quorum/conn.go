@@ -31,22 +31,26 @@ import (
 //     one round trip.
 //     A call that fails for want of an answer (a timeout, a refused or
 //     broken connection) marks the node unreachable and wakes the keeper;
-//     until the keeper's request succeeds, the batcher fails at once
-//     (errReconnecting) the node's requests that could not dial, shake
-//     hands and get an answer in the time they have left (three of the
-//     node's round trips), so that a node behind a slow link does not lose
-//     every call to a handshake, while over a fast link the next call
-//     tries the node itself. After its own failures the keeper
-//     backs off (from NodeTimeout/2, doubling, up to maxKeepBackoff), so
-//     a node that answers again is used within NodeTimeout (a dial in
-//     flight) + maxKeepBackoff + the reconnection's round trips.
+//     until the keeper's request (or a call's) gets an answer, the batcher
+//     fails at once (errReconnecting) the node's requests that could not
+//     dial, shake hands and get an answer in the time they have left
+//     (three of the node's round trips), and all of them that come with
+//     the keeper's own request, which goes alone: a node behind a slow
+//     link does not lose every call to a handshake, while over a fast link
+//     the next call tries the node itself. After its own failures the keeper backs off
+//     (NodeTimeout/2 doubling, at most maxKeepBackoff), so a node that
+//     answers again is used within NodeTimeout (a dial in flight) +
+//     maxKeepBackoff + the reconnection's round trips.
 //   - It reads the node's clock, for the deadlines that requests carry (see
 //     late.go): the node's time as the script read it and the local
-//     (monotonic) time when the reply arrived. The time was read before
-//     the reply arrived, so node time + time elapsed locally since the reply is
-//     never later than the node's clock, drift aside: a deadline computed
-//     from it passes on the node no later than the request's own deadline
-//     does here.
+//     (monotonic) time when the batcher read the reply. The time was read
+//     before the reply arrived, so node time + time elapsed locally since
+//     the reply is never later than the node's clock, drift aside: a
+//     deadline computed from it passes on the node no later than the
+//     request's own deadline does here. It is earlier by at most the
+//     reading's window (from sending the call to reading its reply); a
+//     reading with a window over NodeTimeout/2 (a loaded machine) is not
+//     used, so that requests keep most of their time.
 
 // maxKeepBackoff is the longest a keeper waits between two attempts to
 // reach a node that does not answer.
@@ -84,12 +88,21 @@ func (l *Locker) keep(n *node) {
 			}
 			t.Stop()
 		}
-		ms, err := l.nodeTime(n)
-		got := time.Now()
+		rep := l.nodeTime(n)
+		err := rep.err
 		next := keepInterval * l.cfg.ProbeInterval
-		n.reachable.Store(err == nil)
+		var rerr redis.Error
+		if err == nil || errors.As(err, &rerr) { // an error reply is an answer
+			n.reachable.Store(true)
+		}
 		if err == nil {
-			n.clock.Store(&nodeClock{ms: ms, at: got})
+			if rep.window <= l.cfg.NodeTimeout/2 {
+				n.clock.Store(&nodeClock{ms: rep.val, at: rep.at})
+			} else {
+				// The reading may be off by as much: requests would lose
+				// that much of their time on the node. Read again soon.
+				next = l.cfg.ProbeInterval
+			}
 			backoff = 0
 			l.retryCleanups(n)
 		} else {
@@ -170,6 +183,7 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 	case (err == nil || errors.As(err, &rerr)) && budget > nodeTimeout:
 		// The keeper's batch, which may have dialed: no sample.
 	case err == nil || errors.As(err, &rerr):
+		n.reachable.Store(true)
 		// Answered: two estimates of the round trip. rtt follows a slower
 		// sample at once and a faster one by 1/8: a request queued with
 		// less time left is not sent (it would time out and cost the
@@ -197,19 +211,20 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 
 // nodeTime reads n's clock with the time operation of opsScript, sent
 // through n's batcher like any call, so that the keeper and the calls use
-// the same connections and never take one from each other. While n does
-// not answer, the request is the keeper's (see round.keeper): bounded by
-// keepTimeout, time to dial and shake hands over a slow link, and sent
-// while the calls' requests are not.
-func (l *Locker) nodeTime(n *node) (int64, error) {
+// the same connections and never take one from each other. The request is
+// the keeper's (see round.keeper): sent while the calls' requests are not,
+// and, while n does not answer, bounded by keepTimeout, time to dial and
+// shake hands over a slow link.
+func (l *Locker) nodeTime(n *node) reply {
 	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
+	r.anytime = true // a deadline from a stale reading would refuse it for good
+	r.keeper = true
 	if !n.reachable.Load() {
-		r.keeper = true
 		r.deadline = r.start.Add(l.keepTimeout())
 	}
 	var rep reply
 	l.fanout([]*node{n}, r, func(res []reply) { rep = res[0] })
-	return rep.val, rep.err
+	return rep
 }
 
 // maxPendingCleanups bounds the cleanups a node keeps for its keeper to

@@ -81,7 +81,7 @@ type node struct {
 	// wake-up after a failed call.
 	clock     atomic.Pointer[nodeClock]
 	redial    chan struct{} // capacity 1
-	reachable atomic.Bool   // no batch went unanswered since the keeper's last success
+	reachable atomic.Bool   // no batch went unanswered since the last answer
 	rtt       atomic.Int64  // round trip of a batch, ns, quick to rise (conn.go)
 	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall
 
