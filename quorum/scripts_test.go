@@ -297,7 +297,7 @@ func TestLateOps(t *testing.T) {
 
 	// The cleanup of the attempt that alone holds a lock deletes it; the
 	// cleanup of another attempt does not.
-	f := runOpsAt(t, a, "A1", 0, scriptOp{"s", "a", "t", 10000})[0].(int64)
+	want("acquire by A1", runOpsAt(t, a, "A1", 0, scriptOp{"s", "a", "t", 10000})[0], c.counter(t, 0))
 	want("cleanup by another attempt", runOpsAt(t, a, "A9", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
 	want("cleanup by the attempt", runOpsAt(t, a, "A1", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 1)
 	if v := get("s"); v != "<none>" {
@@ -307,7 +307,7 @@ func TestLateOps(t *testing.T) {
 	// Two attempts of one token relied on one lock, in either order: one
 	// attempt's cleanup leaves it to the other; the last one deletes it.
 	for _, order := range [][2]string{{"A1", "A2"}, {"A2", "A1"}} {
-		f = runOpsAt(t, a, order[0], 0, scriptOp{"s", "a", "t", 10000})[0].(int64)
+		f := runOpsAt(t, a, order[0], 0, scriptOp{"s", "a", "t", 10000})[0].(int64)
 		want("refresh by the second attempt", runOpsAt(t, a, order[1], 0, scriptOp{"s", "a", "t", 10000})[0], f)
 		if v := get("s"); v != "0"+strconv.FormatInt(f, 10)+"/"+order[0]+","+order[1]+":t" {
 			t.Errorf("after a second attempt %q, want both attempts", v)
@@ -332,7 +332,7 @@ func TestLateOps(t *testing.T) {
 	want("the holder's release", runOps(t, a, scriptOp{"s", "u", "t", "s"})[0], 1)
 
 	// A late raise never lowers the stored fence.
-	f = runOpsAt(t, a, "A1", 0, scriptOp{"f", "a", "t", 10000})[0].(int64)
+	f := runOpsAt(t, a, "A1", 0, scriptOp{"f", "a", "t", 10000})[0].(int64)
 	runOpsAt(t, a, "A1", 0, scriptOp{"f", "f", "t", f + 10})
 	want("late raise to a smaller fence", runOpsAt(t, a, "A0", 0, scriptOp{"f", "f", "t", f + 5})[0], 1)
 	if v := get("f"); v != "0"+strconv.FormatInt(f+10, 10)+"/A1:t" {
