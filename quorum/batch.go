@@ -313,7 +313,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 	// A request that waited in the queue is not sent when less than the
 	// node's round trip is left; one that did not always is (the bound:
 	// half a NodeTimeout), so a high estimate cannot keep the node unused.
-	reachable, rtt, rttLow := n.reachable.Load(), time.Duration(n.rtt.Load()), time.Duration(n.rttLow.Load())
+	reachable, rttLow := n.reachable.Load(), time.Duration(n.rttLow.Load())
 	keeper := false // the keeper reconnects in this pickup: it goes alone
 	if !reachable {
 		for _, req := range q {
@@ -332,13 +332,16 @@ func (l *Locker) sendPending(n *node, q []request) {
 			// first, or a dial, the handshake and the call would not fit
 			// in the time left. Over a fast link they fit: the next call
 			// tries the node itself.
+			l.observe(r.ctx, n, errReconnecting)
 			r.complete(req.i, reply{err: errReconnecting})
 			continue
 		}
-		if r.deadline.Sub(now) < min(rtt, l.cfg.NodeTimeout/2) {
-			// Queued behind a batch on a slow link, it cannot be answered
-			// in time: fail it as a timeout without sending it, rather
-			// than time out on the connection and lose that.
+		if now.Sub(r.start) > r.deadline.Sub(r.start)/2 {
+			// Queued behind a slow batch for more than half its time, it
+			// would likely not be answered in time: fail it as a timeout
+			// without sending it, rather than time out on the connection
+			// (go-redis closes a connection that timed out, and a slow
+			// link then needs a new one).
 			r.complete(req.i, reply{err: context.DeadlineExceeded})
 			continue
 		}

@@ -184,19 +184,11 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 		// The keeper's batch, which may have dialed: no sample.
 	case err == nil || errors.As(err, &rerr):
 		n.reachable.Store(true)
-		// Answered: two estimates of the round trip. rtt follows a slower
-		// sample at once and a faster one by 1/8: a request queued with
-		// less time left is not sent (it would time out and cost the
-		// connection). rttLow follows a faster sample at once and a slower
-		// one by 1/8: a node that did not answer is tried by a call only
-		// when three round trips fit, and one slow batch (a pause) must
-		// not keep it from being tried.
+		// Answered: the round trip, following a faster sample at once and
+		// a slower one by 1/8. A node that did not answer is tried by a
+		// call only when three round trips fit, and one slow batch (a
+		// pause) must not keep it from being tried.
 		t := int64(took)
-		if old := n.rtt.Load(); t > old {
-			n.rtt.Store(t)
-		} else {
-			n.rtt.Store(old + (t-old)/8)
-		}
 		if old := n.rttLow.Load(); t < old || old == 0 {
 			n.rttLow.Store(t)
 		} else {

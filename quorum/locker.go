@@ -82,8 +82,7 @@ type node struct {
 	clock     atomic.Pointer[nodeClock]
 	redial    chan struct{} // capacity 1
 	reachable atomic.Bool   // no batch went unanswered since the last answer
-	rtt       atomic.Int64  // round trip of a batch, ns, quick to rise (conn.go)
-	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall
+	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall (conn.go)
 
 	// Used by the batcher only: its pipeline, and buffers send reuses.
 	pipe redis.Pipeliner
