@@ -336,12 +336,12 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: errReconnecting})
 			continue
 		}
-		if now.Sub(r.start) > r.deadline.Sub(r.start)/2 {
-			// Queued behind a slow batch for more than half its time, it
-			// would likely not be answered in time: fail it as a timeout
-			// without sending it, rather than time out on the connection
-			// (go-redis closes a connection that timed out, and a slow
-			// link then needs a new one).
+		if r.deadline.Sub(now) < rttLow {
+			// Queued behind a slow batch, it has less time left than the
+			// node's round trip: fail it as a timeout without sending it,
+			// rather than time out on the connection (go-redis closes a
+			// connection that timed out, and a slow link then needs a new
+			// one).
 			r.complete(req.i, reply{err: context.DeadlineExceeded})
 			continue
 		}

@@ -88,11 +88,18 @@ func (l *Locker) keep(n *node) {
 			}
 			t.Stop()
 		}
+		wasReachable := n.reachable.Load()
 		rep := l.nodeTime(n)
 		err := rep.err
 		next := keepInterval * l.cfg.ProbeInterval
 		var rerr redis.Error
 		if err == nil || errors.As(err, &rerr) { // an error reply is an answer
+			if !wasReachable {
+				// Reconnected: a dial, the handshake and the call took the
+				// window, about three round trips. The link may have
+				// changed since the last sample.
+				n.rttLow.Store(int64(rep.window / 3))
+			}
 			n.reachable.Store(true)
 		}
 		if err == nil {
@@ -186,8 +193,9 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 		n.reachable.Store(true)
 		// Answered: the round trip, following a faster sample at once and
 		// a slower one by 1/8. A node that did not answer is tried by a
-		// call only when three round trips fit, and one slow batch (a
-		// pause) must not keep it from being tried.
+		// call only when three round trips fit, a queued request only when
+		// one does, and one slow batch (a pause) must not keep it from
+		// being tried.
 		t := int64(took)
 		if old := n.rttLow.Load(); t < old || old == 0 {
 			n.rttLow.Store(t)
