@@ -314,12 +314,6 @@ func (l *Locker) sendPending(n *node, q []request) {
 	// node's round trip is left; one that did not always is (the bound:
 	// half a NodeTimeout), so a high estimate cannot keep the node unused.
 	reachable, rttLow := n.reachable.Load(), time.Duration(n.rttLow.Load())
-	keeper := false // the keeper reconnects in this pickup: it goes alone
-	if !reachable {
-		for _, req := range q {
-			keeper = keeper || req.r.keeper
-		}
-	}
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
@@ -327,11 +321,10 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: err})
 			continue
 		}
-		if !reachable && !r.keeper && (keeper || 3*rttLow >= r.deadline.Sub(now)) {
-			// The keeper is reconnecting (conn.go), and its request goes
-			// first, or a dial, the handshake and the call would not fit
-			// in the time left. Over a fast link they fit: the next call
-			// tries the node itself.
+		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
+			// The keeper is reconnecting (conn.go), and a dial, the
+			// handshake and the call would not fit in the time left. Over
+			// a fast link they fit: the next call tries the node itself.
 			l.observe(r.ctx, n, errReconnecting)
 			r.complete(req.i, reply{err: errReconnecting})
 			continue

@@ -34,10 +34,9 @@ import (
 //     until the keeper's request (or a call's) gets an answer, the batcher
 //     fails at once (errReconnecting) the node's requests that could not
 //     dial, shake hands and get an answer in the time they have left
-//     (three of the node's round trips), and all of them that come with
-//     the keeper's own request, which goes alone: a node behind a slow
-//     link does not lose every call to a handshake, while over a fast link
-//     the next call tries the node itself. After its own failures the keeper backs off
+//     (three of the node's round trips): a node behind a slow link does
+//     not lose every call to a handshake, while over a fast link the next
+//     call tries the node itself. After its own failures the keeper backs off
 //     (NodeTimeout/2 doubling, at most maxKeepBackoff), so a node that
 //     answers again is used within NodeTimeout (a dial in flight) +
 //     maxKeepBackoff + the reconnection's round trips.
