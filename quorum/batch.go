@@ -48,9 +48,11 @@ var (
 	opAcquire = &op{name: "acquire"}
 	opRaise   = &op{name: "raise"}
 	opRelease = &op{name: "release"}
+	opCleanup = &op{name: "cleanup"}
 	opExtend  = &op{name: "extend"}
 	opPlace   = &op{name: "place"}
 	opStatus  = &op{name: "status"}
+	opTime    = &op{name: "time"}
 	opInit    = &op{name: "init"}
 	opHandoff = &op{name: "handoff"}
 )
@@ -67,6 +69,10 @@ type reply struct {
 	clock    int8
 	rd       clockReading
 	err      error
+	// When the reply was read, and how long before that its call was
+	// sent: the node ran the script within that window (nodeTime).
+	at     time.Time
+	window time.Duration
 }
 
 // smallRound is the number of nodes that fit in a round without more
@@ -88,16 +94,23 @@ type round struct {
 	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
 	op          *op
 	// The operation's arguments in opsScript: the lock key, the operation
-	// code, the token, and x.
-	key   string
-	code  any
-	token string
-	x     any
+	// code, the token, x and the attempt id. The deadline argument is
+	// deadline on each node's clock (see late.go).
+	key     string
+	code    any
+	token   string
+	x       any
+	attempt string
+	anytime bool // the operation is safe whenever it arrives: no deadline
+	keeper  bool // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
 	left atomic.Int32
 	done chan struct{} // one value when left reaches zero
+	// timer fires just after deadline: a request that waits in its node's
+	// queue behind a longer batch (the keeper's) is given up then.
+	timer *time.Timer
 
 	resBuf [smallRound]reply
 	finBuf [smallRound]atomic.Bool
@@ -128,11 +141,21 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	return r
 }
 
+// armTimer starts r's timer for just after r.deadline.
+func (r *round) armTimer() {
+	d := time.Until(r.deadline) + 2*time.Millisecond
+	if r.timer == nil {
+		r.timer = time.NewTimer(d)
+	} else {
+		r.timer.Reset(d)
+	}
+}
+
 // call returns a round that runs the opsScript operation o with key, code,
-// token and x.
-func (l *Locker) call(ctx context.Context, o *op, nodes int, key string, code any, token string, x any) *round {
+// token, x and attempt.
+func (l *Locker) call(ctx context.Context, o *op, nodes int, key string, code any, token, attempt string, x any) *round {
 	r := l.newRound(ctx, o, nodes)
-	r.key, r.code, r.token, r.x = key, code, token, x
+	r.key, r.code, r.token, r.x, r.attempt = key, code, token, x, attempt
 	return r
 }
 
@@ -143,7 +166,7 @@ func (r *round) free() {
 		r.finBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
-	r.key, r.code, r.token, r.x = "", nil, "", nil
+	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
 	rounds.Put(r)
 }
 
@@ -165,8 +188,9 @@ type request struct {
 // fanout runs r on every node of nodes, batched with the requests of other
 // callers, and calls f with the replies in the order of nodes. Each node
 // gets until r's deadline. fanout returns when every node answered or
-// failed, or when r's context ends; then the replies that are still missing
-// are the context's error (requests not sent yet are dropped, and replies
+// failed, when r's context ends, or just after r's deadline; then the
+// replies that are still missing are the context's error or
+// context.DeadlineExceeded (requests not sent yet are dropped, and replies
 // to those in flight are discarded). fanout takes r over.
 func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 	if len(nodes) == 0 {
@@ -174,12 +198,19 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 		r.free()
 		return
 	}
+	r.armTimer()
 	for i, n := range nodes {
 		n.submit(request{r, i})
 	}
+	var gone error
 	select {
 	case <-r.done:
 	case <-r.ctx.Done():
+		gone = r.ctx.Err()
+	case <-r.timer.C:
+		gone = context.DeadlineExceeded
+	}
+	if gone != nil {
 		select {
 		case <-r.done:
 		default:
@@ -190,13 +221,19 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 				if r.fin[i].Load() {
 					out[i] = r.res[i]
 				} else {
-					out[i].err = r.ctx.Err()
+					out[i].err = gone
+					if gone == context.DeadlineExceeded && !r.keeper {
+						// Still queued behind a slower batch: the node did
+						// not answer in time.
+						l.observe(r.ctx, nodes[i], gone)
+					}
 				}
 			}
 			f(out)
 			return
 		}
 	}
+	r.timer.Stop()
 	f(r.res)
 	r.free()
 }
@@ -278,11 +315,32 @@ func (n *node) shut() {
 func (l *Locker) sendPending(n *node, q []request) {
 	now := time.Now()
 	live := q[:0]
+	// A request that waited in the queue is not sent when less than the
+	// node's round trip is left; one that did not always is (the bound:
+	// half a NodeTimeout), so a high estimate cannot keep the node unused.
+	reachable, rttLow := n.reachable.Load(), time.Duration(n.rttLow.Load())
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
 			// The caller is gone; the node never sees the request.
 			r.complete(req.i, reply{err: err})
+			continue
+		}
+		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
+			// The keeper is reconnecting (conn.go), and a dial, the
+			// handshake and the call would not fit in the time left. Over
+			// a fast link they fit: the next call tries the node itself.
+			l.observe(r.ctx, n, errReconnecting)
+			r.complete(req.i, reply{err: errReconnecting})
+			continue
+		}
+		if r.deadline.Sub(now) < rttLow {
+			// Queued behind a slow batch, it has less time left than the
+			// node's round trip: fail it as a timeout without sending it,
+			// rather than time out on the connection (go-redis closes a
+			// connection that timed out, and a slow link then needs a new
+			// one).
+			r.complete(req.i, reply{err: context.DeadlineExceeded})
 			continue
 		}
 		if !now.Before(r.deadline) {
@@ -350,10 +408,11 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	}
 	for i := 0; i < len(batch); i += maxOps {
 		from := len(args)
-		args = l.appendOpsArgs(args, batch[i:min(i+maxOps, len(batch))], ref)
+		args = l.appendOpsArgs(n, args, batch[i:min(i+maxOps, len(batch))], ref)
 		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
 	}
 	n.exec(ctx, cmds)
+	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout)
 
 	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
 	// run those calls again with EVAL, which also caches it.
@@ -388,6 +447,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 			}
 		}
 		rep := opReply(req.r.op, c, i%maxOps)
+		rep.at, rep.window = read, read.Sub(sent)
 		if rep.err == nil {
 			rep.hasClock, rep.rd, rep.clock = hasClock, rd, clock
 		}
@@ -400,7 +460,13 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 
 // complete records rep as n's answer to req.
 func (l *Locker) complete(n *node, req request, rep reply) {
-	l.observe(req.r.ctx, n, rep.err)
+	if rep.err != nil && redis.HasErrorPrefix(rep.err, "LATE") {
+		n.redialSoon() // the node's clock may have jumped: read it again
+	}
+	if rep.err == nil || !req.r.keeper {
+		// The keeper's failures repeat the calls' (conn.go): not counted.
+		l.observe(req.r.ctx, n, rep.err)
+	}
 	if rep.err == nil {
 		l.observeState(n, rep.state, rep.clock == clockAhead, req.r.start)
 		rep.evicts = n.evicts.Load()
@@ -408,16 +474,21 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 	req.r.complete(req.i, rep)
 }
 
-// appendOpsArgs appends to args the opsScript call that runs ops, with ref
-// the reference clock's lower bound in ms, or "" (see clock.go).
-func (l *Locker) appendOpsArgs(args []any, ops []request, ref any) []any {
+// appendOpsArgs appends to args the opsScript call that runs ops on n,
+// with ref the reference clock's lower bound in ms, or "" (see clock.go).
+// Each operation's deadline is its request's, on n's clock.
+func (l *Locker) appendOpsArgs(n *node, args []any, ops []request, ref any) []any {
 	args = append(args, "evalsha", opsScript.sha, len(ops)+3)
 	for _, req := range ops {
 		args = append(args, req.r.key)
 	}
 	args = append(args, l.fenceArg, l.markerArg, l.recoveryArg)
 	for _, req := range ops {
-		args = append(args, req.r.code, req.r.token, req.r.x)
+		var deadline int64
+		if !req.r.anytime {
+			deadline = n.deadlineOn(req.r.deadline)
+		}
+		args = append(args, req.r.code, req.r.token, req.r.x, req.r.attempt, deadline)
 	}
 	return append(args, l.channelArg, l.clockArg, l.bandArg, ref)
 }

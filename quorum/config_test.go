@@ -164,8 +164,10 @@ func TestNewOverridesClientOptions(t *testing.T) {
 	}
 	defer l.Close()
 	got := l.nodes[0].client.Options()
-	if got.MaxRetries != 0 || !got.ContextTimeoutEnabled || got.ReadTimeout != cfg.NodeTimeout ||
-		got.WriteTimeout != cfg.NodeTimeout || got.DialTimeout != 10*time.Millisecond || got.PoolTimeout != cfg.NodeTimeout {
+	// Reads and writes get the keeper's bound; every call has its context's.
+	if got.MaxRetries != 0 || !got.ContextTimeoutEnabled || got.ReadTimeout != 3*cfg.NodeTimeout ||
+		got.WriteTimeout != 3*cfg.NodeTimeout || got.DialTimeout != 10*time.Millisecond || got.PoolTimeout != cfg.NodeTimeout ||
+		got.PipelinePoolSize != -1 {
 		t.Errorf("client options: MaxRetries %d, ContextTimeoutEnabled %v, Read %v, Write %v, Dial %v, Pool %v",
 			got.MaxRetries, got.ContextTimeoutEnabled, got.ReadTimeout, got.WriteTimeout, got.DialTimeout, got.PoolTimeout)
 	}

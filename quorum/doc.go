@@ -38,7 +38,15 @@
 // gives the argument for safety and walks through the races. Extend puts a
 // held lock back on nodes that lack it, and a lock won while a node still
 // showed the previous holder is placed there later (place.go), so that
-// locks do not rest on a bare majority. A node that may evict keys (a
+// locks do not rest on a bare majority. A request that reaches a node
+// after its call gave up (TCP retransmits it after a partition heals, or a
+// paused node runs it) does nothing that a later attempt, another owner or
+// a later call with the same token could depend on: every operation
+// carries its deadline on the node's clock and its attempt's id, and a
+// failed attempt's cleanup removes only what that attempt alone relies on;
+// late.go gives the argument. A keeper goroutine per node reads its clock
+// and reconnects to it in the background (conn.go), so a node that answers
+// again is used without spending calls on dials. A node that may evict keys (a
 // memory limit with a policy other than noeviction) never counts, and one
 // that did evict keys loses its marker and is recovered. A node whose wall
 // clock jumps forward expires its locks early, which is the same loss: every
@@ -65,7 +73,8 @@
 // for cost no messages.
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
-// (a string with the holder's fence and token, expiring with the lock),
+// (a string with the holder's fence, attempts and token, expiring with the
+// lock, or a short-lived tombstone of a failed attempt),
 // "<prefix>fence" (one counter per node), "<prefix>intact" (the marker),
 // "<prefix>recovery", "<prefix>clock" (the node's clock offset) and
 // "<prefix>released". State on the nodes therefore

@@ -47,21 +47,22 @@ func startCluster(tb testing.TB, n int) *cluster {
 // every node.
 func startClusterArgs(tb testing.TB, n int, args ...string) *cluster {
 	tb.Helper()
-	return startClusterWith(tb, n, redistest.Start, args...)
+	return startClusterWith(tb, n, func() *redistest.Server { return redistest.Start(tb, args...) })
 }
 
 // startClockCluster is startClusterArgs with nodes whose wall clocks the
 // test can shift (redistest.StartWithClock).
 func startClockCluster(tb testing.TB, n int, args ...string) *cluster {
 	tb.Helper()
-	return startClusterWith(tb, n, redistest.StartWithClock, args...)
+	return startClusterWith(tb, n, func() *redistest.Server { return redistest.StartWithClock(tb, args...) })
 }
 
-func startClusterWith(tb testing.TB, n int, start func(testing.TB, ...string) *redistest.Server, args ...string) *cluster {
+// startClusterWith is startCluster with nodes that start starts.
+func startClusterWith(tb testing.TB, n int, start func() *redistest.Server) *cluster {
 	tb.Helper()
 	c := &cluster{}
 	for range n {
-		s := start(tb, args...)
+		s := start()
 		a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
 		tb.Cleanup(func() { a.Close() })
 		c.servers = append(c.servers, s)
@@ -132,7 +133,18 @@ func newLocker(tb testing.TB, c *cluster, cfg Config) *Locker {
 
 func newLockerLog(tb testing.TB, c *cluster, cfg Config, logger *zap.Logger) *Locker {
 	tb.Helper()
-	l, err := New(c.opts, cfg, logger)
+	return newLockerOptsLog(tb, c.opts, cfg, logger)
+}
+
+// newLockerOpts is newLocker with its own options per node.
+func newLockerOpts(tb testing.TB, opts []*redis.Options, cfg Config) *Locker {
+	tb.Helper()
+	return newLockerOptsLog(tb, opts, cfg, zaptest.NewLogger(tb))
+}
+
+func newLockerOptsLog(tb testing.TB, opts []*redis.Options, cfg Config, logger *zap.Logger) *Locker {
+	tb.Helper()
+	l, err := New(opts, cfg, logger)
 	if err != nil {
 		tb.Fatalf("New: %v", err)
 	}

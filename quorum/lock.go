@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 )
 
 // Options are the optional parts of a Lock call. The zero value makes one
@@ -251,7 +252,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	case waits:
 		code = codeAcquireWait
 	}
-	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, ttl.Milliseconds())
+	attempt := l.newAttempt()
+	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, ttl.Milliseconds())
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
@@ -278,7 +280,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		}
 	})
 	fail := func(err error) (Lock, time.Duration, bool, error) {
-		l.release(context.WithoutCancel(ctx), owned, resource, token, false)
+		l.cleanup(context.WithoutCancel(ctx), owned, resource, token, attempt, ttl, false)
 		if cerr := ctxErr(ctx); cerr != nil {
 			return Lock{}, hint, false, fmt.Errorf("lock %q: %w", resource, cerr)
 		}
@@ -291,7 +293,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		return fail(ErrNotAcquired)
 	}
 
-	if !l.confirm(ctx, key, token, granted, fence, start) {
+	if !l.confirm(ctx, key, token, attempt, granted, fence, start) {
 		return fail(ErrNotAcquired)
 	}
 	v := l.validity(ttl, time.Since(start))
@@ -300,7 +302,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	}
 	if err := ctxErr(ctx); err != nil {
 		// The caller is gone: hand the lock on at once.
-		l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
+		l.cleanup(context.WithoutCancel(ctx), l.nodes, resource, token, attempt, ttl, true)
 		return Lock{}, 0, false, fmt.Errorf("lock %q: %w", resource, err)
 	}
 	if len(held) > 0 {
@@ -308,7 +310,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		// holder, typically the one whose release woke this waiter and has
 		// not reached them yet: place it there once they are free, so that
 		// it does not rest on a bare majority.
-		l.schedulePlacement(resource, token, fence, start.Add(ttl), held, hint)
+		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint)
 	}
 	return Lock{Token: token, Validity: v, Expires: time.Now().Add(v), Fence: fence}, 0, false, nil
 }
@@ -327,7 +329,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 // would be stale and a later fence could be smaller. Recovery reads no
 // earlier than settle after a loss, so a grant whose rounds all ended
 // within maxRounds of their start is never stale there.
-func (l *Locker) confirm(ctx context.Context, key, token string, granted []grant, fence int64, start time.Time) bool {
+func (l *Locker) confirm(ctx context.Context, key, token, attempt string, granted []grant, fence int64, start time.Time) bool {
 	confirmed := 0 // counting nodes whose counter is known to be >= fence
 	var behind []*node
 	var behindCounts []bool
@@ -341,7 +343,7 @@ func (l *Locker) confirm(ctx context.Context, key, token string, granted []grant
 		}
 	}
 	if len(behind) > 0 {
-		r := l.call(ctx, opRaise, len(behind), key, codeRaise, token, fence)
+		r := l.call(ctx, opRaise, len(behind), key, codeRaise, token, attempt, fence)
 		l.fanout(behind, r, func(res []reply) {
 			for i, r := range res {
 				if r.err == nil && r.val == 1 && behindCounts[i] {
@@ -361,11 +363,9 @@ type grant struct {
 }
 
 // release runs the compare-and-delete script on nodes and reports on how
-// many it deleted and how many answered. With publish, deleting nodes
-// announce the release if a waiter marked the lock there, and local waiters
-// are woken. Cleanup of a failed attempt does not publish: the waiters of
-// other Lockers then retry after their random delay instead of all at once,
-// which would split the votes again.
+// many it deleted and how many answered: it ends token's holding, whatever
+// attempt took it. With publish, deleting nodes announce the release if a
+// waiter marked the lock there, and local waiters are woken.
 func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int) {
 	if len(nodes) == 0 {
 		return 0, 0
@@ -374,7 +374,7 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 	if publish {
 		code = codeReleasePub
 	}
-	r := l.call(ctx, opRelease, len(nodes), l.lockPrefix+resource, code, token, resource)
+	r := l.call(ctx, opRelease, len(nodes), l.lockPrefix+resource, code, token, "", resource)
 	l.fanout(nodes, r, func(res []reply) {
 		for _, r := range res {
 			if r.err == nil {
@@ -389,6 +389,46 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 		l.notify(resource)
 	}
 	return deleted, answered
+}
+
+// cleanup undoes a failed (or abandoned) attempt on nodes: each deletes the
+// lock if the attempt alone holds it, and leaves a tombstone of the
+// attempt for ttl where the lock is free, so that the attempt's request,
+// if it reaches the node later, does nothing (see late.go). With publish,
+// deleting nodes announce the release if a waiter marked the lock there,
+// and local waiters are woken. Cleanup of a failed attempt does not
+// publish: the waiters of other Lockers then retry after their random
+// delay instead of all at once, which would split the votes again.
+func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, attempt string, ttl time.Duration, publish bool) {
+	if len(nodes) == 0 {
+		return
+	}
+	code := codeCleanup
+	if publish {
+		code = codeCleanupPub
+	}
+	until := time.Now().Add(ttl)
+	x := strconv.FormatInt(ttl.Milliseconds(), 10) + ":" + resource
+	deleted := 0
+	r := l.call(ctx, opCleanup, len(nodes), l.lockPrefix+resource, code, token, attempt, x)
+	r.anytime = true
+	l.fanout(nodes, r, func(res []reply) {
+		for i, r := range res {
+			var rerr redis.Error
+			switch {
+			case r.err == nil && r.val == 1:
+				deleted++
+			case r.err != nil && !errors.As(r.err, &rerr):
+				// No answer: the attempt may still have run there, or run
+				// later. The keeper sends the cleanup again once the node
+				// answers (conn.go).
+				nodes[i].deferCleanup(pendingCleanup{resource: resource, token: token, attempt: attempt, until: until})
+			}
+		}
+	})
+	if publish && deleted > 0 {
+		l.notify(resource)
+	}
 }
 
 // handOver releases resource's lock of token and, in the same round, takes
@@ -415,7 +455,8 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		hint    time.Duration
 	)
 	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + ":" + w.token
-	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, x)
+	attempt := l.newAttempt()
+	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
 	l.fanout(l.nodes, r, func(res []reply) {
 		for i, r := range res {
 			if r.err != nil {
@@ -445,19 +486,19 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	}
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
-	if votes >= l.quorum && l.confirm(bg, key, w.token, granted, fence, start) {
+	if votes >= l.quorum && l.confirm(bg, key, w.token, attempt, granted, fence, start) {
 		if v := l.validity(w.ttl, time.Since(start)); v > 0 {
 			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: time.Now().Add(v), Fence: fence}, true
 		}
 	}
 	if h.ok && len(held) > 0 {
-		l.schedulePlacement(resource, w.token, fence, start.Add(w.ttl), held, hint)
+		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint)
 	}
 	if !h.ok {
 		// The holder's lock is gone where it was handed: a release like
 		// any other, published where a waiter marked it (the mark was
 		// carried over), so that waiters of other Lockers wake too.
-		l.release(bg, owned, resource, w.token, true)
+		l.cleanup(bg, owned, resource, w.token, attempt, w.ttl, true)
 		l.notify(resource)
 	}
 	l.deliver(w, h)
@@ -525,7 +566,8 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		fence     int64   // the largest stored fence of the token
 		missing   []*node // nodes where the lock is free
 	)
-	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, ttl.Milliseconds())
+	attempt := l.newAttempt()
+	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, attempt, ttl.Milliseconds())
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
@@ -548,7 +590,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
-			l.place(context.WithoutCancel(ctx), missing, resource, token, fence, start.Add(ttl))
+			l.place(context.WithoutCancel(ctx), missing, resource, token, attempt, fence, start.Add(ttl))
 		}
 		// After the placement: the validity counts from Extend's return.
 		v := l.validity(ttl, time.Since(start))

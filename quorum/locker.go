@@ -44,6 +44,10 @@ type Locker struct {
 
 	poke    chan struct{} // capacity 1: the watcher should look at once
 	watchWG sync.WaitGroup
+	keepWG  sync.WaitGroup // the node keepers (conn.go)
+
+	attemptPrefix string        // random, for this Locker's attempt ids
+	attemptSeq    atomic.Uint64 // the last attempt id's number
 
 	subCtx    context.Context // ends the subscribers
 	subCancel context.CancelFunc
@@ -73,10 +77,18 @@ type node struct {
 	timeoutCount atomic.Uint64 // timed-out calls
 
 	// The batcher's queue (see batch.go).
-	wake    chan struct{} // capacity 1: pending is not empty
-	mu      sync.Mutex
-	pending []request
-	closed  bool // the batcher stopped; requests fail at once
+	wake     chan struct{} // capacity 1: pending is not empty
+	mu       sync.Mutex
+	pending  []request
+	closed   bool             // the batcher stopped; requests fail at once
+	cleanups []pendingCleanup // cleanups to send again (conn.go)
+
+	// The keeper (conn.go): the last reading of the node's clock, and a
+	// wake-up after a failed call.
+	clock     atomic.Pointer[nodeClock]
+	redial    chan struct{} // capacity 1
+	reachable atomic.Bool   // no batch went unanswered since the last answer
+	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall (conn.go)
 
 	// Used by the batcher only: its pipeline, and buffers send reuses.
 	pipe redis.Pipeliner
@@ -85,19 +97,25 @@ type node struct {
 }
 
 // New returns a Locker with one go-redis client per entry of nodes and
-// starts, for each node, a goroutine subscribed to release notifications and
-// one that sends the node's calls in batches; Close stops them. New does not
+// starts, for each node, a goroutine subscribed to release notifications,
+// one that sends the node's calls in batches and one that keeps a
+// connection warm and reads the node's clock (conn.go); Close stops them. New does not
 // contact the nodes, so it succeeds while nodes are down.
 //
 // The options are copied and overridden where they would defeat Redlock's
 // timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
-// ContextTimeoutEnabled is true, DialerRetries is 1, and DialTimeout,
-// ReadTimeout, WriteTimeout and PoolTimeout are at most cfg.NodeTimeout.
-// The Dialer is wrapped so that go-redis never sees a dial fail (see
-// dialer), so a node that comes back is used by the next call.
-// An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in
-// both, and RESP3 makes go-redis look for push notifications before every
-// reply it reads, which costs CPU on every call.
+// ContextTimeoutEnabled is true, DialerRetries is 1, PipelinePoolSize is
+// -1 (pipelines use the main pool, which the keeper keeps warm),
+// DialTimeout and PoolTimeout are at most cfg.NodeTimeout, and ReadTimeout
+// and WriteTimeout at most 3*cfg.NodeTimeout (the keeper's bound, see
+// conn.go; every call is bounded by its context's deadline, at most
+// NodeTimeout). The Dialer is wrapped so that go-redis never sees a dial
+// fail (see dialer). While a node does not answer, its calls fail at once
+// and only its keeper reaches out to it (conn.go): a node that comes back
+// is used by the next call after the keeper reached it. An unset Protocol
+// becomes 2 (RESP2): the scripts' replies are the same in both, and RESP3
+// makes go-redis look for push notifications before every reply it reads,
+// which costs CPU on every call.
 //
 // New also starts the watcher, which checks every node each
 // cfg.ProbeInterval and brings back nodes that lost their data (see
@@ -144,6 +162,8 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		done:        make(chan struct{}),
 		poke:        make(chan struct{}, 1),
 
+		attemptPrefix: newAttemptPrefix(),
+
 		waitSeconds:    newWaitHistogram(),
 		handoffSeconds: newHandoffHistogram(),
 	}
@@ -154,28 +174,38 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		opt.ContextTimeoutEnabled = true
 		opt.DialerRetries = 1
 		opt.DialTimeout = bound(opt.DialTimeout, cfg.NodeTimeout)
-		opt.ReadTimeout = bound(opt.ReadTimeout, cfg.NodeTimeout)
-		opt.WriteTimeout = bound(opt.WriteTimeout, cfg.NodeTimeout)
+		// Every call carries a context deadline (at most NodeTimeout);
+		// the keeper's may be longer, to reconnect over a slow link.
+		opt.ReadTimeout = bound(opt.ReadTimeout, 3*cfg.NodeTimeout)
+		opt.WriteTimeout = bound(opt.WriteTimeout, 3*cfg.NodeTimeout)
 		opt.PoolTimeout = bound(opt.PoolTimeout, cfg.NodeTimeout)
 		if opt.Protocol == 0 {
 			opt.Protocol = 2
 		}
-		opt.Dialer = dialer(&opt)
-		c := redis.NewClient(&opt)
-		l.nodes = append(l.nodes, &node{
+		// The batcher's pipelines share the main pool with the keeper, which
+		// keeps a connection of it warm (conn.go).
+		opt.PipelinePoolSize = -1
+		n := &node{
 			index:  i,
 			addr:   opt.Addr,
-			client: c,
-			sub:    c.Subscribe(ctx), // no channel yet: no I/O here
 			wake:   make(chan struct{}, 1),
-			pipe:   c.Pipeline(),
-		})
+			redial: make(chan struct{}, 1),
+		}
+		n.reachable.Store(true) // until a call finds otherwise
+		opt.Dialer = dialer(&opt)
+		c := redis.NewClient(&opt)
+		n.client = c
+		n.sub = c.Subscribe(ctx) // no channel yet: no I/O here
+		n.pipe = c.Pipeline()
+		l.nodes = append(l.nodes, n)
 	}
 	for _, n := range l.nodes {
 		l.subWG.Add(1)
 		go l.subscribe(n)
 		l.batchWG.Add(1)
 		go l.batch(n)
+		l.keepWG.Add(1)
+		go l.keep(n)
 	}
 	l.watchWG.Add(1)
 	go l.watch()
@@ -193,8 +223,8 @@ func bound(v, limit time.Duration) time.Duration {
 // Nodes returns the number of configured lock nodes.
 func (l *Locker) Nodes() int { return len(l.nodes) }
 
-// Close stops the watcher, the placements, the notification subscribers
-// and the batchers, waits for them and closes the node clients. Calls still
+// Close stops the watcher, the keepers, the placements, the notification
+// subscribers and the batchers, waits for them and closes the node clients. Calls still
 // running fail (a batch already sent is awaited, at most NodeTimeout);
 // waiting Lock calls return. Close is idempotent and returns the same
 // result every time.
@@ -207,6 +237,7 @@ func (l *Locker) Close() error {
 		}
 		l.subWG.Wait()
 		l.watchWG.Wait()
+		l.keepWG.Wait()
 		l.stopPlacements()
 		l.batchWG.Wait()
 		var errs []error

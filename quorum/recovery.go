@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -360,7 +359,7 @@ func (l *Locker) initFresh(ctx context.Context, res []reply) {
 	until := time.Now().Add(l.cfg.NodeTimeout + l.cfg.NodeTimeout/2)
 	for len(nodes) > 0 {
 		var missed []*node
-		r := l.call(ctx, opInit, len(nodes), l.markerArg.(string), codeInit, "", 0)
+		r := l.call(ctx, opInit, len(nodes), l.markerArg.(string), codeInit, "", "", 0)
 		l.fanout(nodes, r, func(res []reply) {
 			for i, r := range res {
 				if r.err != nil {
@@ -445,7 +444,7 @@ func (l *Locker) watch() {
 func (l *Locker) probe(ctx context.Context) []reply {
 	out := make([]reply, len(l.nodes))
 	start := time.Now()
-	r := l.call(ctx, opStatus, len(l.nodes), l.markerArg.(string), codeStatus, "", 0)
+	r := l.call(ctx, opStatus, len(l.nodes), l.markerArg.(string), codeStatus, "", "", 0)
 	l.fanout(l.nodes, r, func(res []reply) { copy(out, res) })
 	l.settleClock(l.nodes, out, start)
 	for i, n := range l.nodes {
@@ -527,7 +526,7 @@ func (l *Locker) maxRounds() time.Duration { return 2 * l.cfg.NodeTimeout }
 
 // copied is one lock as read from the nodes that kept their data.
 type copied struct {
-	value string // "<w><fence>:<token>", or "<w><fence>" for no owner
+	value string // "<w><fence>/<attempt>:<token>", or "<w><fence>" for no owner
 	pttl  int64  // -1: no expiry
 }
 
@@ -718,6 +717,7 @@ func splitLock(v string) (token string, fence int64, ok bool) {
 		return "", 0, false
 	}
 	f, token, ok := strings.Cut(v[1:], ":")
+	f, _, _ = strings.Cut(f, "/") // the attempt, if any, follows the fence
 	fence, _ = strconv.ParseInt(f, 10, 64)
 	return token, fence, ok
 }
@@ -839,46 +839,3 @@ func globEscape(s string) string {
 	}
 	return b.String()
 }
-
-// dialer wraps a node's Dialer so that a failed dial reaches go-redis as a
-// connection whose first read or write fails with the dial's error. The
-// call that needed the connection fails with that error all the same, but
-// go-redis's pool never counts a failed dial: after PoolSize of them it
-// stops dialing and probes the node once a second in the background, so a
-// node that came back would stay unused for up to a second (and the
-// failures never reset while the node stays up). The dial itself is
-// bounded by DialTimeout, which New sets to at most NodeTimeout.
-func dialer(opt *redis.Options) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	dial := opt.Dialer
-	if dial == nil {
-		dial = redis.NewDialer(opt)
-	}
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return failedConn{err: err, addr: addr}, nil
-		}
-		return c, nil
-	}
-}
-
-// failedConn is a connection that was never made: every read and write
-// returns the dial's error.
-type failedConn struct {
-	err  error
-	addr string
-}
-
-func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
-func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
-func (c failedConn) Close() error                     { return nil }
-func (c failedConn) LocalAddr() net.Addr              { return failedAddr("") }
-func (c failedConn) RemoteAddr() net.Addr             { return failedAddr(c.addr) }
-func (c failedConn) SetDeadline(time.Time) error      { return nil }
-func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
-func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
-
-type failedAddr string
-
-func (a failedAddr) Network() string { return "tcp" }
-func (a failedAddr) String() string  { return string(a) }

@@ -319,8 +319,8 @@ func TestExtendHeals(t *testing.T) {
 		return err == nil && c.holder(t, 2, "R") == lk.Token
 	})
 	v, _ := c.admin[2].Get(ctx, "lockproxy:lock:R").Result()
-	if want := fmt.Sprintf("0%d:%s", lk.Fence, lk.Token); v != want {
-		t.Errorf("healed lock %q, want %q", v, want)
+	if tok, f, ok := splitLock(v); !ok || tok != lk.Token || f != lk.Fence || v[0] != '0' {
+		t.Errorf("healed lock %q, want fence %d and token %s", v, lk.Fence, lk.Token)
 	}
 	if d := c.pttl(t, 2, "R"); d < 5*time.Second {
 		t.Errorf("healed lock's ttl %v, want about 10s", d)
@@ -364,8 +364,8 @@ func TestPlacementAfterRelease(t *testing.T) {
 		c.admin[2].Publish(ctx, "lockproxy:released", "R")
 		eventually(t, "lock placed on node 2", func() bool { return c.holder(t, 2, "R") == lk.Token })
 		v, _ := c.admin[2].Get(ctx, "lockproxy:lock:R").Result()
-		if want := fmt.Sprintf("0%d:%s", lk.Fence, lk.Token); v != want {
-			t.Errorf("placed lock %q, want %q", v, want)
+		if tok, f, ok := splitLock(v); !ok || tok != lk.Token || f != lk.Fence || v[0] != '0' {
+			t.Errorf("placed lock %q, want fence %d and token %s", v, lk.Fence, lk.Token)
 		}
 		mustUnlock(t, l, "R", lk.Token)
 	})

@@ -7,7 +7,8 @@ import (
 
 // Key layout on every node (every name starts with Config.KeyPrefix):
 //
-//	<prefix>lock:<resource>  string "<w><fence>:<token>", PX ttl; exists while held
+//	<prefix>lock:<resource>  string "<w><fence>/<attempt>:<token>", PX ttl; exists
+//	                         while held; or a tombstone "x/<attempt>" (see cleanup)
 //	<prefix>fence            integer, the node's fence counter (never expires)
 //	<prefix>intact           the marker: exists while the node keeps its data
 //	<prefix>recovery         hash (id, detected, deadline): the node lost its
@@ -18,14 +19,22 @@ import (
 //	<prefix>released         channel; payload is the released resource name
 //
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
-// release and '0' before, and <fence> is decimal, so the first ':' after it
-// ends the fence whatever the token holds. A value without a ':' is a lock
+// release and '0' before, <fence> is decimal and <attempt> lists the ids
+// of the attempts of the token that rely on the lock, comma-separated (ids
+// have no ',', ':' or '/'), or is '*' when more than 8 did (see late.go),
+// so the first ':' after the fence ends the header whatever the token
+// holds. A value without a ':' is a lock
 // that no token owns (recovery writes one where the nodes it copied from
 // disagreed on the owner): it reads as held by someone else until it
-// expires. A lock key of another type (the hash an earlier layout used)
-// reads as held by someone else too: acquisition fails and release, extend
-// and raise leave it alone, so proxies of either layout on the same nodes
-// never grant one resource twice.
+// expires. A tombstone "x/<attempt>" is a free lock for everyone but that
+// attempt. The previous layout's "<w><fence>:<token>" reads as a holding of
+// the token that no cleanup may delete ('*' once refreshed); that
+// layout's proxies read this layout's values and tombstones as held by
+// someone else (the fence does not parse). A lock key of another type (the
+// hash an earlier layout used) reads as held by someone else too:
+// acquisition fails and release, extend and raise leave it alone, so
+// proxies of any of these layouts on the same nodes never grant one
+// resource twice.
 //
 // A node's batcher sends all the requests of a batch as one call of
 // opsScript (EVALSHA, and EVAL after NOSCRIPT, which caches the script
@@ -37,7 +46,14 @@ import (
 //
 // The call is
 //
-//	EVALSHA sha n+3 key_1 .. key_n fence-counter marker recovery code_1 token_1 x_1 .. code_n token_n x_n channel clock band ref
+//	EVALSHA sha n+3 key_1 .. key_n fence-counter marker recovery code_1 token_1 x_1 attempt_1 deadline_1 .. code_n token_n x_n attempt_n deadline_n channel clock band ref
+//
+// Each operation carries five arguments; the channel is ARGV[5n+1], and
+// arguments after it are global ones, read relative to #ARGV. attempt is
+// the id of the call the operation belongs to (see late.go), and deadline
+// the time on the node's clock, in ms, after which the operation is late:
+// it then does nothing and fails with a LATE error ("0": no deadline, for
+// a node whose clock the Locker has not read yet).
 //
 // and replies with an array of n+3 elements: first the integer result of
 // each operation or, if that operation failed, its error (the others still
@@ -61,12 +77,19 @@ import (
 //	       smaller fence than the majority's maximum x.
 //	u, up  release: delete the lock if the token owns it; up then publishes
 //	       x, the resource name, on the channel if a waiter marked the lock.
+//	c, cp  cleanup of an attempt: x is "<ttl>:<resource>". If the token owns
+//	       the lock and the attempt relies on it, take the attempt off the
+//	       list, and delete the lock when no attempt is left (cp then
+//	       publishes as up does); where the lock is free, leave a tombstone
+//	       of the attempt for ttl ms, so that the attempt's acquisition,
+//	       arriving late, does nothing (it fails with LATE).
 //	e      extend: reset the ttl to x ms if the token owns the lock.
 //	p      place: x is "<ttl>:<fence>"; if the lock is free, take it for the
 //	       token with that fence and ttl and raise the counter to the fence.
 //	       Heals a lock that a majority holds onto a node that lacks it.
 //	s      status: the ms left until the recovery's deadline (0 when it has
 //	       passed), or -1 when no recovery is under way; the key is ignored.
+//	t      time: the node's clock in Unix ms; the key is ignored.
 //	h      handoff: x is "<ttl>:<next token>". Release the lock if the token
 //	       owns it and, in the same call, take it for the next token with a
 //	       new fence and that ttl (also when the lock was free, or refresh
@@ -89,59 +112,125 @@ import (
 // that the caller can place it there) and 0 when another token holds it.
 // Place returns the fence when the token holds the lock afterwards and
 // -1-pttl when another token holds it. Raise and release return 1 when done
-// and 0 when the token does not own the lock.
+// and 0 when the token does not own the lock; raise never lowers a stored
+// fence. A refresh by another attempt of the same token (acquire, or
+// handoff to a token that holds the lock already) adds the attempt to the
+// lock's list, so that one attempt's cleanup never deletes a lock that
+// another relies on; a holding-level release (u, up, h) ends it whatever
+// the list.
 var opsScript = newScript(`
 local n = #KEYS - 3
 local counter, marker, recovery = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
-local channel = ARGV[3 * n + 1]
+local channel = ARGV[5 * n + 1]
+
+-- now returns the node's clock in ms, read once per call.
+local nowMs
+local function now()
+	if not nowMs then
+		local t = redis.call('TIME')
+		nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	end
+	return nowMs
+end
 
 -- held returns -1-pttl for a lock that another token holds.
 local function held(key)
 	return -1 - math.max(redis.call('PTTL', key), 0)
 end
 
--- get returns the lock's value, false when there is none, or nil when the
--- key holds another type; other errors are raised.
-local function get(v)
+-- get returns the lock's value, false when there is none or it is a
+-- tombstone of another attempt, or nil when the key holds another type;
+-- other errors are raised. A tombstone of this attempt means that its
+-- cleanup ran first: the request is late and does nothing.
+local function get(v, attempt)
 	if type(v) == 'table' then
 		if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
 			return nil
 		end
 		error(v)
 	end
+	if v and string.byte(v, 1) == 120 then
+		if attempt and string.sub(v, 3) == attempt then
+			error({err = 'LATE the attempt was cleaned up before this request arrived'})
+		end
+		return false
+	end
 	return v
 end
 
--- fenceOf returns the fence stored in v when token owns it, otherwise nil.
-local function fenceOf(v, token)
+-- parse returns the fence and attempt stored in v when token owns it,
+-- otherwise nil. A value of the previous layout (no attempt) has attempt ''.
+local function parse(v, token)
 	local sep = string.find(v, ':', 2, true)
-	if sep and string.sub(v, sep + 1) == token then
-		return tonumber(string.sub(v, 2, sep - 1))
+	if not sep or string.sub(v, sep + 1) ~= token then
+		return nil
 	end
-	return nil
+	local h = string.sub(v, 2, sep - 1)
+	local slash = string.find(h, '/', 1, true)
+	if not slash then
+		return tonumber(h), ''
+	end
+	return tonumber(string.sub(h, 1, slash - 1)), string.sub(h, slash + 1)
 end
 
-local function acquire(key, code, token, ttl)
+local function value(mark, fence, attempt, token)
+	return mark .. fence .. '/' .. attempt .. ':' .. token
+end
+
+-- relies reports whether attempt is one of the attempts in att, a list
+-- "<a1>,<a2>,..." or '*' for more than maxAttempts.
+local function relies(att, attempt)
+	return att == '*' or string.find(',' .. att .. ',', ',' .. attempt .. ',', 1, true) ~= nil
+end
+
+-- refresh resets the ttl of v, a lock that token owns with fence and the
+-- attempts att, and adds attempt to those that rely on it.
+local function refresh(key, v, token, ttl, fence, att, attempt)
+	if relies(att, attempt) then
+		redis.call('PEXPIRE', key, ttl)
+		return fence
+	end
+	if att == '' then
+		att = '*' -- the previous layout's lock: no attempt may undo it
+	else
+		local _, commas = string.gsub(att, ',', '')
+		if commas + 1 >= 8 then
+			att = '*'
+		else
+			att = att .. ',' .. attempt
+		end
+	end
+	redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token), 'PX', ttl)
+	return fence
+end
+
+local function acquire(key, code, token, ttl, attempt)
 	local v
 	if code == 'r' or code == 'rw' then
-		v = get(redis.pcall('GET', key))
+		v = get(redis.pcall('GET', key), attempt)
 		if v == false then
 			return -1
 		end
 	else
 		local fence = redis.call('INCR', counter)
-		v = get(redis.pcall('SET', key, '0' .. string.format('%d', fence) .. ':' .. token, 'NX', 'PX', ttl, 'GET'))
+		local new = value('0', string.format('%d', fence), attempt, token)
+		v = redis.pcall('SET', key, new, 'NX', 'PX', ttl, 'GET')
 		if v == false then
+			return fence
+		end
+		v = get(v, attempt)
+		if v == false then
+			-- A tombstone of another attempt: the lock is free.
+			redis.call('SET', key, new, 'PX', ttl)
 			return fence
 		end
 	end
 	if v == nil then
 		return held(key)
 	end
-	local fence = fenceOf(v, token)
-	if fence then
-		redis.call('PEXPIRE', key, ttl)
-		return fence
+	local f, att = parse(v, token)
+	if f then
+		return refresh(key, v, token, ttl, f, att, attempt)
 	end
 	if (code == 'aw' or code == 'rw') and string.byte(v, 1) == 48 then
 		redis.call('SETRANGE', key, 0, '1')
@@ -149,24 +238,31 @@ local function acquire(key, code, token, ttl)
 	return held(key)
 end
 
--- owned returns the lock's value when token owns it, otherwise nil.
+-- owned returns the lock's value, fence and attempt when token owns it,
+-- otherwise nil.
 local function owned(key, token)
 	local v = get(redis.pcall('GET', key))
-	if v and fenceOf(v, token) then
-		return v
+	if not v then
+		return nil
+	end
+	local f, att = parse(v, token)
+	if f then
+		return v, f, att
 	end
 	return nil
 end
 
 local function raise(key, token, fence)
-	local v = owned(key, token)
+	local v, f, att = owned(key, token)
 	if not v then
 		return 0
 	end
 	if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
 		redis.call('SET', counter, fence)
 	end
-	redis.call('SET', key, string.sub(v, 1, 1) .. fence .. ':' .. token, 'KEEPTTL')
+	if f < tonumber(fence) then
+		redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token), 'KEEPTTL')
+	end
 	return 1
 end
 
@@ -182,12 +278,43 @@ local function release(key, code, token, resource)
 	return 1
 end
 
+-- cleanup undoes one attempt: it takes the attempt off the attempts that
+-- rely on the lock, and deletes the lock when none is left; where the lock
+-- is free, it leaves a tombstone, so that the attempt's acquisition, if it
+-- arrives later, does nothing.
+local function cleanup(key, code, token, x, attempt)
+	local sep = string.find(x, ':', 1, true)
+	local ttl, resource = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
+	local v = get(redis.pcall('GET', key))
+	if v == false then
+		redis.call('SET', key, 'x/' .. attempt, 'PX', ttl)
+		return 0
+	end
+	if v == nil then
+		return 0
+	end
+	local f, att = parse(v, token)
+	if not f or att == '*' or not relies(att, attempt) then
+		return 0
+	end
+	if att ~= attempt then
+		local rest = string.sub(string.gsub(',' .. att .. ',', ',' .. attempt:gsub('%p', '%%%0') .. ',', ',', 1), 2, -2)
+		redis.call('SET', key, value(string.sub(v, 1, 1), f, rest, token), 'KEEPTTL')
+		return 0
+	end
+	redis.call('DEL', key)
+	if code == 'cp' and string.byte(v, 1) == 49 then
+		redis.call('PUBLISH', channel, resource)
+	end
+	return 1
+end
+
 local function extend(key, token, ttl)
 	local v = get(redis.pcall('GET', key))
 	if v == false then
 		return -1
 	end
-	local fence = v and fenceOf(v, token)
+	local fence = v and parse(v, token)
 	if not fence then
 		return 0
 	end
@@ -195,53 +322,53 @@ local function extend(key, token, ttl)
 	return fence
 end
 
-local function place(key, token, x)
+local function place(key, token, x, attempt)
 	local sep = string.find(x, ':', 1, true)
 	local ttl, fence = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
-	local v = get(redis.pcall('SET', key, '0' .. fence .. ':' .. token, 'NX', 'PX', ttl, 'GET'))
+	local new = value('0', fence, attempt, token)
+	local v = redis.pcall('SET', key, new, 'NX', 'PX', ttl, 'GET')
+	if v ~= false then
+		v = get(v, attempt)
+		if v == false then
+			redis.call('SET', key, new, 'PX', ttl)
+		end
+	end
 	if v == false then
 		if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
 			redis.call('SET', counter, fence)
 		end
 		return tonumber(fence)
 	end
-	local f = v and fenceOf(v, token)
+	local f = v and parse(v, token)
 	if f then
 		return f
 	end
 	return held(key)
 end
 
-local function handoff(key, token, x)
+local function handoff(key, token, x, attempt)
 	local sep = string.find(x, ':', 1, true)
 	local ttl, next = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
-	local v = get(redis.pcall('GET', key))
+	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
 		return {0, held(key)}
 	elseif v then
-		if fenceOf(v, token) then
+		if parse(v, token) then
 			-- Keep the mark of waiters elsewhere, so that the next release
 			-- is published.
 			released, mark = 1, string.sub(v, 1, 1)
 		else
-			local f = fenceOf(v, next)
+			local f, att = parse(v, next)
 			if f then
-				redis.call('PEXPIRE', key, ttl)
-				return {0, f}
+				return {0, refresh(key, v, next, ttl, f, att, attempt)}
 			end
 			return {0, held(key)}
 		end
 	end
 	local fence = redis.call('INCR', counter)
-	redis.call('SET', key, mark .. string.format('%d', fence) .. ':' .. next, 'PX', ttl)
+	redis.call('SET', key, value(mark, string.format('%d', fence), attempt, next), 'PX', ttl)
 	return {released, fence}
-end
-
--- now returns the node's clock in ms.
-local function now()
-	local t = redis.call('TIME')
-	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 local function status()
@@ -253,22 +380,30 @@ local function status()
 end
 
 local function run(i)
-	local key, code, token, x = KEYS[i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+	local key, code, token, x, attempt = KEYS[i], ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i - 2], ARGV[5 * i - 1]
+	local deadline = ARGV[5 * i]
+	if deadline ~= '0' and now() > tonumber(deadline) then
+		error({err = 'LATE the request arrived after its deadline'})
+	end
 	local c = string.sub(code, 1, 1)
 	if c == 'a' or c == 'r' then
-		return acquire(key, code, token, x)
+		return acquire(key, code, token, x, attempt)
 	elseif c == 'u' then
 		return release(key, code, token, x)
+	elseif c == 'c' then
+		return cleanup(key, code, token, x, attempt)
 	elseif c == 'e' then
 		return extend(key, token, x)
 	elseif c == 'f' then
 		return raise(key, token, x)
 	elseif c == 'p' then
-		return place(key, token, x)
+		return place(key, token, x, attempt)
 	elseif c == 's' then
 		return status()
+	elseif c == 't' then
+		return now()
 	elseif c == 'h' then
-		return handoff(key, token, x)
+		return handoff(key, token, x, attempt)
 	elseif c == 'i' then
 		if redis.call('EXISTS', recovery) == 1 then
 			return 0
@@ -336,9 +471,11 @@ var (
 	codeRefresh, codeRefreshWait = any("r"), any("rw")
 	codeRaise                    = any("f")
 	codeRelease, codeReleasePub  = any("u"), any("up")
+	codeCleanup, codeCleanupPub  = any("c"), any("cp")
 	codeExtend                   = any("e")
 	codePlace                    = any("p")
 	codeStatus                   = any("s")
+	codeTime                     = any("t")
 	codeInit                     = any("i")
 	codeHandoff                  = any("h")
 )
@@ -406,7 +543,8 @@ return 1
 //
 // It replies {0} when the node has no marker, otherwise {1, next cursor,
 // counter, key_1, value_1, pttl_1, ...}. A lock key of another type is
-// reported with an empty value, for a lock that no token owns.
+// reported with an empty value, for a lock that no token owns; a tombstone
+// is no lock and left out.
 var dumpScript = newScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	return {0}
@@ -420,7 +558,7 @@ for _, k in ipairs(r[2]) do
 		if type(v) == 'table' then
 			v = ''
 		end
-		if v then
+		if v and string.byte(v, 1) ~= 120 then
 			out[#out + 1] = k
 			out[#out + 1] = v
 			out[#out + 1] = p
@@ -435,8 +573,8 @@ return out
 //	EVALSHA sha n+1 marker key_1 .. key_n
 //
 // It replies {0} when the node has no marker, otherwise {1, value_1,
-// pttl_1, ...}, with an empty value (and pttl -2) for a key that is gone
-// and for one of another type.
+// pttl_1, ...}, with an empty value for a key of another type, and an
+// empty value and pttl -2 for a key that is gone or a tombstone.
 var peekScript = newScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	return {0}
@@ -447,8 +585,14 @@ for i = 2, #KEYS do
 	if type(v) ~= 'string' then
 		v = ''
 	end
-	out[#out + 1] = v
-	out[#out + 1] = redis.call('PTTL', KEYS[i])
+	if string.byte(v, 1) == 120 then
+		-- A tombstone: no lock.
+		out[#out + 1] = ''
+		out[#out + 1] = -2
+	else
+		out[#out + 1] = v
+		out[#out + 1] = redis.call('PTTL', KEYS[i])
+	end
 end
 return out
 `)
@@ -479,7 +623,16 @@ local function owner(v)
 	if not sep then
 		return nil
 	end
-	return string.sub(v, sep + 1), tonumber(string.sub(v, 2, sep - 1))
+	local h = string.sub(v, 2, sep - 1)
+	local slash = string.find(h, '/', 1, true)
+	if slash then
+		h = string.sub(h, 1, slash - 1)
+	end
+	local fence = tonumber(h)
+	if not fence then
+		return nil
+	end
+	return string.sub(v, sep + 1), fence
 end
 for i = 3, #KEYS do
 	local key, v, p = KEYS[i], ARGV[2 * i - 3], tonumber(ARGV[2 * i - 2])

@@ -17,15 +17,22 @@ type scriptOp struct {
 	x                any
 }
 
-// runOps calls opsScript on node a with ops and returns its results, each
-// an int64 or an error.
+// runOps calls opsScript on node a with ops, all of attempt "t1" and
+// without a deadline, and returns its results, each an int64 or an error.
 func runOps(t *testing.T, a *redis.Client, ops ...scriptOp) []any {
+	t.Helper()
+	return runOpsAt(t, a, "t1", 0, ops...)
+}
+
+// runOpsAt is runOps with the given attempt and deadline (node ms, 0 for
+// none) for every operation.
+func runOpsAt(t *testing.T, a *redis.Client, attempt string, deadline int64, ops ...scriptOp) []any {
 	t.Helper()
 	keys := []string{}
 	args := []any{}
 	for _, o := range ops {
 		keys = append(keys, "lockproxy:lock:"+o.key)
-		args = append(args, o.code, o.token, o.x)
+		args = append(args, o.code, o.token, o.x, attempt, deadline)
 	}
 	keys = append(keys, "lockproxy:fence", "lockproxy:intact", "lockproxy:recovery")
 	args = append(args, "lockproxy:released", "lockproxy:clock", 10, "")
@@ -111,8 +118,8 @@ func TestOpsScript(t *testing.T) {
 	const tok = "t:1:x"
 	r := runOps(t, a, scriptOp{"r", "a", tok, 10000})
 	want("fresh acquire", r[0], 1)
-	if v := get("r"); v != "01:"+tok {
-		t.Errorf("stored %q, want %q", v, "01:"+tok)
+	if v := get("r"); v != "01/t1:"+tok {
+		t.Errorf("stored %q, want %q", v, "01/t1:"+tok)
 	}
 	// Refresh keeps the fence; the counter advanced on the attempt anyway.
 	a.PExpire(ctx, "lockproxy:lock:r", time.Second)
@@ -132,15 +139,15 @@ func TestOpsScript(t *testing.T) {
 		t.Errorf("plain acquire marked the lock: %q", v)
 	}
 	runOps(t, a, scriptOp{"r", "aw", "t", 10000})
-	if v := get("r"); v != "11:"+tok {
-		t.Errorf("after a waiting acquire %q, want %q", v, "11:"+tok)
+	if v := get("r"); v != "11/t1:"+tok {
+		t.Errorf("after a waiting acquire %q, want %q", v, "11/t1:"+tok)
 	}
 	// The mark is kept by raise and read by release.
 	r = runOps(t, a, scriptOp{"r", "f", tok, 7}, scriptOp{"r", "f", "t", 9})
 	want("raise by the owner", r[0], 1)
 	want("raise by another", r[1], 0)
-	if v := get("r"); v != "17:"+tok {
-		t.Errorf("after raise %q, want %q", v, "17:"+tok)
+	if v := get("r"); v != "17/t1:"+tok {
+		t.Errorf("after raise %q, want %q", v, "17/t1:"+tok)
 	}
 	want("counter after raise", c.counter(t, 0), 7)
 	r = runOps(t, a, scriptOp{"r", "r", tok, 10000})
@@ -238,7 +245,7 @@ func TestLargeBatchIsSplit(t *testing.T) {
 	before, counter := c.scriptCalls(t, 0), c.counter(t, 0)
 	var batch []request
 	for i := range ops {
-		r := l.call(context.Background(), opAcquire, 1, l.lockPrefix+"r"+strconv.Itoa(i), codeAcquire, "t", int64(10000))
+		r := l.call(context.Background(), opAcquire, 1, l.lockPrefix+"r"+strconv.Itoa(i), codeAcquire, "t", "", int64(10000))
 		batch = append(batch, request{r, 0})
 	}
 	l.send(n, batch, time.Now().Add(5*time.Second))
@@ -292,4 +299,128 @@ func TestFinishScriptClock(t *testing.T) {
 	if err != nil || v != 1 || a.Exists(ctx, "lockproxy:intact").Val() != 1 {
 		t.Errorf("finish in line = %d, %v; want 1 and the marker", v, err)
 	}
+}
+
+// TestLateOps runs opsScript's operations as requests that arrive late
+// would: after their deadline, after their attempt's cleanup, and after a
+// later attempt of the same token. None of them creates, extends or
+// deletes what a later attempt or holding relies on (see late.go).
+func TestLateOps(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	get := func(key string) string {
+		t.Helper()
+		v, err := a.Get(ctx, "lockproxy:lock:"+key).Result()
+		if err == redis.Nil {
+			return "<none>"
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	want := func(what string, got any, want int64) {
+		t.Helper()
+		if g, ok := got.(int64); !ok || g != want {
+			t.Errorf("%s = %v, want %d", what, got, want)
+		}
+	}
+	late := func(what string, got any) {
+		t.Helper()
+		if err := asErr(got); err == nil || !strings.HasPrefix(err.Error(), "LATE ") {
+			t.Errorf("%s = %v, want a LATE error", what, got)
+		}
+	}
+	tm, err := a.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	past, future := tm.UnixMilli()-1, tm.UnixMilli()+60_000
+
+	// Past its deadline, every write does nothing.
+	r := runOpsAt(t, a, "A", past,
+		scriptOp{"d", "a", "t", 10000}, scriptOp{"d", "p", "t", "10000:5"}, scriptOp{"d", "h", "u", "10000:t"},
+		scriptOp{"d", "c", "t", "10000:d"}, scriptOp{"d", "i", "", 0})
+	for i, what := range []string{"acquire", "place", "handoff", "cleanup", "init"} {
+		late(what+" after the deadline", r[i])
+	}
+	if v := get("d"); v != "<none>" {
+		t.Errorf("late requests left %q", v)
+	}
+	if n := a.Exists(ctx, "lockproxy:intact").Val(); n != 0 {
+		t.Errorf("a late init created the marker")
+	}
+	want("acquire before the deadline", runOpsAt(t, a, "A", future, scriptOp{"d", "a", "t", 10000})[0], 1)
+
+	// A cleanup that arrives first leaves a tombstone: the attempt's
+	// acquisition and placement then do nothing, anyone else's take the lock.
+	want("cleanup of a free lock", runOpsAt(t, a, "B", 0, scriptOp{"tomb", "c", "t", "10000:tomb"})[0], 0)
+	if v := get("tomb"); v != "x/B" {
+		t.Errorf("tombstone %q, want x/B", v)
+	}
+	late("acquire after its cleanup", runOpsAt(t, a, "B", 0, scriptOp{"tomb", "a", "t", 10000})[0])
+	late("place after its cleanup", runOpsAt(t, a, "B", 0, scriptOp{"tomb", "p", "t", "10000:9"})[0])
+	r = runOpsAt(t, a, "B", 0, scriptOp{"tomb", "e", "t", 10000}, scriptOp{"tomb", "u", "t", "tomb"}, scriptOp{"tomb", "f", "t", 9})
+	want("extend of a tombstone (free)", r[0], -1)
+	want("release of a tombstone", r[1], 0)
+	want("raise of a tombstone", r[2], 0)
+	want("refresh-only of a tombstone", runOpsAt(t, a, "C", 0, scriptOp{"tomb", "r", "t", 10000})[0], -1)
+	r = runOpsAt(t, a, "C", 0, scriptOp{"tomb", "a", "t", 10000})
+	if f, ok := r[0].(int64); !ok || f < 1 {
+		t.Errorf("acquire by another attempt over a tombstone = %v, want a fence", r[0])
+	} else if v := get("tomb"); v != "0"+strconv.FormatInt(f, 10)+"/C:t" {
+		t.Errorf("after acquiring over a tombstone %q", v)
+	}
+
+	// The cleanup of the attempt that alone holds a lock deletes it; the
+	// cleanup of another attempt does not.
+	want("acquire by A1", runOpsAt(t, a, "A1", 0, scriptOp{"s", "a", "t", 10000})[0], c.counter(t, 0))
+	want("cleanup by another attempt", runOpsAt(t, a, "A9", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+	want("cleanup by the attempt", runOpsAt(t, a, "A1", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 1)
+	if v := get("s"); v != "<none>" {
+		t.Errorf("after the attempt's cleanup %q is left", v)
+	}
+
+	// Two attempts of one token relied on one lock, in either order: one
+	// attempt's cleanup leaves it to the other; the last one deletes it.
+	for _, order := range [][2]string{{"A1", "A2"}, {"A2", "A1"}} {
+		f := runOpsAt(t, a, order[0], 0, scriptOp{"s", "a", "t", 10000})[0].(int64)
+		want("refresh by the second attempt", runOpsAt(t, a, order[1], 0, scriptOp{"s", "a", "t", 10000})[0], f)
+		if v := get("s"); v != "0"+strconv.FormatInt(f, 10)+"/"+order[0]+","+order[1]+":t" {
+			t.Errorf("after a second attempt %q, want both attempts", v)
+		}
+		want("cleanup by an attempt that never relied on it", runOpsAt(t, a, "x", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		want("cleanup by the first attempt", runOpsAt(t, a, order[0], 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		if v := get("s"); v != "0"+strconv.FormatInt(f, 10)+"/"+order[1]+":t" {
+			t.Errorf("after the first attempt's cleanup %q, want the second attempt's lock", v)
+		}
+		want("cleanup by the first attempt again", runOpsAt(t, a, order[0], 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+		want("cleanup by the last attempt", runOpsAt(t, a, order[1], 0, scriptOp{"s", "c", "t", "10000:s"})[0], 1)
+	}
+	// The holder's release deletes the lock whatever attempts rely on it;
+	// beyond eight attempts, no cleanup does.
+	for i := range 9 {
+		runOpsAt(t, a, "B"+strconv.Itoa(i), 0, scriptOp{"s", "a", "t", 10000})
+	}
+	if v := get("s"); !strings.Contains(v, "/*:") {
+		t.Errorf("after nine attempts %q, want '*'", v)
+	}
+	want("cleanup of a lock that many attempts relied on", runOpsAt(t, a, "B0", 0, scriptOp{"s", "c", "t", "10000:s"})[0], 0)
+	want("the holder's release", runOps(t, a, scriptOp{"s", "u", "t", "s"})[0], 1)
+
+	// A late raise never lowers the stored fence.
+	f := runOpsAt(t, a, "A1", 0, scriptOp{"f", "a", "t", 10000})[0].(int64)
+	runOpsAt(t, a, "A1", 0, scriptOp{"f", "f", "t", f + 10})
+	want("late raise to a smaller fence", runOpsAt(t, a, "A0", 0, scriptOp{"f", "f", "t", f + 5})[0], 1)
+	if v := get("f"); v != "0"+strconv.FormatInt(f+10, 10)+"/A1:t" {
+		t.Errorf("after a late raise %q, want fence %d", v, f+10)
+	}
+
+	// A value of the previous layout is the token's holding by no attempt:
+	// refreshed (and shared) by the token, never deleted by a cleanup.
+	a.Set(ctx, "lockproxy:lock:old", "05:t", 10*time.Second)
+	want("refresh of an old-layout lock", runOpsAt(t, a, "A1", 0, scriptOp{"old", "a", "t", 10000})[0], 5)
+	want("cleanup of an old-layout lock", runOpsAt(t, a, "A1", 0, scriptOp{"old", "c", "t", "10000:old"})[0], 0)
+	want("release of an old-layout lock", runOps(t, a, scriptOp{"old", "u", "t", "old"})[0], 1)
 }

@@ -33,6 +33,7 @@ type Server struct {
 	dir  string
 	args []string
 	tls  *tls.Config // set for a server that speaks only TLS
+	ips  []string    // loopback addresses it listens on besides 127.0.0.1
 	bin  string      // the program: redis-server or redis-sentinel
 	conf string      // a configuration file given first, or ""
 	env  []string    // added to the process's environment (the clock shim)
@@ -51,14 +52,34 @@ func Start(tb testing.TB, extra ...string) *Server {
 	return start(tb, extra, nil)
 }
 
+// StartBound is Start for a server that also listens on the loopback
+// addresses ips (any of 127.0.0.0/8), on the same port: each client can
+// then get an address of its own, whose packets a test can drop (see
+// Blackhole) without touching the others'. AddrOn names them.
+func StartBound(tb testing.TB, ips []string, extra ...string) *Server {
+	tb.Helper()
+	return startIPs(tb, extra, nil, ips)
+}
+
 func start(tb testing.TB, extra []string, tlsc *tls.Config) *Server {
+	tb.Helper()
+	return startIPs(tb, extra, tlsc, nil)
+}
+
+func startIPs(tb testing.TB, extra []string, tlsc *tls.Config, ips []string) *Server {
 	tb.Helper()
 	if err := install("redis-server", "redis-server"); err != nil {
 		tb.Fatalf("redis-server is missing and could not be installed: %v", err)
 	}
-	s := &Server{tb: tb, dir: tb.TempDir(), args: extra, tls: tlsc, bin: "redis-server"}
+	s := &Server{tb: tb, dir: tb.TempDir(), args: extra, tls: tlsc, bin: "redis-server", ips: ips}
 	s.launch(nil)
 	return s
+}
+
+// AddrOn returns the server's address on the loopback address ip, one of
+// those it was started with (see StartBound).
+func (s *Server) AddrOn(ip string) string {
+	return net.JoinHostPort(ip, strconv.Itoa(s.Port()))
 }
 
 // launch starts s on a free port, calling conf first with the port when
@@ -103,9 +124,9 @@ func (s *Server) start() error {
 	if s.conf != "" {
 		args = append(args, s.conf)
 	}
+	args = append(args, port[0], port[1], "--bind", "127.0.0.1")
+	args = append(args, s.ips...) // more values of --bind
 	args = append(args,
-		port[0], port[1],
-		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
 		"--appendonly", "no",

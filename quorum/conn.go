@@ -1,0 +1,343 @@
+package quorum
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every node has a keeper goroutine (owned by the Locker: started in New,
+// stopped and waited for in Close). It does two things with one reading
+// of the node's clock (nodeTime), every keepInterval ProbeIntervals and
+// whenever a call found the node unreachable or a reply was LATE:
+//
+//   - It keeps a connection to the node warm. A call that finds no idle
+//     connection dials one, and dialing, go-redis's handshake and the call
+//     itself take three or four round trips, which a node behind a link
+//     whose latency is a good part of NodeTimeout never answers in time: the
+//     call fails, its connection is dropped, and the next call starts over.
+//     While the node does not answer, the keeper's request is bounded by
+//     keepTimeout, not by one call's NodeTimeout, so it establishes a
+//     connection (through the batcher, which the calls' requests use too)
+//     and leaves it in the pool, where the next batch finds it and needs
+//     one round trip.
+//     A call that fails for want of an answer (a timeout, a refused or
+//     broken connection) marks the node unreachable and wakes the keeper;
+//     until the keeper's request (or a call's) gets an answer, the batcher
+//     fails at once (errReconnecting) the node's requests that could not
+//     dial, shake hands and get an answer in the time they have left
+//     (three of the node's round trips): a node behind a slow link does
+//     not lose every call to a handshake, while over a fast link the next
+//     call tries the node itself. After its own failures the keeper backs off
+//     (NodeTimeout/2 doubling, at most maxKeepBackoff), so a node that
+//     answers again is used within NodeTimeout (a dial in flight) +
+//     maxKeepBackoff + the reconnection's round trips.
+//   - It reads the node's clock, for the deadlines that requests carry (see
+//     late.go): the node's time as the script read it and the local
+//     (monotonic) time when the batcher read the reply. The time was read
+//     before the reply arrived, so node time + time elapsed locally since
+//     the reply is never later than the node's clock, drift aside: a
+//     deadline computed from it passes on the node no later than the
+//     request's own deadline does here. It is earlier by at most the
+//     reading's window (from sending the call to reading its reply); a
+//     reading with a window over NodeTimeout/2 (a loaded machine) is not
+//     used, so that requests keep most of their time.
+
+// maxKeepBackoff is the longest a keeper waits between two attempts to
+// reach a node that does not answer.
+const maxKeepBackoff = 100 * time.Millisecond
+
+// keepInterval is how many ProbeIntervals a keeper waits between two
+// readings of a node that answers. Failed calls and LATE replies (a clock
+// that jumped) wake it at once.
+const keepInterval = 10
+
+// nodeClock is one reading of a node's clock.
+type nodeClock struct {
+	ms int64     // the node's time, Unix ms
+	at time.Time // local time (monotonic) when the reading arrived
+}
+
+// keepTimeout bounds one keeper request: a dial, the handshake and the
+// script call, each at most a NodeTimeout.
+func (l *Locker) keepTimeout() time.Duration { return 3 * l.cfg.NodeTimeout }
+
+// keep runs n's keeper until Close.
+func (l *Locker) keep(n *node) {
+	defer l.keepWG.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var backoff time.Duration // after a failure, until the next try
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		case <-n.redial:
+			if backoff > 0 {
+				continue // the timer is set for after the backoff
+			}
+			t.Stop()
+		}
+		wasReachable := n.reachable.Load()
+		rep := l.nodeTime(n)
+		err := rep.err
+		next := keepInterval * l.cfg.ProbeInterval
+		var rerr redis.Error
+		if err == nil || errors.As(err, &rerr) { // an error reply is an answer
+			if !wasReachable {
+				// Reconnected: a dial, the handshake and the call took the
+				// window, about three round trips. The link may have
+				// changed since the last sample.
+				n.rttLow.Store(int64(rep.window / 3))
+			}
+			n.reachable.Store(true)
+		}
+		if err == nil {
+			if rep.window <= l.cfg.NodeTimeout/2 {
+				n.clock.Store(&nodeClock{ms: rep.val, at: rep.at})
+			} else {
+				// The reading may be off by as much: requests would lose
+				// that much of their time on the node. Read again soon.
+				next = l.cfg.ProbeInterval
+			}
+			backoff = 0
+			l.retryCleanups(n)
+		} else {
+			if isTimeout(err) {
+				l.retryCleanups(n)
+			}
+			backoff = min(max(2*backoff, l.cfg.NodeTimeout/2), maxKeepBackoff)
+			next = min(next, backoff)
+		}
+		select {
+		case <-n.redial: // a failure that this round already answers
+		default:
+		}
+		t.Reset(next)
+	}
+}
+
+// errReconnecting fails at once a call to a node that did not answer the
+// last call: until its keeper reaches it again, the call would only spend
+// its NodeTimeout on a dial and a handshake that do not finish in time.
+var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting in the background")
+
+// dialer wraps a node's Dialer so that a failed dial reaches go-redis as a
+// connection whose first read or write fails with the dial's error. The
+// call that needed the connection fails with that error all the same, but
+// go-redis's pool never counts a failed dial: after PoolSize of them it
+// stops dialing and probes the node once a second in the background, so a
+// node that came back would stay unused for up to a second (and the
+// failures never reset while the node stays up). The dial itself is
+// bounded by DialTimeout, which New sets to at most NodeTimeout. A
+// connection made closes with SO_LINGER 0 (see abortOnClose).
+func dialer(opt *redis.Options) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	dial := opt.Dialer
+	if dial == nil {
+		dial = redis.NewDialer(opt)
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return failedConn{err: err, addr: addr}, nil
+		}
+		abortOnClose(c)
+		return c, nil
+	}
+}
+
+// failedConn is a connection that was never made: every read and write
+// returns the dial's error.
+type failedConn struct {
+	err  error
+	addr string
+}
+
+func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
+func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
+func (c failedConn) Close() error                     { return nil }
+func (c failedConn) LocalAddr() net.Addr              { return failedAddr("") }
+func (c failedConn) RemoteAddr() net.Addr             { return failedAddr(c.addr) }
+func (c failedConn) SetDeadline(time.Time) error      { return nil }
+func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+type failedAddr string
+
+func (a failedAddr) Network() string { return "tcp" }
+func (a failedAddr) String() string  { return string(a) }
+
+// settle takes in the outcome of a batch that n's batcher sent with a
+// budget of budget and that took took: its error err (of the first call;
+// the calls of one pipeline share the connection's fate) and, on success,
+// the round trip. A batch that got no answer although it had at least half
+// a NodeTimeout marks the node unreachable and wakes the keeper; one that
+// merely ran out of a budget shortened by queueing says nothing of the
+// node.
+func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
+	var rerr redis.Error
+	switch {
+	case (err == nil || errors.As(err, &rerr)) && budget > nodeTimeout:
+		// The keeper's batch, which may have dialed: no sample.
+	case err == nil || errors.As(err, &rerr):
+		n.reachable.Store(true)
+		// Answered: the round trip, following a faster sample at once and
+		// a slower one by 1/8. A node that did not answer is tried by a
+		// call only when three round trips fit, a queued request only when
+		// one does, and one slow batch (a pause) must not keep it from
+		// being tried.
+		t := int64(took)
+		if old := n.rttLow.Load(); t < old || old == 0 {
+			n.rttLow.Store(t)
+		} else {
+			n.rttLow.Store(old + (t-old)/8)
+		}
+	case isTimeout(err) && budget < nodeTimeout/2:
+	default:
+		n.reachable.Store(false)
+		n.redialSoon()
+	}
+}
+
+// nodeTime reads n's clock with the time operation of opsScript, sent
+// through n's batcher like any call, so that the keeper and the calls use
+// the same connections and never take one from each other. The request is
+// the keeper's (see round.keeper): sent while the calls' requests are not,
+// and, while n does not answer, bounded by keepTimeout, time to dial and
+// shake hands over a slow link.
+func (l *Locker) nodeTime(n *node) reply {
+	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
+	r.anytime = true // a deadline from a stale reading would refuse it for good
+	r.keeper = true
+	if !n.reachable.Load() {
+		r.deadline = r.start.Add(l.keepTimeout())
+	}
+	var rep reply
+	l.fanout([]*node{n}, r, func(res []reply) { rep = res[0] })
+	return rep
+}
+
+// maxPendingCleanups bounds the cleanups a node keeps for its keeper to
+// send again; beyond it, a leftover lock waits for its ttl.
+const maxPendingCleanups = 4096
+
+// pendingCleanup is an attempt's cleanup that a node did not answer.
+type pendingCleanup struct {
+	resource, token, attempt string
+	until                    time.Time // the attempt's ttl ends: nothing to undo after
+}
+
+// deferCleanup keeps c for n's keeper to send once n answers again.
+func (n *node) deferCleanup(c pendingCleanup) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.cleanups) < maxPendingCleanups {
+		n.cleanups = append(n.cleanups, c)
+	}
+}
+
+// retryCleanups sends the cleanups that n did not answer again, as the
+// keeper's requests (bounded by keepTimeout, sent also while the calls'
+// requests are not), all at once so that they share batches. The keeper
+// calls it when it reached n, and when its request timed out (n may only
+// be slow: a link slower than NodeTimeout still carries the cleanup, even
+// if the reply comes too late). Those that n does not answer are kept. A
+// cleanup is safe whenever it arrives (see late.go), so it carries no
+// deadline on the node.
+func (l *Locker) retryCleanups(n *node) {
+	n.mu.Lock()
+	cs := n.cleanups
+	n.cleanups = nil
+	n.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		left := time.Until(c.until).Milliseconds()
+		if left < 1 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := strconv.FormatInt(left, 10) + ":" + c.resource
+			r := l.call(l.subCtx, opCleanup, 1, l.lockPrefix+c.resource, codeCleanup, c.token, c.attempt, x)
+			r.anytime, r.keeper = true, true
+			r.deadline = r.start.Add(l.keepTimeout())
+			l.fanout([]*node{n}, r, func(res []reply) {
+				var rerr redis.Error
+				if err := res[0].err; err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
+					n.deferCleanup(c)
+				}
+			})
+		}()
+	}
+	wg.Wait()
+}
+
+// redialSoon makes n's keeper reach the node at once, unless it backs off.
+func (n *node) redialSoon() {
+	select {
+	case n.redial <- struct{}{}:
+	default:
+	}
+}
+
+// deadlineOn returns the time on n's clock, in Unix ms, that corresponds
+// to local time d, or never later than it (see nodeClock); 0 when n's clock
+// was never read.
+func (n *node) deadlineOn(d time.Time) int64 {
+	c := n.clock.Load()
+	if c == nil {
+		return 0
+	}
+	return c.ms + d.Sub(c.at).Milliseconds()
+}
+
+// newAttemptPrefix returns a random prefix for the attempt ids of one
+// Locker, so that ids of different Lockers never collide.
+func newAttemptPrefix() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:]) + "."
+}
+
+// newAttempt returns a fresh attempt id: unique among every Locker's, and
+// free of ':' and '/', which delimit it in a lock's value.
+func (l *Locker) newAttempt() string {
+	return l.attemptPrefix + strconv.FormatUint(l.attemptSeq.Add(1), 36)
+}
+
+// lingerAbort makes every node connection close with SO_LINGER 0: closing a
+// connection that a call gave up on (go-redis closes it after a timeout)
+// drops whatever of it the node did not acknowledge yet, instead of
+// retransmitting it after a partition heals. Tests turn it off to show that
+// the node scripts alone keep late requests harmless.
+var lingerAbort = func() *atomic.Bool { var b atomic.Bool; b.Store(true); return &b }()
+
+// abortOnClose sets SO_LINGER 0 on c's TCP connection, if it has one.
+func abortOnClose(c net.Conn) {
+	if !lingerAbort.Load() {
+		return
+	}
+	for {
+		switch x := c.(type) {
+		case *net.TCPConn:
+			_ = x.SetLinger(0)
+			return
+		case interface{ NetConn() net.Conn }: // TLS
+			c = x.NetConn()
+		default:
+			return
+		}
+	}
+}
