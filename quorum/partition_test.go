@@ -220,8 +220,9 @@ func TestBlackholedNodes(t *testing.T) {
 		if took > cfg.NodeTimeout+100*time.Millisecond {
 			t.Errorf("call %d took %v with one node black-holed, want at most about NodeTimeout (%v)", i, took, cfg.NodeTimeout)
 		}
-		// Validity is ttl - elapsed - drift, with elapsed within the call.
-		drift := time.Duration(float64(ttl)*cfg.DriftFactor) + 2*time.Millisecond
+		// Validity is ttl - elapsed - drift - the clock tolerance, with
+		// elapsed within the call.
+		drift := time.Duration(float64(ttl)*cfg.DriftFactor) + 2*time.Millisecond + cfg.ClockTolerance
 		if lk.Validity > ttl-drift || lk.Validity < ttl-drift-took {
 			t.Errorf("validity %v after a call of %v, want within [%v, %v]", lk.Validity, took, ttl-drift-took, ttl-drift)
 		}
@@ -253,6 +254,9 @@ func TestBlackholedNodes(t *testing.T) {
 func TestSlowLinkValidity(t *testing.T) {
 	c := startBoundCluster(t, 3)
 	cfg := testConfig()
+	// A tolerance that places a reply within NodeTimeout, as the default
+	// (twice NodeTimeout) does below its cap: the slow node's votes count.
+	cfg.ClockTolerance = 2 * cfg.NodeTimeout
 	relay := redistest.NewRelay(t, c.servers[2].AddrOn(lockerIPs[0]))
 	opts := []*redis.Options{{Addr: c.servers[0].AddrOn(lockerIPs[0])}, {Addr: c.servers[1].AddrOn(lockerIPs[0])}, {Addr: relay.Addr}}
 	l := newLockerOpts(t, opts, cfg)
