@@ -35,12 +35,12 @@ type Config struct {
 	// and is handled as a node that lost its data (see clock.go). A jump
 	// within it can go unnoticed, so every validity is shortened by it.
 	// Half of it bounds how late a node may read its clock after a call was
-	// sent for its vote to count, so keep it above twice the round trip to
-	// the nodes under load: a vote that comes too late to be placed does
-	// not count. Lockers that share nodes should use the same value. Zero,
-	// the default, means twice NodeTimeout, at least 2ms and at most 100ms
-	// (100ms with the default NodeTimeout): a reply that comes within
-	// NodeTimeout can then be judged, up to that cap.
+	// sent for its vote to count, so keep it above the round trip to the
+	// nodes under load: a vote that comes too late to be placed does not
+	// count. Lockers that share nodes should use the same value. Zero, the
+	// default, means NodeTimeout, at least 2ms and at most 100ms: a reply
+	// that comes in time can then be judged when its way there took at
+	// most half of that.
 	ClockTolerance time.Duration
 
 	// MaxTTL is the largest ttl that Lock and Extend accept. It also bounds
@@ -80,13 +80,13 @@ func DefaultConfig() Config {
 	}
 }
 
-// clockTolerance returns ClockTolerance, or for zero twice NodeTimeout
-// within [2ms, 100ms].
+// clockTolerance returns ClockTolerance, or for zero NodeTimeout within
+// [2ms, 100ms].
 func (c Config) clockTolerance() time.Duration {
 	if c.ClockTolerance != 0 {
 		return c.ClockTolerance
 	}
-	return min(max(2*c.NodeTimeout, 2*time.Millisecond), 100*time.Millisecond)
+	return min(max(c.NodeTimeout, 2*time.Millisecond), 100*time.Millisecond)
 }
 
 // Validate reports every field of c that New would reject, joined.
@@ -99,7 +99,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("quorum: DriftFactor must be in [0, 1), got %v", c.DriftFactor))
 	}
 	if c.ClockTolerance != 0 && c.ClockTolerance < 2*time.Millisecond {
-		errs = append(errs, fmt.Errorf("quorum: ClockTolerance must be 0 (twice NodeTimeout) or at least 2ms, got %v", c.ClockTolerance))
+		errs = append(errs, fmt.Errorf("quorum: ClockTolerance must be 0 (NodeTimeout) or at least 2ms, got %v", c.ClockTolerance))
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("quorum: KeyPrefix must not be empty"))

@@ -254,8 +254,8 @@ func TestBlackholedNodes(t *testing.T) {
 func TestSlowLinkValidity(t *testing.T) {
 	c := startBoundCluster(t, 3)
 	cfg := testConfig()
-	// A tolerance that places a reply within NodeTimeout, as the default
-	// (twice NodeTimeout) does below its cap: the slow node's votes count.
+	// A tolerance whose half places a reply that took the slow round
+	// trip: the slow node's votes count (see Config.ClockTolerance).
 	cfg.ClockTolerance = 2 * cfg.NodeTimeout
 	relay := redistest.NewRelay(t, c.servers[2].AddrOn(lockerIPs[0]))
 	opts := []*redis.Options{{Addr: c.servers[0].AddrOn(lockerIPs[0])}, {Addr: c.servers[1].AddrOn(lockerIPs[0])}, {Addr: relay.Addr}}
