@@ -135,7 +135,7 @@ func TestEmbeddedLocksExpire(t *testing.T) {
 	addr := startApp(t, string(raw))
 	c := newClient(t, addr, 2)
 	ctx := context.Background()
-	if _, err := lock(ctx, c, "short", 100); err != nil {
+	if _, err := lock(ctx, c, "short", 300); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
