@@ -122,6 +122,14 @@ type clusterSession struct {
 	batch    []call
 	blocking bool // the batch holds a command that may block
 
+	// The commands on the masters' shared connections (clustershared.go):
+	// the place of their replies, the connections used so far, and the
+	// index of the client's connection at every master.
+	order       replyOrder
+	sharedConns map[string]*shared
+	sharedIdx   uint64
+	sharedUsed  bool // replies may be owed on them (see session.settleCluster)
+
 	// The state the client set, sent to every new connection.
 	auth, hello, name []byte
 	resp3             bool
@@ -160,7 +168,8 @@ type txnState struct {
 }
 
 func newClusterSession(r *router) *clusterSession {
-	cs := &clusterSession{r: r, conns: map[string]*backend{}, side: map[string]*backend{}}
+	cs := &clusterSession{r: r, conns: map[string]*backend{}, side: map[string]*backend{}, sharedConns: map[string]*shared{}}
+	cs.sharedIdx = r.p.nextShared.Add(1)
 	cs.capW = bufio.NewWriter(&cs.capB)
 	return cs
 }
@@ -277,6 +286,9 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	txn, watch := cs.txn, cs.watch
 	c := s.plan(name, cmd)
 	s.tagTx(&c, name, txn, watch)
+	if s.sharesCluster(name, cmd.Args, &c) && s.routeShared(name, cmd, &c) {
+		return
+	}
 	cs.batch = append(cs.batch, c)
 	if state || c.alone || c.kind == callRandom {
 		s.runCluster()
@@ -670,6 +682,10 @@ func (s *session) runCluster() {
 	if len(cs.batch) == 0 {
 		return
 	}
+	// The replies owed on the shared connections come first, and what
+	// waits on them was sent before.
+	s.settleCluster()
+	s.p.writeQueued()
 	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
 	var dirty []*backend
 	for i := range cs.batch {
