@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"sync"
@@ -84,4 +85,36 @@ func TestClusterShared(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestClusterOrderBehindSlowCommand is TestDifferentialOrderBehindSlowCommand
+// in front of a cluster: a SET waiting on a master's shared connection
+// behind another client's slow script reaches the master before a GET
+// another client sends afterwards, on a connection of its own or on the
+// other shared connection, as with one Redis.
+func TestClusterOrderBehindSlowCommand(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shared int
+		other  [][]string // what the GET's client sends first
+	}{
+		// Its own connection to k's master is open before the script
+		// runs: a dial would wait for the script too.
+		{name: "own connection", shared: 1, other: [][]string{{"CLIENT", "SETNAME", "g"}, {"GET", "k"}}},
+		{name: "other shared", shared: 2, other: [][]string{{"PING"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := redistest.StartCluster(t, 3, 0)
+			addr, p := startProxy(t, "", func(cfg *Config) {
+				cfg.Backend.Cluster = c.Seeds()[:2]
+				cfg.Backend.SharedConnections = tc.shared
+			})
+			want := playBehindSlow(t, srv.Addr, tc.other, func() { mustFlush(t, srv) }, nil)
+			got := playBehindSlow(t, addr, tc.other, func() { flushCluster(t, c) }, p)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
+			}
+		})
+	}
 }
