@@ -211,6 +211,9 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	sh := cs.sharedConns[c.one.addr]
 	if sh == nil {
 		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx)
+		if cs.sharedConns == nil {
+			cs.sharedConns = map[string]*shared{}
+		}
 		cs.sharedConns[c.one.addr] = sh
 	}
 	ticket := cs.order.add(c.one.raw, c.one.slot)

@@ -168,9 +168,10 @@ type txnState struct {
 }
 
 func newClusterSession(r *router) *clusterSession {
-	cs := &clusterSession{r: r, conns: map[string]*backend{}, side: map[string]*backend{}, sharedConns: map[string]*shared{}}
+	// The maps and the capture buffer are made on first use: most
+	// clients use only the shared connections, and an idle one nothing.
+	cs := &clusterSession{r: r}
 	cs.sharedIdx = r.p.nextShared.Add(1)
-	cs.capW = bufio.NewWriter(&cs.capB)
 	return cs
 }
 
@@ -200,10 +201,11 @@ func (cs *clusterSession) dropAll() {
 	}
 }
 
-// conn returns the client's connection to addr, dialing it.
-func (cs *clusterSession) conn(s *session, m map[string]*backend, addr string) (*backend, error) {
+// conn returns the client's connection to addr in *m (made on first
+// use), dialing it.
+func (cs *clusterSession) conn(s *session, m *map[string]*backend, addr string) (*backend, error) {
 	cs.mu.Lock()
-	be := m[addr]
+	be := (*m)[addr]
 	closed := cs.closed
 	cs.mu.Unlock()
 	if closed {
@@ -222,10 +224,13 @@ func (cs *clusterSession) conn(s *session, m map[string]*backend, addr string) (
 		be.nc.Close()
 		return nil, errClusterClosed
 	}
-	if old := m[addr]; old != nil {
+	if old := (*m)[addr]; old != nil {
 		old.nc.Close()
 	}
-	m[addr] = be
+	if *m == nil {
+		*m = map[string]*backend{}
+	}
+	(*m)[addr] = be
 	return be, nil
 }
 
@@ -728,7 +733,7 @@ func (s *session) flushBackend(be *backend) {
 func (s *session) sendPart(p *part, deadline time.Time) *backend {
 	cs := s.cl
 	for {
-		be, err := cs.conn(s, cs.conns, p.addr)
+		be, err := cs.conn(s, &cs.conns, p.addr)
 		if err == nil && p.tx != nil && !s.txConn(p, be) {
 			return nil
 		}
@@ -863,6 +868,9 @@ func (s *session) capture(p *part, deadline time.Time) ([]byte, error) {
 		return errorReply(&BackendError{Err: p.err}), nil
 	}
 	cs.capB.Reset()
+	if cs.capW == nil {
+		cs.capW = bufio.NewWriter(&cs.capB)
+	}
 	cs.capW.Reset(&cs.capB)
 	var ri replyInfo
 	err := s.readReply(p, cs.capW, &ri, deadline, cs.txn == nil)
@@ -994,7 +1002,7 @@ func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline ti
 			addr = target
 		}
 		for {
-			be, err = cs.conn(s, cs.side, addr)
+			be, err = cs.conn(s, &cs.side, addr)
 			if err == nil {
 				break
 			}
