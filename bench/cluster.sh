@@ -77,7 +77,7 @@ start_redis() {
 		--daemonize no --protected-mode no --logfile "$dir/redis.log" "$@" &
 	pids+=($!)
 	pid_of[$port]=$!
-	waitping "$port" redis-server
+	waitping "$port" redis-server || { tail -5 "$dir/redis.log" >&2; return 1; }
 	printf -v "$var" '%s' "$port"
 }
 
