@@ -112,6 +112,13 @@ func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWri
 	}
 }
 
+// drained reports whether every reply owed has been written to the sink.
+func (o *replyOrder) drained() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.head == len(o.slots)
+}
+
 // command returns ticket's command and slot, and the time its
 // redirections must end by.
 func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, deadline time.Time, ok bool) {

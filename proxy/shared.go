@@ -307,8 +307,10 @@ func (sh *shared) read(be *backend) {
 		}
 		// A client's consecutive replies go out in one write. next may be
 		// stale (nil) when more commands were queued after it was read;
-		// the client is then pushed to once more than needed.
-		if s != nil && (idle || next != s) {
+		// the client is then pushed to once more than needed. A cluster
+		// client's replies still owed on other masters' connections are
+		// pushed by the reader that puts the last of them in place.
+		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.drained()) {
 			s.pushOut()
 		}
 	}
