@@ -4,30 +4,43 @@
 #
 #   bash bench/cluster.sh
 #
-# redis-benchmark -c 50 -P 16 -t set,get -r 100000 against four targets, in
-# interleaved rounds: one redis-server directly (direct), the same through
-# lockproxy (lockproxy→redis), a cluster of 3 masters (no replicas) directly
-# with redis-benchmark --cluster (direct cluster), and the same cluster
-# through lockproxy with backend.cluster (lockproxy→cluster). One markdown
-# table per test: median requests/s, min–max, and the ratio to
-# lockproxy→redis.
+# redis-benchmark -c 50 -r 100000 -t set, then -t get, without pipelining
+# (-P 1) and with -P 16, against four targets, in interleaved rounds: one
+# redis-server directly (direct), the same through lockproxy
+# (lockproxy→redis), a cluster of 3 masters (no replicas) directly with
+# redis-benchmark --cluster (direct cluster), and the same cluster through
+# lockproxy with backend.cluster (lockproxy→cluster). One markdown table per
+# test and pipeline depth: median requests/s, min–max, the ratio to
+# lockproxy→redis, redis-benchmark's p50 and p99 latency, the CPU µs per
+# command of the target's own processes (the proxy; the redis-server or the
+# three masters when direct), and the most client connections any master
+# held during the run (INFO clients, less the one that asks).
+#
+# Then the idle cost: bench/idleconns opens IDLE_CONNS clients to a fresh
+# lockproxy→redis and a fresh lockproxy→cluster, each sending one PING and
+# staying idle; its VmRSS table for each, and the most connections a
+# master held meanwhile.
 #
 # Everything listens on 127.0.0.1 on free ports; every process started here
 # is stopped on exit. The report goes to stdout (and to $OUT when set);
 # progress goes to stderr.
 #
 # Environment (defaults in brackets):
-#   ROUNDS [3]     interleaved rounds
-#   NP [500000]    requests per redis-benchmark test
-#   CLIENTS [50]   redis-benchmark -c
-#   PIPELINE [16]  redis-benchmark -P
-#   OUT            also write the report to this file
+#   ROUNDS [3]         interleaved rounds
+#   N [100000]         requests per redis-benchmark test with -P 1
+#   NP [500000]        requests per redis-benchmark test with -P 16
+#   CLIENTS [50]       redis-benchmark -c
+#   PIPELINES [1 16]   the -P values measured
+#   IDLE_CONNS [10000] idle clients for the memory measurement; 0 skips it
+#   OUT                also write the report to this file
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
+N=${N:-100000}
 NP=${NP:-500000}
 CLIENTS=${CLIENTS:-50}
-PIPELINE=${PIPELINE:-16}
+PIPELINES=${PIPELINES:-1 16}
+IDLE_CONNS=${IDLE_CONNS:-10000}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp=$(mktemp -d /tmp/lockproxy-cluster-bench.XXXXXX)
@@ -47,8 +60,11 @@ for bin in redis-server redis-cli redis-benchmark go; do
 	}
 done
 
-log "building lockproxy"
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+log "building lockproxy and idleconns"
 (cd "$root" && go build -o "$tmp/lockproxy" .)
+(cd "$root/bench" && go build -o "$tmp/idleconns" ./idleconns)
+declare -A pid_of # port -> process id
 
 # start_redis VAR [ARGS...]: start a redis-server, set VAR to its port.
 start_redis() {
@@ -60,7 +76,8 @@ start_redis() {
 	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
 		--daemonize no --protected-mode no --logfile "$dir/redis.log" "$@" &
 	pids+=($!)
-	waitping "$port" redis-server
+	pid_of[$port]=$!
+	waitping "$port" redis-server || { tail -5 "$dir/redis.log" >&2; return 1; }
 	printf -v "$var" '%s' "$port"
 }
 
@@ -72,6 +89,7 @@ start_proxy() {
 	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -lock-nodes "$lock_nodes" \
 		-log-level warn "$@" >>"$tmp/lockproxy.log" 2>&1 &
 	pids+=($!)
+	pid_of[$port]=$!
 	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
 	printf -v "$var" '%s' "$port"
 }
@@ -107,6 +125,8 @@ done
 
 cat >"$tmp/single.yaml" <<EOF2
 shutdown_timeout: 5s
+limits:
+  max_clients: 20000
 EOF2
 seeds=$(
 	IFS=,
@@ -114,6 +134,8 @@ seeds=$(
 )
 cat >"$tmp/cluster.yaml" <<EOF2
 shutdown_timeout: 5s
+limits:
+  max_clients: 20000
 backend:
   addr: ""
   cluster: [$seeds]
@@ -125,28 +147,88 @@ log "redis :$single, cluster ${cluster[*]}, lockproxy→redis :$proxy_single, lo
 targets=(direct lockproxy→redis "direct cluster" lockproxy→cluster)
 declare -A port_of=([direct]=$single [lockproxy→redis]=$proxy_single ["direct cluster"]=$c1 [lockproxy→cluster]=$proxy_cluster)
 declare -A extra_of=(["direct cluster"]=--cluster)
+# The processes whose CPU a target costs.
+declare -A cpu_of=([direct]="${pid_of[$single]}" [lockproxy→redis]="${pid_of[$proxy_single]}"
+	["direct cluster"]="${pid_of[$c1]} ${pid_of[$c2]} ${pid_of[$c3]}" [lockproxy→cluster]="${pid_of[$proxy_cluster]}")
+masters=("$c1" "$c2" "$c3")
 
-bench() { # TARGET N: redis-benchmark's CSV rows
+# ticks PID...: user+system clock ticks of the processes, together.
+ticks() {
+	local pid t=0 f
+	for pid in "$@"; do
+		f=$(cut -d')' -f2- "/proc/$pid/stat")
+		t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
+	done
+	echo "$t"
+}
+
+# sample_conns FILE: until killed, append the largest connected_clients of
+# the masters (less this connection) to FILE every 0.2 s.
+sample_conns() {
+	local port most n
+	while :; do
+		most=0
+		for port in "${masters[@]}"; do
+			n=$(redis-cli -h 127.0.0.1 -p "$port" INFO clients 2>/dev/null | tr -d '\r' | awk -F: '$1 == "connected_clients" {print $2 - 1}')
+			((${n:-0} > most)) && most=$n
+		done
+		echo "$most" >>"$1"
+		sleep 0.2
+	done
+}
+
+hz=$(getconf CLK_TCK)
+
+# bench TARGET TEST P N: one redis-benchmark run; appends a row to $rows:
+# target, test, P, rps, p50, p99, CPU µs/cmd, most connections on a master.
+bench() {
+	local t=$1 test=$2 P=$3 n=$4 before after csv sampler conns="$tmp/conns"
+	: >"$conns"
+	sample_conns "$conns" &
+	sampler=$!
 	# shellcheck disable=SC2086
-	redis-benchmark -h 127.0.0.1 -p "${port_of[$1]}" ${extra_of[$1]:-} -c "$CLIENTS" -P "$PIPELINE" \
-		-t set,get -r 100000 -n "$2" --csv
+	before=$(ticks ${cpu_of[$t]})
+	# shellcheck disable=SC2086
+	csv=$(redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" ${extra_of[$t]:-} -c "$CLIENTS" -P "$P" \
+		-t "$test" -r 100000 -n "$n" --csv)
+	# shellcheck disable=SC2086
+	after=$(ticks ${cpu_of[$t]})
+	kill "$sampler" 2>/dev/null || true
+	wait "$sampler" 2>/dev/null || true
+	[[ -n "${rows:-}" ]] || return 0
+	awk -F'"' -v t="$t" -v P="$P" -v n="$n" -v dt="$((after - before))" -v hz="$hz" -v c="$(sort -g "$conns" | tail -1)" \
+		'NR > 1 && $2 != "" {printf "%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\n", t, $2, P, $4, $10, $14, dt / hz * 1e6 / n, c}' <<<"$csv" >>"$rows"
 }
 
 log "warm-up"
 for t in "${targets[@]}"; do
-	bench "$t" 100000 >/dev/null
+	for test in set get; do
+		bench "$t" "$test" 16 100000
+	done
 done
 rows="$tmp/rows.tsv"
 : >"$rows"
 for ((r = 1; r <= ROUNDS; r++)); do
-	for t in "${targets[@]}"; do
-		log "round $r/$ROUNDS: $t"
-		bench "$t" "$NP" | awk -F'"' -v t="$t" 'NR > 1 && $2 != "" {printf "%s\t%s\t%s\n", t, $2, $4}' >>"$rows"
+	for P in $PIPELINES; do
+		n=$N
+		((P > 1)) && n=$NP
+		for t in "${targets[@]}"; do
+			log "round $r/$ROUNDS: -P $P $t"
+			for test in set get; do
+				bench "$t" "$test" "$P" "$n"
+			done
+		done
 	done
 done
 
 # median FILE: the median of the numbers in FILE, one a line.
 median() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+# col TARGET TEST P COLUMN: the median of COLUMN (4: rps ... 8: conns).
+col() {
+	awk -F'\t' -v t="$1" -v x="$2" -v P="$3" -v k="$4" '$1 == t && $2 == x && $3 == P {print $k}' "$rows" >"$tmp/v"
+	median "$tmp/v"
+}
 
 report="$tmp/report.md"
 {
@@ -155,25 +237,50 @@ report="$tmp/report.md"
 	echo "Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(uname -sr)." \
 		"lockproxy $(git -C "$root" describe --always --dirty 2>/dev/null || echo '(no git)'), $(redis-server --version | awk '{print $1, $2, $3}'), $(go version | awk '{print $3}')."
 	echo
-	echo "redis-benchmark -c $CLIENTS -P $PIPELINE -t set,get -r 100000 -n $NP, $ROUNDS interleaved rounds; a cluster of 3 masters without replicas."
-	for test in SET GET; do
-		echo
-		echo "| $test | median req/s | min–max | ratio to lockproxy→redis |"
-		echo "|---|---:|---:|---:|"
-		awk -F'\t' -v t="lockproxy→redis" -v x="$test" '$1 == t && $2 == x {print $3}' "$rows" >"$tmp/base"
-		base=$(median "$tmp/base")
-		for t in "${targets[@]}"; do
-			awk -F'\t' -v t="$t" -v x="$test" '$1 == t && $2 == x {print $3}' "$rows" >"$tmp/v"
-			m=$(median "$tmp/v")
-			lo=$(sort -g "$tmp/v" | head -1)
-			hi=$(sort -g "$tmp/v" | tail -1)
-			awk -v t="$t" -v m="$m" -v lo="$lo" -v hi="$hi" -v b="$base" \
-				'BEGIN {printf "| %s | %.0f | %.0f–%.0f | %.2fx |\n", t, m, lo, hi, m / b}'
+	echo "redis-benchmark -c $CLIENTS -r 100000 -n $N (-P 1) or $NP (-P 16), one test a run; $ROUNDS interleaved rounds; a cluster of 3 masters without replicas. Medians over rounds."
+	for P in $PIPELINES; do
+		for test in SET GET; do
+			echo
+			echo "| $test -P $P | req/s | min–max | ratio to lockproxy→redis | p50 ms | p99 ms | CPU µs/cmd | conns per master |"
+			echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+			base=$(col lockproxy→redis "$test" "$P" 4)
+			for t in "${targets[@]}"; do
+				m=$(col "$t" "$test" "$P" 4)
+				lo=$(sort -g "$tmp/v" | head -1)
+				hi=$(sort -g "$tmp/v" | tail -1)
+				conns="–"
+				[[ "$t" == *cluster ]] && conns=$(col "$t" "$test" "$P" 8)
+				awk -v t="$t" -v m="$m" -v lo="$lo" -v hi="$hi" -v b="$base" -v p50="$(col "$t" "$test" "$P" 5)" \
+					-v p99="$(col "$t" "$test" "$P" 6)" -v cpu="$(col "$t" "$test" "$P" 7)" -v c="$conns" \
+					'BEGIN {printf "| %s | %.0f | %.0f–%.0f | %.2fx | %s | %s | %s | %s |\n", t, m, lo, hi, m / b, p50, p99, cpu, c}'
+			done
 		done
 	done
-	echo
-	echo "lockproxy warnings logged: $(grep -c -i 'warn' "$tmp/lockproxy.log" || true)"
 } >"$report"
+
+if ((IDLE_CONNS > 0)); then
+	for cfg in single cluster; do
+		flags=()
+		[[ $cfg == single ]] && flags=(-backend "127.0.0.1:$single")
+		start_proxy idle_port "$cfg.yaml" "${flags[@]}"
+		idle_pid=${pid_of[$idle_port]}
+		log "memory: $IDLE_CONNS idle clients to a fresh lockproxy→$cfg (pid $idle_pid)"
+		: >"$tmp/conns"
+		sample_conns "$tmp/conns" &
+		sampler=$!
+		{
+			echo
+			echo "##### lockproxy→$cfg"
+			"$tmp/idleconns" -addr "127.0.0.1:$idle_port" -pid "$idle_pid" -n "$IDLE_CONNS"
+		} >>"$report"
+		kill "$sampler" 2>/dev/null || true
+		wait "$sampler" 2>/dev/null || true
+		[[ $cfg == cluster ]] && echo "Most client connections a cluster master held meanwhile: $(sort -g "$tmp/conns" | tail -1)." >>"$report"
+		stop "$idle_pid"
+	done
+fi
+echo >>"$report"
+echo "lockproxy warnings logged: $(grep -c -i 'warn' "$tmp/lockproxy.log" || true)" >>"$report"
 cat "$report"
 if [[ -n "${OUT:-}" ]]; then
 	cp "$report" "$OUT"

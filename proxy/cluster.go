@@ -59,6 +59,17 @@ type router struct {
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
 
+	// The shared connections to each master (clustershared.go), and all
+	// of them for Proxy.writeQueued.
+	shMu      sync.Mutex
+	shared    map[string][]*shared
+	sharedAll atomic.Pointer[[]*shared]
+	// sharedOff: a client changed who may use a connection (CONFIG SET
+	// requirepass, ACL SETUSER ...), which the shared connections, signed
+	// in before, would not show: clients use connections of their own
+	// from then on, as new connections to one Redis would.
+	sharedOff atomic.Bool
+
 	refreshes, moved, asked atomic.Uint64
 	perMaster               sync.Map // address -> *atomic.Uint64, commands forwarded
 }

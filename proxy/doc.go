@@ -46,11 +46,17 @@
 // WATCHed on it make the next EXEC abort with a null reply (state.go,
 // connState.doomed; clustertx.go for a cluster).
 //
-// With a Redis Cluster behind it (BackendConfig.Cluster), none of the
-// above carries a client's commands: route.go routes each command by the
-// slot of its keys to the master serving it, on connections of the
-// client's own (one per master), splits and merges the multi-key commands
-// that may cross slots, fans keyless ones out, and follows MOVED and ASK;
+// With a Redis Cluster behind it (BackendConfig.Cluster), route.go routes
+// each command by the slot of its keys to the master serving it. The
+// stateless one-slot commands of clients that have set no connection
+// state go on the master's shared connections, the machinery above per
+// master (clustershared.go): batched and in arrival order, each reply put
+// back in its client's order, however many masters a pipeline goes to,
+// and redirections followed on the shared connections. Everything else
+// goes on connections of the client's own (one per master), after the
+// replies owed on the shared ones: route.go splits and merges the
+// multi-key commands that may cross slots, fans keyless ones out, and
+// follows MOVED and ASK;
 // cluster.go keeps the slot map and the COMMAND table; clustertx.go ties
 // a transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served by
@@ -101,6 +107,8 @@
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
-// with a clientWriter lock, nor a writer lock with shared.mu; follower.mu
+// with a clientWriter lock, nor a writer lock with shared.mu;
+// replyOrder.mu (clustershared.go) is taken with none of these held and
+// takes only clientWriter.sinkMu; follower.mu
 // is a leaf, taken under any of them and holding none.
 package proxy

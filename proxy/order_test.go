@@ -201,6 +201,35 @@ func TestSpareConnectionsConfig(t *testing.T) {
 // Redis first directly: a GET sent after a SET sees the SET, both when the
 // GET goes on a dedicated connection and on the other shared one.
 func TestDifferentialOrderBehindSlowCommand(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shared int
+		other  [][]string // what the GET's client sends first
+	}{
+		{name: "dedicated", shared: 1, other: [][]string{{"SELECT", "0"}}},
+		{name: "other shared", shared: 2, other: [][]string{{"PING"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			addr, p := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = tc.shared })
+			want := playBehindSlow(t, srv.Addr, tc.other, func() { mustFlush(t, srv) }, nil)
+			got := playBehindSlow(t, addr, tc.other, func() { mustFlush(t, srv) }, p)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
+			}
+		})
+	}
+}
+
+// playBehindSlow plays TestDifferentialOrderBehindSlowCommand's steps
+// against addr, after flush, and returns the replies: s runs a script that
+// keeps Redis busy for a second, a sets k behind it on the same shared
+// connection, g reads k on another connection (it sends other first, in one write). The
+// proxy hands out its shared connections in turn. With p (the proxy at
+// addr) the steps wait until the script is in flight and the SET waits
+// for its shared connection; directly, each write is in Redis's socket
+// when it returns.
+func playBehindSlow(t *testing.T, addr string, other [][]string, flush func(), p *Proxy) []byte {
 	// Busy for a second: Redis runs nothing else meanwhile, and then takes
 	// the commands that arrived in the order they arrived. The proxy must
 	// have queued the SET before the script ends, which on a loaded machine
@@ -210,55 +239,36 @@ while true do
   local n = redis.call('TIME')
   if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 1000000 then return 1 end
 end`
-	for _, tc := range []struct {
-		name   string
-		shared int
-		other  []string // what the GET's client sends first
-	}{
-		{name: "dedicated", shared: 1, other: []string{"SELECT", "0"}},
-		{name: "other shared", shared: 2, other: []string{"PING"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			addr, p := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = tc.shared })
-			play := func(addr string, started, queued func()) []byte {
-				mustFlush(t, srv)
-				// s runs the script, a sets k behind it on the same
-				// shared connection, g reads k on another connection. The
-				// proxy hands out its shared connections in turn.
-				s, g, a := dial(t, addr), dial(t, addr), dial(t, addr)
-				s.do(args("PING"))
-				g.do(tc.other)
-				a.do(args("SET k old"))
-				var out bytes.Buffer
-				s.send(encode([]string{"EVAL", slow, "0"}))
-				started()
-				a.send(encode(args("SET k new")))
-				queued()
-				g.send(encode(args("GET k")))
-				out.Write(g.read(1))
-				out.Write(a.read(1))
-				out.Write(s.read(1))
-				return out.Bytes()
-			}
-			// Directly, each write is in Redis's socket when it returns.
-			want := play(srv.Addr, func() {}, func() {})
-			got := play(addr, func() {
-				eventually(t, "the script in flight", func() bool { return sharedCounts(p).out > 0 })
-			}, func() {
-				eventually(t, "the SET waiting for its shared connection", func() bool { return sharedCounts(p).queued > 0 })
-			})
-			if !bytes.Equal(got, want) {
-				t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
-			}
-		})
+	flush()
+	s, g, a := dial(t, addr), dial(t, addr), dial(t, addr)
+	s.do(args("PING"))
+	g.do(other...)
+	a.do(args("SET k old"))
+	var out bytes.Buffer
+	s.send(encode([]string{"EVAL", slow, "1", "k"}))
+	if p != nil {
+		eventually(t, "the script in flight", func() bool { return sharedCounts(p).out > 0 })
 	}
+	a.send(encode(args("SET k new")))
+	if p != nil {
+		eventually(t, "the SET waiting for its shared connection", func() bool { return sharedCounts(p).queued > 0 })
+	}
+	g.send(encode(args("GET k")))
+	out.Write(g.read(1))
+	out.Write(a.read(1))
+	out.Write(s.read(1))
+	return out.Bytes()
 }
 
-// sharedCounts sums, over p's shared connections, the commands written
-// whose replies have not been read, and those waiting to be written.
+// sharedCounts sums, over p's shared connections (to the backend or to
+// the masters of a cluster), the commands written whose replies have not
+// been read, and those waiting to be written.
 func sharedCounts(p *Proxy) (c struct{ out, queued int }) {
-	for _, sh := range p.shared {
+	all := p.shared
+	if p.router != nil {
+		all = p.router.sharedList()
+	}
+	for _, sh := range all {
 		sh.mu.Lock()
 		c.out += sh.out
 		c.queued += sh.wn

@@ -452,6 +452,9 @@ drain:
 	for _, sh := range p.shared {
 		sh.close()
 	}
+	if p.router != nil {
+		p.router.closeShared()
+	}
 	p.sharedWG.Wait()
 	p.spares.close(ln != nil)
 	p.order.close()

@@ -122,6 +122,14 @@ type clusterSession struct {
 	batch    []call
 	blocking bool // the batch holds a command that may block
 
+	// The commands on the masters' shared connections (clustershared.go):
+	// the place of their replies, the connections used so far, and the
+	// index of the client's connection at every master.
+	order       replyOrder
+	sharedConns map[string]*shared
+	sharedIdx   uint64
+	sharedUsed  bool // replies may be owed on them (see session.settleCluster)
+
 	// The state the client set, sent to every new connection.
 	auth, hello, name []byte
 	resp3             bool
@@ -160,8 +168,10 @@ type txnState struct {
 }
 
 func newClusterSession(r *router) *clusterSession {
-	cs := &clusterSession{r: r, conns: map[string]*backend{}, side: map[string]*backend{}}
-	cs.capW = bufio.NewWriter(&cs.capB)
+	// The maps and the capture buffer are made on first use: most
+	// clients use only the shared connections, and an idle one nothing.
+	cs := &clusterSession{r: r}
+	cs.sharedIdx = r.p.nextShared.Add(1)
 	return cs
 }
 
@@ -191,10 +201,11 @@ func (cs *clusterSession) dropAll() {
 	}
 }
 
-// conn returns the client's connection to addr, dialing it.
-func (cs *clusterSession) conn(s *session, m map[string]*backend, addr string) (*backend, error) {
+// conn returns the client's connection to addr in *m (made on first
+// use), dialing it.
+func (cs *clusterSession) conn(s *session, m *map[string]*backend, addr string) (*backend, error) {
 	cs.mu.Lock()
-	be := m[addr]
+	be := (*m)[addr]
 	closed := cs.closed
 	cs.mu.Unlock()
 	if closed {
@@ -213,10 +224,13 @@ func (cs *clusterSession) conn(s *session, m map[string]*backend, addr string) (
 		be.nc.Close()
 		return nil, errClusterClosed
 	}
-	if old := m[addr]; old != nil {
+	if old := (*m)[addr]; old != nil {
 		old.nc.Close()
 	}
-	m[addr] = be
+	if *m == nil {
+		*m = map[string]*backend{}
+	}
+	(*m)[addr] = be
 	return be, nil
 }
 
@@ -277,6 +291,9 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	txn, watch := cs.txn, cs.watch
 	c := s.plan(name, cmd)
 	s.tagTx(&c, name, txn, watch)
+	if s.sharesCluster(name, cmd.Args, &c) && s.routeShared(name, cmd, &c) {
+		return
+	}
 	cs.batch = append(cs.batch, c)
 	if state || c.alone || c.kind == callRandom {
 		s.runCluster()
@@ -670,6 +687,10 @@ func (s *session) runCluster() {
 	if len(cs.batch) == 0 {
 		return
 	}
+	// The replies owed on the shared connections come first, and what
+	// waits on them was sent before.
+	s.settleCluster()
+	s.p.writeQueued()
 	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
 	var dirty []*backend
 	for i := range cs.batch {
@@ -712,7 +733,7 @@ func (s *session) flushBackend(be *backend) {
 func (s *session) sendPart(p *part, deadline time.Time) *backend {
 	cs := s.cl
 	for {
-		be, err := cs.conn(s, cs.conns, p.addr)
+		be, err := cs.conn(s, &cs.conns, p.addr)
 		if err == nil && p.tx != nil && !s.txConn(p, be) {
 			return nil
 		}
@@ -847,6 +868,9 @@ func (s *session) capture(p *part, deadline time.Time) ([]byte, error) {
 		return errorReply(&BackendError{Err: p.err}), nil
 	}
 	cs.capB.Reset()
+	if cs.capW == nil {
+		cs.capW = bufio.NewWriter(&cs.capB)
+	}
 	cs.capW.Reset(&cs.capB)
 	var ri replyInfo
 	err := s.readReply(p, cs.capW, &ri, deadline, cs.txn == nil)
@@ -978,7 +1002,7 @@ func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline ti
 			addr = target
 		}
 		for {
-			be, err = cs.conn(s, cs.side, addr)
+			be, err = cs.conn(s, &cs.side, addr)
 			if err == nil {
 				break
 			}

@@ -83,9 +83,10 @@ type session struct {
 	w clientWriter
 
 	// Used only by the forwarder.
-	sh        *shared // nil when multiplexing is off
-	dedicated bool    // the client has left its shared connection for good
-	sharedOut bool    // commands were sent on the shared connection since the last flush
+	sh        *shared   // nil when multiplexing is off
+	dedicated bool      // the client has left its shared connection for good
+	sharedOut bool      // commands were sent on the shared connection since the last flush
+	dirty     []*shared // in front of a cluster, the masters' shared connections sent to since then
 	// replica: the backend answered the client's SYNC or PSYNC with the
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
@@ -113,7 +114,7 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	if p.router != nil {
 		s.cl = newClusterSession(p.router)
 	}
-	s.w.init(nc, &p.sharedWG, s.sh != nil)
+	s.w.init(nc, &p.sharedWG, s.sh != nil || (s.cl != nil && p.cfg.Backend.SharedConnections > 0))
 	return s
 }
 
@@ -270,6 +271,11 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		if string(name) == "quit" {
 			return localItem{reply: replyOK, quit: true}, false
 		}
+		if s.be != nil || subscription(name) {
+			// The pub/sub connection's replies must not pass the
+			// shared connections'.
+			s.settleCluster()
+		}
 		reply, pinned := s.clusterPubsub(name, cmd)
 		switch {
 		case reply != nil:
@@ -366,8 +372,7 @@ func (s *session) flush() {
 		s.runCluster()
 	}
 	if s.sharedOut {
-		s.sharedOut = false
-		s.sh.flush()
+		s.flushShared()
 		if !s.w.pushed() {
 			// A TLS client's replies are written by its own goroutine.
 			// The commands have left: other clients' need not wait.
@@ -390,10 +395,23 @@ func (s *session) flush() {
 // until all the client's replies from it have been written.
 func (s *session) settleShared() {
 	if s.sharedOut {
-		s.sharedOut = false
-		s.sh.flush()
+		s.flushShared()
 	}
 	s.drainShared()
+}
+
+// flushShared writes, or has the readers write, what the client queued on
+// shared connections.
+func (s *session) flushShared() {
+	s.sharedOut = false
+	if s.sh != nil {
+		s.sh.flush()
+	}
+	for i, sh := range s.dirty {
+		sh.flush()
+		s.dirty[i] = nil
+	}
+	s.dirty = s.dirty[:0]
 }
 
 // drainShared waits for the replies to the commands the client sent on

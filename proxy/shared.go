@@ -34,7 +34,8 @@ import (
 // the same time can leave in another order than they came, and only when
 // they wait on different shared connections.
 type shared struct {
-	p *Proxy
+	p    *Proxy
+	addr string // a cluster master's; "" for the backend (see Proxy.dial)
 
 	mu      sync.Mutex
 	be      *backend // nil until dialled; replaced when it dies
@@ -56,12 +57,23 @@ type shared struct {
 // pending is who the replies on one shared backend connection belong to.
 type pending struct {
 	sessions []*session
-	head     int
+	// tickets are the cluster sessions' places of the replies in their
+	// order (clustershared.go), alongside sessions; 0 elsewhere.
+	tickets []uint64
+	head    int
 }
 
 // send queues one command of s; it returns an error when the backend
 // cannot be reached.
 func (sh *shared) send(s *session, e entry, raw []byte) error {
+	return sh.queue(s, 0, nil, raw, &e)
+}
+
+// queue queues raw for s, whose reply is its ticket's (0 outside a
+// cluster), after pre when set, whose reply nobody reads (ASKING). e, when
+// set, is recorded in s's reply queue. It returns an error when the
+// backend cannot be reached.
+func (sh *shared) queue(s *session, ticket uint64, pre, raw []byte, e *entry) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be == nil || sh.be.dead {
@@ -73,11 +85,20 @@ func (sh *shared) send(s *session, e entry, raw []byte) error {
 		sh.since.Store(sh.p.batches.Add(1))
 		sh.p.queued.Add(1)
 	}
+	q := sh.be.pending
+	if pre != nil {
+		sh.wbuf = append(sh.wbuf, pre...)
+		sh.wn++
+		q.sessions = append(q.sessions, nil)
+		q.tickets = append(q.tickets, 0)
+	}
 	sh.wbuf = append(sh.wbuf, raw...)
 	sh.wn++
-	q := sh.be.pending
 	q.sessions = append(q.sessions, s)
-	s.sendShared(e)
+	q.tickets = append(q.tickets, ticket)
+	if e != nil {
+		s.sendShared(*e)
+	}
 	return nil
 }
 
@@ -87,7 +108,13 @@ func (sh *shared) connect() error {
 	if err := p.backoff.check(); err != nil {
 		return err
 	}
-	be, err := p.dial(p.root, replayState{})
+	var be *backend
+	var err error
+	if sh.addr != "" {
+		be, err = p.dialAddr(p.root, sh.addr, replayState{})
+	} else {
+		be, err = p.dial(p.root, replayState{})
+	}
 	p.backoff.record(err)
 	if err != nil {
 		return err
@@ -188,10 +215,16 @@ func (p *Proxy) writeQueued() {
 	for {
 		var oldest *shared
 		first := limit + 1
-		for _, sh := range p.shared {
-			if since := sh.since.Load(); since != 0 && since < first {
-				oldest, first = sh, since
+		find := func(list []*shared) {
+			for _, sh := range list {
+				if since := sh.since.Load(); since != 0 && since < first {
+					oldest, first = sh, since
+				}
 			}
+		}
+		find(p.shared)
+		if p.router != nil {
+			find(p.router.sharedList())
 		}
 		if oldest == nil {
 			return
@@ -225,12 +258,13 @@ func (sh *shared) read(be *backend) {
 		sh.mu.Lock()
 		q := be.pending
 		var s, next *session
+		var ticket uint64
 		if q.head < len(q.sessions) {
-			s = q.sessions[q.head]
+			s, ticket = q.sessions[q.head], q.tickets[q.head]
 			q.sessions[q.head] = nil
 			q.head++
 			if q.head == len(q.sessions) {
-				q.sessions, q.head = q.sessions[:0], 0
+				q.sessions, q.tickets, q.head = q.sessions[:0], q.tickets[:0], 0
 			} else {
 				next = q.sessions[q.head]
 			}
@@ -240,18 +274,24 @@ func (sh *shared) read(be *backend) {
 		}
 		sh.mu.Unlock()
 		sink.w = nil
-		if s != nil {
-			sink.w = s.sink()
+		answered := true
+		var err error
+		if s != nil && s.cl != nil {
+			answered, err = s.sharedReply(be.r, ticket, w, sink, &ri)
+		} else {
+			if s != nil {
+				sink.w = s.sink()
+			}
+			err = copyReply(w, be.r, &ri)
+			w.Flush()
 		}
-		err := copyReply(w, be.r, &ri)
-		w.Flush()
 		if err != nil {
 			sh.fail(be, s)
 			return
 		}
 		idle := be.r.Buffered() == 0 // the reader would wait for more next
 		sh.p.checkReply(&ri)
-		if s != nil {
+		if s != nil && answered {
 			s.replied(&ri)
 		}
 		// Before waiting for more, send what queued up meanwhile, and do
@@ -267,8 +307,10 @@ func (sh *shared) read(be *backend) {
 		}
 		// A client's consecutive replies go out in one write. next may be
 		// stale (nil) when more commands were queued after it was read;
-		// the client is then pushed to once more than needed.
-		if s != nil && (idle || next != s) {
+		// the client is then pushed to once more than needed. A cluster
+		// client's replies still owed on other masters' connections are
+		// pushed by the reader that puts the last of them in place.
+		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.drained()) {
 			s.pushOut()
 		}
 	}
@@ -282,18 +324,19 @@ func (sh *shared) fail(be *backend, cut *session) {
 	sh.mu.Lock()
 	be.dead = true
 	q := be.pending
-	waiting := q.sessions[q.head:]
-	q.sessions, q.head = nil, 0
+	waiting, tickets := q.sessions[q.head:], q.tickets[q.head:]
+	q.sessions, q.tickets, q.head = nil, nil, 0
 	sh.mu.Unlock()
 	if cut != nil {
 		cut.disconnect()
 		cut.replied(&replyInfo{typ: '-'})
 	}
-	for _, s := range waiting {
+	for i, s := range waiting {
+		if s == nil {
+			continue // an ASKING
+		}
 		sh.p.m.connLost.Add(1)
-		s.sink().Write(replyConnLost)
-		s.replied(&replyInfo{typ: '-'})
-		s.pushOut()
+		s.answerShared(tickets[i], replyConnLost)
 	}
 }
 
@@ -306,10 +349,19 @@ func (sh *shared) close() {
 	}
 }
 
-// sinkWriter appends to the sink of the client whose reply is copied.
-type sinkWriter struct{ w *clientWriter }
+// sinkWriter appends to the sink of the client whose reply is copied, or,
+// while capture is set, to buf.
+type sinkWriter struct {
+	w       *clientWriter
+	capture bool
+	buf     []byte
+}
 
 func (w *sinkWriter) Write(b []byte) (int, error) {
+	if w.capture {
+		w.buf = append(w.buf, b...)
+		return len(b), nil
+	}
 	if w.w == nil {
 		return len(b), nil // a reply nobody waits for
 	}

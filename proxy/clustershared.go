@@ -1,0 +1,354 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"sync"
+	"time"
+
+	"github.com/tidwall/redcon"
+)
+
+// Shared connections per master. In front of a cluster, the stateless
+// commands of a client without connection state of its own (no AUTH,
+// HELLO or CLIENT SETNAME, no transaction or WATCH, not subscribed or
+// monitoring), whose keys are in one slot, go to the master of that slot
+// on one of its BackendConfig.SharedConnections shared connections, as
+// the commands of a client of one Redis do (shared.go): batched with the
+// other clients' commands, written in arrival order, and answered by the
+// connection's reader straight into the client's sink. A client uses the
+// connection of the same index at every master.
+//
+// A client's pipeline may go to several masters at once, whose replies
+// come back in any order: each command takes a ticket in the client's
+// replyOrder, and a reply that comes before the ones ahead of it waits
+// there until they have been written. A redirection (MOVED, ASK) or a
+// slot not served yet (TRYAGAIN, CLUSTERDOWN) on a shared connection is
+// never the client's: the command is sent again where the cluster says, on
+// that master's shared connection (after ASKING, in the same write, for
+// ASK), within BackendConfig.ClusterRetry, and its reply takes the same
+// place. Every other command goes through route.go's batch on the
+// client's own connections, after the replies owed on the shared ones
+// (session.settleShared).
+
+// replyOrder is the place of each reply a cluster client is owed on the
+// shared connections. Its methods are safe for concurrent use: the
+// forwarder takes tickets, the shared readers put replies in place.
+type replyOrder struct {
+	mu    sync.Mutex
+	slots []orderSlot
+	head  int    // the first reply not written yet
+	first uint64 // the ticket of slots[0]; tickets start at 1
+}
+
+// orderSlot is one command sent on a shared connection.
+type orderSlot struct {
+	raw      []byte // the command, to send again when redirected
+	slot     int
+	arrived  bool
+	reply    []byte    // the reply, when it came before one ahead of it
+	deadline time.Time // for the redirections, from the first one
+}
+
+// add takes the next ticket, for raw (copied) to slot.
+func (o *replyOrder) add(raw []byte, slot int) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.head == len(o.slots) {
+		o.first += uint64(len(o.slots))
+		o.slots, o.head = o.slots[:0], 0
+		if o.first == 0 {
+			o.first = 1
+		}
+	}
+	n := len(o.slots)
+	if n < cap(o.slots) {
+		o.slots = o.slots[:n+1] // keep the buffers of an earlier use
+	} else {
+		o.slots = append(o.slots, orderSlot{})
+	}
+	sl := &o.slots[n]
+	sl.raw = append(sl.raw[:0], raw...)
+	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
+	return o.first + uint64(n)
+}
+
+// drop gives back the last ticket, whose command could not be sent.
+func (o *replyOrder) drop(ticket uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n := len(o.slots); n > o.head && o.first+uint64(n-1) == ticket {
+		o.slots = o.slots[:n-1]
+	}
+}
+
+// ahead reports whether ticket's reply is the next to write.
+func (o *replyOrder) ahead(ticket uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.first+uint64(o.head) == ticket
+}
+
+// put records that ticket's reply came: written to w already when written
+// is set, else reply, written once the replies ahead of it have been. It
+// writes every reply that waited behind it.
+func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWriter) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	if i < o.head || i >= len(o.slots) {
+		return // not owed (the order was reset)
+	}
+	sl := &o.slots[i]
+	sl.arrived = true
+	if written {
+		o.head++
+	} else {
+		sl.reply = append(sl.reply[:0], reply...)
+	}
+	for o.head < len(o.slots) && o.slots[o.head].arrived {
+		w.Write(o.slots[o.head].reply)
+		o.head++
+	}
+}
+
+// drained reports whether every reply owed has been written to the sink.
+func (o *replyOrder) drained() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.head == len(o.slots)
+}
+
+// command returns ticket's command and slot, and the time its
+// redirections must end by.
+func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, deadline time.Time, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	if i < o.head || i >= len(o.slots) {
+		return nil, 0, time.Time{}, false
+	}
+	sl := &o.slots[i]
+	if sl.deadline.IsZero() {
+		sl.deadline = time.Now().Add(retry)
+	}
+	return append([]byte(nil), sl.raw...), sl.slot, sl.deadline, true
+}
+
+// sharedList returns the shared connections to the masters.
+func (r *router) sharedList() []*shared {
+	if l := r.sharedAll.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
+
+// sharedConn returns the shared connection number i (modulo their number)
+// to the master at addr, making the master's set on first use.
+func (r *router) sharedConn(addr string, i uint64) *shared {
+	r.shMu.Lock()
+	defer r.shMu.Unlock()
+	if r.shared == nil {
+		r.shared = map[string][]*shared{}
+	}
+	list := r.shared[addr]
+	if list == nil {
+		for range max(r.p.cfg.Backend.SharedConnections, 1) {
+			sh := &shared{p: r.p, addr: addr}
+			sh.wrote.L = &sh.mu
+			list = append(list, sh)
+		}
+		r.shared[addr] = list
+		all := append(append([]*shared(nil), r.sharedList()...), list...)
+		r.sharedAll.Store(&all)
+	}
+	return list[i%uint64(len(list))]
+}
+
+// closeShared closes the shared connections to the masters; their readers
+// end.
+func (r *router) closeShared() {
+	for _, sh := range r.sharedList() {
+		sh.close()
+	}
+}
+
+// sharesCluster reports whether a routed call goes on a shared connection.
+func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
+	cs := s.cl
+	if changesAccess(name, args) {
+		cs.r.sharedOff.Store(true)
+	}
+	return s.p.cfg.Backend.SharedConnections > 0 && !cs.r.sharedOff.Load() && c.kind == callPlain && c.one.tx == nil &&
+		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
+		cs.auth == nil && cs.hello == nil && cs.name == nil && !cs.monitorOn && s.be == nil &&
+		stateless(name) && !blockingCommand(name)
+}
+
+// changesAccess reports whether a command may change which connections
+// the server lets in: CONFIG SET requirepass, ACL SETUSER, DELUSER, LOAD.
+func changesAccess(name []byte, args [][]byte) bool {
+	switch string(name) {
+	case "config":
+		for _, a := range args[1:] {
+			if bytes.EqualFold(a, []byte("requirepass")) {
+				return true
+			}
+		}
+	case "acl":
+		if len(args) > 1 {
+			var sb [24]byte
+			switch string(lower(&sb, args[1])) {
+			case "setuser", "deluser", "load":
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// routeShared sends c on the shared connection to its master; it reports
+// false, having sent nothing, when that connection cannot be had (the
+// batch then tries the client's own, and waits for the cluster).
+func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
+	cs := s.cl
+	if len(cs.batch) > 0 {
+		s.runCluster() // the replies before it come first
+	}
+	sh := cs.sharedConns[c.one.addr]
+	if sh == nil {
+		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx)
+		if cs.sharedConns == nil {
+			cs.sharedConns = map[string]*shared{}
+		}
+		cs.sharedConns[c.one.addr] = sh
+	}
+	ticket := cs.order.add(c.one.raw, c.one.slot)
+	e := classify(name, cmd)
+	if err := sh.queue(s, ticket, nil, c.one.raw, &e); err != nil {
+		cs.order.drop(ticket)
+		return false
+	}
+	s.markShared(sh)
+	cs.sharedUsed = true
+	s.p.m.forwarded.Add(1)
+	cs.r.forwarded(c.one.addr)
+	return true
+}
+
+// settleCluster waits, when the client sent commands on the masters'
+// shared connections, until their replies have been written to it: what
+// goes on its own connections next must not pass them.
+func (s *session) settleCluster() {
+	if s.cl.sharedUsed {
+		s.cl.sharedUsed = false
+		s.settleShared()
+	}
+}
+
+// markShared notes that sh has a command of the client's to write.
+func (s *session) markShared(sh *shared) {
+	s.sharedOut = true
+	for _, d := range s.dirty {
+		if d == sh {
+			return
+		}
+	}
+	s.dirty = append(s.dirty, sh)
+}
+
+// sharedReply reads the reply to ticket from r, on a shared connection,
+// and puts it in its place in the client's replies. answered is false when
+// the reply was a redirection: the command is sent again, and its reply
+// comes later.
+func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *replyInfo) (answered bool, err error) {
+	o := &s.cl.order
+	b, err := r.Peek(1)
+	if err != nil {
+		return false, err
+	}
+	if b[0] != '-' && o.ahead(ticket) {
+		// The usual case: straight to the client's sink.
+		sink.w = s.sink()
+		err = copyReply(w, r, ri)
+		w.Flush()
+		sink.w = nil
+		if err == nil {
+			o.put(ticket, true, nil, &s.w)
+		}
+		return true, err
+	}
+	sink.capture, sink.buf = true, sink.buf[:0]
+	err = copyReply(w, r, ri)
+	w.Flush()
+	sink.capture = false
+	if err != nil {
+		return false, err
+	}
+	if ri.typ == '-' {
+		if kind, target := redirected(sink.buf); kind != redirNone {
+			s.p.sharedWG.Add(1)
+			go s.redirectShared(ticket, kind, target)
+			return false, nil
+		}
+	}
+	o.put(ticket, false, sink.buf, &s.w)
+	if cap(sink.buf) > 64<<10 {
+		sink.buf = nil
+	}
+	return true, nil
+}
+
+// answerShared gives the client reply, an error of the proxy's own, for
+// the command with ticket on a shared connection.
+func (s *session) answerShared(ticket uint64, reply []byte) {
+	if s.cl != nil {
+		s.cl.order.put(ticket, false, reply, &s.w)
+	} else {
+		s.sink().Write(reply)
+	}
+	s.replied(&replyInfo{typ: '-'})
+	s.pushOut()
+}
+
+// redirectShared sends the command with ticket again where a redirection
+// says, on that master's shared connection. It runs on a goroutine of its
+// own (counted in sharedWG), as it may wait for the slot map.
+func (s *session) redirectShared(ticket uint64, kind redirection, target string) {
+	defer s.p.sharedWG.Done()
+	defer s.recoverPanic()
+	cs := s.cl
+	r := cs.r
+	raw, slot, deadline, ok := cs.order.command(ticket, s.p.cfg.Backend.ClusterRetry)
+	if !ok {
+		return
+	}
+	if time.Now().After(deadline) || s.ctx.Err() != nil {
+		s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}))
+		return
+	}
+	addr := target
+	var pre []byte
+	switch kind {
+	case redirMoved:
+		r.moved.Add(1)
+		r.reload(s.ctx, r.gen.Load())
+	case redirAsk:
+		r.asked.Add(1)
+		pre = cmdAsking
+	case redirWait:
+		p := part{slot: slot}
+		if !s.again(&p, deadline) || p.addr == "" {
+			s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}))
+			return
+		}
+		addr = p.addr
+	}
+	sh := r.sharedConn(addr, cs.sharedIdx)
+	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
+		s.p.m.unavailable.Add(1)
+		s.answerShared(ticket, errorReply(&BackendError{Err: err}))
+		return
+	}
+	sh.flush()
+}
