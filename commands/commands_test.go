@@ -437,10 +437,11 @@ func TestKeepAliveOutlivesTTL(t *testing.T) {
 	a, b := e.client(t, false), e.client(t, false)
 	start := time.Now()
 	a.lock("LOCK", "r", "300", "KEEPALIVE")
-	// Four extensions, about every 100ms, take the lock past its ttl.
-	e.waitExtensions(t, 4)
+	// Six extensions, every 100ms or half the validity left (about 70ms
+	// with the clock tolerance), take the lock past its ttl.
+	e.waitExtensions(t, 6)
 	if d := time.Since(start); d < 300*time.Millisecond {
-		t.Fatalf("four extensions took %v, less than the ttl", d)
+		t.Fatalf("six extensions took %v, less than the ttl", d)
 	}
 	if reply := b.do("LOCK", "r", "300"); reply != "*-1\r\n" {
 		t.Fatalf("LOCK %v after a 300ms KEEPALIVE lock = %q, want null (still held)", time.Since(start), reply)
@@ -481,9 +482,9 @@ func TestKeepAliveAfterWait(t *testing.T) {
 	acquired := time.Now()
 	// Had the validity counted from the start of the command, the
 	// keepalive would have given up at once, without extending.
-	e.waitExtensions(t, 4)
+	e.waitExtensions(t, 6)
 	if d := time.Since(acquired); d < 300*time.Millisecond {
-		t.Fatalf("four extensions took %v, less than the ttl", d)
+		t.Fatalf("six extensions took %v, less than the ttl", d)
 	}
 	if reply := c.do("LOCK", "r", "300"); reply != "*-1\r\n" {
 		t.Errorf("LOCK %v after a WAIT ... KEEPALIVE acquisition = %q, want null (kept alive)", time.Since(acquired), reply)
@@ -885,5 +886,20 @@ func TestStalledGrantNotSent(t *testing.T) {
 	got := a.lock("LOCK", "s", "10000")
 	if got.validity > 10000-150-100-200 {
 		t.Errorf("LOCK s 10000 after a 200ms stall: validity %d, want it shortened by the stall", got.validity)
+	}
+}
+
+// TestKeepAliveShortValidity keeps alive a lock whose validity (ttl less
+// the drift and the clock tolerance, 150ms here) is shorter than a third
+// of its ttl: the extensions must come before the validity runs out, not
+// every ttl/3.
+func TestKeepAliveShortValidity(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a := e.client(t, false)
+	a.lock("LOCK", "r", "200", "KEEPALIVE")
+	e.waitExtensions(t, 3)
+	if reply := a.do("UNLOCK", "r"); reply != ":1\r\n" {
+		t.Fatalf("UNLOCK = %q, want :1", reply)
 	}
 }

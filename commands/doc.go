@@ -8,7 +8,7 @@
 // Each client connection gets a Conn, which remembers the locks it acquired so
 // that UNLOCK and EXTEND may leave out the token, and which owns the KEEPALIVE
 // extenders: one goroutine per kept lock, extending it about every ttl/3
-// until UNLOCK or Close. The Handler counts the outcome of every command and
+// (or half the validity left, if less) until UNLOCK or Close. The Handler counts the outcome of every command and
 // the locks its open connections hold, as Prometheus metrics
 // (Handler.Collect) and for INFO (Handler.Info).
 //

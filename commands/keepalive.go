@@ -13,7 +13,8 @@ import (
 )
 
 // extender keeps one lock alive for a KEEPALIVE: it extends the lock about
-// every ttl/3 with the lock's current ttl. It gives the lock up at once when
+// every ttl/3 (sooner when half the validity left is less) with the lock's
+// current ttl. It gives the lock up at once when
 // the nodes say the token no longer owns it, and after failed extensions
 // (no quorum, timeouts) once the last known validity has run out. Its Conn
 // starts it, stops it and waits for it.
@@ -127,16 +128,14 @@ func (e *extender) run(h *Handler) {
 		e.exited = true
 		e.mu.Unlock()
 	}()
-	ttl, _ := e.state()
-	t := time.NewTimer(ttl / 3)
+	t := time.NewTimer(e.nextExtension())
 	defer t.Stop()
 	for {
 		select {
 		case <-e.ctx.Done():
 			return
 		case <-e.kick:
-			ttl, _ := e.state()
-			t.Reset(ttl / 3)
+			t.Reset(e.nextExtension())
 			continue
 		case <-t.C:
 		}
@@ -165,7 +164,7 @@ func (e *extender) run(h *Handler) {
 			}
 			e.mu.Unlock()
 			h.keepaliveExtensions.Add(1)
-			t.Reset(ttl / 3)
+			t.Reset(e.nextExtension())
 		case err == nil || errors.Is(err, quorum.ErrNotHeld):
 			e.lose(h, quorum.ErrNotHeld)
 			return
@@ -181,6 +180,14 @@ func (e *extender) run(h *Handler) {
 			t.Reset(retryDelay(ttl, left))
 		}
 	}
+}
+
+// nextExtension is the wait before the next extension: a third of the
+// ttl, but at most half of the validity left, which the drift and the
+// clock tolerance can make much shorter than the ttl.
+func (e *extender) nextExtension() time.Duration {
+	ttl, until := e.state()
+	return max(min(ttl/3, time.Until(until)/2), time.Millisecond)
 }
 
 // retryDelay is the wait before another try after a failed extension, with

@@ -444,6 +444,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 			clock = clockUnjudged
 			if hasClock {
 				clock = l.clock.judge(n.index, rd)
+				n.checkClock(rd.at/int64(time.Millisecond)+rd.offset, sent, read)
 			}
 		}
 		rep := opReply(req.r.op, c, i%maxOps)

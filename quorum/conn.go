@@ -301,6 +301,22 @@ func (n *node) deadlineOn(d time.Time) int64 {
 	return c.ms + d.Sub(c.at).Milliseconds()
 }
 
+// checkClock takes in ms, the node's TIME as a call sent at sent and read
+// at read reported it. Unless the node's clock went back, it read at least
+// the keeper's reading taken to sent; when it read less, the deadlines
+// computed from that reading lie later on the node than the calls' own
+// and would let late requests run (late.go): the call's reading, a lower
+// bound of the node's clock too, replaces it at once, and the keeper reads
+// the clock again.
+func (n *node) checkClock(ms int64, sent, read time.Time) {
+	c := n.clock.Load()
+	if c == nil || ms >= c.ms+sent.Sub(c.at).Milliseconds()-1 {
+		return
+	}
+	n.clock.CompareAndSwap(c, &nodeClock{ms: ms, at: read})
+	n.redialSoon()
+}
+
 // newAttemptPrefix returns a random prefix for the attempt ids of one
 // Locker, so that ids of different Lockers never collide.
 func newAttemptPrefix() string {

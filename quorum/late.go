@@ -26,9 +26,11 @@ package quorum
 //     that would run it. Under clocks that run at about the same rate, no
 //     operation runs after its call ended. A node's clock that jumps
 //     forward only refuses more (the keeper reads it again at the first
-//     LATE reply); one that jumps backward by J lets an operation run up to
-//     J late, until the keeper's next reading, at most keepInterval
-//     ProbeIntervals. A node whose clock was never read gets no deadline.
+//     LATE reply); one that jumps backward by J lets an operation sent
+//     before the node's next reply run up to J late: every reply carries
+//     the node's TIME, and one that reads less than the keeper's reading
+//     allows replaces it at once (checkClock). A node whose clock was
+//     never read gets no deadline.
 //   - Attempts. Every round has an attempt id, unique across Lockers. A
 //     lock's value lists the attempts of its token that rely on it (the one
 //     that took it, and any later attempt of the same token that refreshed

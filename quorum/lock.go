@@ -296,7 +296,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if !l.confirm(ctx, key, token, attempt, granted, fence, start) {
 		return fail(ErrNotAcquired)
 	}
-	v := l.validity(ttl, time.Since(start))
+	now := time.Now() // Expires counts from the validity's measurement
+	v := l.validity(ttl, now.Sub(start))
 	if v <= 0 {
 		return fail(ErrNotAcquired)
 	}
@@ -312,7 +313,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		// it does not rest on a bare majority.
 		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint)
 	}
-	return Lock{Token: token, Validity: v, Expires: time.Now().Add(v), Fence: fence}, 0, false, nil
+	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence}, 0, false, nil
 }
 
 // confirm makes sure that a majority of the nodes that count has a fence
@@ -487,8 +488,9 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
 	if votes >= l.quorum && l.confirm(bg, key, w.token, attempt, granted, fence, start) {
-		if v := l.validity(w.ttl, time.Since(start)); v > 0 {
-			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: time.Now().Add(v), Fence: fence}, true
+		now := time.Now()
+		if v := l.validity(w.ttl, now.Sub(start)); v > 0 {
+			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence}, true
 		}
 	}
 	if h.ok && len(held) > 0 {

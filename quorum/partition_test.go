@@ -220,8 +220,8 @@ func TestBlackholedNodes(t *testing.T) {
 		if took > cfg.NodeTimeout+100*time.Millisecond {
 			t.Errorf("call %d took %v with one node black-holed, want at most about NodeTimeout (%v)", i, took, cfg.NodeTimeout)
 		}
-		// Validity is ttl - elapsed - drift - the clock tolerance, with
-		// elapsed within the call.
+		// Validity is ttl - elapsed - drift - ClockTolerance, with elapsed
+		// within the call.
 		drift := time.Duration(float64(ttl)*cfg.DriftFactor) + 2*time.Millisecond + cfg.ClockTolerance
 		if lk.Validity > ttl-drift || lk.Validity < ttl-drift-took {
 			t.Errorf("validity %v after a call of %v, want within [%v, %v]", lk.Validity, took, ttl-drift-took, ttl-drift)

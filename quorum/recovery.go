@@ -701,10 +701,15 @@ func merge(a, b copied) copied {
 	tb, fb, okb := splitLock(b.value)
 	p := longer(a.pttl, b.pttl)
 	switch {
-	case oka && okb && ta == tb && fb > fa:
-		return copied{value: b.value, pttl: p}
 	case oka && okb && ta == tb:
-		return copied{value: a.value, pttl: p}
+		// The attempts of both: a cleanup of either's attempt must not
+		// delete the copy while the other's relies on it (see late.go).
+		mark := a.value[:1]
+		if b.value[0] == '1' {
+			mark = "1"
+		}
+		att := unionAttempts(lockAttempts(a.value), lockAttempts(b.value))
+		return copied{value: mark + strconv.FormatInt(max(fa, fb), 10) + "/" + att + ":" + ta, pttl: p}
 	default:
 		return copied{value: "0" + strconv.FormatInt(max(fa, fb), 10), pttl: p}
 	}
@@ -721,6 +726,35 @@ func splitLock(v string) (token string, fence int64, ok bool) {
 	fence, _ = strconv.ParseInt(f, 10, 64)
 	return token, fence, ok
 }
+
+// lockAttempts returns the attempt list of a lock value that a token
+// owns, "" for the previous layout's.
+func lockAttempts(v string) string {
+	h, _, _ := strings.Cut(v[1:], ":")
+	_, att, _ := strings.Cut(h, "/")
+	return att
+}
+
+// unionAttempts returns the attempts of both lists, "*" when there are more
+// than maxAttempts or either is "*" or the previous layout's "".
+func unionAttempts(a, b string) string {
+	if a == "" || b == "" || a == "*" || b == "*" {
+		return "*"
+	}
+	out := strings.Split(a, ",")
+	for _, x := range strings.Split(b, ",") {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	if len(out) > maxAttempts {
+		return "*"
+	}
+	return strings.Join(out, ",")
+}
+
+// maxAttempts is the most attempt ids a lock's value lists (opsScript).
+const maxAttempts = 8
 
 // longer returns the longer of two pttls, -1 (no expiry) being longest.
 func longer(a, b int64) int64 {

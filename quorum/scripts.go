@@ -606,7 +606,10 @@ return out
 // Otherwise it raises the counter to floor and sets each key to its value
 // with that pttl (-1: no expiry), except that a holding of the same token
 // keeps the larger fence and the longer ttl, and a key of another type is
-// left alone; it replies 1. Whatever else the node holds for a key was
+// left alone; it replies 1. A holding of the same token gets the attempts
+// of both values: a node that lost its locks to a clock jump kept its
+// data, and a later attempt of the token may have taken the lock there
+// afresh; its cleanup must not delete the holding copied onto it. Whatever else the node holds for a key was
 // written after the loss and no grant counted on it (see recovery.go).
 var restoreScript = newScript(`
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then
@@ -634,6 +637,35 @@ local function owner(v)
 	end
 	return string.sub(v, sep + 1), fence
 end
+-- attempts returns the attempt list of a value that a token owns, '' for
+-- the previous layout's.
+local function attempts(v)
+	local h = string.sub(v, 2, string.find(v, ':', 2, true) - 1)
+	local slash = string.find(h, '/', 1, true)
+	if not slash then
+		return ''
+	end
+	return string.sub(h, slash + 1)
+end
+-- union returns the attempts of both lists, so that no cleanup deletes a
+-- holding that an attempt of either relies on ('*' for more than 8, or
+-- when either is the previous layout's or '*').
+local function union(a, b)
+	if a == '' or b == '' or a == '*' or b == '*' then
+		return '*'
+	end
+	local seen, out = {}, {}
+	for s in string.gmatch(a .. ',' .. b, '[^,]+') do
+		if not seen[s] then
+			seen[s] = true
+			out[#out + 1] = s
+		end
+	end
+	if #out > 8 then
+		return '*'
+	end
+	return table.concat(out, ',')
+end
 for i = 3, #KEYS do
 	local key, v, p = KEYS[i], ARGV[2 * i - 3], tonumber(ARGV[2 * i - 2])
 	local cur = redis.pcall('GET', key)
@@ -644,8 +676,15 @@ for i = 3, #KEYS do
 			ctok, cfence = owner(cur)
 		end
 		if tok and ctok == tok then
-			if fence > cfence then
-				redis.call('SET', key, v, 'KEEPTTL')
+			-- The larger fence, a waiter's mark from either, and the
+			-- attempts of both.
+			local mark = '0'
+			if string.byte(v, 1) == 49 or string.byte(cur, 1) == 49 then
+				mark = '1'
+			end
+			local nv = mark .. string.format('%d', math.max(fence, cfence)) .. '/' .. union(attempts(v), attempts(cur)) .. ':' .. tok
+			if nv ~= cur then
+				redis.call('SET', key, nv, 'KEEPTTL')
 			end
 			local cp = redis.call('PTTL', key)
 			if p == -1 then
