@@ -22,6 +22,10 @@ type storage struct {
 	holdings []holding
 }
 
+func newStorage() *storage {
+	return &storage{last: map[string]int64{}, lastBy: map[string]int{}}
+}
+
 // write is one write of holding id to resource with fence. A fence below
 // the largest seen, or equal to it from another holding, is a stale write
 // that the storage would have to reject: a lock service with fences in
@@ -124,72 +128,9 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}
 	warm(t, c, lockers[0])
 
-	st := &storage{last: map[string]int64{}, lastBy: map[string]int{}}
-	resources := []string{"r0", "r1", "r2", "r3"}
-	const clients = 16
-	var (
-		mu                                    sync.Mutex
-		attempts, grants, noQuorum, notGotten int
-		other                                 []error
-		nextID                                int
-	)
+	st := newStorage()
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l := lockers[w%len(lockers)]
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := resources[rand.IntN(len(resources))]
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				lk, err := l.Lock(ctx, r, time.Second, Options{Wait: time.Second})
-				start := time.Now()
-				var nq *NoQuorumError
-				mu.Lock()
-				attempts++
-				id := nextID
-				nextID++
-				switch {
-				case err == nil:
-					grants++
-				case errors.As(err, &nq):
-					noQuorum++
-				case errors.Is(err, ErrNotAcquired):
-					notGotten++
-				default:
-					other = append(other, err)
-				}
-				mu.Unlock()
-				if err != nil {
-					cancel()
-					if errors.As(err, &nq) {
-						time.Sleep(10 * time.Millisecond) // do not spin while too few nodes count
-					}
-					continue
-				}
-				end := start.Add(lk.Validity)
-				for range 1 + rand.IntN(3) {
-					if time.Now().After(end) {
-						break
-					}
-					st.write(r, lk.Fence, id)
-					time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
-				}
-				if now := time.Now(); now.Before(end) {
-					end = now
-				}
-				st.held(holding{resource: r, fence: lk.Fence, start: start, end: end, validity: lk.Validity})
-				l.Unlock(ctx, r, lk.Token)
-				cancel()
-			}
-		}()
-	}
+	wait := contend(t, lockers, []string{"r0", "r1", "r2", "r3"}, 16, st, stop, time.Second, writeBriefly)
 
 	injected := map[string]int{}
 	deadline := time.Now().Add(run)
@@ -207,11 +148,102 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 		waitAllUp(t, c, lockers, 2*cfg.MaxTTL)
 	}
 	close(stop)
-	wg.Wait()
+	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, wait(), 100)
+}
 
-	for _, err := range other {
-		t.Errorf("Lock: %v", err)
+// writeBriefly holds a grant for one to three writes, each followed by up
+// to 1ms of work.
+func writeBriefly(_ context.Context, _ *Locker, st *storage, r string, lk Lock, id int, end time.Time) time.Time {
+	for range 1 + rand.IntN(3) {
+		if time.Now().After(end) {
+			break
+		}
+		st.write(r, lk.Fence, id)
+		time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
 	}
+	return end
+}
+
+// tallies are the outcomes of contend's Lock calls.
+type tallies struct{ calls, grants, noQuorum, notGotten int }
+
+// contend starts clients on lockers (in turn) that take random resources
+// with Options.Wait wait, hold each grant with hold (which returns when
+// the holding's validity ends, extended or not) and record every holding
+// and write in st, until stop closes. The returned wait waits for the
+// clients after stop closed, fails t for any error other than
+// ErrNotAcquired and NOQUORUM, and returns the tallies.
+func contend(t *testing.T, lockers []*Locker, resources []string, clients int, st *storage, stop <-chan struct{}, wait time.Duration,
+	hold func(ctx context.Context, l *Locker, st *storage, r string, lk Lock, id int, end time.Time) time.Time) func() tallies {
+	var (
+		mu     sync.Mutex
+		tl     tallies
+		nextID int
+		other  []error
+		wg     sync.WaitGroup
+	)
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := lockers[w%len(lockers)]
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := resources[rand.IntN(len(resources))]
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				lk, err := l.Lock(ctx, r, time.Second, Options{Wait: wait})
+				start := time.Now()
+				var nq *NoQuorumError
+				mu.Lock()
+				tl.calls++
+				id := nextID
+				nextID++
+				switch {
+				case err == nil:
+					tl.grants++
+				case errors.As(err, &nq):
+					tl.noQuorum++
+				case errors.Is(err, ErrNotAcquired):
+					tl.notGotten++
+				default:
+					other = append(other, err)
+				}
+				mu.Unlock()
+				if err != nil {
+					cancel()
+					if errors.As(err, &nq) {
+						time.Sleep(10 * time.Millisecond) // do not spin while too few nodes count
+					}
+					continue
+				}
+				end := hold(ctx, l, st, r, lk, id, start.Add(lk.Validity))
+				if now := time.Now(); now.Before(end) {
+					end = now
+				}
+				st.held(holding{resource: r, fence: lk.Fence, start: start, end: end, validity: lk.Validity})
+				l.Unlock(ctx, r, lk.Token)
+				cancel()
+			}
+		}()
+	}
+	return func() tallies {
+		<-stop
+		wg.Wait()
+		for _, err := range other {
+			t.Errorf("Lock: %v", err)
+		}
+		return tl
+	}
+}
+
+// check fails t for every overlap and stale fence that st recorded, and
+// for a run with fewer than minGrants grants, and logs the run's figures.
+func check(t *testing.T, what string, st *storage, tl tallies, minGrants int) {
+	t.Helper()
 	overlaps := st.overlaps()
 	for _, o := range overlaps {
 		t.Error("overlap: " + o)
@@ -219,10 +251,10 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	for _, s := range st.stale {
 		t.Error("stale fence: " + s)
 	}
-	t.Logf("%d nodes, %v: %d LOCK attempts, %d grants, %d not acquired after the wait, %d NOQUORUM (%.1f%%); faults %v; %d overlaps, %d stale fences",
-		nodes, run, attempts, grants, notGotten, noQuorum, 100*float64(noQuorum)/float64(max(attempts, 1)), injected, len(overlaps), len(st.stale))
-	if grants < 100 {
-		t.Errorf("only %d grants: the run proves little", grants)
+	t.Logf("%s: %d LOCK calls, %d grants, %d not acquired after the wait, %d NOQUORUM (%.1f%%); %d overlaps, %d stale fences",
+		what, tl.calls, tl.grants, tl.notGotten, tl.noQuorum, 100*float64(tl.noQuorum)/float64(max(tl.calls, 1)), len(overlaps), len(st.stale))
+	if tl.grants < minGrants {
+		t.Errorf("only %d grants: the run proves little", tl.grants)
 	}
 }
 

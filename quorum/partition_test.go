@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -308,100 +307,24 @@ func TestSlowLinkValidity(t *testing.T) {
 	t.Logf("delay %v each way: no lock of the failed LOCKs left %v after the link came back", above, time.Since(start).Round(time.Millisecond))
 }
 
-// contend runs clients on lockers taking resources with waits and
-// keepalive-style extends until stop closes, and records every holding
-// and write in st. It returns the counts of Lock calls, grants and
-// NOQUORUM replies once stop closed and every client returned.
-func contend(t *testing.T, lockers []*Locker, resources []string, clients int, st *storage, stop <-chan struct{}) (calls, grants, noQuorum int) {
-	var (
-		mu     sync.Mutex
-		nextID int
-		other  []error
-		wg     sync.WaitGroup
-	)
-	for w := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l := lockers[w%len(lockers)]
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := resources[rand.IntN(len(resources))]
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				lk, err := l.Lock(ctx, r, time.Second, Options{Wait: 1500 * time.Millisecond})
-				start := time.Now()
-				var nq *NoQuorumError
-				mu.Lock()
-				calls++
-				id := nextID
-				nextID++
-				switch {
-				case err == nil:
-					grants++
-				case errors.As(err, &nq):
-					noQuorum++
-				case errors.Is(err, ErrNotAcquired):
-				default:
-					other = append(other, err)
-				}
-				mu.Unlock()
-				if err != nil {
-					cancel()
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				end := start.Add(lk.Validity)
-				hold := time.Now().Add(time.Duration(100+rand.IntN(700)) * time.Millisecond)
-				for time.Now().Before(hold) && time.Now().Before(end) {
-					st.write(r, lk.Fence, id)
-					time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
-					if time.Until(end) < 600*time.Millisecond {
-						// Keepalive: extend before the validity runs low.
-						at := time.Now()
-						v, err := l.Extend(ctx, r, lk.Token, time.Second)
-						if err != nil {
-							break
-						}
-						end = at.Add(v)
-					}
-				}
-				if now := time.Now(); now.Before(end) {
-					end = now
-				}
-				st.held(holding{resource: r, fence: lk.Fence, start: start, end: end, validity: lk.Validity})
-				l.Unlock(ctx, r, lk.Token)
-				cancel()
+// keepExtending holds a grant for 100-800ms with writes every 20-50ms,
+// extending it as a keepalive does when less than 600ms of its validity
+// is left.
+func keepExtending(ctx context.Context, l *Locker, st *storage, r string, lk Lock, id int, end time.Time) time.Time {
+	hold := time.Now().Add(time.Duration(100+rand.IntN(700)) * time.Millisecond)
+	for time.Now().Before(hold) && time.Now().Before(end) {
+		st.write(r, lk.Fence, id)
+		time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
+		if time.Until(end) < 600*time.Millisecond {
+			at := time.Now()
+			v, err := l.Extend(ctx, r, lk.Token, time.Second)
+			if err != nil {
+				break
 			}
-		}()
+			end = at.Add(v)
+		}
 	}
-	<-stop
-	wg.Wait()
-	for _, err := range other {
-		t.Errorf("Lock: %v", err)
-	}
-	return calls, grants, noQuorum
-}
-
-// check fails t for every overlap and stale fence that st recorded and
-// logs the figures of the run.
-func check(t *testing.T, what string, st *storage, calls, grants, noQuorum, minGrants int) {
-	t.Helper()
-	overlaps := st.overlaps()
-	for _, o := range overlaps {
-		t.Error("overlap: " + o)
-	}
-	for _, s := range st.stale {
-		t.Error("stale fence: " + s)
-	}
-	t.Logf("%s: %d LOCK calls, %d grants, %d NOQUORUM (%.1f%%); %d overlaps, %d stale fences",
-		what, calls, grants, noQuorum, 100*float64(noQuorum)/float64(max(calls, 1)), len(overlaps), len(st.stale))
-	if grants < minGrants {
-		t.Errorf("only %d grants: the run proves little", grants)
-	}
+	return end
 }
 
 // TestFlappingPartition is issue 30's second case: two Lockers, each
@@ -422,15 +345,9 @@ func TestFlappingPartition(t *testing.T) {
 	defer c.cut(t, 1, lockerIPs[0])()
 	defer c.cut(t, 0, lockerIPs[1])()
 
-	st := &storage{last: map[string]int64{}, lastBy: map[string]int{}}
+	st := newStorage()
 	stop := make(chan struct{})
-	type result struct{ calls, grants, noQuorum int }
-	done := make(chan result)
-	go func() {
-		var r result
-		r.calls, r.grants, r.noQuorum = contend(t, lockers, []string{"r1", "r2"}, 8, st, stop)
-		done <- r
-	}()
+	wait := contend(t, lockers, []string{"r1", "r2"}, 8, st, stop, 1500*time.Millisecond, keepExtending)
 	side, flaps := 0, 0
 	heal := c.cut(t, 2, lockerIPs[side])
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
@@ -441,9 +358,9 @@ func TestFlappingPartition(t *testing.T) {
 		flaps++
 	}
 	close(stop)
-	r := <-done
+	tl := wait()
 	heal()
-	check(t, fmt.Sprintf("60s, %d flaps", flaps), st, r.calls, r.grants, r.noQuorum, 100)
+	check(t, fmt.Sprintf("60s, %d flaps", flaps), st, tl, 100)
 }
 
 // TestAsymmetricPartition is issue 23's asymmetric partition: two Lockers
@@ -456,15 +373,9 @@ func TestAsymmetricPartition(t *testing.T) {
 	lockers := []*Locker{newLockerOn(t, c, lockerIPs[0], cfg), newLockerOn(t, c, lockerIPs[1], cfg)}
 	warm(t, c, lockers[0])
 	warm(t, c, lockers[1])
-	st := &storage{last: map[string]int64{}, lastBy: map[string]int{}}
+	st := newStorage()
 	stop := make(chan struct{})
-	type result struct{ calls, grants, noQuorum int }
-	done := make(chan result)
-	go func() {
-		var r result
-		r.calls, r.grants, r.noQuorum = contend(t, lockers, []string{"a1", "a2", "a3", "a4"}, 8, st, stop)
-		done <- r
-	}()
+	wait := contend(t, lockers, []string{"a1", "a2", "a3", "a4"}, 8, st, stop, 1500*time.Millisecond, keepExtending)
 	var cuts []string
 	for round := range 12 {
 		i, j := round%3, (round+1)%3
@@ -475,6 +386,5 @@ func TestAsymmetricPartition(t *testing.T) {
 		healB()
 	}
 	close(stop)
-	r := <-done
-	check(t, "asymmetric "+strings.Join(cuts, " "), st, r.calls, r.grants, r.noQuorum, 30)
+	check(t, "asymmetric "+strings.Join(cuts, " "), st, wait(), 30)
 }
