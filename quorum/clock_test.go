@@ -121,10 +121,5 @@ func clockJump(t *testing.T, jump time.Duration) {
 	}
 	c.servers[0].Resume()
 
-	// Once A lets go, R goes to the next holder with a larger fence.
-	mustUnlock(t, a, "R", lk.Token)
-	next := mustLock(t, late, "R", 8*time.Second, Options{})
-	if next.Fence <= lk.Fence {
-		t.Errorf("next holder's fence %d, want > %d", next.Fence, lk.Fence)
-	}
+	nextFenceLarger(t, a, late, "R", lk)
 }

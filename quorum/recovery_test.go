@@ -99,11 +99,16 @@ func TestDataLossScenario(t *testing.T) {
 	}
 	c.servers[0].Resume()
 
-	// Once A lets go, R goes to the next holder with a larger fence.
-	mustUnlock(t, a, "R", lk.Token)
-	next := mustLock(t, late, "R", 8*time.Second, Options{})
-	if next.Fence <= lk.Fence {
-		t.Errorf("next holder's fence %d, want > %d", next.Fence, lk.Fence)
+	nextFenceLarger(t, a, late, "R", lk)
+}
+
+// nextFenceLarger releases lk, held through holder, and checks that the
+// next holder of resource, through next, gets a larger fence.
+func nextFenceLarger(t *testing.T, holder, next *Locker, resource string, lk Lock) {
+	t.Helper()
+	mustUnlock(t, holder, resource, lk.Token)
+	if n := mustLock(t, next, resource, 8*time.Second, Options{}); n.Fence <= lk.Fence {
+		t.Errorf("next holder's fence %d, want > %d", n.Fence, lk.Fence)
 	}
 }
 

@@ -90,15 +90,12 @@ func TestOpsScriptClock(t *testing.T) {
 	}
 }
 
-// TestOpsScript runs each operation of the node script directly on one node
-// and checks both its result and what it leaves on the node.
-func TestOpsScript(t *testing.T) {
-	c := startCluster(t, 1)
-	a := c.admin[0]
-	ctx := context.Background()
-	get := func(key string) string {
+// lockValueOf returns a function that reads the lock value of a resource
+// on a, "<none>" when there is none.
+func lockValueOf(t *testing.T, a *redis.Client) func(resource string) string {
+	return func(resource string) string {
 		t.Helper()
-		v, err := a.Get(ctx, "lockproxy:lock:"+key).Result()
+		v, err := a.Get(context.Background(), "lockproxy:lock:"+resource).Result()
 		if err == redis.Nil {
 			return "<none>"
 		}
@@ -107,12 +104,25 @@ func TestOpsScript(t *testing.T) {
 		}
 		return v
 	}
-	want := func(what string, got any, want int64) {
+}
+
+// wantInt returns a function that fails t unless got is the integer want.
+func wantInt(t *testing.T) func(what string, got any, want int64) {
+	return func(what string, got any, want int64) {
 		t.Helper()
 		if g, ok := got.(int64); !ok || g != want {
 			t.Errorf("%s = %v, want %d", what, got, want)
 		}
 	}
+}
+
+// TestOpsScript runs each operation of the node script directly on one node
+// and checks both its result and what it leaves on the node.
+func TestOpsScript(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	get, want := lockValueOf(t, a), wantInt(t)
 
 	// A token may contain ':'; the fence ends at the first one after it.
 	const tok = "t:1:x"
@@ -309,23 +319,7 @@ func TestLateOps(t *testing.T) {
 	c := startCluster(t, 1)
 	a := c.admin[0]
 	ctx := context.Background()
-	get := func(key string) string {
-		t.Helper()
-		v, err := a.Get(ctx, "lockproxy:lock:"+key).Result()
-		if err == redis.Nil {
-			return "<none>"
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	want := func(what string, got any, want int64) {
-		t.Helper()
-		if g, ok := got.(int64); !ok || g != want {
-			t.Errorf("%s = %v, want %d", what, got, want)
-		}
-	}
+	get, want := lockValueOf(t, a), wantInt(t)
 	late := func(what string, got any) {
 		t.Helper()
 		if err := asErr(got); err == nil || !strings.HasPrefix(err.Error(), "LATE ") {
