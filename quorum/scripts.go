@@ -266,16 +266,22 @@ local function raise(key, token, fence)
 	return 1
 end
 
+-- drop deletes the lock whose value is v and, with publish, tells the
+-- waiters that marked it; it returns 1.
+local function drop(key, v, publish, resource)
+	redis.call('DEL', key)
+	if publish and string.byte(v, 1) == 49 then
+		redis.call('PUBLISH', channel, resource)
+	end
+	return 1
+end
+
 local function release(key, code, token, resource)
 	local v = owned(key, token)
 	if not v then
 		return 0
 	end
-	redis.call('DEL', key)
-	if code == 'up' and string.byte(v, 1) == 49 then
-		redis.call('PUBLISH', channel, resource)
-	end
-	return 1
+	return drop(key, v, code == 'up', resource)
 end
 
 -- cleanup undoes one attempt: it takes the attempt off the attempts that
@@ -302,11 +308,7 @@ local function cleanup(key, code, token, x, attempt)
 		redis.call('SET', key, value(string.sub(v, 1, 1), f, rest, token), 'KEEPTTL')
 		return 0
 	end
-	redis.call('DEL', key)
-	if code == 'cp' and string.byte(v, 1) == 49 then
-		redis.call('PUBLISH', channel, resource)
-	end
-	return 1
+	return drop(key, v, code == 'cp', resource)
 end
 
 local function extend(key, token, ttl)
