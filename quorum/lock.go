@@ -284,6 +284,12 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		if cerr := ctxErr(ctx); cerr != nil {
 			return Lock{}, hint, false, fmt.Errorf("lock %q: %w", resource, cerr)
 		}
+		if abstained > 0 {
+			// Nodes without a marker granted: the markers of a fresh
+			// deployment may be on their way. Once they are, one more
+			// round decides.
+			l.awaitInit(ctx)
+		}
 		return Lock{}, hint, abstained > 0 && l.seenSince(start), err
 	}
 	if answered.nodes-abstained < l.quorum {

@@ -42,6 +42,10 @@ type Locker struct {
 	clock    *refClock               // the reference clock (clock.go)
 	seenAt   atomic.Int64            // ns after born that some node first had a marker or a recovery; 0: never
 
+	initMu   sync.Mutex
+	initN    int           // initFresh calls in flight
+	initDone chan struct{} // closed when initN drops to 0; nil while none runs
+
 	poke    chan struct{} // capacity 1: the watcher should look at once
 	watchWG sync.WaitGroup
 	keepWG  sync.WaitGroup // the node keepers (conn.go)

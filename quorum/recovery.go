@@ -157,7 +157,11 @@ type health struct {
 // reference (clock.go): a node with its marker is then taken for one that
 // lost its data until the watcher has deleted the marker.
 func (l *Locker) observeState(n *node, state int8, ahead bool, start time.Time) {
-	if state != statePristine {
+	if state != statePristine && !l.initing() {
+		// While this Locker creates a fresh deployment's markers, the
+		// first marker it sees is its own: the nodes its init has not
+		// reached yet are no lost ones. initFresh marks the deployment
+		// seen when it ends.
 		l.markSeen()
 	}
 	if ahead && state == stateIntact {
@@ -350,6 +354,8 @@ func (l *Locker) countRound(ctx context.Context, r *round, start time.Time, f fu
 // marker is then brought in as one that lost its data, which needs enough
 // nodes with a marker to copy from.
 func (l *Locker) initFresh(ctx context.Context, res []reply) {
+	l.beginInit()
+	defer l.endInit()
 	var nodes []*node
 	for i, r := range res {
 		if r.err == nil {
@@ -372,7 +378,50 @@ func (l *Locker) initFresh(ctx context.Context, res []reply) {
 		}
 		nodes = missed
 	}
-	l.markSeen()
+}
+
+// beginInit and endInit bracket an initFresh; endInit marks the deployment
+// seen (after the markers exist) and wakes awaitInit.
+func (l *Locker) beginInit() {
+	l.initMu.Lock()
+	defer l.initMu.Unlock()
+	if l.initN == 0 {
+		l.initDone = make(chan struct{})
+	}
+	l.initN++
+}
+
+func (l *Locker) endInit() {
+	l.initMu.Lock()
+	defer l.initMu.Unlock()
+	l.initN--
+	if l.initN == 0 {
+		l.markSeen()
+		close(l.initDone)
+		l.initDone = nil
+	}
+}
+
+// initing reports whether an initFresh of this Locker is in flight.
+func (l *Locker) initing() bool {
+	l.initMu.Lock()
+	defer l.initMu.Unlock()
+	return l.initN > 0
+}
+
+// awaitInit waits, at most until ctx ends, for the initFresh in flight,
+// if any (it is bounded by a few NodeTimeouts).
+func (l *Locker) awaitInit(ctx context.Context) {
+	l.initMu.Lock()
+	ch := l.initDone
+	l.initMu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
 }
 
 // watch runs the watcher until Close: every ProbeInterval, or at once when
