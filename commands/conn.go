@@ -385,12 +385,20 @@ func appendNull(dst []byte, resp3 bool) []byte {
 // are not passed on: they are for logs, and only this short reply reaches
 // the client.
 func appendEngineErr(dst []byte, err error) []byte {
-	var nq *quorum.NoQuorumError
+	var (
+		nq *quorum.NoQuorumError
+		me *quorum.ModeError
+		de *quorum.DeadlockError
+	)
 	switch {
 	case errors.As(err, &nq):
 		dst = append(dst, "-NOQUORUM "...)
 		dst = append(dst, nq.Reply()...)
 		return append(dst, "\r\n"...)
+	case errors.As(err, &me):
+		return redcon.AppendError(dst, "LOCKMODE "+me.Held)
+	case errors.As(err, &de):
+		return redcon.AppendError(dst, "DEADLOCK "+de.Why)
 	case errors.Is(err, context.DeadlineExceeded):
 		return redcon.AppendError(dst, msgTimedOut)
 	case errors.Is(err, context.Canceled):

@@ -58,3 +58,26 @@ func (e *NoQuorumError) Reply() string {
 	}
 	return s
 }
+
+// ModeError is returned when the resource is held in another mode than the
+// request's (exclusive or shared against a semaphore, a semaphore against
+// either, or a semaphore of another k), as a majority of the nodes that
+// count report it. Nothing was changed. Match it with errors.As.
+type ModeError struct {
+	// Held says what holds the resource, as the reply shows it after
+	// "LOCKMODE ": for example "held as a semaphore of 3 permits".
+	Held string
+}
+
+func (e *ModeError) Error() string { return "quorum: " + e.Held }
+
+// DeadlockError is returned for a request by the token of a current
+// holding that could only wait for itself (an upgrade of a read hold, a
+// read hold by the exclusive holder, an MLOCK of a set the token holds in
+// part). Nothing was changed. Match it with errors.As.
+type DeadlockError struct {
+	// Why is the reply's text after "DEADLOCK ".
+	Why string
+}
+
+func (e *DeadlockError) Error() string { return "quorum: " + e.Why }
