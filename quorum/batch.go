@@ -55,14 +55,16 @@ var (
 	opTime    = &op{name: "time"}
 	opInit    = &op{name: "init"}
 	opHandoff = &op{name: "handoff"}
+	opGroup   = &op{name: "mlock"}
 )
 
 // reply is one node's answer in a round.
 type reply struct {
-	val      int64 // the script's integer
-	state    int8  // the node's state in the same call: stateIntact, ...
-	released bool  // handoff: the releasing token owned the lock
-	evicts   bool  // the node may evict keys (see checkEviction)
+	val      int64   // the script's integer
+	state    int8    // the node's state in the same call: stateIntact, ...
+	released bool    // handoff: the releasing token owned the lock
+	vals     []int64 // group acquire: the result per key (val is the status)
+	evicts   bool    // the node may evict keys (see checkEviction)
 	// The node's clock, read in the same call (clock.go): hasClock when
 	// the call reported it, and the verdict on it.
 	hasClock bool
@@ -101,8 +103,9 @@ type round struct {
 	token   string
 	x       any
 	attempt string
-	anytime bool // the operation is safe whenever it arrives: no deadline
-	keeper  bool // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
+	more    []string // a group's keys after key (mlock.go); nil otherwise
+	anytime bool     // the operation is safe whenever it arrives: no deadline
+	keeper  bool     // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
 
 	res  []reply
 	fin  []atomic.Bool // fin[i]: res[i] is written
@@ -167,6 +170,7 @@ func (r *round) free() {
 	}
 	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
 	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
+	r.more = nil
 	rounds.Put(r)
 }
 
@@ -406,10 +410,17 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	if ms, ok := l.clock.ref(l.since(sent)); ok {
 		ref = ms
 	}
-	for i := 0; i < len(batch); i += maxOps {
+	for i := 0; i < len(batch); {
+		// At most maxOps operations per call; a group is never split.
+		j, ops := i, 0
+		for j < len(batch) && (j == i || ops+batch[j].r.width() <= maxOps) {
+			ops += batch[j].r.width()
+			j++
+		}
 		from := len(args)
-		args = l.appendOpsArgs(n, args, batch[i:min(i+maxOps, len(batch))], ref)
+		args = l.appendOpsArgs(n, args, batch[i:j], ref)
 		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
+		i = j
 	}
 	n.exec(ctx, cmds)
 	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout)
@@ -434,10 +445,15 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		rd       clockReading
 		hasClock bool
 		clock    int8
+		c        *redis.Cmd
+		call     = -1 // the index of c in cmds
+		at, ops  int  // the request's position in c, and c's operations
 	)
-	for i, req := range batch {
-		c := cmds[i/maxOps].(*redis.Cmd)
-		if i%maxOps == 0 {
+	for _, req := range batch {
+		if at == ops {
+			call++
+			c, at = cmds[call].(*redis.Cmd), 0
+			ops = c.Args()[2].(int) - 3
 			// One clock reading per call, judged once.
 			rd, hasClock = callClock(c)
 			rd.sent, rd.read = l.since(sent), l.since(read)
@@ -447,7 +463,8 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 				n.checkClock(rd.at/int64(time.Millisecond)+rd.offset, sent, read)
 			}
 		}
-		rep := opReply(req.r.op, c, i%maxOps)
+		rep := opReply(req.r.op, c, at)
+		at += req.r.width()
 		rep.at, rep.window = read, read.Sub(sent)
 		if rep.err == nil {
 			rep.hasClock, rep.rd, rep.clock = hasClock, rd, clock
@@ -479,9 +496,16 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 // with ref the reference clock's lower bound in ms, or "" (see clock.go).
 // Each operation's deadline is its request's, on n's clock.
 func (l *Locker) appendOpsArgs(n *node, args []any, ops []request, ref any) []any {
-	args = append(args, "evalsha", opsScript.sha, len(ops)+3)
+	keys := 0
+	for _, req := range ops {
+		keys += req.r.width()
+	}
+	args = append(args, "evalsha", opsScript.sha, keys+3)
 	for _, req := range ops {
 		args = append(args, req.r.key)
+		for _, k := range req.r.more {
+			args = append(args, k)
+		}
 	}
 	args = append(args, l.fenceArg, l.markerArg, l.recoveryArg)
 	for _, req := range ops {
@@ -490,6 +514,9 @@ func (l *Locker) appendOpsArgs(n *node, args []any, ops []request, ref any) []an
 			deadline = n.deadlineOn(req.r.deadline)
 		}
 		args = append(args, req.r.code, req.r.token, req.r.x, req.r.attempt, deadline)
+		for range req.r.more {
+			args = append(args, codeMember, "", "", "", 0)
+		}
 	}
 	return append(args, l.channelArg, l.clockArg, l.bandArg, ref)
 }
@@ -541,7 +568,13 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 		case int64:
 			rep.val = x
 			return rep
-		case []any: // handoff: {released, result}
+		case []any: // handoff: {released, result}; group: {status, r_1, ..}
+			if o == opGroup {
+				if rep.val, rep.vals, ok = groupReply(x); ok {
+					return rep
+				}
+				break
+			}
 			if len(x) == 2 {
 				r, ok1 := x[0].(int64)
 				v, ok2 := x[1].(int64)
@@ -555,4 +588,28 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 		}
 	}
 	return reply{err: fmt.Errorf("quorum: %s replied %v, not an array of integers", o.name, v)}
+}
+
+// width is the number of opsScript operations r's request takes: 1, or a
+// group's size.
+func (r *round) width() int { return 1 + len(r.more) }
+
+// groupReply parses a group acquire's {status, r_1, ..}.
+func groupReply(x []any) (status int64, vals []int64, ok bool) {
+	if len(x) < 2 {
+		return 0, nil, false
+	}
+	vals = make([]int64, len(x)-1)
+	for i, e := range x {
+		v, ok := e.(int64)
+		if !ok {
+			return 0, nil, false
+		}
+		if i == 0 {
+			status = v
+		} else {
+			vals[i-1] = v
+		}
+	}
+	return status, vals, true
 }

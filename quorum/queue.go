@@ -17,6 +17,9 @@ type waitQueue struct {
 
 type waiter struct {
 	turn chan struct{} // closed when the waiter becomes the head
+	// behind counts, for a group's waiter (mlock.go), the queues it is
+	// not the head of yet, under Locker.mu; its turn comes at the last.
+	behind int
 
 	// What an Unlock of the resource needs to hand the lock to this
 	// waiter (see handOver), and the handoff's state, under Locker.mu.
@@ -68,7 +71,7 @@ func (l *Locker) leave(resource string, w *waiter) {
 		}
 		q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
 		if i == 0 && len(q.waiters) > 0 {
-			close(q.waiters[0].turn)
+			q.waiters[0].promote()
 		}
 		break
 	}

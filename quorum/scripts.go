@@ -100,6 +100,25 @@ import (
 //	i      init: create the marker unless a recovery is under way; 1 when
 //	       the marker exists afterwards, 0 otherwise. Only for a deployment
 //	       that no node has a marker or a recovery of.
+//	m, mw  group acquire (MLOCK): x is "<ttl>:<size>"; the operation and
+//	       the size-1 operations after it (code g, their other arguments
+//	       unused) are one unit over their keys, all or nothing: every key
+//	       is read before any is set. When each key is free or owned by
+//	       the token, and the token owns all of them or none, each is
+//	       acquired as by a (taken, or refreshed keeping its fence);
+//	       otherwise nothing changes. mw also marks, as aw does, the keys
+//	       that another token holds. Replies, at the group's first
+//	       position, {status, r_1, .., r_size} (the members' positions get
+//	       0): status 1 when all were acquired (r_j the fence of key j); 0
+//	       when another token holds some (r_j -1-pttl for those, the fence
+//	       for the token's own, 0 for free ones); 2 when the token owns some
+//	       of the keys but not all, whatever holds the others (an MLOCK of
+//	       a set the token holds in part); r_j as for 0. A group that fails
+//	       after it began setting keys (a Redis error) may leave some of
+//	       them set: the caller takes its reply for no answer and cleans
+//	       the attempt up on every key.
+//	mr,mrw as m and mw, but only refresh: status -1 (nothing changes)
+//	       when some key is free; all the token's: refreshed, status 1.
 //
 // Acquire returns the fence (at least 1) when the token holds the lock
 // afterwards (a fresh holding advances the counter and stores its value; a
@@ -381,6 +400,54 @@ local function status()
 	return math.max(deadline - now(), 0)
 end
 
+-- group runs the group acquire (m, mr, mw, mrw) over KEYS[i] .. and the
+-- keys of the group's members.
+local function group(i, code, token, x, attempt)
+	local sep = string.find(x, ':', 1, true)
+	local ttl, size = string.sub(x, 1, sep - 1), tonumber(string.sub(x, sep + 1))
+	local refreshOnly, waits = string.byte(code, 2) == 114, string.byte(code, -1) == 119
+	local out, own, other, free = {0}, 0, false, false
+	for j = 1, size do
+		local key = KEYS[i + j - 1]
+		local v = get(redis.pcall('GET', key), attempt)
+		local f = v and parse(v, token)
+		if f then
+			own = own + 1
+			out[j + 1] = f
+		elseif v == false then
+			free = true
+			out[j + 1] = 0
+		else
+			other = true
+			out[j + 1] = held(key)
+		end
+	end
+	if own > 0 and own < size then
+		out[1] = 2
+		return out
+	end
+	if other then
+		if waits then
+			for j = 1, size do
+				if out[j + 1] < 0 then
+					-- Marks the key, as aw does: its release is published.
+					out[j + 1] = acquire(KEYS[i + j - 1], 'rw', token, ttl, attempt)
+				end
+			end
+		end
+		return out
+	end
+	if refreshOnly and free then
+		out[1] = -1
+		return out
+	end
+	for j = 1, size do
+		out[j + 1] = acquire(KEYS[i + j - 1], 'a', token, ttl, attempt)
+	end
+	out[1] = 1
+	return out
+end
+
 local function run(i)
 	local key, code, token, x, attempt = KEYS[i], ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i - 2], ARGV[5 * i - 1]
 	local deadline = ARGV[5 * i]
@@ -406,6 +473,8 @@ local function run(i)
 		return now()
 	elseif c == 'h' then
 		return handoff(key, token, x, attempt)
+	elseif c == 'm' then
+		return group(i, code, token, x, attempt)
 	elseif c == 'i' then
 		if redis.call('EXISTS', recovery) == 1 then
 			return 0
@@ -417,7 +486,17 @@ local function run(i)
 end
 
 local res = {}
-for i = 1, n do
+local i = 1
+while i <= n do
+	-- A group (code m...) is one unit over its size keys; its members'
+	-- positions in the reply get 0.
+	local width = 1
+	if string.byte(ARGV[5 * i - 4], 1) == 109 then
+		width = tonumber(string.match(ARGV[5 * i - 2], ':(%d+)$')) or 1
+	end
+	for j = i + 1, i + width - 1 do
+		res[j] = 0
+	end
 	local ok, r = pcall(run, i)
 	if ok then
 		res[i] = r
@@ -433,6 +512,7 @@ for i = 1, n do
 		end
 		res[i] = {err = r}
 	end
+	i = i + width
 end
 if redis.call('EXISTS', marker) == 1 then
 	res[n + 1] = 1
@@ -480,6 +560,10 @@ var (
 	codeTime                     = any("t")
 	codeInit                     = any("i")
 	codeHandoff                  = any("h")
+	codeGroup, codeGroupWait     = any("m"), any("mw")
+	codeGroupRefresh             = any("mr")
+	codeGroupRefreshWait         = any("mrw")
+	codeMember                   = any("g")
 )
 
 // The node states that opsScript reports after the operations' results.
