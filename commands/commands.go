@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync"
@@ -22,16 +23,24 @@ type Config struct {
 	// MaxWait is the largest WAIT timeout-ms that LOCK accepts. Zero allows
 	// only WAIT 0. The default is 60s.
 	MaxWait time.Duration
+	// MaxResources is the most resources one MLOCK takes, from 1 to
+	// quorum.MaxResources; zero means the default, 64.
+	MaxResources int
 }
 
-// DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s.
+// DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s,
+// MaxResources 64.
 func DefaultConfig() Config {
-	return Config{MaxTTL: time.Hour, MaxWait: time.Minute}
+	return Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxResources: 64}
 }
 
-// Validate reports whether c can be used: MaxTTL must be at least 1ms and
-// MaxWait must not be negative.
+// Validate reports whether c can be used: MaxTTL must be at least 1ms,
+// MaxWait must not be negative and MaxResources must be from 0 to
+// quorum.MaxResources.
 func (c Config) Validate() error {
+	if c.MaxResources < 0 || c.MaxResources > quorum.MaxResources {
+		return fmt.Errorf("commands: MaxResources %d is not from 1 to %d", c.MaxResources, quorum.MaxResources)
+	}
 	if c.MaxTTL < time.Millisecond {
 		return fmt.Errorf("commands: MaxTTL %v is below 1ms", c.MaxTTL)
 	}
@@ -73,7 +82,7 @@ const (
 	msgUnexpected = "ERR unexpected error from the lock engine"
 )
 
-// Handler serves LOCK, UNLOCK and EXTEND for any number of connections. It
+// Handler serves LOCK, UNLOCK, EXTEND and MLOCK for any number of connections. It
 // is safe for concurrent use; per-connection state lives in Conn. It counts
 // the commands' outcomes and the locks its connections hold: see Collect
 // and Stats.
@@ -83,10 +92,14 @@ type Handler struct {
 
 	maxTTL  int64 // milliseconds
 	maxWait int64 // milliseconds
+	// maxResources is the most resources one MLOCK takes.
+	maxResources int64
 	// The texts naming the maxima are built once so that parsing never
 	// allocates.
 	errTTLMax  error
 	errWaitMax error
+	// errResourcesMax names maxResources.
+	errResourcesMax error
 
 	mu    sync.Mutex
 	conns map[*Conn]struct{} // open connections; guarded by mu
@@ -113,10 +126,13 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
 		logger:  logger,
 		maxTTL:  cfg.MaxTTL.Milliseconds(),
 		maxWait: cfg.MaxWait.Milliseconds(),
-		conns:   make(map[*Conn]struct{}),
+
+		maxResources: int64(cmp.Or(cfg.MaxResources, DefaultConfig().MaxResources)),
+		conns:        make(map[*Conn]struct{}),
 	}
 	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
 	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)
+	h.errResourcesMax = fmt.Errorf("ERR numresources exceeds the maximum of %d", h.maxResources)
 	return h, nil
 }
 

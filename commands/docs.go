@@ -50,7 +50,7 @@ func AppendCommandDocs(dst []byte, name string, resp3 bool) []byte {
 		if a.token != "" {
 			n++
 		}
-		if a.optional {
+		if a.optional || a.multiple {
 			n++
 		}
 		dst = appendMap(dst, resp3, n)
@@ -59,9 +59,13 @@ func AppendCommandDocs(dst []byte, name string, resp3 bool) []byte {
 		if a.token != "" {
 			dst = appendPair(dst, "token", a.token)
 		}
-		if a.optional {
+		switch {
+		case a.optional:
 			dst = redcon.AppendBulkString(dst, "flags")
 			dst = appendSet(dst, resp3, "optional")
+		case a.multiple:
+			dst = redcon.AppendBulkString(dst, "flags")
+			dst = appendSet(dst, resp3, "multiple")
 		}
 	}
 	return dst

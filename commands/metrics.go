@@ -31,6 +31,11 @@ const (
 	extendNoQuorum
 	extendError
 	extendBadRequest
+	mlockAcquired
+	mlockNotAcquired
+	mlockNoQuorum
+	mlockError
+	mlockBadRequest
 	numOutcomes
 )
 
@@ -52,11 +57,16 @@ var outcomeNames = [numOutcomes]string{
 	extendNoQuorum:   "noquorum",
 	extendError:      "error",
 	extendBadRequest: "bad_request",
+	mlockAcquired:    "acquired",
+	mlockNotAcquired: "not_acquired",
+	mlockNoQuorum:    "noquorum",
+	mlockError:       "error",
+	mlockBadRequest:  "bad_request",
 }
 
 var (
 	commandsDesc = prometheus.NewDesc("lockproxy_commands_total",
-		"LOCK, UNLOCK and EXTEND commands served, by outcome.",
+		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK), by command and outcome.",
 		[]string{"command", "outcome"}, nil)
 	keepaliveExtensionsDesc = prometheus.NewDesc("lockproxy_keepalive_extensions_total",
 		"Successful extensions of locks taken with KEEPALIVE.", nil, nil)
@@ -105,7 +115,9 @@ func (h *Handler) Describe(ch chan<- *prometheus.Desc) {
 //
 // The outcomes are acquired, not_acquired, noquorum, error and bad_request
 // for lock; released, not_held, noquorum, error and bad_request for unlock;
-// extended, not_held, noquorum, error and bad_request for extend.
+// extended, not_held, noquorum, error and bad_request for extend;
+// acquired, not_acquired, noquorum, error and bad_request for mlock (a
+// -DEADLOCK counts as error).
 // bad_request covers argument errors and a token-less UNLOCK or EXTEND of a
 // lock the connection does not hold; error covers timeouts, cancellations
 // and closed connections.

@@ -301,6 +301,9 @@ func TestConfig(t *testing.T) {
 		{give: Config{MaxTTL: time.Microsecond, MaxWait: time.Second}, wantErr: true},
 		{give: Config{MaxTTL: 0, MaxWait: time.Second}, wantErr: true},
 		{give: Config{MaxTTL: time.Second, MaxWait: -time.Second}, wantErr: true},
+		{give: Config{MaxTTL: time.Second, MaxResources: -1}, wantErr: true},
+		{give: Config{MaxTTL: time.Second, MaxResources: 129}, wantErr: true},
+		{give: Config{MaxTTL: time.Second, MaxResources: 128}, wantErr: false},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%+v", tt.give), func(t *testing.T) {
@@ -309,7 +312,7 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
-	if got, want := DefaultConfig(), (Config{MaxTTL: time.Hour, MaxWait: time.Minute}); got != want {
+	if got, want := DefaultConfig(), (Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxResources: 64}); got != want {
 		t.Errorf("DefaultConfig() = %+v, want %+v", got, want)
 	}
 }

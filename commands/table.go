@@ -34,6 +34,7 @@ type spec struct {
 type arg struct {
 	name, typ, token string
 	optional         bool
+	multiple         bool // the argument may repeat
 }
 
 // specs are the commands a Handler answers.
@@ -72,6 +73,21 @@ var specs = [...]spec{
 		},
 		outcomes: []outcome{extendExtended, extendNotHeld, extendNoQuorum, extendError, extendBadRequest},
 		serve:    (*Conn).extend,
+	},
+	{
+		name: "mlock", arity: -4, flags: []string{"write"}, acl: []string{"@write", "@slow"},
+		summary: "Acquires distributed locks on all of the resources for ttl-ms, or on none of them.",
+		args: []arg{
+			{name: "numresources", typ: "integer"},
+			{name: "resource", typ: "string", multiple: true},
+			{name: "ttl-ms", typ: "integer"},
+			{name: "timeout-ms", typ: "integer", token: "WAIT", optional: true},
+			{name: "token", typ: "string", token: "TOKEN", optional: true},
+			{name: "keepalive", typ: "pure-token", token: "KEEPALIVE", optional: true},
+		},
+		outcomes: []outcome{mlockAcquired, mlockNotAcquired, mlockNoQuorum, mlockError, mlockBadRequest},
+		serve:    (*Conn).mlock,
+		mayWait:  mlockMayWait,
 	},
 }
 

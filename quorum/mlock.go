@@ -41,9 +41,11 @@ import (
 // published by a node it marked), the longest time another holder may
 // keep one, or a random retry delay.
 
-// maxGroup is the most resources one MLock takes: the group must fit in
-// one opsScript call.
-const maxGroup = maxOps
+// MaxResources is the most resources one MLock takes: the group must fit
+// in one opsScript call.
+const MaxResources = maxOps
+
+const maxGroup = MaxResources
 
 // MLock describes the resources that one MLock call acquired.
 type MLock struct {
