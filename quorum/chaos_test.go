@@ -131,6 +131,7 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	st := newStorage()
 	stop := make(chan struct{})
 	wait := contend(t, lockers, []string{"r0", "r1", "r2", "r3"}, 16, st, stop, time.Second, writeBriefly)
+	mwait := mcontend(t, lockers, []string{"r0", "r1", "r2", "r3"}, 4, st, stop, time.Second, groupIDs())
 
 	injected := map[string]int{}
 	deadline := time.Now().Add(run)
@@ -148,7 +149,9 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 		waitAllUp(t, c, lockers, 2*cfg.MaxTTL)
 	}
 	close(stop)
-	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, wait(), 100)
+	tl, mtl := wait(), mwait()
+	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, tl, 100)
+	logGroups(t, mtl, 20)
 }
 
 // writeBriefly holds a grant for one to three writes, each followed by up
