@@ -3,12 +3,15 @@ package commands
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/quorum"
 )
 
 // TestParseMLock: every argument rule of MLOCK, answered before any node
@@ -232,5 +235,28 @@ func TestMLockWait(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiting MLOCK did not get its set after the releases")
+	}
+}
+
+// TestProtocolDocumentMLock: every error text of MLOCK is in the protocol
+// document.
+func TestProtocolDocumentMLock(t *testing.T) {
+	raw, err := os.ReadFile("../docs/PROTOCOL.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mustNew(t, nil, DefaultConfig(), nil)
+	texts := []string{"DEADLOCK " + "the token holds some but not all of the resources", "ERR resource '<resource>' is named twice"}
+	for _, err := range []error{errArityMLock, errExpireMLock, errNumResources, errFewResources, errMLockReentant, errMLockPermits, h.errResourcesMax} {
+		texts = append(texts, strings.Replace(err.Error(), "maximum of 64", "maximum of <max_resources>", 1))
+	}
+	for _, text := range texts {
+		if !strings.Contains(string(raw), "`-"+text+"`") {
+			t.Errorf("docs/PROTOCOL.md lacks `-%s`", text)
+		}
+	}
+	reply := string(appendEngineErr(nil, &quorum.DeadlockError{Why: "the token holds some but not all of the resources"}))
+	if !strings.HasPrefix(reply, "-"+texts[0]) {
+		t.Errorf("DEADLOCK reply %q", reply)
 	}
 }
