@@ -89,7 +89,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.hold, "hold", time.Millisecond, "how long a contended holder keeps the lock")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock ttl (proxy ttl-ms and redsync expiry)")
 	fs.IntVar(&cfg.poolSize, "redsync-pool", 0, "go-redis PoolSize per lock node for redsync (0: as many as clients)")
-	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\"")
+	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"forms\": LOCK against MLOCK of 1, 3 and 10 resources (not run by default)")
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
 	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
@@ -127,6 +127,7 @@ func run(args []string, out io.Writer) error {
 
 	runUnc := cfg.only == "" || cfg.only == "uncontended"
 	runCont := cfg.only == "" || cfg.only == "contended"
+	runForms := cfg.only == "forms"
 	type scenario struct {
 		name string
 		d    time.Duration
@@ -151,6 +152,14 @@ func run(args []string, out io.Writer) error {
 			{"proxy contended", cfg.contDur, b.proxyContended, cfg.proxyPid},
 			{"redsync contended", cfg.contDur, b.redsyncContended, cfg.proxyPid},
 		})
+	}
+	if runForms {
+		var g []scenario
+		names, fns := b.formScenarios()
+		for i := range names {
+			g = append(g, scenario{names[i], cfg.duration, fns[i], cfg.proxyPid})
+		}
+		groups = append(groups, g)
 	}
 	if cfg.warmup > 0 {
 		for _, g := range groups {
@@ -191,6 +200,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if runCont {
 		printContended(out, cfg, results["proxy contended"], results["redsync contended"], floors)
+	}
+	if runForms {
+		printForms(out, cfg, results)
 	}
 	return nil
 }

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# forms.sh measures the lock forms against a plain LOCK through one
+# lockproxy on three lock-node redis-servers: lockbench -only forms (LOCK,
+# MLOCK of 1, 3 and 10 resources; one client and CLIENTS clients; pairs/s
+# and the CPU of the proxy and the nodes per pair). With BASE set to a git
+# revision it first runs the plain LOCK/UNLOCK scenario (lockbench -only
+# uncontended) against a lockproxy built from BASE and one built from the
+# working tree, interleaved, on the same nodes: the A/B of the plain path.
+#
+# Environment (defaults in brackets):
+#   ROUNDS [3]          interleaved rounds
+#   DURATION [2s]       one lockbench run
+#   CLIENTS [50]        clients of the many-clients runs
+#   BASE                a revision to A/B the plain LOCK path against
+#   OUT                 also write the report to this file
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-2s}
+CLIENTS=${CLIENTS:-50}
+BASE=${BASE:-}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tmp=$(mktemp -d /tmp/lockproxy-forms.XXXXXX)
+pids=()
+
+log() { printf 'forms: %s\n' "$*" >&2; }
+
+# shellcheck source=bench/procs.sh
+source "$root/bench/procs.sh"
+
+stop_on_exit # the processes in pids and the folder tmp
+
+log "building lockproxy and lockbench"
+(cd "$root" && go build -o "$tmp/lockproxy" .)
+(cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench)
+if [[ -n "$BASE" ]]; then
+	mkdir "$tmp/base"
+	git -C "$root" archive "$BASE" | tar -x -C "$tmp/base"
+	(cd "$tmp/base" && go build -o "$tmp/lockproxy-base" .)
+fi
+
+start_redis() {
+	local port dir
+	freeport port
+	dir="$tmp/redis-$port"
+	mkdir -p "$dir"
+	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+		--daemonize no --protected-mode no --logfile "$dir/redis.log" &
+	pids+=($!)
+	printf -v "$2" '%s' "$!"
+	waitping "$port" redis-server
+	printf -v "$1" '%s' "$port"
+}
+
+# start_proxy BINARY VAR PIDVAR
+start_proxy() {
+	local port
+	freeport port
+	"$1" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" \
+		-log-level warn >>"$tmp/lockproxy.log" 2>&1 &
+	pids+=($!)
+	printf -v "$3" '%s' "$!"
+	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	printf -v "$2" '%s' "$port"
+}
+
+start_redis backend backend_pid
+start_redis node1 node1_pid
+start_redis node2 node2_pid
+start_redis node3 node3_pid
+lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
+node_pids="$node1_pid,$node2_pid,$node3_pid"
+start_proxy "$tmp/lockproxy" proxy proxy_pid
+
+report() { if [[ -n "${OUT:-}" ]]; then tee -a "$OUT"; else cat; fi; }
+[[ -z "${OUT:-}" ]] || : >"$OUT"
+
+bench() {
+	"$tmp/lockbench" -nodes "$lock_nodes" -rounds 1 -duration "$DURATION" -clients "$CLIENTS" \
+		-warmup 0 -node-pids "$node_pids" "$@"
+}
+
+if [[ -n "$BASE" ]]; then
+	start_proxy "$tmp/lockproxy-base" base base_pid
+	log "A/B of the plain LOCK path: $BASE against the working tree, $ROUNDS rounds"
+	echo "#### Plain LOCK/UNLOCK, $CLIENTS clients: $BASE (A) against the working tree (B), interleaved" | report
+	echo | report
+	echo "| round | A pairs/s | B pairs/s | B/A |" | report
+	echo "|---|---|---|---|" | report
+	for r in $(seq "$ROUNDS"); do
+		order="a b"
+		((r % 2)) || order="b a" # alternate which side runs first
+		for side in $order; do
+			if [[ $side == a ]]; then p=$base pid=$base_pid; else p=$proxy pid=$proxy_pid; fi
+			rate=$(bench -proxy "127.0.0.1:$p" -proxy-pid "$pid" -only uncontended 2>/dev/null |
+				awk -F'|' '/^\| pairs\/s/ {gsub(/ /, "", $3); print $3; exit}')
+			printf -v "rate_$side" '%s' "$rate"
+		done
+		echo "| $r | $rate_a | $rate_b | $(awk -v a="$rate_a" -v b="$rate_b" 'BEGIN {printf "%.3f", b / a}') |" | report
+	done
+	echo | report
+fi
+
+log "lock forms, $ROUNDS rounds"
+"$tmp/lockbench" -proxy "127.0.0.1:$proxy" -nodes "$lock_nodes" -rounds "$ROUNDS" -duration "$DURATION" \
+	-clients "$CLIENTS" -proxy-pid "$proxy_pid" -node-pids "$node_pids" -only forms | report
