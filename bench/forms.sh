@@ -57,7 +57,7 @@ start_redis() {
 start_proxy() {
 	local port
 	freeport port
-	"$1" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" \
+	"$1" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" \
 		-log-level warn >>"$tmp/lockproxy.log" 2>&1 &
 	pids+=($!)
 	printf -v "$3" '%s' "$!"
@@ -65,6 +65,8 @@ start_proxy() {
 	printf -v "$2" '%s' "$port"
 }
 
+# Defaults only (both revisions read the same file).
+echo "shutdown_timeout: 5s" >"$tmp/lockproxy.yaml"
 start_redis backend backend_pid
 start_redis node1 node1_pid
 start_redis node2 node2_pid

@@ -297,6 +297,7 @@ type result struct {
 	seq      []int32         // holder of each acquisition, in order (contended)
 	gaps     []time.Duration // from a holder's UNLOCK call to the next holder's LOCK reply (contended)
 	holds    []time.Duration // from a holder's LOCK reply to its UNLOCK call (contended)
+	acquire  []time.Duration // the LOCK or MLOCK call alone (forms)
 	overlaps int64           // acquisitions while another client held the lock
 	failed   int64           // failed LOCK calls (redsync ErrFailed; proxy nil reply)
 	errs     int64           // other errors
