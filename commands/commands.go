@@ -154,11 +154,15 @@ func (h *Handler) MayWait(args [][]byte) bool {
 
 // lockMayWait reports whether a LOCK may wait: whether it has a WAIT
 // option. It errs towards yes: a TOKEN named "wait" counts too.
-func lockMayWait(args [][]byte) bool {
-	if len(args) < 4 {
+func lockMayWait(args [][]byte) bool { return hasWait(args, 3) }
+
+// hasWait reports whether an argument from args[from] on is "wait", in any
+// case.
+func hasWait(args [][]byte, from int) bool {
+	if len(args) <= from {
 		return false
 	}
-	for _, a := range args[3:] {
+	for _, a := range args[from:] {
 		if equalFold(a, "wait") {
 			return true
 		}

@@ -83,17 +83,7 @@ func (h *Handler) parseMLock(args [][]byte) (mlockArgs, error) {
 
 // mlockMayWait reports whether an MLOCK may wait: whether it has a WAIT
 // option. It errs towards yes, as lockMayWait does.
-func mlockMayWait(args [][]byte) bool {
-	if len(args) < 5 {
-		return false
-	}
-	for _, a := range args[4:] {
-		if equalFold(a, "wait") {
-			return true
-		}
-	}
-	return false
-}
+func mlockMayWait(args [][]byte) bool { return hasWait(args, 4) }
 
 func (c *Conn) mlock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
 	a, err := c.h.parseMLock(args)

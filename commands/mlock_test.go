@@ -78,6 +78,25 @@ func (e *env) values(tb testing.TB, key string) []string {
 	return out
 }
 
+// TestMLockMayWait: an MLOCK with WAIT may wait (so the proxy does not
+// hold other commands of the connection behind it); one without may not.
+func TestMLockMayWait(t *testing.T) {
+	h := mustNew(t, nil, testConfig, nil)
+	for _, tt := range []struct {
+		give []string
+		want bool
+	}{
+		{[]string{"MLOCK", "2", "a", "b", "100", "WAIT", "5"}, true},
+		{[]string{"mlock", "1", "a", "100", "KEEPALIVE", "wait", "5"}, true},
+		{[]string{"MLOCK", "2", "a", "b", "100"}, false},
+		{[]string{"MLOCK", "1", "a", "100"}, false},
+	} {
+		if got := h.MayWait(argv(tt.give...)); got != tt.want {
+			t.Errorf("MayWait(%q) = %v, want %v", tt.give, got, tt.want)
+		}
+	}
+}
+
 // mlockReply is MLOCK's success reply.
 type mlockReply struct {
 	token    string

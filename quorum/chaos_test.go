@@ -170,6 +170,32 @@ func writeBriefly(_ context.Context, _ *Locker, st *storage, r string, lk Lock, 
 // tallies are the outcomes of contend's Lock calls.
 type tallies struct{ calls, grants, noQuorum, notGotten int }
 
+// count adds the outcome err of one call to tl, and an unexpected error to
+// other.
+func (tl *tallies) count(err error, other *[]error) {
+	var nq *NoQuorumError
+	tl.calls++
+	switch {
+	case err == nil:
+		tl.grants++
+	case errors.As(err, &nq):
+		tl.noQuorum++
+	case errors.Is(err, ErrNotAcquired):
+		tl.notGotten++
+	default:
+		*other = append(*other, err)
+	}
+}
+
+// backOff sleeps a little after a NOQUORUM: a client does not spin while
+// too few nodes count.
+func backOff(err error) {
+	var nq *NoQuorumError
+	if errors.As(err, &nq) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // contend starts clients on lockers (in turn) that take random resources
 // with Options.Wait wait, hold each grant with hold (which returns when
 // the holding's validity ends, extended or not) and record every holding
@@ -200,27 +226,14 @@ func contend(t *testing.T, lockers []*Locker, resources []string, clients int, s
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				lk, err := l.Lock(ctx, r, time.Second, Options{Wait: wait})
 				start := time.Now()
-				var nq *NoQuorumError
 				mu.Lock()
-				tl.calls++
+				tl.count(err, &other)
 				id := nextID
 				nextID++
-				switch {
-				case err == nil:
-					tl.grants++
-				case errors.As(err, &nq):
-					tl.noQuorum++
-				case errors.Is(err, ErrNotAcquired):
-					tl.notGotten++
-				default:
-					other = append(other, err)
-				}
 				mu.Unlock()
 				if err != nil {
 					cancel()
-					if errors.As(err, &nq) {
-						time.Sleep(10 * time.Millisecond) // do not spin while too few nodes count
-					}
+					backOff(err)
 					continue
 				}
 				end := hold(ctx, l, st, r, lk, id, start.Add(lk.Validity))

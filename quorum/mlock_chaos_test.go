@@ -2,7 +2,6 @@ package quorum
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -37,25 +36,12 @@ func mcontend(t *testing.T, lockers []*Locker, resources []string, clients int, 
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				ml, err := l.MLock(ctx, set, time.Second, Options{Wait: wait})
 				start := time.Now()
-				var nq *NoQuorumError
 				mu.Lock()
-				tl.calls++
-				switch {
-				case err == nil:
-					tl.grants++
-				case errors.As(err, &nq):
-					tl.noQuorum++
-				case errors.Is(err, ErrNotAcquired):
-					tl.notGotten++
-				default:
-					other = append(other, err)
-				}
+				tl.count(err, &other)
 				mu.Unlock()
 				if err != nil {
 					cancel()
-					if errors.As(err, &nq) {
-						time.Sleep(10 * time.Millisecond)
-					}
+					backOff(err)
 					continue
 				}
 				id, end := nextID(), start.Add(ml.Validity)
