@@ -59,6 +59,12 @@
 // keeps its marker but loses recent writes (persistence without appendfsync
 // always, a promoted replica).
 //
+// MLock takes several resources all or nothing: one script operation per
+// node over the whole set, which grants all of it or none, and a majority
+// of nodes that granted all; each resource then is an ordinary lock of the
+// token, with its own fence. A waiting MLock holds none of its resources
+// (mlock.go).
+//
 // Waiters (Options.Wait) queue per resource in arrival order. When the
 // holder's Unlock goes through the Locker where the first waiter waits
 // between attempts, Unlock hands it the lock in its own round: each node
