@@ -311,8 +311,11 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		owned     []*node // nodes where the token may hold some of the keys
 		held      []*node // nodes where another token holds some key
 		votes     int     // granted nodes that count
-		partial   int     // counting nodes where the token holds part of the set
+		partial   []*node // nodes where the token holds part of the set
 		fences    = make([]int64, n)
+		// ownedBefore[j]: counting nodes where the token held resource j
+		// as the round began.
+		ownedBefore = make([]int, n)
 	)
 	code := codeGroup
 	switch {
@@ -333,27 +336,25 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 			if r.err == nil && len(r.vals) != n {
 				r.err = errors.New("quorum: mlock replied the wrong number of results")
 			}
+			if r.err == nil && counts(r, fresh) {
+				for j, v := range r.vals {
+					if r.val == 3 || (r.val != 1 && v > 0) {
+						ownedBefore[j]++
+					}
+				}
+			}
 			switch {
 			case r.err != nil:
 				owned = append(owned, l.nodes[i]) // it may have run the script
-			case r.val == 1:
+			case r.val == 1 || r.val == 3:
 				owned = append(owned, l.nodes[i])
-				c := counts(r, fresh)
-				for j, f := range r.vals {
-					granted[j] = append(granted[j], grant{node: l.nodes[i], fence: f, counts: c})
-					if c {
-						fences[j] = max(fences[j], f)
-					}
-				}
-				if c {
+				if l.addGroupGrant(r, counts(r, fresh), l.nodes[i], granted, fences) {
 					votes++
 				} else {
 					abstained++
 				}
 			case r.val == 2:
-				if counts(r, fresh) {
-					partial++
-				}
+				partial = append(partial, l.nodes[i])
 			case r.val == 0:
 				held = append(held, l.nodes[i])
 				for _, v := range r.vals {
@@ -377,8 +378,23 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 	if answered.nodes-abstained < l.quorum {
 		return fail(answered.noQuorum(len(l.nodes)))
 	}
-	if partial >= l.quorum {
+	// The token held resource j when a majority of the nodes that count
+	// said so. Holding some of the set but not all is a deadlock.
+	heldBefore := 0
+	for _, c := range ownedBefore {
+		if c >= l.quorum {
+			heldBefore++
+		}
+	}
+	if heldBefore > 0 && heldBefore < n {
 		return fail(&DeadlockError{Why: errPartial})
+	}
+	if votes < l.quorum && heldBefore == n && len(partial) > 0 {
+		// The token holds every resource, but not all of them on the same
+		// majority (nodes failed since it took them): the refresh takes
+		// the free keys on the nodes that hold the set in part too.
+		owned = append(owned, partial...)
+		votes += l.groupTakeRest(ctx, g, attempt, partial, granted, fences)
 	}
 	if votes < l.quorum {
 		return fail(ErrNotAcquired)
@@ -410,6 +426,36 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		}
 	}
 	return MLock{Token: g.token, Validity: v, Expires: now.Add(v), Fences: fences}, 0, false, nil
+}
+
+// addGroupGrant records n's grant of a group, r, in granted and, when it
+// counts, in fences; it reports whether it counts.
+func (l *Locker) addGroupGrant(r reply, counts bool, n *node, granted [][]grant, fences []int64) bool {
+	for j, f := range r.vals {
+		granted[j] = append(granted[j], grant{node: n, fence: f, counts: counts})
+		if counts {
+			fences[j] = max(fences[j], f)
+		}
+	}
+	return counts
+}
+
+// groupTakeRest runs the group with code mp on nodes, where the token
+// holds part of the set, as part of attempt: it records their grants and
+// returns how many of them count.
+func (l *Locker) groupTakeRest(ctx context.Context, g *group, attempt string, nodes []*node, granted [][]grant, fences []int64) (votes int) {
+	x := strconv.FormatInt(g.ttl.Milliseconds(), 10) + ":" + strconv.Itoa(len(g.keys))
+	r := l.call(ctx, opGroup, len(nodes), g.keys[0], codeGroupAnyPart, g.token, attempt, x)
+	r.more = g.keys[1:]
+	l.fanout(nodes, r, func(res []reply) {
+		for i, r := range res {
+			if r.err == nil && (r.val == 1 || r.val == 3) && len(r.vals) == len(g.keys) &&
+				l.addGroupGrant(r, counts(r, false), nodes[i], granted, fences) {
+				votes++
+			}
+		}
+	})
+	return votes
 }
 
 // cleanupAll undoes a group attempt on nodes: cleanup of every key, the

@@ -63,8 +63,8 @@ func TestGroupScript(t *testing.T) {
 
 	// The same set again with the token: a refresh, fences kept.
 	st, f = groupResult(t, runOps(t, a, groupOps("m", "T", 20000, "C", "A", "B")...)[0])
-	if st != 1 || f[0] != 4 || f[1] != 2 || f[2] != 3 {
-		t.Errorf("refresh: status %d fences %v, want 1 [4 2 3]", st, f)
+	if st != 3 || f[0] != 4 || f[1] != 2 || f[2] != 3 {
+		t.Errorf("refresh: status %d fences %v, want 3 [4 2 3]", st, f)
 	}
 	if p := c.pttl(t, 0, "A"); p < 15*time.Second {
 		t.Errorf("refresh left A a pttl of %v, want about 20s", p)
@@ -98,9 +98,15 @@ func TestGroupScript(t *testing.T) {
 		t.Errorf("refresh-only on free keys: status %d, Q=%q", st, get("Q"))
 	}
 	st, f = groupResult(t, runOps(t, a, groupOps("mrw", "T", 10000, "B", "A", "C")...)[0])
-	if st != 1 || f[0] != 3 || f[1] != 2 || f[2] != 4 {
+	if st != 3 || f[0] != 3 || f[1] != 2 || f[2] != 4 {
 		t.Errorf("refresh-only of the whole set: status %d fences %v", st, f)
 	}
+	// mp takes a set held in part: the free keys taken, the own refreshed.
+	st, f = groupResult(t, runOps(t, a, groupOps("mp", "T", 10000, "A", "Z")...)[0])
+	if st != 1 || f[0] != 2 || f[1] <= 5 || !strings.HasSuffix(get("Z"), ":T") {
+		t.Errorf("mp of a set held in part: status %d fences %v, Z=%q", st, f, get("Z"))
+	}
+	runOps(t, a, scriptOp{"Z", "u", "T", "Z"})
 
 	// A tombstone of the attempt on one key: the late group does nothing.
 	runOpsAt(t, a, "late", 0, scriptOp{"L2", "c", "W", "10000:L2"})
@@ -233,6 +239,31 @@ func TestMLock(t *testing.T) {
 	}
 	if next.Fences[0] <= ml.Fences[1] || next.Fences[1] <= ml.Fences[2] {
 		t.Errorf("fences %v after %v", next.Fences, ml.Fences)
+	}
+	// The token holds each resource of a set on a majority, but not all
+	// of them on the same nodes: the refresh takes the set on every node.
+	for i, keys := range [][]string{{"s1"}, {"s1", "s2"}, {"s2"}} {
+		for _, k := range keys {
+			c.admin[i].Set(ctx, "lockproxy:lock:"+k, "07/old:split", 30*time.Second)
+		}
+		c.admin[i].Set(ctx, "lockproxy:fence", 7, 0)
+	}
+	split, err := l.MLock(ctx, []string{"s1", "s2"}, 10*time.Second, Options{Token: "split"})
+	// A node that lacked a key takes it afresh, so a fence may grow, as
+	// in a Lock refresh over a node that lacks the lock.
+	if err != nil || split.Fences[0] < 7 || split.Fences[1] < 7 {
+		t.Errorf("MLock of a set held on split majorities: %+v, %v; want a refresh", split, err)
+	}
+	for i := range 3 {
+		if k := c.ownedKeys(t, i, "split"); len(k) != 2 {
+			t.Errorf("node %d holds %v of the refreshed set", i, k)
+		}
+	}
+	// The token holds s1 on all nodes and s3 on one: -DEADLOCK, by the
+	// majority per resource.
+	c.admin[0].Set(ctx, "lockproxy:lock:s3", "07/old:split", 30*time.Second)
+	if _, err := l.MLock(ctx, []string{"s1", "s3"}, time.Second, Options{Token: "split"}); !errors.As(err, &de) {
+		t.Errorf("MLock of a set held in part (by the majority per resource): %v, want a DeadlockError", err)
 	}
 	// Bad groups.
 	for _, bad := range [][]string{nil, {"q", "q"}} {

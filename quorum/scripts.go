@@ -109,7 +109,8 @@ import (
 //	       otherwise nothing changes. mw also marks, as aw does, the keys
 //	       that another token holds. Replies, at the group's first
 //	       position, {status, r_1, .., r_size} (the members' positions get
-//	       0): status 1 when all were acquired (r_j the fence of key j); 0
+//	       0): status 1 when all were acquired (r_j the fence of key j), 3
+//	       when all were the token's already and were refreshed; 0
 //	       when another token holds some (r_j -1-pttl for those, the fence
 //	       for the token's own, 0 for free ones); 2 when the token owns some
 //	       of the keys but not all, whatever holds the others (an MLOCK of
@@ -118,7 +119,11 @@ import (
 //	       them set: the caller takes its reply for no answer and cleans
 //	       the attempt up on every key.
 //	mr,mrw as m and mw, but only refresh: status -1 (nothing changes)
-//	       when some key is free; all the token's: refreshed, status 1.
+//	       when some key is free; all the token's: refreshed, status 3.
+//	mp     as m, but a set the token holds in part is acquired too (its
+//	       free keys taken, its own refreshed; status 1 or 3): for a token
+//	       that holds every key on a majority of the nodes, though not all
+//	       of them on the same nodes.
 //
 // Acquire returns the fence (at least 1) when the token holds the lock
 // afterwards (a fresh holding advances the counter and stores its value; a
@@ -406,6 +411,7 @@ local function group(i, code, token, x, attempt)
 	local sep = string.find(x, ':', 1, true)
 	local ttl, size = string.sub(x, 1, sep - 1), tonumber(string.sub(x, sep + 1))
 	local refreshOnly, waits = string.byte(code, 2) == 114, string.byte(code, -1) == 119
+	local anyPart = string.byte(code, 2) == 112
 	local out, own, other, free = {0}, 0, false, false
 	for j = 1, size do
 		local key = KEYS[i + j - 1]
@@ -422,7 +428,7 @@ local function group(i, code, token, x, attempt)
 			out[j + 1] = held(key)
 		end
 	end
-	if own > 0 and own < size then
+	if own > 0 and own < size and not anyPart then
 		out[1] = 2
 		return out
 	end
@@ -445,6 +451,9 @@ local function group(i, code, token, x, attempt)
 		out[j + 1] = acquire(KEYS[i + j - 1], 'a', token, ttl, attempt)
 	end
 	out[1] = 1
+	if own == size then
+		out[1] = 3
+	end
 	return out
 end
 
@@ -563,6 +572,7 @@ var (
 	codeGroup, codeGroupWait     = any("m"), any("mw")
 	codeGroupRefresh             = any("mr")
 	codeGroupRefreshWait         = any("mrw")
+	codeGroupAnyPart             = any("mp")
 	codeMember                   = any("g")
 )
 
