@@ -147,3 +147,27 @@ func TestMLockWaitAcrossProxies(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestMLockKeepaliveThroughProxy: MLOCK ... KEEPALIVE keeps every resource
+// past its ttl while the client is connected, and all of them are free at
+// once when it disconnects.
+func TestMLockKeepaliveThroughProxy(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	addr := startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
+	ctx := context.Background()
+	owner, other := newClient(t, addr, 3), newClient(t, addr, 2)
+	if _, err := mlock(ctx, owner, 3, "k1", "k2", "k3", 300, "KEEPALIVE"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(900 * time.Millisecond) // three ttls
+	for _, r := range []string{"k1", "k2", "k3"} {
+		if _, err := lock(ctx, other, r, 1000); !errors.Is(err, redis.Nil) {
+			t.Fatalf("%s was free after three ttls: %v", r, err)
+		}
+	}
+	owner.Close()
+	if _, err := mlock(ctx, other, 3, "k3", "k2", "k1", 1000, "WAIT", 250); err != nil {
+		t.Fatalf("not released when the owner disconnected: %v", err)
+	}
+}
