@@ -37,12 +37,34 @@ func mlock(ctx context.Context, c *redis.Client, args ...any) (mlockReply, error
 	return m, nil
 }
 
+// warmProxy waits, at most 10s, until a LOCK through the proxy at addr
+// succeeds, and releases it: a new deployment is used once every node has
+// answered one round in time, which a loaded machine may miss at first.
+func warmProxy(t *testing.T, addr string) {
+	t.Helper()
+	c := newClient(t, addr, 2)
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err := lock(ctx, c, "warm-up", 1000)
+		if err == nil {
+			c.Do(ctx, "UNLOCK", "warm-up", l.token)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no LOCK succeeded on the new deployment in 10s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestMLockThroughProxy: MLOCK's rules through a real proxy, in RESP2 and
 // RESP3, with COMMAND DOCS and INFO following the command table.
 func TestMLockThroughProxy(t *testing.T) {
 	backend := redistest.Start(t)
 	_, nodes := startNodes(t, 3)
 	addr := startApp(t, "lock: {node_timeout: 250ms, max_resources: 4}\n", "-backend", backend.Addr, "-lock-nodes", nodes)
+	warmProxy(t, addr)
 	ctx := context.Background()
 	for _, protocol := range []int{2, 3} {
 		p := fmt.Sprint(protocol)
@@ -104,6 +126,7 @@ func TestMLockWaitAcrossProxies(t *testing.T) {
 		startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes),
 		startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes),
 	}
+	warmProxy(t, proxies[0])
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sets := [][]any{{"P", "Q", "R"}, {"R", "S", "P"}, {"Q", "S"}, {"S", "R", "Q", "P"}}
@@ -155,6 +178,7 @@ func TestMLockKeepaliveThroughProxy(t *testing.T) {
 	backend := redistest.Start(t)
 	_, nodes := startNodes(t, 3)
 	addr := startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
+	warmProxy(t, addr)
 	ctx := context.Background()
 	owner, other := newClient(t, addr, 3), newClient(t, addr, 2)
 	if _, err := mlock(ctx, owner, 3, "k1", "k2", "k3", 300, "KEEPALIVE"); err != nil {

@@ -97,6 +97,20 @@ func TestMLockMayWait(t *testing.T) {
 	}
 }
 
+// warmUp is e.warm, retried: a new deployment is used once every node has
+// answered one round in time, which a loaded machine may miss at first.
+func warmUp(t *testing.T, e *env) {
+	t.Helper()
+	c := e.client(t, false)
+	if !eventually(10*time.Second, func() bool {
+		return strings.HasPrefix(c.do("LOCK", "warm-up", "1000"), "*3")
+	}) {
+		t.Fatal("no LOCK succeeded on the new deployment in 10s")
+	}
+	c.do("UNLOCK", "warm-up")
+	e.warm(t)
+}
+
 // mlockReply is MLOCK's success reply.
 type mlockReply struct {
 	token    string
@@ -137,6 +151,7 @@ func TestMLockReplies(t *testing.T) {
 	t.Parallel()
 	forEachProtocol(t, func(t *testing.T, resp3 bool) {
 		e := newEnv(t, 3)
+		warmUp(t, e) // a new deployment: its markers first
 		a, b := e.client(t, resp3), e.client(t, resp3)
 		m := a.mlock("MLOCK", "3", "x", "y", "z", "10000")
 		if len(m.fences) != 3 || m.validity <= 0 || m.validity > 10000 || len(m.token) < 32 {
@@ -212,6 +227,7 @@ func TestMLockReplies(t *testing.T) {
 func TestMLockKeepAlive(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
+	warmUp(t, e)
 	a, b := e.client(t, false), e.client(t, false)
 	a.mlock("MLOCK", "3", "k1", "k2", "k3", "600", "KEEPALIVE")
 	e.waitExtensions(t, 6) // two extensions of each, at least: past the ttl
@@ -230,6 +246,7 @@ func TestMLockKeepAlive(t *testing.T) {
 func TestMLockWait(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
+	warmUp(t, e)
 	a, b, c := e.client(t, false), e.client(t, false), e.client(t, false)
 	la := a.lock("LOCK", "w1", "10000")
 	lc := c.lock("LOCK", "w3", "10000")
