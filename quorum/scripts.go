@@ -183,6 +183,21 @@ local function relies(att, attempt)
 	return att == '*' or string.find(',' .. att .. ',', ',' .. attempt .. ',', 1, true) ~= nil
 end
 
+-- addAttempt returns the list att with attempt added.
+local function addAttempt(att, attempt)
+	if relies(att, attempt) then
+		return att
+	end
+	if att == '' then
+		return '*' -- the previous layout's lock: no attempt may undo it
+	end
+	local _, commas = string.gsub(att, ',', '')
+	if commas + 1 >= 8 then
+		return '*'
+	end
+	return att .. ',' .. attempt
+end
+` + hashLua + `
 -- refresh resets the ttl of v, a lock that token owns with fence and the
 -- attempts att, and adds attempt to those that rely on it.
 local function refresh(key, v, token, ttl, fence, att, attempt)
@@ -190,17 +205,7 @@ local function refresh(key, v, token, ttl, fence, att, attempt)
 		redis.call('PEXPIRE', key, ttl)
 		return fence
 	end
-	if att == '' then
-		att = '*' -- the previous layout's lock: no attempt may undo it
-	else
-		local _, commas = string.gsub(att, ',', '')
-		if commas + 1 >= 8 then
-			att = '*'
-		else
-			att = att .. ',' .. attempt
-		end
-	end
-	redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token), 'PX', ttl)
+	redis.call('SET', key, value(string.sub(v, 1, 1), fence, addAttempt(att, attempt), token), 'PX', ttl)
 	return fence
 end
 
@@ -219,6 +224,14 @@ local function acquire(key, code, token, ttl, attempt)
 			return fence
 		end
 		v = get(v, attempt)
+		if v == nil then
+			local r = hexclusive(key, code, token, ttl, attempt)
+			if r ~= false then
+				return r
+			end
+			redis.call('DEL', key) -- a hash that holds nothing: free
+			v = false
+		end
 		if v == false then
 			-- A tombstone of another attempt: the lock is free.
 			redis.call('SET', key, new, 'PX', ttl)
@@ -226,7 +239,7 @@ local function acquire(key, code, token, ttl, attempt)
 		end
 	end
 	if v == nil then
-		return held(key)
+		return hexclusive(key, code, token, ttl, attempt) or -1
 	end
 	local f, att = parse(v, token)
 	if f then
@@ -255,7 +268,7 @@ end
 local function raise(key, token, fence)
 	local v, f, att = owned(key, token)
 	if not v then
-		return 0
+		return hraise(key, token, fence)
 	end
 	if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
 		redis.call('SET', counter, fence)
@@ -279,7 +292,7 @@ end
 local function release(key, code, token, resource)
 	local v = owned(key, token)
 	if not v then
-		return 0
+		return hrelease(key, token, code == 'up', resource)
 	end
 	return drop(key, v, code == 'up', resource)
 end
@@ -297,7 +310,7 @@ local function cleanup(key, code, token, x, attempt)
 		return 0
 	end
 	if v == nil then
-		return 0
+		return hcleanup(key, code, token, ttl, attempt, resource)
 	end
 	local f, att = parse(v, token)
 	if not f or att == '*' or not relies(att, attempt) then
@@ -316,7 +329,10 @@ local function extend(key, token, ttl)
 	if v == false then
 		return -1
 	end
-	local fence = v and parse(v, token)
+	if v == nil then
+		return hextend(key, token, ttl)
+	end
+	local fence = parse(v, token)
 	if not fence then
 		return 0
 	end
@@ -354,7 +370,21 @@ local function handoff(key, token, x, attempt)
 	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
-		return {0, held(key)}
+		-- A hash: the last reader hands the lock to the waiting writer.
+		local h = hload(key)
+		local f = h and hfind(h, token)
+		if not f then
+			return {0, held(key)}
+		end
+		hdrop(key, h, f, false, '')
+		if h.n > 0 then
+			return {1, held(key)}
+		end
+		redis.call('DEL', key)
+		released = 1
+		if h.mark then
+			mark = '1'
+		end
 	elseif v then
 		if parse(v, token) then
 			-- Keep the mark of waiters elsewhere, so that the next release
@@ -390,6 +420,8 @@ local function run(i)
 	local c = string.sub(code, 1, 1)
 	if c == 'a' or c == 'r' then
 		return acquire(key, code, token, x, attempt)
+	elseif c == 'q' then
+		return hacquire(key, code, token, x, attempt)
 	elseif c == 'u' then
 		return release(key, code, token, x)
 	elseif c == 'c' then
@@ -480,6 +512,8 @@ var (
 	codeTime                     = any("t")
 	codeInit                     = any("i")
 	codeHandoff                  = any("h")
+	codeShared, codeSharedWait   = any("q"), any("qw")
+	codeSharedRefresh            = any("qr")
 )
 
 // The node states that opsScript reports after the operations' results.
