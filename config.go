@@ -102,6 +102,7 @@ type lockConfig struct {
 	DriftFactor  float64       `yaml:"drift_factor"`
 	MaxTTL       time.Duration `yaml:"max_ttl"`
 	MaxWait      time.Duration `yaml:"max_wait"`
+	MaxPermits   int64         `yaml:"max_permits"`
 	KeyPrefix    string        `yaml:"key_prefix"`
 	GuardBackend string        `yaml:"guard_backend"`
 }
@@ -158,6 +159,7 @@ func defaultFileConfig() fileConfig {
 		KeyPrefix:    q.KeyPrefix,
 		MaxTTL:       c.MaxTTL,
 		MaxWait:      c.MaxWait,
+		MaxPermits:   c.MaxPermits,
 		GuardBackend: "auto",
 	}
 	f.Limits = limitsConfig{
@@ -296,7 +298,7 @@ func (c *fileConfig) quorumConfig() quorum.Config {
 
 // commandsConfig maps the lock section onto the lock commands' Config.
 func (c *fileConfig) commandsConfig() commands.Config {
-	return commands.Config{MaxTTL: c.Lock.MaxTTL, MaxWait: c.Lock.MaxWait}
+	return commands.Config{MaxTTL: c.Lock.MaxTTL, MaxWait: c.Lock.MaxWait, MaxPermits: c.Lock.MaxPermits}
 }
 
 // proxyConfig maps the file onto the proxy's Config, except what needs the

@@ -22,11 +22,15 @@ type Config struct {
 	// MaxWait is the largest WAIT timeout-ms that LOCK accepts. Zero allows
 	// only WAIT 0. The default is 60s.
 	MaxWait time.Duration
+	// MaxPermits is the largest k of LOCK ... PERMITS k. The default is
+	// 1024.
+	MaxPermits int64
 }
 
-// DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s.
+// DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s, MaxPermits
+// 1024.
 func DefaultConfig() Config {
-	return Config{MaxTTL: time.Hour, MaxWait: time.Minute}
+	return Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxPermits: 1024}
 }
 
 // Validate reports whether c can be used: MaxTTL must be at least 1ms and
@@ -37,6 +41,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 0 {
 		return fmt.Errorf("commands: MaxWait %v is negative", c.MaxWait)
+	}
+	if c.MaxPermits < 1 {
+		return fmt.Errorf("commands: MaxPermits %d is below 1", c.MaxPermits)
 	}
 	return nil
 }
@@ -83,10 +90,12 @@ type Handler struct {
 
 	maxTTL  int64 // milliseconds
 	maxWait int64 // milliseconds
+	maxPerm int64 // PERMITS k
 	// The texts naming the maxima are built once so that parsing never
 	// allocates.
 	errTTLMax  error
 	errWaitMax error
+	errPermMax error
 
 	mu    sync.Mutex
 	conns map[*Conn]struct{} // open connections; guarded by mu
@@ -113,10 +122,12 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
 		logger:  logger,
 		maxTTL:  cfg.MaxTTL.Milliseconds(),
 		maxWait: cfg.MaxWait.Milliseconds(),
+		maxPerm: cfg.MaxPermits,
 		conns:   make(map[*Conn]struct{}),
 	}
 	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
 	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)
+	h.errPermMax = fmt.Errorf("ERR PERMITS exceeds the maximum of %d", h.maxPerm)
 	return h, nil
 }
 
@@ -154,7 +165,7 @@ func lockMayWait(args [][]byte) bool {
 // call Conn.Close when the connection ends; until then the Handler counts
 // the connection's locks in lockproxy_locks_held.
 func (h *Handler) NewConn() *Conn {
-	c := &Conn{h: h, held: make(map[string]*holding)}
+	c := &Conn{h: h, held: make(map[string][]*holding)}
 	h.mu.Lock()
 	h.conns[c] = struct{}{}
 	h.mu.Unlock()

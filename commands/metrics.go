@@ -31,6 +31,11 @@ const (
 	extendNoQuorum
 	extendError
 	extendBadRequest
+	rlockAcquired
+	rlockNotAcquired
+	rlockNoQuorum
+	rlockError
+	rlockBadRequest
 	numOutcomes
 )
 
@@ -52,6 +57,11 @@ var outcomeNames = [numOutcomes]string{
 	extendNoQuorum:   "noquorum",
 	extendError:      "error",
 	extendBadRequest: "bad_request",
+	rlockAcquired:    "acquired",
+	rlockNotAcquired: "not_acquired",
+	rlockNoQuorum:    "noquorum",
+	rlockError:       "error",
+	rlockBadRequest:  "bad_request",
 }
 
 var (
@@ -164,9 +174,11 @@ func (h *Handler) held(now time.Time) int {
 	seen := make(map[lockID]struct{})
 	for c := range h.conns {
 		c.mu.Lock()
-		for resource, hd := range c.held {
-			if hd.validAt(now) {
-				seen[lockID{resource, hd.token}] = struct{}{}
+		for resource, hs := range c.held {
+			for _, hd := range hs {
+				if hd.validAt(now) {
+					seen[lockID{resource, hd.token}] = struct{}{}
+				}
 			}
 		}
 		c.mu.Unlock()

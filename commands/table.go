@@ -73,6 +73,7 @@ var specs = [...]spec{
 		outcomes: []outcome{extendExtended, extendNotHeld, extendNoQuorum, extendError, extendBadRequest},
 		serve:    (*Conn).extend,
 	},
+	rlockSpec,
 }
 
 // Names returns the commands a Handler answers, in lower case, in a new

@@ -49,7 +49,7 @@ func TestSpecs(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	names := Names()
-	if want := []string{"lock", "unlock", "extend"}; !slices.Equal(names, want) {
+	if want := []string{"lock", "unlock", "extend", "rlock"}; !slices.Equal(names, want) {
 		t.Fatalf("Names() = %q, want %q", names, want)
 	}
 	names[0] = "changed"
