@@ -146,3 +146,78 @@ func mustRLock(tb testing.TB, l *Locker, resource string, ttl time.Duration, opt
 	}
 	return lk
 }
+
+// TestWriterIntentBound: a writer waiting on one Locker gets the lock
+// within the documented bound (shared.go: RetryMax + a round + the longest
+// reader ttl) while readers on another Locker keep arriving, so that at
+// every moment some reader holds the resource.
+func TestWriterIntentBound(t *testing.T) {
+	c := startCluster(t, 3)
+	cfg := testConfig()
+	readers, writers := newLocker(t, c, cfg), newLocker(t, c, cfg)
+	warm(t, c, readers)
+	const readerTTL = 400 * time.Millisecond
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var grants, afterWriter int
+	var writerAt time.Time
+	var mu = make(chan struct{}, 1)
+	go func() {
+		defer close(done)
+		ctx := ctxT(t)
+		type rd struct {
+			lk Lock
+			at time.Time
+		}
+		var held []rd
+		for {
+			select {
+			case <-stop:
+				for _, r := range held {
+					readers.Unlock(ctx, "doc", r.lk.Token)
+				}
+				return
+			default:
+			}
+			// A new reader every 50ms, each held 200ms: two to four
+			// readers overlap at any time.
+			if lk, err := readers.RLock(ctx, "doc", readerTTL, Options{}); err == nil {
+				held = append(held, rd{lk, time.Now()})
+				mu <- struct{}{}
+				grants++
+				if !writerAt.IsZero() {
+					afterWriter++
+				}
+				<-mu
+			}
+			for len(held) > 0 && time.Since(held[0].at) > 200*time.Millisecond {
+				readers.Unlock(ctx, "doc", held[0].lk.Token)
+				held = held[1:]
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	// Let the stream of readers run first.
+	eventually(t, "readers holding", func() bool {
+		mu <- struct{}{}
+		defer func() { <-mu }()
+		return grants >= 4
+	})
+	start := time.Now()
+	mu <- struct{}{}
+	writerAt = start
+	<-mu
+	lk, err := writers.Lock(ctxT(t), "doc", time.Second, Options{Wait: 5 * time.Second})
+	waited := time.Since(start)
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatalf("the writer waited %v and got %v", waited, err)
+	}
+	bound := cfg.RetryMax + 2*cfg.NodeTimeout + readerTTL
+	t.Logf("the writer waited %v (bound %v); %d reader grants in all, %d after the writer began to wait", waited, bound, grants, afterWriter)
+	if waited > bound {
+		t.Errorf("the writer waited %v, more than the bound %v", waited, bound)
+	}
+	mustUnlock(t, writers, "doc", lk.Token)
+}
