@@ -41,13 +41,17 @@ func TestSemaphorePermits(t *testing.T) {
 	if _, err := l.Lock(ctxT(t), "sem", time.Second, opt); !errors.Is(err, ErrNotAcquired) {
 		t.Fatalf("a fourth permit of 3: %v", err)
 	}
+	info, err := l.SharedInfo(ctxT(t), "sem")
+	if err != nil || info.Mode != "semaphore" || info.K != 3 || info.Holders != 3 || info.Fence != last || len(info.Remaining) != 3 || info.Remaining[0] <= 4*time.Second {
+		t.Fatalf("SharedInfo of 3 permits: %+v %v", info, err)
+	}
 	// The idempotent retry: the same slot and fence.
 	again := mustLock(t, l, "sem", 5*time.Second, Options{Permits: 3, Token: slots[1].Token})
 	if again.Slot != 1 || again.Fence != slots[1].Fence {
 		t.Fatalf("refresh gave slot %d fence %d, want 1 and %d", again.Slot, again.Fence, slots[1].Fence)
 	}
 	// Other modes: -LOCKMODE at once, also with a wait.
-	_, err := l.Lock(ctxT(t), "sem", time.Second, Options{Wait: time.Second})
+	_, err = l.Lock(ctxT(t), "sem", time.Second, Options{Wait: time.Second})
 	wantModeErr(t, "LOCK on a semaphore", err, true)
 	_, err = l.Lock(ctxT(t), "sem", time.Second, Options{Permits: 2})
 	wantModeErr(t, "PERMITS 2 on a semaphore of 3", err, true)
@@ -108,6 +112,9 @@ func TestReadWrite(t *testing.T) {
 	if _, err := l.Lock(ctxT(t), "rw", time.Second, Options{}); !errors.Is(err, ErrNotAcquired) {
 		t.Fatalf("LOCK while read: %v", err)
 	}
+	if info, err := l.SharedInfo(ctxT(t), "rw"); err != nil || info.Mode != "shared" || info.Holders != 2 || info.Fence != r2.Fence {
+		t.Fatalf("SharedInfo of 2 readers: %+v %v", info, err)
+	}
 	_, err := l.Lock(ctxT(t), "rw", time.Second, Options{Token: r1.Token, Wait: time.Second})
 	wantModeErr(t, "upgrade", err, false)
 	_, err = l.Lock(ctxT(t), "rw", time.Second, Options{Permits: 2})
@@ -136,6 +143,9 @@ func TestReadWrite(t *testing.T) {
 		t.Fatalf("reader after the writer: fence %d after %d", r3.Fence, w.lk.Fence)
 	}
 	mustUnlock(t, l, "rw", r3.Token)
+	if info, err := l.SharedInfo(ctxT(t), "rw"); err != nil || info.Mode != "" {
+		t.Fatalf("SharedInfo of a free resource: %+v %v", info, err)
+	}
 }
 
 func mustRLock(tb testing.TB, l *Locker, resource string, ttl time.Duration, opt Options) Lock {
