@@ -100,6 +100,20 @@ import (
 //	i      init: create the marker unless a recovery is under way; 1 when
 //	       the marker exists afterwards, 0 otherwise. Only for a deployment
 //	       that no node has a marker or a recovery of.
+//	q, qw  shared or semaphore acquire (hashLua, shared.go): x is
+//	       "<ttl>:<k>:<slot>", k 0 for a reader, else a permit of k with the
+//	       proposed slot. Takes or refreshes the token's holding in the
+//	       lock key's hash record; qw also marks the record for a release
+//	       notification. Replies {slot, fence} when the token holds
+//	       afterwards, {free slot or -1, -1-ms} when the slot (or, shared,
+//	       the resource) is taken, {mode code, 0} for another mode.
+//	qr     as q, but only refresh the token's holding: {-1, -1} without one.
+//
+// Where the key is a hash (shared or semaphore holdings), a, aw, r and rw
+// reply {mode code, 0} for a semaphore or for a reader's token, and record
+// a waiting writer's intent (aw, rw); u, up, c, cp, e and f act on the
+// token's holding in the hash (e then replies {2, fence}); h releases a
+// reader and hands the lock on when it was the last. See hashLua.
 //
 // Acquire returns the fence (at least 1) when the token holds the lock
 // afterwards (a fresh holding advances the counter and stores its value; a

@@ -1,0 +1,148 @@
+package quorum
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pair returns the {aux, val} reply of a hash operation.
+func pair(t *testing.T, v any) (int64, int64) {
+	t.Helper()
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 {
+		t.Fatalf("reply %v, want a pair", v)
+	}
+	return a[0].(int64), a[1].(int64)
+}
+
+// TestOpsScriptHashRecords checks the hash operations one by one: q (a
+// permit or a reader), the slow branch of a (modes, deadlock, a writer's
+// intent), release, extend, raise and cleanup of a holding in a hash,
+// and the tombstone that makes a late acquisition do nothing.
+func TestOpsScriptHashRecords(t *testing.T) {
+	c := startCluster(t, 1)
+	a := c.admin[0]
+	ctx := context.Background()
+	op := func(code, token string, x any) scriptOp { return scriptOp{key: "s", code: code, token: token, x: x} }
+
+	// Two permits of 2; a third proposes slot 0, which is taken, and
+	// learns that no slot is free.
+	if slot, fence := pair(t, runOps(t, a, op("q", "A", "10000:2:0"))[0]); slot != 0 || fence < 1 {
+		t.Fatalf("first permit: slot %d fence %d", slot, fence)
+	}
+	if free, held := pair(t, runOps(t, a, op("q", "B", "10000:2:0"))[0]); free != 1 || held >= 0 {
+		t.Fatalf("slot 0 taken: free %d, %d; want slot 1 suggested", free, held)
+	}
+	if slot, _ := pair(t, runOps(t, a, op("q", "B", "10000:2:1"))[0]); slot != 1 {
+		t.Fatalf("second permit: slot %d", slot)
+	}
+	if free, held := pair(t, runOps(t, a, op("q", "C", "10000:2:0"))[0]); free != -1 || held >= 0 {
+		t.Fatalf("full: free %d, %d", free, held)
+	}
+	// The token's own permit is refreshed whatever slot is proposed.
+	if slot, _ := pair(t, runOps(t, a, op("q", "B", "10000:2:0"))[0]); slot != 1 {
+		t.Fatalf("refresh: slot %d, want 1", slot)
+	}
+	// Other modes: another k, shared, exclusive.
+	for _, tt := range []struct {
+		give scriptOp
+		want int64
+	}{
+		{op("q", "C", "1000:3:0"), 2},
+		{op("q", "C", "1000:0:0"), 2},
+		{op("a", "C", 1000), 2},
+	} {
+		if code, val := pair(t, runOps(t, a, tt.give)[0]); code != tt.want || val != 0 {
+			t.Errorf("%v: {%d, %d}, want {%d, 0}", tt.give, code, val, tt.want)
+		}
+	}
+	// Extend, raise, release of one permit; the key's PX follows the
+	// latest holding.
+	if code, fence := pair(t, runOps(t, a, op("e", "A", 20000))[0]); code != 2 || fence < 1 {
+		t.Fatalf("extend a permit: {%d, %d}", code, fence)
+	}
+	if p := c.pttl(t, 0, "s"); p < 19*time.Second {
+		t.Fatalf("pttl %v after extending a permit to 20s", p)
+	}
+	if r := runOps(t, a, op("f", "A", 1000))[0]; r != int64(1) {
+		t.Fatalf("raise a permit: %v", r)
+	}
+	if n, _ := a.Get(ctx, "lockproxy:fence").Int64(); n != 1000 {
+		t.Fatalf("counter %d after raising to 1000", n)
+	}
+	if r := runOps(t, a, op("u", "A", "s"))[0]; r != int64(1) {
+		t.Fatalf("release a permit: %v", r)
+	}
+	if r := runOps(t, a, op("u", "A", "s"))[0]; r != int64(0) {
+		t.Fatalf("second release: %v", r)
+	}
+	if free, held := pair(t, runOps(t, a, op("q", "C", "10000:2:1"))[0]); free != 0 || held >= 0 {
+		t.Fatalf("slot 1 still B's: {%d, %d}, want slot 0 suggested", free, held)
+	}
+	if slot, fence := pair(t, runOps(t, a, op("q", "C", "10000:2:0"))[0]); slot != 0 || fence <= 1000 {
+		t.Fatalf("freed slot 0: slot %d fence %d, want a fence above the raised 1000", slot, fence)
+	}
+	// Cleanup of an attempt: C's holding goes (it relies on t1 alone);
+	// for a token without a holding a tombstone stays, and that attempt's
+	// acquisition arriving afterwards fails with LATE.
+	if r := runOps(t, a, op("c", "C", "10000:s"))[0]; r != int64(1) {
+		t.Fatalf("cleanup of C's attempt: %v", r)
+	}
+	if r := runOpsAt(t, a, "late", 0, op("c", "D", "10000:s"))[0]; r != int64(0) {
+		t.Fatalf("cleanup without a holding: %v", r)
+	}
+	if r := runOpsAt(t, a, "late", 0, op("q", "D", "10000:2:0"))[0]; r == nil || !strings.HasPrefix(r.(error).Error(), "LATE") {
+		t.Fatalf("late acquisition after its cleanup: %v", r)
+	}
+	runOps(t, a, op("u", "B", "s"))
+	if n, _ := a.HLen(ctx, "lockproxy:lock:s").Result(); n != 2 {
+		// The mode and the tombstone.
+		fields, _ := a.HGetAll(ctx, "lockproxy:lock:s").Result()
+		t.Fatalf("after the last release: %v", fields)
+	}
+	// A hash holding nothing (only a tombstone) is free for a writer.
+	if fence := runOps(t, a, op("a", "W", 10000))[0].(int64); fence < 1 {
+		t.Fatalf("LOCK on a record holding nothing: %d", fence)
+	}
+	runOps(t, a, op("u", "W", "s"))
+
+	// Read-write: readers share; a writer with a reader's token is a
+	// deadlock; a waiting writer's intent keeps new readers off, not the
+	// refresh of a current one.
+	r := func(code, token string, x any) scriptOp { return scriptOp{key: "rw", code: code, token: token, x: x} }
+	pair(t, runOps(t, a, r("q", "R1", "10000:0:0"))[0])
+	pair(t, runOps(t, a, r("q", "R2", "10000:0:0"))[0])
+	if code, val := pair(t, runOps(t, a, r("a", "R1", 1000))[0]); code != -3 || val != 0 {
+		t.Fatalf("upgrade: {%d, %d}", code, val)
+	}
+	if v := runOps(t, a, r("a", "W", 1000))[0].(int64); v >= 0 {
+		t.Fatalf("writer while read: %d", v)
+	}
+	if _, val := pair(t, runOps(t, a, r("q", "R3", "10000:0:0"))[0]); val < 1 {
+		t.Fatalf("reader without a waiting writer: %d", val)
+	}
+	if v := runOps(t, a, r("aw", "W", 3000))[0].(int64); v >= 0 {
+		t.Fatalf("waiting writer while read: %d", v)
+	}
+	if _, val := pair(t, runOps(t, a, r("q", "R4", "10000:0:0"))[0]); val >= 0 {
+		t.Fatalf("new reader behind a writer's intent: %d", val)
+	}
+	if _, val := pair(t, runOps(t, a, r("q", "R1", "10000:0:0"))[0]); val < 1 {
+		t.Fatalf("refresh of a reader behind a writer's intent: %d", val)
+	}
+	for _, tok := range []string{"R1", "R2", "R3"} {
+		runOps(t, a, r("u", tok, "rw"))
+	}
+	w := runOps(t, a, r("a", "W", 3000))[0].(int64)
+	if w < 1 {
+		t.Fatalf("writer after the readers: %d", w)
+	}
+	if code, val := pair(t, runOps(t, a, r("q", "W", "1000:0:0"))[0]); code != -3 || val != 0 {
+		t.Fatalf("RLOCK by the writer: {%d, %d}", code, val)
+	}
+	if code, val := pair(t, runOps(t, a, r("q", "X", "1000:2:0"))[0]); code != -1 || val != 0 {
+		t.Fatalf("permit on a write lock: {%d, %d}", code, val)
+	}
+}
