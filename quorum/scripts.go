@@ -593,9 +593,10 @@ return 1
 //
 // It replies {0} when the node has no marker, otherwise {1, next cursor,
 // counter, key_1, value_1, pttl_1, ...}. A lock key of another type is
-// reported with an empty value, for a lock that no token owns; a tombstone
-// is no lock and left out.
-var dumpScript = newScript(`
+// reported with an empty value, for a lock that no token owns, except a
+// hash record (shared or semaphore holdings), which is reported as one
+// value (recovery_shared.go); a tombstone is no lock and left out.
+var dumpScript = newScript(hdumpLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	return {0}
 end
@@ -606,7 +607,7 @@ for _, k in ipairs(r[2]) do
 	if p ~= -2 then
 		local v = redis.pcall('GET', k)
 		if type(v) == 'table' then
-			v = ''
+			v = hdump(k)
 		end
 		if v and string.byte(v, 1) ~= 120 then
 			out[#out + 1] = k
@@ -624,14 +625,18 @@ return out
 //
 // It replies {0} when the node has no marker, otherwise {1, value_1,
 // pttl_1, ...}, with an empty value for a key of another type, and an
-// empty value and pttl -2 for a key that is gone or a tombstone.
-var peekScript = newScript(`
+// empty value and pttl -2 for a key that is gone or a tombstone, and a
+// hash record as dumpScript reports it.
+var peekScript = newScript(hdumpLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	return {0}
 end
 local out = {1}
 for i = 2, #KEYS do
 	local v = redis.pcall('GET', KEYS[i])
+	if type(v) == 'table' then
+		v = hdump(KEYS[i])
+	end
 	if type(v) ~= 'string' then
 		v = ''
 	end
@@ -660,7 +665,9 @@ return out
 // of both values: a node that lost its locks to a clock jump kept its
 // data, and a later attempt of the token may have taken the lock there
 // afresh; its cleanup must not delete the holding copied onto it. Whatever else the node holds for a key was
-// written after the loss and no grant counted on it (see recovery.go).
+// written after the loss and no grant counted on it (see recovery.go). A
+// value that starts with 'H' is a hash record (shared or semaphore
+// holdings), which hrestore writes (recovery_shared.go).
 var restoreScript = newScript(`
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then
 	return 0
@@ -716,9 +723,11 @@ local function union(a, b)
 	end
 	return table.concat(out, ',')
 end
+` + hrestoreLua + `
 for i = 3, #KEYS do
 	local key, v, p = KEYS[i], ARGV[2 * i - 3], tonumber(ARGV[2 * i - 2])
-	local cur = redis.pcall('GET', key)
+	-- A hash record is written by hrestore, whose table skips the rest.
+	local cur = string.byte(v, 1) == 72 and hrestore(key, v) or redis.pcall('GET', key)
 	if type(cur) ~= 'table' then
 		local tok, fence = owner(v)
 		local ctok, cfence

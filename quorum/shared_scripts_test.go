@@ -2,6 +2,8 @@ package quorum
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +146,83 @@ func TestOpsScriptHashRecords(t *testing.T) {
 	}
 	if code, val := pair(t, runOps(t, a, r("q", "X", "1000:2:0"))[0]); code != -1 || val != 0 {
 		t.Fatalf("permit on a write lock: {%d, %d}", code, val)
+	}
+}
+
+// TestRecoveryCopiesHashRecords: a node that lost its data gets the
+// readers and permits back by copy, with their tokens, fences and slots,
+// so that the holdings survive the loss of another node afterwards.
+func TestRecoveryCopiesHashRecords(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	ctx := ctxT(t)
+	warm(t, c, l)
+	p0 := mustLock(t, l, "sem", 10*time.Second, Options{Permits: 2})
+	p1 := mustLock(t, l, "sem", 10*time.Second, Options{Permits: 2})
+	r := mustRLock(t, l, "doc", 10*time.Second, Options{})
+
+	c.kill(0)
+	c.restart(0) // empty
+	waitClientUp(t, l, 0)
+	if _, err := l.Extend(ctx, "sem", p0.Token, 10*time.Second); err != nil {
+		t.Fatalf("Extend a permit with node 0 back empty: %v", err)
+	}
+	waitRecovered(t, l, 0)
+	fields, err := c.admin[0].HGetAll(ctx, "lockproxy:lock:sem").Result()
+	if err != nil || fields["m"] != "s2" {
+		t.Fatalf("node 0 after its recovery: %v %v", fields, err)
+	}
+	for _, p := range []Lock{p0, p1} {
+		v := fields["#"+strconv.Itoa(p.Slot)]
+		if !strings.HasSuffix(v, "|"+strconv.FormatInt(p.Fence, 10)+"/"+lockAttempts("0"+v[strings.IndexByte(v, '|')+1:])+":"+p.Token) {
+			t.Errorf("slot %d on node 0 after its recovery: %q, want fence %d and the token", p.Slot, v, p.Fence)
+		}
+	}
+	if v, _ := c.admin[0].HGet(ctx, "lockproxy:lock:doc", "@"+r.Token).Result(); v == "" {
+		t.Errorf("the reader is missing on node 0 after its recovery")
+	}
+	if d := c.pttl(t, 0, "sem"); d < 5*time.Second {
+		t.Errorf("the copied record's ttl %v, want about 10s", d)
+	}
+	// Another node fails: the permits, the reader and the mode stand on
+	// nodes 0 and 2.
+	c.kill(1)
+	if _, err := l.Lock(ctx, "sem", time.Second, Options{Permits: 2}); !errors.Is(err, ErrNotAcquired) {
+		t.Errorf("a third permit of 2 with node 1 down: %v", err)
+	}
+	if _, err := l.Lock(ctx, "doc", time.Second, Options{}); !errors.Is(err, ErrNotAcquired) {
+		t.Errorf("LOCK of a read resource with node 1 down: %v", err)
+	}
+	if _, err := l.Extend(ctx, "doc", r.Token, 10*time.Second); err != nil {
+		t.Errorf("Extend the reader with node 1 down: %v", err)
+	}
+	mustUnlock(t, l, "sem", p1.Token)
+}
+
+// TestMergeHashCopies: readings of one hash record from several sources.
+func TestMergeHashCopies(t *testing.T) {
+	rec := func(mode string, holds ...hashHold) copied {
+		return copied{value: encodeHash(mode, holds), pttl: 100}
+	}
+	a := hashHold{field: "#0", left: 50, fence: 3, att: "a1", token: "A"}
+	a2 := hashHold{field: "#0", left: 90, fence: 4, att: "a2", token: "A"}
+	b := hashHold{field: "#0", left: 70, fence: 5, att: "b1", token: "B"}
+	c := hashHold{field: "#1", left: 10, fence: 2, att: "c1", token: "C"}
+	tests := []struct {
+		name string
+		x, y copied
+		want string
+	}{
+		{"same token", rec("s2", a), rec("s2", a2, c), encodeHash("s2", []hashHold{{field: "#0", left: 90, fence: 4, att: "a1,a2", token: "A"}, c})},
+		{"disputed slot", rec("s2", a), rec("s2", b), encodeHash("s2", []hashHold{{field: "#0", left: 70, fence: 5, att: "*", token: ""}})},
+		{"modes differ", rec("s2", a), rec("s3", c), "03"},
+		{"a string lock", rec("s2", b), copied{value: "07/x:T", pttl: 100}, "07"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := merge(tt.x, tt.y); got.value != tt.want {
+				t.Errorf("merge = %q, want %q", got.value, tt.want)
+			}
+		})
 	}
 }
