@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -146,5 +147,48 @@ func TestReadWriteAndSemaphoreRules(t *testing.T) {
 	docs, err := newClient(t, addr, 2).Do(context.Background(), "COMMAND", "DOCS", "rlock").Slice()
 	if err != nil || len(docs) != 2 {
 		t.Fatalf("COMMAND DOCS rlock: %v %v", docs, err)
+	}
+}
+
+// TestSharedAndPermitKeepalive: KEEPALIVE keeps a reader and a permit
+// past their ttl while the connection is open, and the connection's close
+// releases them.
+func TestSharedAndPermitKeepalive(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	addr := startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
+	ctx := context.Background()
+	holder := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 1})
+	other := newClient(t, addr, 2)
+	if _, err := holder.Do(ctx, "RLOCK", "kr", 600, "KEEPALIVE").Slice(); err != nil {
+		t.Fatalf("RLOCK KEEPALIVE: %v", err)
+	}
+	if _, err := holder.Do(ctx, "LOCK", "ks", 600, "PERMITS", 2, "KEEPALIVE").Slice(); err != nil {
+		t.Fatalf("PERMITS KEEPALIVE: %v", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // well past both ttls
+	if _, err := other.Do(ctx, "LOCK", "kr", 1000).Slice(); err != redis.Nil {
+		t.Fatalf("LOCK while the kept reader holds: %v", err)
+	}
+	p, err := other.Do(ctx, "LOCK", "ks", 10000, "PERMITS", 2).Slice()
+	if err != nil {
+		t.Fatalf("the second permit: %v", err)
+	}
+	if _, err := other.Do(ctx, "LOCK", "ks", 1000, "PERMITS", 2).Slice(); err != redis.Nil {
+		t.Fatalf("a third permit while the kept one holds: %v", err)
+	}
+	holder.Close()
+	start := time.Now()
+	if _, err := other.Do(ctx, "LOCK", "kr", 1000, "WAIT", 5000).Slice(); err != nil {
+		t.Fatalf("LOCK after the reader's connection closed: %v", err)
+	}
+	if _, err := other.Do(ctx, "LOCK", "ks", 1000, "PERMITS", 2, "WAIT", 5000).Slice(); err != nil {
+		t.Fatalf("a permit after the holder's connection closed: %v", err)
+	}
+	if n, err := other.Do(ctx, "UNLOCK", "ks", p[0]).Int64(); err != nil || n != 1 {
+		t.Fatalf("UNLOCK the second permit: %v %v", n, err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("the holdings were freed %v after the close: not released, they expired", waited)
 	}
 }
