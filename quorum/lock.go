@@ -134,6 +134,15 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false)
 		return lk, err
 	}
+	if queued && l.queuedHash(resource) {
+		// -LOCKMODE comes at once, not after the queue of shared or
+		// semaphore waiters: a refresh-only round of a fresh token takes
+		// nothing and reports the mode. (Behind exclusive waiters only, the
+		// resource is not a semaphore, or the head learns it at once.)
+		if _, _, err := l.attempt(ctx, resource, ttl, token, true, false); isModeErr(err) {
+			return Lock{}, err
+		}
+	}
 	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil)
 }
 

@@ -117,6 +117,21 @@ func (l *Locker) deliver(w *waiter, h handoff) {
 	w.handing = false
 }
 
+// queuedHash reports whether shared or semaphore waiters are queued for
+// resource.
+func (l *Locker) queuedHash(resource string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.queues[resource]; q != nil {
+		for _, w := range q.waiters {
+			if w.hash {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // queued reports whether local waiters are queued for resource.
 func (l *Locker) queued(resource string) bool {
 	l.mu.Lock()

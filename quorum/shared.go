@@ -94,6 +94,12 @@ func (m modeVotes) err(quorum int, kind int64) error {
 	return nil
 }
 
+// isModeErr reports whether err is a *ModeError.
+func isModeErr(err error) bool {
+	var me *ModeError
+	return errors.As(err, &me)
+}
+
 // heldAs says what holds a resource in mode code.
 func heldAs(code int64) string {
 	switch code {
@@ -154,6 +160,12 @@ func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string,
 		}
 		lk, _, err := try(false, false)(ctx)
 		return lk, err
+	} else if queued {
+		// -LOCKMODE comes at once, not after the queue: a refresh-only
+		// round of a fresh token takes nothing and reports the mode.
+		if _, _, err := try(true, false)(ctx); isModeErr(err) {
+			return Lock{}, err
+		}
 	}
 	return l.wait(ctx, start, resource, ttl, token, opt.Wait, try(false, true))
 }

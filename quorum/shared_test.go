@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -230,4 +231,31 @@ func TestWriterIntentBound(t *testing.T) {
 		t.Errorf("the writer waited %v, more than the bound %v", waited, bound)
 	}
 	mustUnlock(t, writers, "doc", lk.Token)
+}
+
+// TestModeAnsweredAtOnceWhenQueued: a request in another mode gets its
+// ModeError at once, also with WAIT behind local waiters.
+func TestModeAnsweredAtOnceWhenQueued(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	p0 := mustLock(t, l, "q", 5*time.Second, Options{Permits: 2})
+	p1 := mustLock(t, l, "q", 5*time.Second, Options{Permits: 2})
+	ch := lockAsync(t, ctxT(t), l, "q", time.Second, Options{Permits: 2, Wait: 10 * time.Second})
+	waitQueued(t, l, "q", 1)
+	for _, opt := range []Options{{Permits: 3, Wait: 5 * time.Second}, {Wait: 5 * time.Second}, {shared: true, Wait: 5 * time.Second}} {
+		start := time.Now()
+		_, err := l.Lock(ctxT(t), "q", time.Second, opt)
+		wantModeErr(t, fmt.Sprintf("%+v behind a waiter", opt), err, true)
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%+v: answered after %v, not at once", opt, d)
+		}
+	}
+	mustUnlock(t, l, "q", p0.Token)
+	if r := recv(t, ch); r.err != nil {
+		t.Fatalf("the waiter: %v", r.err)
+	} else {
+		mustUnlock(t, l, "q", r.lk.Token)
+	}
+	mustUnlock(t, l, "q", p1.Token)
 }
