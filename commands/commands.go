@@ -22,8 +22,8 @@ type Config struct {
 	// MaxWait is the largest WAIT timeout-ms that LOCK accepts. Zero allows
 	// only WAIT 0. The default is 60s.
 	MaxWait time.Duration
-	// MaxPermits is the largest k of LOCK ... PERMITS k. The default is
-	// 1024.
+	// MaxPermits is the largest k of LOCK ... PERMITS k, at most
+	// quorum.MaxPermits. The default is 1024.
 	MaxPermits int64
 }
 
@@ -42,8 +42,8 @@ func (c Config) Validate() error {
 	if c.MaxWait < 0 {
 		return fmt.Errorf("commands: MaxWait %v is negative", c.MaxWait)
 	}
-	if c.MaxPermits < 1 {
-		return fmt.Errorf("commands: MaxPermits %d is below 1", c.MaxPermits)
+	if c.MaxPermits < 1 || c.MaxPermits > quorum.MaxPermits {
+		return fmt.Errorf("commands: MaxPermits %d is not between 1 and %d", c.MaxPermits, quorum.MaxPermits)
 	}
 	return nil
 }

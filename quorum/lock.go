@@ -619,8 +619,8 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		abstained int     // of those, nodes that extended without a marker: no vote
 		fence     int64   // the largest stored fence of the token
 		missing   []*node // nodes where the lock is free
-		hash      bool    // a shared or semaphore holding: not healed
 	)
+	var form holdingForm // a reader or a permit: healed as one (shared.go)
 	attempt := l.newAttempt()
 	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, attempt, ttl.Milliseconds())
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
@@ -631,7 +631,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			case r.val > 0 && counts(r, fresh):
 				extended++
 				fence = max(fence, r.val)
-				hash = hash || r.aux == 2
+				form.note(r.aux)
 			case r.val > 0:
 				abstained++
 			case r.val == -1:
@@ -641,12 +641,12 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 	})
 	switch {
 	case extended >= l.quorum:
-		if len(missing) > 0 && !hash && l.validity(ttl, time.Since(start)) > 0 {
+		if len(missing) > 0 && l.validity(ttl, time.Since(start)) > 0 {
 			// Heal: the holder keeps a majority; put the lock back on the
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
-			l.place(context.WithoutCancel(ctx), missing, resource, token, attempt, fence, start.Add(ttl))
+			l.placeForm(context.WithoutCancel(ctx), form, missing, resource, token, attempt, fence, start.Add(ttl))
 		}
 		// After the placement: the validity counts from Extend's return.
 		v := l.validity(ttl, time.Since(start))

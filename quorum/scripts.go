@@ -108,11 +108,16 @@ import (
 //	       afterwards, {free slot or -1, -1-ms} when the slot (or, shared,
 //	       the resource) is taken, {mode code, 0} for another mode.
 //	qr     as q, but only refresh the token's holding: {-1, -1} without one.
+//	qp     place, for a shared or semaphore holding: x is
+//	       "<ttl>:<k>:<slot>:<fence>"; as q, but a new holding gets that
+//	       fence and the counter is raised to it. Heals a holding that a
+//	       majority holds onto a node that lacks it.
 //
 // Where the key is a hash (shared or semaphore holdings), a, aw, r and rw
 // reply {mode code, 0} for a semaphore or for a reader's token, and record
 // a waiting writer's intent (aw, rw); u, up, c, cp, e and f act on the
-// token's holding in the hash (e then replies {2, fence}); h releases a
+// token's holding in the hash (e then replies {form, fence}, see
+// holdingForm, and -1 where the record holds nothing of the token); h releases a
 // reader and hands the lock on when it was the last. See hashLua.
 //
 // Acquire returns the fence (at least 1) when the token holds the lock
@@ -528,6 +533,7 @@ var (
 	codeHandoff                  = any("h")
 	codeShared, codeSharedWait   = any("q"), any("qw")
 	codeSharedRefresh            = any("qr")
+	codeSharedPlace              = any("qp")
 )
 
 // The node states that opsScript reports after the operations' results.

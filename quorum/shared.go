@@ -134,6 +134,9 @@ func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string,
 	if opt.shared {
 		k = 0
 	}
+	if k > MaxPermits {
+		return Lock{}, fmt.Errorf("quorum: Permits must be at most %d, got %d", MaxPermits, k)
+	}
 	try := func(refresh, waits bool) attemptFunc {
 		code := codeShared
 		switch {
@@ -169,6 +172,10 @@ func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string,
 	}
 	return l.wait(ctx, start, resource, ttl, token, opt.Wait, try(false, true))
 }
+
+// MaxPermits is the largest Options.Permits: the nodes report a permit's
+// k and slot in one integer (holdingForm).
+const MaxPermits = 1 << 20
 
 // maxSlotRounds is the most rounds one semaphore attempt spends proposing
 // slots: the first and the nodes' suggestions after it.
@@ -295,4 +302,40 @@ func (l *Locker) hashRound(ctx context.Context, resource string, ttl time.Durati
 		return Lock{}, 0, -1, false, fmt.Errorf("lock %q: %w", resource, cerr)
 	}
 	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence, Slot: slot}, 0, -1, false, nil
+}
+
+// holdingForm is what Extend learned of a token's holding from the nodes
+// that extended it: a reader, a permit (k and slot), or neither (an
+// exclusive lock). The extend operation reports it in its pair (hextend).
+type holdingForm struct {
+	shared, permit bool
+	k, slot        int
+}
+
+// note records an extend reply's first element.
+func (f *holdingForm) note(aux int64) {
+	switch {
+	case aux == 2:
+		f.shared = true
+	case aux <= -10:
+		v := -10 - aux
+		f.permit, f.k, f.slot = true, int(v>>21), int(v&(1<<21-1))
+	}
+}
+
+// placeForm heals a holding of form onto nodes that lack it: place for an
+// exclusive lock, otherwise the same reader or permit (slot) with fence,
+// where the node can hold it, until end.
+func (l *Locker) placeForm(ctx context.Context, form holdingForm, nodes []*node, resource, token, attempt string, fence int64, end time.Time) {
+	if !form.shared && !form.permit {
+		l.place(ctx, nodes, resource, token, attempt, fence, end)
+		return
+	}
+	left := time.Until(end).Milliseconds()
+	if left < 1 {
+		return
+	}
+	x := strconv.FormatInt(left, 10) + ":" + strconv.Itoa(form.k) + ":" + strconv.Itoa(form.slot) + ":" + strconv.FormatInt(fence, 10)
+	r := l.call(ctx, opPlace, len(nodes), l.lockPrefix+resource, codeSharedPlace, token, attempt, x)
+	l.fanout(nodes, r, func([]reply) {})
 }

@@ -211,7 +211,8 @@ end
 local function hacquire(key, code, token, x, attempt)
 	local s1 = string.find(x, ':', 1, true)
 	local s2 = string.find(x, ':', s1 + 1, true)
-	local ttl, k, slot = tonumber(string.sub(x, 1, s1 - 1)), tonumber(string.sub(x, s1 + 1, s2 - 1)), tonumber(string.sub(x, s2 + 1))
+	local s3 = string.find(x, ':', s2 + 1, true)
+	local ttl, k, slot = tonumber(string.sub(x, 1, s1 - 1)), tonumber(string.sub(x, s1 + 1, s2 - 1)), tonumber(string.sub(x, s2 + 1, (s3 or 0) - 1))
 	local waits = code == 'qw'
 	local h = hload(key)
 	if not h then
@@ -279,7 +280,16 @@ local function hacquire(key, code, token, x, attempt)
 		end
 		return {free, -1 - hremaining(h, false)}
 	end
-	local fence = redis.call('INCR', counter)
+	local fence
+	if code == 'qp' then
+		-- Healing: the holding's fence, and the counter raised to it.
+		fence = tonumber(string.sub(x, s3 + 1))
+		if tonumber(redis.call('GET', counter) or '0') < fence then
+			redis.call('SET', counter, string.format('%d', fence))
+		end
+	else
+		fence = redis.call('INCR', counter)
+	end
 	if h.mode ~= mode then
 		h.mode = mode
 		redis.call('HSET', key, 'm', mode)
@@ -298,21 +308,25 @@ local function hrelease(key, token, publish, resource)
 	return hdrop(key, h, f, publish, resource)
 end
 
--- hextend resets token's holding to ttl ms: {2, fence}, or 0 when token
--- holds nothing there. The 2 tells the caller that the holding is in a
--- hash, which healing does not place as a string lock.
+-- hextend resets token's holding to ttl ms: {form, fence}, form being 2
+-- for a reader and -10-(k*2^21+slot) for a permit (so that healing places
+-- the same holding where it is missing, see holdingForm); -1 when the
+-- record holds nothing of token, 0 when it is not a record with a mode.
 local function hextend(key, token, ttl)
 	local h = hload(key)
-	local f, e = nil, nil
-	if h then
-		f, e = hfind(h, token)
-	end
-	if not f then
+	if not h then
 		return 0
+	end
+	local f, e = hfind(h, token)
+	if not f then
+		return -1
 	end
 	e.exp = now() + tonumber(ttl)
 	hset(key, h, f, e)
-	return {2, tonumber(e.fence)}
+	if string.byte(f, 1) == 64 then
+		return {2, tonumber(e.fence)}
+	end
+	return {-10 - (tonumber(string.sub(h.mode, 2)) * 2097152 + tonumber(string.sub(f, 2))), tonumber(e.fence)}
 end
 
 -- hraise raises the counter and token's stored fence to fence; 1 when

@@ -62,8 +62,12 @@ func TestOpsScriptHashRecords(t *testing.T) {
 	}
 	// Extend, raise, release of one permit; the key's PX follows the
 	// latest holding.
-	if code, fence := pair(t, runOps(t, a, op("e", "A", 20000))[0]); code != 2 || fence < 1 {
-		t.Fatalf("extend a permit: {%d, %d}", code, fence)
+	// The reply tells the permit's k and slot, for healing.
+	code, fence := pair(t, runOps(t, a, op("e", "A", 20000))[0])
+	var form holdingForm
+	form.note(code)
+	if !form.permit || form.k != 2 || form.slot != 0 || fence < 1 {
+		t.Fatalf("extend a permit: {%d, %d}: %+v", code, fence, form)
 	}
 	if p := c.pttl(t, 0, "s"); p < 19*time.Second {
 		t.Fatalf("pttl %v after extending a permit to 20s", p)
@@ -224,5 +228,38 @@ func TestMergeHashCopies(t *testing.T) {
 				t.Errorf("merge = %q, want %q", got.value, tt.want)
 			}
 		})
+	}
+}
+
+// TestExtendHealsHashHoldings: an Extend puts a reader or a permit back on
+// a node that lacks it, with its fence and slot.
+func TestExtendHealsHashHoldings(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	ctx := ctxT(t)
+	warm(t, c, l)
+	other := mustLock(t, l, "sem", 10*time.Second, Options{Permits: 3}) // on every node
+	c.servers[2].CutOff()
+	p := mustLock(t, l, "sem", 10*time.Second, Options{Permits: 3}) // on nodes 0 and 1
+	r := mustRLock(t, l, "doc", 10*time.Second, Options{})
+	c.servers[2].Reconnect()
+	want := "|" + strconv.FormatInt(p.Fence, 10) + "/"
+	eventually(t, "node 2 healed", func() bool {
+		_, err1 := l.Extend(ctx, "sem", p.Token, 10*time.Second)
+		_, err2 := l.Extend(ctx, "doc", r.Token, 10*time.Second)
+		v, _ := c.admin[2].HGet(ctx, "lockproxy:lock:sem", "#"+strconv.Itoa(p.Slot)).Result()
+		rv, _ := c.admin[2].HGet(ctx, "lockproxy:lock:doc", "@"+r.Token).Result()
+		return err1 == nil && err2 == nil && strings.Contains(v, want) && strings.HasSuffix(v, ":"+p.Token) && rv != ""
+	})
+	// Node 0 fails: the healed permit and reader keep their majority.
+	c.kill(0)
+	if _, err := l.Extend(ctx, "sem", p.Token, 10*time.Second); err != nil {
+		t.Errorf("Extend the permit with node 0 down after healing: %v", err)
+	}
+	if _, err := l.Extend(ctx, "doc", r.Token, 10*time.Second); err != nil {
+		t.Errorf("Extend the reader with node 0 down after healing: %v", err)
+	}
+	if other.Slot == p.Slot {
+		t.Fatalf("two permits in slot %d", p.Slot)
 	}
 }
