@@ -47,6 +47,7 @@ var specs = [...]spec{
 			{name: "timeout-ms", typ: "integer", token: "WAIT", optional: true},
 			{name: "token", typ: "string", token: "TOKEN", optional: true},
 			{name: "keepalive", typ: "pure-token", token: "KEEPALIVE", optional: true},
+			{name: "k", typ: "integer", token: "PERMITS", optional: true},
 		},
 		outcomes: []outcome{lockAcquired, lockNotAcquired, lockNoQuorum, lockError, lockBadRequest},
 		serve:    (*Conn).lock,
