@@ -23,15 +23,18 @@ type Config struct {
 	// only WAIT 0. The default is 60s.
 	MaxWait time.Duration
 	// MaxPermits is the largest k of LOCK ... PERMITS k, at most
-	// quorum.MaxPermits. The default is 1024.
+	// quorum.MaxPermits. Zero means the default, 1024.
 	MaxPermits int64
 }
 
 // DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s, MaxPermits
 // 1024.
 func DefaultConfig() Config {
-	return Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxPermits: 1024}
+	return Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxPermits: defaultMaxPermits}
 }
+
+// defaultMaxPermits is MaxPermits's default.
+const defaultMaxPermits = 1024
 
 // Validate reports whether c can be used: MaxTTL must be at least 1ms and
 // MaxWait must not be negative.
@@ -42,7 +45,7 @@ func (c Config) Validate() error {
 	if c.MaxWait < 0 {
 		return fmt.Errorf("commands: MaxWait %v is negative", c.MaxWait)
 	}
-	if c.MaxPermits < 1 || c.MaxPermits > quorum.MaxPermits {
+	if c.MaxPermits < 0 || c.MaxPermits > quorum.MaxPermits {
 		return fmt.Errorf("commands: MaxPermits %d is not between 1 and %d", c.MaxPermits, quorum.MaxPermits)
 	}
 	return nil
@@ -124,6 +127,9 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
 		maxWait: cfg.MaxWait.Milliseconds(),
 		maxPerm: cfg.MaxPermits,
 		conns:   make(map[*Conn]struct{}),
+	}
+	if h.maxPerm == 0 {
+		h.maxPerm = defaultMaxPermits
 	}
 	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
 	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)

@@ -301,6 +301,8 @@ func TestConfig(t *testing.T) {
 		{give: Config{MaxTTL: time.Microsecond, MaxWait: time.Second}, wantErr: true},
 		{give: Config{MaxTTL: 0, MaxWait: time.Second}, wantErr: true},
 		{give: Config{MaxTTL: time.Second, MaxWait: -time.Second}, wantErr: true},
+		{give: Config{MaxTTL: time.Second, MaxPermits: -1}, wantErr: true},
+		{give: Config{MaxTTL: time.Second, MaxPermits: 1 << 21}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%+v", tt.give), func(t *testing.T) {
@@ -309,7 +311,7 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
-	if got, want := DefaultConfig(), (Config{MaxTTL: time.Hour, MaxWait: time.Minute}); got != want {
+	if got, want := DefaultConfig(), (Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxPermits: 1024}); got != want {
 		t.Errorf("DefaultConfig() = %+v, want %+v", got, want)
 	}
 }
