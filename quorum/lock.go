@@ -315,7 +315,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		}
 	})
 	fail := func(err error) (Lock, time.Duration, bool, error) {
-		err, again := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
+		again, err := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
 		return Lock{}, hint, again, err
 	}
 	if answered.nodes-abstained < l.quorum {
@@ -352,12 +352,12 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 }
 
 // failed undoes a failed round of attempt on the nodes where token may
-// hold the lock (owned), and returns the error to report and whether one
-// more round decides (see attemptOnce).
-func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, attempt string, ttl time.Duration, abstained int, start time.Time, err error) (error, bool) {
+// hold the lock (owned), and returns whether one more round decides (see
+// attemptOnce) and the error to report.
+func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, attempt string, ttl time.Duration, abstained int, start time.Time, err error) (bool, error) {
 	l.cleanup(context.WithoutCancel(ctx), owned, resource, token, attempt, ttl, false)
 	if cerr := ctxErr(ctx); cerr != nil {
-		return fmt.Errorf("lock %q: %w", resource, cerr), false
+		return false, fmt.Errorf("lock %q: %w", resource, cerr)
 	}
 	if abstained > 0 {
 		// Nodes without a marker granted: the markers of a fresh
@@ -365,7 +365,7 @@ func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, att
 		// round decides.
 		l.awaitInit(ctx)
 	}
-	return err, abstained > 0 && l.seenSince(start)
+	return abstained > 0 && l.seenSince(start), err
 }
 
 // confirm makes sure that a majority of the nodes that count has a fence

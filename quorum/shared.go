@@ -274,7 +274,7 @@ func (l *Locker) hashRound(ctx context.Context, resource string, ttl time.Durati
 		}
 	}
 	fail := func(err error) (Lock, time.Duration, int, bool, error) {
-		err, again := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
+		again, err := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
 		return Lock{}, hint, next, again, err
 	}
 	kind := int64(k)
