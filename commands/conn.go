@@ -78,7 +78,11 @@ func (h *holding) validAt(now time.Time) bool {
 //
 // A successful LOCK replaces what this connection recorded for the
 // resource: an idempotent LOCK ... TOKEN by the holder keeps the lock alive
-// from then on if it says KEEPALIVE, and stops keeping it alive if not.
+// from then on if it says KEEPALIVE, and stops keeping it alive if not. A
+// successful RLOCK or LOCK ... PERMITS k (k > 1) adds a holding, replacing
+// only the record of the same token; a token-less UNLOCK or EXTEND on a
+// connection with more than one valid holding of the resource is an
+// error that names their number.
 func (c *Conn) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
 	if len(args) == 0 {
 		return appendErr(dst, errUnknown)
