@@ -132,9 +132,9 @@ func (h *Handler) Collect(ch chan<- prometheus.Metric) {
 // Stats are the Handler's counters since New, for the lockproxy section of
 // INFO. Each matches a series of the Handler's metrics.
 type Stats struct {
-	Acquired    uint64 // LOCK replies with a lock
-	NotAcquired uint64 // LOCK replies with null: held by another owner
-	NoQuorum    uint64 // LOCK, UNLOCK and EXTEND replies with NOQUORUM
+	Acquired    uint64 // LOCK and RLOCK replies with a lock
+	NotAcquired uint64 // LOCK and RLOCK replies with null: held by another owner
+	NoQuorum    uint64 // LOCK, RLOCK, UNLOCK and EXTEND replies with NOQUORUM
 	Released    uint64 // UNLOCK replies with 1
 	Extended    uint64 // EXTEND replies with a validity (keepalives not included)
 
@@ -151,9 +151,9 @@ type Stats struct {
 // snapshot.
 func (h *Handler) Stats() Stats {
 	return Stats{
-		Acquired:            h.outcomes[lockAcquired].Load(),
-		NotAcquired:         h.outcomes[lockNotAcquired].Load(),
-		NoQuorum:            h.outcomes[lockNoQuorum].Load() + h.outcomes[unlockNoQuorum].Load() + h.outcomes[extendNoQuorum].Load(),
+		Acquired:            h.outcomes[lockAcquired].Load() + h.outcomes[rlockAcquired].Load(),
+		NotAcquired:         h.outcomes[lockNotAcquired].Load() + h.outcomes[rlockNotAcquired].Load(),
+		NoQuorum:            h.outcomes[lockNoQuorum].Load() + h.outcomes[unlockNoQuorum].Load() + h.outcomes[extendNoQuorum].Load() + h.outcomes[rlockNoQuorum].Load(),
 		Released:            h.outcomes[unlockReleased].Load(),
 		Extended:            h.outcomes[extendExtended].Load(),
 		KeepaliveExtensions: h.keepaliveExtensions.Load(),

@@ -108,7 +108,8 @@ func TestInfo(t *testing.T) {
 		"keepalive_extensions:0\r\nkeepalive_lost:0\r\nlocks_held:0\r\n" +
 		"cmd_lock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=2\r\n" +
 		"cmd_unlock:released=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
-		"cmd_extend:extended=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n"
+		"cmd_extend:extended=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
+		"cmd_rlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n"
 	if got := h.Info(); got != want {
 		t.Errorf("Info() =\n%s\nwant\n%s", got, want)
 	}
