@@ -217,7 +217,36 @@ func formsChaos(t *testing.T, nodes int, run time.Duration) {
 			t.Errorf("%s: only %d grants: the run proves little", name, x.grants)
 		}
 	}
-	t.Logf("%d holdings checked, %d violations", len(hs), len(violations))
+	t.Logf("%d holdings checked, %d violations; most holders at once: %v", len(hs), len(violations), peaks(hs))
+}
+
+// peaks returns, per resource, the most holdings that overlapped at once:
+// for a semaphore, whether the run ever had all k permits taken.
+func peaks(hs []formHolding) map[string]int {
+	type event struct {
+		at    time.Time
+		delta int
+	}
+	byRes := map[string][]event{}
+	for _, h := range hs {
+		byRes[h.resource] = append(byRes[h.resource], event{h.start, 1}, event{h.end, -1})
+	}
+	out := map[string]int{}
+	for r, evs := range byRes {
+		// Ends before starts at the same instant: touching is not overlapping.
+		slices.SortFunc(evs, func(a, b event) int {
+			if c := a.at.Compare(b.at); c != 0 {
+				return c
+			}
+			return a.delta - b.delta
+		})
+		n := 0
+		for _, e := range evs {
+			n += e.delta
+			out[r] = max(out[r], n)
+		}
+	}
+	return out
 }
 
 // TestFormChecker makes sure that the checker finds what it must.
