@@ -103,6 +103,7 @@ type lockConfig struct {
 	MaxTTL       time.Duration `yaml:"max_ttl"`
 	MaxWait      time.Duration `yaml:"max_wait"`
 	MaxResources int           `yaml:"max_resources"`
+	MaxPermits   int64         `yaml:"max_permits"`
 	KeyPrefix    string        `yaml:"key_prefix"`
 	GuardBackend string        `yaml:"guard_backend"`
 }
@@ -160,6 +161,7 @@ func defaultFileConfig() fileConfig {
 		MaxTTL:       c.MaxTTL,
 		MaxWait:      c.MaxWait,
 		MaxResources: c.MaxResources,
+		MaxPermits:   c.MaxPermits,
 		GuardBackend: "auto",
 	}
 	f.Limits = limitsConfig{
@@ -298,7 +300,7 @@ func (c *fileConfig) quorumConfig() quorum.Config {
 
 // commandsConfig maps the lock section onto the lock commands' Config.
 func (c *fileConfig) commandsConfig() commands.Config {
-	return commands.Config{MaxTTL: c.Lock.MaxTTL, MaxWait: c.Lock.MaxWait, MaxResources: c.Lock.MaxResources}
+	return commands.Config{MaxTTL: c.Lock.MaxTTL, MaxWait: c.Lock.MaxWait, MaxResources: c.Lock.MaxResources, MaxPermits: c.Lock.MaxPermits}
 }
 
 // proxyConfig maps the file onto the proxy's Config, except what needs the

@@ -66,6 +66,14 @@ func TestExamples(t *testing.T) {
 		{"redis-py MLOCK", func(t *testing.T) {
 			exNeed(t, []string{"python3-redis"}, "/usr/bin/python3", "-c", "import redis")
 		}, []string{"/usr/bin/python3", "examples/mlock/python/mlock.py"}, []string{"MLOCK RESP2: ok", "MLOCK RESP3: "}},
+		{"go-redis read-write and semaphore", func(t *testing.T) {
+			if out, err := exRun(3*time.Minute, "", nil, "go", "build", "-o", goBin+"-rwsem", "./examples/gorwsem"); err != nil {
+				t.Fatalf("go build ./examples/gorwsem: %v\n%s", err, out)
+			}
+		}, []string{goBin + "-rwsem"}, []string{"go-redis rwsem RESP2: ok", "go-redis rwsem RESP3: ok"}},
+		{"redis-py read-write and semaphore", func(t *testing.T) {
+			exNeed(t, []string{"python3-redis"}, "/usr/bin/python3", "-c", "import redis")
+		}, []string{"/usr/bin/python3", "examples/python/rwsem.py"}, []string{"rwsem RESP2: ok", "rwsem RESP3: "}},
 		{"redis-cli", func(t *testing.T) {
 			exNeed(t, []string{"redis-tools"}, "redis-cli", "--version")
 		}, []string{"bash", "examples/cli/lock.sh"}, []string{"redis-cli RESP2: ok", "redis-cli RESP3: ok"}},

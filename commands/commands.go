@@ -26,13 +26,19 @@ type Config struct {
 	// MaxResources is the most resources one MLOCK takes, from 1 to
 	// quorum.MaxResources; zero means the default, 64.
 	MaxResources int
+	// MaxPermits is the largest k of LOCK ... PERMITS k, at most
+	// quorum.MaxPermits. Zero means the default, 1024.
+	MaxPermits int64
 }
 
 // DefaultConfig returns the defaults: MaxTTL 1h, MaxWait 60s,
-// MaxResources 64.
+// MaxResources 64, MaxPermits 1024.
 func DefaultConfig() Config {
-	return Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxResources: 64}
+	return Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxResources: 64, MaxPermits: defaultMaxPermits}
 }
+
+// defaultMaxPermits is MaxPermits's default.
+const defaultMaxPermits = 1024
 
 // Validate reports whether c can be used: MaxTTL must be at least 1ms,
 // MaxWait must not be negative and MaxResources must be from 0 to
@@ -46,6 +52,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 0 {
 		return fmt.Errorf("commands: MaxWait %v is negative", c.MaxWait)
+	}
+	if c.MaxPermits < 0 || c.MaxPermits > quorum.MaxPermits {
+		return fmt.Errorf("commands: MaxPermits %d is not between 1 and %d", c.MaxPermits, quorum.MaxPermits)
 	}
 	return nil
 }
@@ -94,12 +103,14 @@ type Handler struct {
 	maxWait int64 // milliseconds
 	// maxResources is the most resources one MLOCK takes.
 	maxResources int64
+	maxPerm      int64 // PERMITS k
 	// The texts naming the maxima are built once so that parsing never
 	// allocates.
 	errTTLMax  error
 	errWaitMax error
 	// errResourcesMax names maxResources.
 	errResourcesMax error
+	errPermMax      error
 
 	mu    sync.Mutex
 	conns map[*Conn]struct{} // open connections; guarded by mu
@@ -128,11 +139,16 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
 		maxWait: cfg.MaxWait.Milliseconds(),
 
 		maxResources: int64(cmp.Or(cfg.MaxResources, DefaultConfig().MaxResources)),
+		maxPerm:      cfg.MaxPermits,
 		conns:        make(map[*Conn]struct{}),
+	}
+	if h.maxPerm == 0 {
+		h.maxPerm = defaultMaxPermits
 	}
 	h.errTTLMax = fmt.Errorf("ERR ttl-ms exceeds the maximum of %d", h.maxTTL)
 	h.errWaitMax = fmt.Errorf("ERR WAIT timeout-ms exceeds the maximum of %d", h.maxWait)
 	h.errResourcesMax = fmt.Errorf("ERR numresources exceeds the maximum of %d", h.maxResources)
+	h.errPermMax = fmt.Errorf("ERR PERMITS exceeds the maximum of %d", h.maxPerm)
 	return h, nil
 }
 
@@ -174,7 +190,7 @@ func hasWait(args [][]byte, from int) bool {
 // call Conn.Close when the connection ends; until then the Handler counts
 // the connection's locks in lockproxy_locks_held.
 func (h *Handler) NewConn() *Conn {
-	c := &Conn{h: h, held: make(map[string]*holding)}
+	c := &Conn{h: h, held: make(map[string][]*holding)}
 	h.mu.Lock()
 	h.conns[c] = struct{}{}
 	h.mu.Unlock()

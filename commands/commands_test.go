@@ -204,11 +204,11 @@ func (cl *client) extender(resource string) *extender {
 	cl.tb.Helper()
 	cl.c.mu.Lock()
 	defer cl.c.mu.Unlock()
-	h := cl.c.held[resource]
-	if h == nil || h.ext == nil {
+	hs := cl.c.held[resource]
+	if len(hs) != 1 || hs[0].ext == nil {
 		cl.tb.Fatalf("no keepalive for %q", resource)
 	}
-	return h.ext
+	return hs[0].ext
 }
 
 // eventually polls cond every 10ms until it holds or d has passed.

@@ -3,6 +3,8 @@ package commands
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +21,11 @@ import (
 type Conn struct {
 	h *Handler
 
-	mu     sync.Mutex
-	held   map[string]*holding // resource -> the current holding; guarded by mu
-	closed bool                // guarded by mu
+	mu sync.Mutex
+	// held maps a resource to its holdings on this connection: one for an
+	// exclusive lock, any number of readers or permits; guarded by mu.
+	held   map[string][]*holding
+	closed bool // guarded by mu
 
 	extenders sync.WaitGroup // running extenders; Add only under mu while !closed
 	closeOnce sync.Once
@@ -74,7 +78,11 @@ func (h *holding) validAt(now time.Time) bool {
 //
 // A successful LOCK replaces what this connection recorded for the
 // resource: an idempotent LOCK ... TOKEN by the holder keeps the lock alive
-// from then on if it says KEEPALIVE, and stops keeping it alive if not.
+// from then on if it says KEEPALIVE, and stops keeping it alive if not. A
+// successful RLOCK or LOCK ... PERMITS k (k > 1) adds a holding, replacing
+// only the record of the same token; a token-less UNLOCK or EXTEND on a
+// connection with more than one valid holding of the resource is an
+// error that names their number.
 func (c *Conn) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
 	if len(args) == 0 {
 		return appendErr(dst, errUnknown)
@@ -92,32 +100,39 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 		c.h.count(lockBadRequest)
 		return appendErr(dst, err)
 	}
+	return c.acquire(ctx, dst, a, resp3, lockOutcomes, c.h.locker.Lock)
+}
+
+// acquire runs a parsed LOCK (or RLOCK, with its outcomes o and acquire
+// function) and replies.
+func (c *Conn) acquire(ctx context.Context, dst []byte, a lockArgs, resp3 bool, o acquireOutcomes,
+	lock func(context.Context, string, time.Duration, quorum.Options) (quorum.Lock, error)) []byte {
 	resource := string(a.resource)
 	start := time.Now()
-	lk, err := c.h.locker.Lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token)})
+	lk, err := lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token), Permits: int(a.permits)})
 	if hook := testHookLocked.Load(); hook != nil {
 		(*hook)()
 	}
-	c.h.debug("lock", resource, start, err)
+	c.h.debug(o.name, resource, start, err)
 	switch {
 	case errors.Is(err, quorum.ErrNotAcquired):
-		c.h.count(lockNotAcquired)
+		c.h.count(o.notAcquired)
 		return appendNull(dst, resp3)
 	case err != nil:
-		c.h.countEngineErr(err, lockNoQuorum, lockError)
+		c.h.countEngineErr(err, o.noQuorum, o.err)
 		return appendEngineErr(dst, err)
 	}
 	if err := ctx.Err(); err != nil {
 		// The client is gone (or the command ran out of time) just after
 		// the nodes granted the lock. Nobody will ever see the token, so
 		// give the lock back now instead of blocking others for the ttl.
-		c.h.count(lockError)
+		c.h.count(o.err)
 		c.h.release(ctx, resource, lk.Token)
 		return appendEngineErr(dst, err)
 	}
-	h := c.record(ctx, resource, lk, a.ttl, lk.Expires, a.keepalive)
+	h := c.record(ctx, resource, lk, a.ttl, lk.Expires, a.keepalive, o.name == "lock" && a.permits <= 1)
 	if h == nil {
-		c.h.count(lockError)
+		c.h.count(o.err)
 		c.h.release(ctx, resource, lk.Token)
 		return appendErr(dst, errClosed)
 	}
@@ -128,39 +143,55 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 	ms := time.Until(lk.Expires).Milliseconds()
 	if ms <= 0 {
 		c.forget(resource, h)
-		c.h.count(lockNotAcquired)
+		c.h.count(o.notAcquired)
 		c.h.release(ctx, resource, lk.Token)
 		return appendNull(dst, resp3)
 	}
-	c.h.count(lockAcquired)
-	dst = redcon.AppendArray(dst, 3)
+	c.h.count(o.acquired)
+	if a.permits > 1 {
+		dst = redcon.AppendArray(dst, 4)
+	} else {
+		dst = redcon.AppendArray(dst, 3)
+	}
 	dst = redcon.AppendBulkString(dst, lk.Token)
 	dst = redcon.AppendInt(dst, ms)
-	return redcon.AppendInt(dst, lk.Fence)
+	dst = redcon.AppendInt(dst, lk.Fence)
+	if a.permits > 1 {
+		dst = redcon.AppendInt(dst, int64(lk.Slot))
+	}
+	return dst
 }
 
 // testHookLocked, when set, runs right after a LOCK's Lock call returns:
 // tests stall the proxy there.
 var testHookLocked atomic.Pointer[func()]
 
-// record makes lk the holding of resource on this connection, replacing
-// (and stopping the extender of) an earlier one, and starts an extender if
-// keepalive is set. until is the end of lk's validity. It returns the
-// holding, or nil if the connection is closed.
-func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive bool) *holding {
+// record adds lk to the holdings of resource on this connection and
+// starts an extender if keepalive is set. It replaces (and stops the
+// extender of) an earlier holding of the same token, every earlier holding
+// when exclusive (an exclusive grant proves that they ended), and those
+// whose validity has run out. until is the end of lk's validity. It
+// returns the holding, or nil if the connection is closed.
+func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive, exclusive bool) *holding {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil
 	}
-	if old := c.held[resource]; old != nil && old.ext != nil {
-		old.ext.stop()
+	now := time.Now()
+	kept := c.held[resource][:0]
+	for _, old := range c.held[resource] {
+		if !exclusive && old.token != lk.Token && old.validAt(now) {
+			kept = append(kept, old)
+		} else if old.ext != nil {
+			old.ext.stop()
+		}
 	}
 	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until}
 	if keepalive {
 		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
 	}
-	c.held[resource] = h
+	c.held[resource] = append(kept, h)
 	return h
 }
 
@@ -173,16 +204,40 @@ func (c *Conn) lookup(resource string, token []byte) (*holding, string, error) {
 	if c.closed {
 		return nil, "", errClosed
 	}
-	h := c.held[resource]
-	switch {
-	case token == nil && h == nil:
-		return nil, "", errNoToken
-	case token == nil:
-		return h, h.token, nil
-	case h != nil && h.token == string(token):
-		return h, h.token, nil
+	hs := c.held[resource]
+	if token != nil {
+		for _, h := range hs {
+			if h.token == string(token) {
+				return h, h.token, nil
+			}
+		}
+		return nil, string(token), nil
 	}
-	return nil, string(token), nil
+	if len(hs) == 0 {
+		return nil, "", errNoToken
+	}
+	if n := validCount(hs, time.Now()); n > 1 {
+		return nil, "", fmt.Errorf("ERR this connection holds '%s' %d times; give the token", resource, n)
+	}
+	for _, h := range hs {
+		if h.validAt(time.Now()) {
+			return h, h.token, nil
+		}
+	}
+	h := hs[len(hs)-1] // none valid: the last one answers that it is gone
+	return h, h.token, nil
+}
+
+// validCount returns how many of hs are valid at now. The Conn's mu must
+// be held.
+func validCount(hs []*holding, now time.Time) int {
+	n := 0
+	for _, h := range hs {
+		if h.validAt(now) {
+			n++
+		}
+	}
+	return n
 }
 
 // forget removes h from the connection if it is still the holding of
@@ -196,8 +251,14 @@ func (c *Conn) forget(resource string, h *holding) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.held[resource] == h {
-		delete(c.held, resource)
+	hs := c.held[resource]
+	if i := slices.Index(hs, h); i >= 0 {
+		hs = slices.Delete(hs, i, i+1)
+		if len(hs) == 0 {
+			delete(c.held, resource)
+		} else {
+			c.held[resource] = hs
+		}
 	}
 }
 
@@ -306,7 +367,7 @@ func (c *Conn) rekeep(resource string, h *holding, ttl time.Duration, until time
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.held[resource] != h {
+	if c.closed || !slices.Contains(c.held[resource], h) {
 		return
 	}
 	h.ext = c.startExtender(h.base, resource, h.token, ttl, until)
@@ -333,19 +394,23 @@ func (c *Conn) close() {
 	delete(c.h.conns, c)
 	c.h.mu.Unlock()
 
-	for _, h := range held {
-		if h.ext != nil {
-			h.ext.cancel()
+	for _, hs := range held {
+		for _, h := range hs {
+			if h.ext != nil {
+				h.ext.cancel()
+			}
 		}
 	}
 	c.extenders.Wait()
 
 	var wg sync.WaitGroup
-	for resource, h := range held {
-		if !h.keep || h.lost() {
-			continue
+	for resource, hs := range held {
+		for _, h := range hs {
+			if !h.keep || h.lost() {
+				continue
+			}
+			wg.Go(func() { c.h.release(h.base, resource, h.token) })
 		}
-		wg.Go(func() { c.h.release(h.base, resource, h.token) })
 	}
 	wg.Wait()
 }

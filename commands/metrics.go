@@ -36,6 +36,11 @@ const (
 	mlockNoQuorum
 	mlockError
 	mlockBadRequest
+	rlockAcquired
+	rlockNotAcquired
+	rlockNoQuorum
+	rlockError
+	rlockBadRequest
 	numOutcomes
 )
 
@@ -62,6 +67,11 @@ var outcomeNames = [numOutcomes]string{
 	mlockNoQuorum:    "noquorum",
 	mlockError:       "error",
 	mlockBadRequest:  "bad_request",
+	rlockAcquired:    "acquired",
+	rlockNotAcquired: "not_acquired",
+	rlockNoQuorum:    "noquorum",
+	rlockError:       "error",
+	rlockBadRequest:  "bad_request",
 }
 
 var (
@@ -134,9 +144,9 @@ func (h *Handler) Collect(ch chan<- prometheus.Metric) {
 // Stats are the Handler's counters since New, for the lockproxy section of
 // INFO. Each matches a series of the Handler's metrics.
 type Stats struct {
-	Acquired    uint64 // LOCK replies with a lock
-	NotAcquired uint64 // LOCK replies with null: held by another owner
-	NoQuorum    uint64 // LOCK, UNLOCK and EXTEND replies with NOQUORUM
+	Acquired    uint64 // LOCK and RLOCK replies with a lock
+	NotAcquired uint64 // LOCK and RLOCK replies with null: held by another owner
+	NoQuorum    uint64 // LOCK, RLOCK, UNLOCK and EXTEND replies with NOQUORUM
 	Released    uint64 // UNLOCK replies with 1
 	Extended    uint64 // EXTEND replies with a validity (keepalives not included)
 
@@ -153,9 +163,9 @@ type Stats struct {
 // snapshot.
 func (h *Handler) Stats() Stats {
 	return Stats{
-		Acquired:            h.outcomes[lockAcquired].Load(),
-		NotAcquired:         h.outcomes[lockNotAcquired].Load(),
-		NoQuorum:            h.outcomes[lockNoQuorum].Load() + h.outcomes[unlockNoQuorum].Load() + h.outcomes[extendNoQuorum].Load(),
+		Acquired:            h.outcomes[lockAcquired].Load() + h.outcomes[rlockAcquired].Load(),
+		NotAcquired:         h.outcomes[lockNotAcquired].Load() + h.outcomes[rlockNotAcquired].Load(),
+		NoQuorum:            h.outcomes[lockNoQuorum].Load() + h.outcomes[unlockNoQuorum].Load() + h.outcomes[extendNoQuorum].Load() + h.outcomes[rlockNoQuorum].Load(),
 		Released:            h.outcomes[unlockReleased].Load(),
 		Extended:            h.outcomes[extendExtended].Load(),
 		KeepaliveExtensions: h.keepaliveExtensions.Load(),
@@ -176,9 +186,11 @@ func (h *Handler) held(now time.Time) int {
 	seen := make(map[lockID]struct{})
 	for c := range h.conns {
 		c.mu.Lock()
-		for resource, hd := range c.held {
-			if hd.validAt(now) {
-				seen[lockID{resource, hd.token}] = struct{}{}
+		for resource, hs := range c.held {
+			for _, hd := range hs {
+				if hd.validAt(now) {
+					seen[lockID{resource, hd.token}] = struct{}{}
+				}
 			}
 		}
 		c.mu.Unlock()

@@ -117,7 +117,7 @@ func (c *Conn) mlock(ctx context.Context, dst []byte, args [][]byte, resp3 bool)
 	held := make([]*holding, len(resources))
 	for i, r := range resources {
 		lk := quorum.Lock{Token: ml.Token, Validity: ml.Validity, Expires: ml.Expires, Fence: ml.Fences[i]}
-		if held[i] = c.record(ctx, r, lk, a.ttl, ml.Expires, a.keepalive); held[i] == nil {
+		if held[i] = c.record(ctx, r, lk, a.ttl, ml.Expires, a.keepalive, true); held[i] == nil {
 			c.h.count(mlockError)
 			c.h.releaseAll(ctx, resources, ml.Token)
 			return appendErr(dst, errClosed)

@@ -6,14 +6,15 @@ import (
 )
 
 // lockArgs are the parsed arguments of
-// LOCK resource ttl-ms [WAIT timeout-ms] [TOKEN token] [KEEPALIVE].
-// The byte slices alias the command's arguments.
+// LOCK resource ttl-ms [WAIT timeout-ms] [TOKEN token] [KEEPALIVE]
+// [PERMITS k]. The byte slices alias the command's arguments.
 type lockArgs struct {
 	resource  []byte
 	ttl       time.Duration
 	wait      time.Duration
 	token     []byte // nil: let quorum generate one
 	keepalive bool
+	permits   int64 // 0: not given
 }
 
 // unlockArgs are the parsed arguments of UNLOCK resource [token].
@@ -70,6 +71,11 @@ func (h *Handler) parseLock(args [][]byte) (lockArgs, error) {
 			a.token = args[i]
 		case !a.keepalive && equalFold(opt, "keepalive"):
 			a.keepalive = true
+		case a.permits == 0 && more && equalFold(opt, "permits"):
+			i++
+			if a.permits, err = h.parsePermits(args[i]); err != nil {
+				return a, err
+			}
 		default:
 			return a, errSyntax
 		}

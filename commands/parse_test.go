@@ -304,6 +304,8 @@ func TestConfig(t *testing.T) {
 		{give: Config{MaxTTL: time.Second, MaxResources: -1}, wantErr: true},
 		{give: Config{MaxTTL: time.Second, MaxResources: 129}, wantErr: true},
 		{give: Config{MaxTTL: time.Second, MaxResources: 128}, wantErr: false},
+		{give: Config{MaxTTL: time.Second, MaxPermits: -1}, wantErr: true},
+		{give: Config{MaxTTL: time.Second, MaxPermits: 1 << 21}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%+v", tt.give), func(t *testing.T) {
@@ -312,7 +314,7 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
-	if got, want := DefaultConfig(), (Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxResources: 64}); got != want {
+	if got, want := DefaultConfig(), (Config{MaxTTL: time.Hour, MaxWait: time.Minute, MaxResources: 64, MaxPermits: 1024}); got != want {
 		t.Errorf("DefaultConfig() = %+v, want %+v", got, want)
 	}
 }

@@ -22,7 +22,7 @@ func TestProtocolDocument(t *testing.T) {
 	for _, err := range []error{
 		errSyntax, errNotInteger, errEmptyToken, errWaitNegative, errNoToken, errClosed,
 		errArityLock, errArityUnlock, errArityExtend, errExpireLock, errExpireExtend,
-		h.errTTLMax, h.errWaitMax,
+		h.errTTLMax, h.errWaitMax, h.errPermMax, errArityRLock, errExpireRLock, errPermitsRange,
 	} {
 		texts = append(texts, err.Error())
 	}
@@ -30,7 +30,15 @@ func TestProtocolDocument(t *testing.T) {
 		// The configured maxima stand as <max_ttl> and <max_wait>.
 		text = strings.Replace(text, "maximum of 3600000", "maximum of <max_ttl>", 1)
 		text = strings.Replace(text, "maximum of 60000", "maximum of <max_wait>", 1)
+		text = strings.Replace(text, "maximum of 1024", "maximum of <max_permits>", 1)
 		if !strings.Contains(doc, "`-"+text+"`") {
+			t.Errorf("docs/PROTOCOL.md lacks `-%s`", text)
+		}
+	}
+	// The mode and deadlock replies as the engine words them.
+	for _, text := range []string{"LOCKMODE held exclusively", "LOCKMODE held shared", "LOCKMODE held as a semaphore of <k> permits",
+		"DEADLOCK this token holds the write lock of the resource"} {
+		if !strings.Contains(doc, "`-"+text) {
 			t.Errorf("docs/PROTOCOL.md lacks `-%s`", text)
 		}
 	}

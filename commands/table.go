@@ -48,6 +48,7 @@ var specs = [...]spec{
 			{name: "timeout-ms", typ: "integer", token: "WAIT", optional: true},
 			{name: "token", typ: "string", token: "TOKEN", optional: true},
 			{name: "keepalive", typ: "pure-token", token: "KEEPALIVE", optional: true},
+			{name: "k", typ: "integer", token: "PERMITS", optional: true},
 		},
 		outcomes: []outcome{lockAcquired, lockNotAcquired, lockNoQuorum, lockError, lockBadRequest},
 		serve:    (*Conn).lock,
@@ -89,6 +90,7 @@ var specs = [...]spec{
 		serve:    (*Conn).mlock,
 		mayWait:  mlockMayWait,
 	},
+	rlockSpec,
 }
 
 // Names returns the commands a Handler answers, in lower case, in a new

@@ -49,7 +49,7 @@ func TestSpecs(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	names := Names()
-	if want := []string{"lock", "unlock", "extend", "mlock"}; !slices.Equal(names, want) {
+	if want := []string{"lock", "unlock", "extend", "mlock", "rlock"}; !slices.Equal(names, want) {
 		t.Fatalf("Names() = %q, want %q", names, want)
 	}
 	names[0] = "changed"
@@ -109,7 +109,8 @@ func TestInfo(t *testing.T) {
 		"cmd_lock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=2\r\n" +
 		"cmd_unlock:released=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
 		"cmd_extend:extended=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
-		"cmd_mlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n"
+		"cmd_mlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
+		"cmd_rlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n"
 	if got := h.Info(); got != want {
 		t.Errorf("Info() =\n%s\nwant\n%s", got, want)
 	}

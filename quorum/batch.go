@@ -63,6 +63,7 @@ type reply struct {
 	val      int64   // the script's integer
 	state    int8    // the node's state in the same call: stateIntact, ...
 	released bool    // handoff: the releasing token owned the lock
+	aux      int64   // a pair's first element (shared.go): a slot, a mode code
 	vals     []int64 // group acquire: the result per key (val is the status)
 	evicts   bool    // the node may evict keys (see checkEviction)
 	// The node's clock, read in the same call (clock.go): hasClock when
@@ -568,7 +569,7 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 		case int64:
 			rep.val = x
 			return rep
-		case []any: // handoff: {released, result}; group: {status, r_1, ..}
+		case []any: // handoff: {released, result}; hash records: {aux, result}; group: {status, r_1, ..}
 			if o == opGroup {
 				if rep.val, rep.vals, ok = groupReply(x); ok {
 					return rep
@@ -579,7 +580,7 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 				r, ok1 := x[0].(int64)
 				v, ok2 := x[1].(int64)
 				if ok1 && ok2 {
-					rep.val, rep.released = v, r == 1
+					rep.val, rep.released, rep.aux = v, r == 1, r
 					return rep
 				}
 			}

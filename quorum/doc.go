@@ -86,6 +86,15 @@
 // "<prefix>released". State on the nodes therefore
 // does not grow with the number of resources ever locked.
 //
+// RLock takes a shared (read) holding and Lock with Options.Permits k > 1
+// one of k permits of a semaphore. Both live in a hash record at the same
+// lock key, one field per reader or per slot (shared.go): an exclusive
+// acquisition reads the hash as held, so readers and the writer exclude
+// each other on every node and hence on any two majorities. A semaphore is
+// k slots, each a mutex granted by a majority; semaphore.go argues that at
+// most k hold at once under the same failures as the plain lock. A waiting
+// writer records its intent in the record, which makes new readers wait.
+//
 // A Locker tracks whether each node's last call succeeded and whether it
 // kept its data (Status, NodesUp, Ready for a readiness probe) and exports
 // that, per-node errors and timeouts, losses and recoveries, and the wait

@@ -28,6 +28,13 @@ type Options struct {
 	// succeeds, refreshes the ttl and returns the same fence: an idempotent
 	// retry after a lost reply.
 	Token string
+
+	// Permits, when above 1, takes one of Permits permits of a semaphore
+	// instead of the exclusive lock (see semaphore.go); the Lock's Slot
+	// says which. 0 and 1 take the exclusive lock.
+	Permits int
+
+	shared bool // RLock: a shared holding (shared.go)
 }
 
 // Lock describes an acquired lock.
@@ -44,8 +51,11 @@ type Lock struct {
 	// so that time spent stalled is not promised to anyone.
 	Expires time.Time
 	// Fence grows strictly for successive holders of the resource, while a
-	// majority of nodes keeps its data; see Locker.Lock.
+	// majority of nodes keeps its data; see Locker.Lock. For a semaphore,
+	// per slot.
 	Fence int64
+	// Slot is a semaphore permit's number, from 0 to Permits-1; 0 otherwise.
+	Slot int
 }
 
 // Lock acquires resource for ttl (at least 1ms, whole milliseconds) on a
@@ -100,6 +110,9 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 	if token == "" {
 		token = uuid.NewString()
 	}
+	if opt.shared || opt.Permits > 1 {
+		return l.lockHash(ctx, start, resource, ttl, token, opt)
+	}
 	queued := l.queued(resource)
 	if queued && opt.Token != "" {
 		// The holder refreshing its lock must not queue behind waiters
@@ -112,7 +125,7 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 		if err == nil || opt.Wait <= 0 || !retryable(err) {
 			return lk, err
 		}
-		return l.wait(ctx, start, resource, ttl, token, opt.Wait)
+		return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil)
 	}
 	if opt.Wait <= 0 {
 		if queued {
@@ -121,18 +134,34 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false)
 		return lk, err
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait)
+	if queued && l.queuedHash(resource) {
+		// -LOCKMODE comes at once, not after the queue of shared or
+		// semaphore waiters: a refresh-only round of a fresh token takes
+		// nothing and reports the mode. (Behind exclusive waiters only, the
+		// resource is not a semaphore, or the head learns it at once.)
+		if _, _, err := l.attempt(ctx, resource, ttl, token, true, false); isModeErr(err) {
+			return Lock{}, err
+		}
+	}
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil)
 }
 
 // wait queues for resource and, once at the head, attempts until acquired,
 // the wait runs out, ctx ends or the Locker closes. Between attempts the head
 // sleeps until whichever comes first: a release notification, the holder's
 // remaining ttl, or a random delay in [RetryMin, RetryMax]. start is when
-// Lock was called, for the wait histogram.
-func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration) (Lock, error) {
+// Lock was called, for the wait histogram. try, when set, is the attempt
+// of a shared or semaphore holding (shared.go), which is never handed a
+// lock by an Unlock; nil attempts the exclusive lock.
+func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, try attemptFunc) (Lock, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	w := l.enqueue(resource, token, ttl)
+	w := l.enqueue(resource, token, ttl, try != nil)
+	if try == nil {
+		try = func(ctx context.Context) (Lock, time.Duration, error) {
+			return l.attempt(ctx, resource, ttl, token, false, true)
+		}
+	}
 	defer l.leave(resource, w)
 
 	select {
@@ -147,7 +176,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	var woken time.Time // when a release notification woke this attempt
 	for {
 		wake := l.wakeChan(resource) // before the attempt: a release during it counts
-		lk, hint, err := l.attempt(ctx, resource, ttl, token, false, true)
+		lk, hint, err := try(ctx)
 		if err == nil {
 			l.waitSeconds.Observe(sinceSeconds(start))
 			if !woken.IsZero() {
@@ -242,6 +271,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		held       = heldBuf[:0]    // nodes where another token holds it
 		votes      int              // granted nodes that count
 		fence      int64            // the largest fence of those
+		modes      modeVotes        // counting nodes that found another mode
 	)
 	code := codeAcquire
 	switch {
@@ -270,6 +300,11 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 				} else {
 					abstained++
 				}
+			case r.val == 0: // a hash record in another mode (shared.go)
+				held = append(held, l.nodes[i])
+				if counts(r, fresh) {
+					modes.add(r.aux)
+				}
 			default:
 				// -1-pttl: PTTL is truncated to the millisecond and a key
 				// with 0 left is still alive, so the lock is free at the
@@ -280,20 +315,14 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		}
 	})
 	fail := func(err error) (Lock, time.Duration, bool, error) {
-		l.cleanup(context.WithoutCancel(ctx), owned, resource, token, attempt, ttl, false)
-		if cerr := ctxErr(ctx); cerr != nil {
-			return Lock{}, hint, false, fmt.Errorf("lock %q: %w", resource, cerr)
-		}
-		if abstained > 0 {
-			// Nodes without a marker granted: the markers of a fresh
-			// deployment may be on their way. Once they are, one more
-			// round decides.
-			l.awaitInit(ctx)
-		}
-		return Lock{}, hint, abstained > 0 && l.seenSince(start), err
+		again, err := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
+		return Lock{}, hint, again, err
 	}
 	if answered.nodes-abstained < l.quorum {
 		return fail(answered.noQuorum(len(l.nodes)))
+	}
+	if err := modes.err(l.quorum, modeExclusive); err != nil {
+		return fail(err)
 	}
 	if votes < l.quorum {
 		return fail(ErrNotAcquired)
@@ -320,6 +349,23 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint)
 	}
 	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence}, 0, false, nil
+}
+
+// failed undoes a failed round of attempt on the nodes where token may
+// hold the lock (owned), and returns whether one more round decides (see
+// attemptOnce) and the error to report.
+func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, attempt string, ttl time.Duration, abstained int, start time.Time, err error) (bool, error) {
+	l.cleanup(context.WithoutCancel(ctx), owned, resource, token, attempt, ttl, false)
+	if cerr := ctxErr(ctx); cerr != nil {
+		return false, fmt.Errorf("lock %q: %w", resource, cerr)
+	}
+	if abstained > 0 {
+		// Nodes without a marker granted: the markers of a fresh
+		// deployment may be on their way. Once they are, one more
+		// round decides.
+		l.awaitInit(ctx)
+	}
+	return abstained > 0 && l.seenSince(start), err
 }
 
 // confirm makes sure that a majority of the nodes that count has a fence
@@ -574,6 +620,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		fence     int64   // the largest stored fence of the token
 		missing   []*node // nodes where the lock is free
 	)
+	var form holdingForm // a reader or a permit: healed as one (shared.go)
 	attempt := l.newAttempt()
 	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, attempt, ttl.Milliseconds())
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
@@ -584,6 +631,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			case r.val > 0 && counts(r, fresh):
 				extended++
 				fence = max(fence, r.val)
+				form.note(r.aux)
 			case r.val > 0:
 				abstained++
 			case r.val == -1:
@@ -598,7 +646,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
-			l.place(context.WithoutCancel(ctx), missing, resource, token, attempt, fence, start.Add(ttl))
+			l.placeForm(context.WithoutCancel(ctx), form, missing, resource, token, attempt, fence, start.Add(ttl))
 		}
 		// After the placement: the validity counts from Extend's return.
 		v := l.validity(ttl, time.Since(start))

@@ -316,6 +316,9 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		// ownedBefore[j]: counting nodes where the token held resource j
 		// as the round began.
 		ownedBefore = make([]int, n)
+		// modes[j]: the mode codes counting nodes gave for resource j,
+		// held in another mode or read-held by the token (shared.go).
+		modes = make([]modeVotes, n)
 	)
 	code := codeGroup
 	switch {
@@ -355,6 +358,15 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 				}
 			case r.val == 2:
 				partial = append(partial, l.nodes[i])
+			case r.val == 4:
+				held = append(held, l.nodes[i])
+				if counts(r, fresh) {
+					for j, v := range r.vals {
+						if v != 0 {
+							modes[j].add(v)
+						}
+					}
+				}
 			case r.val == 0:
 				held = append(held, l.nodes[i])
 				for _, v := range r.vals {
@@ -377,6 +389,20 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 	}
 	if answered.nodes-abstained < l.quorum {
 		return fail(answered.noQuorum(len(l.nodes)))
+	}
+	// -LOCKMODE (a resource held as a semaphore) before -DEADLOCK (one
+	// read-held by the token, or the set held in part), each decided by a
+	// majority of the nodes that count.
+	var deadlock error
+	for _, m := range modes {
+		if err := m.err(l.quorum, modeExclusive); isModeErr(err) {
+			return fail(err)
+		} else if err != nil && deadlock == nil {
+			deadlock = err
+		}
+	}
+	if deadlock != nil {
+		return fail(deadlock)
 	}
 	// The token held resource j when a majority of the nodes that count
 	// said so. Holding some of the set but not all is a deadlock.

@@ -416,3 +416,50 @@ func mlockUnlock(b *testing.B, ctx context.Context, l *Locker, set []string) {
 		b.Fatalf("%d Unlocks failed", failed.Load())
 	}
 }
+
+// TestMLockOtherModes: an MLOCK over a resource held as a semaphore gets
+// -LOCKMODE at once (also with a wait), one over a resource the token
+// read-holds gets -DEADLOCK, one over a resource other readers hold waits
+// for them as a writer; none of them leaves anything locked.
+func TestMLockOtherModes(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, quiet(testConfig()))
+	ctx := ctxT(t)
+	warm(t, c, l)
+
+	mustLock(t, l, "sem", 5*time.Second, Options{Permits: 3})
+	start := time.Now()
+	_, err := l.MLock(ctx, []string{"free1", "sem"}, time.Second, Options{Wait: 2 * time.Second})
+	wantModeErr(t, "MLOCK over a semaphore", err, true)
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("-LOCKMODE after %v: not at once", waited)
+	}
+
+	reader := mustLock(t, l, "doc", 5*time.Second, Options{shared: true})
+	_, err = l.MLock(ctx, []string{"free2", "doc"}, time.Second, Options{Token: reader.Token})
+	wantModeErr(t, "MLOCK by a reader's token", err, false)
+
+	// Another reader's hold: the MLOCK is a writer and waits for it.
+	if _, err := l.MLock(ctx, []string{"free3", "doc"}, time.Second, Options{}); !errors.Is(err, ErrNotAcquired) {
+		t.Errorf("MLOCK over a read-held resource: %v, want ErrNotAcquired", err)
+	}
+	ch := make(chan error, 1)
+	go func() {
+		_, err := l.MLock(ctx, []string{"free3", "doc"}, time.Second, Options{Wait: 5 * time.Second})
+		ch <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := l.Unlock(ctx, "doc", reader.Token); err != nil {
+		t.Fatalf("Unlock of the reader: %v", err)
+	}
+	if err := <-ch; err != nil {
+		t.Errorf("MLOCK ... WAIT after the reader left: %v", err)
+	}
+	// The failed ones left their free resources free.
+	for _, r := range []string{"free1", "free2"} {
+		lk := mustLock(t, l, r, time.Second, Options{})
+		if err := l.Unlock(ctx, r, lk.Token); err != nil {
+			t.Errorf("Unlock %s: %v", r, err)
+		}
+	}
+}

@@ -26,6 +26,7 @@ type waiter struct {
 	token   string
 	ttl     time.Duration
 	idle    bool         // the head, between attempts: it may be handed the lock
+	hash    bool         // a shared or semaphore waiter: never handed a lock
 	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
 	handed  chan handoff // capacity 1
 }
@@ -39,9 +40,10 @@ type handoff struct {
 }
 
 // enqueue appends a waiter for resource that would lock it with token for
-// ttl; it is the head if the queue was empty.
-func (l *Locker) enqueue(resource, token string, ttl time.Duration) *waiter {
-	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, handed: make(chan handoff, 1)}
+// ttl (hash: a shared or semaphore holding); it is the head if the queue
+// was empty.
+func (l *Locker) enqueue(resource, token string, ttl time.Duration, hash bool) *waiter {
+	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, hash: hash, handed: make(chan handoff, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[resource]
@@ -102,7 +104,7 @@ func (l *Locker) claimHandoff(resource, releasing string) *waiter {
 		return nil
 	}
 	w := q.waiters[0]
-	if !w.idle || w.handing || w.token == releasing {
+	if !w.idle || w.handing || w.hash || w.token == releasing {
 		return nil
 	}
 	w.idle, w.handing = false, true
@@ -116,6 +118,21 @@ func (l *Locker) deliver(w *waiter, h handoff) {
 	defer l.mu.Unlock()
 	w.handed <- h // capacity 1, and one handoff at a time
 	w.handing = false
+}
+
+// queuedHash reports whether shared or semaphore waiters are queued for
+// resource.
+func (l *Locker) queuedHash(resource string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.queues[resource]; q != nil {
+		for _, w := range q.waiters {
+			if w.hash {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // queued reports whether local waiters are queued for resource.

@@ -614,7 +614,7 @@ func (l *Locker) readLocks(ctx context.Context, n *node) (map[string]copied, int
 		}
 	}
 	for k, c := range locks {
-		if _, _, ok := splitLock(c.value); !ok {
+		if !undisputed(c.value) {
 			disputed = append(disputed, k)
 		}
 	}
@@ -638,7 +638,7 @@ func (l *Locker) readLocks(ctx context.Context, n *node) (map[string]copied, int
 		}
 		disputed = disputed[:0]
 		for k := range locks {
-			if _, _, ok := splitLock(locks[k].value); ok {
+			if undisputed(locks[k].value) {
 				continue
 			}
 			c, found := again[k]
@@ -647,7 +647,7 @@ func (l *Locker) readLocks(ctx context.Context, n *node) (map[string]copied, int
 				delete(locks, k) // gone everywhere: released or expired
 			default:
 				locks[k] = c
-				if _, _, ok := splitLock(c.value); !ok {
+				if !undisputed(c.value) {
 					disputed = append(disputed, k)
 				}
 			}
@@ -732,6 +732,9 @@ func reading(val string, pttl, counter int64) (copied, bool) {
 	if val == "" {
 		return copied{value: "0", pttl: pttl}, true
 	}
+	if isHashCopy(val) {
+		return readingHash(val, pttl, counter)
+	}
 	if _, fence, _ := splitLock(val); fence > counter {
 		return copied{}, false
 	}
@@ -745,6 +748,9 @@ func reading(val string, pttl, counter int64) (copied, bool) {
 func merge(a, b copied) copied {
 	if a.value == "" {
 		return b
+	}
+	if isHashCopy(a.value) || isHashCopy(b.value) {
+		return mergeHash(a, b)
 	}
 	ta, fa, oka := splitLock(a.value)
 	tb, fb, okb := splitLock(b.value)

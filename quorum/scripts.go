@@ -118,12 +118,34 @@ import (
 //	       after it began setting keys (a Redis error) may leave some of
 //	       them set: the caller takes its reply for no answer and cleans
 //	       the attempt up on every key.
+//	       4 when some keys are hash records in another mode (a
+//	       semaphore) or read-held by the token: r_j is hexclusive's mode
+//	       code for those keys, 0 for the others; nothing changes.
 //	mr,mrw as m and mw, but only refresh: status -1 (nothing changes)
 //	       when some key is free; all the token's: refreshed, status 3.
 //	mp     as m, but a set the token holds in part is acquired too (its
 //	       free keys taken, its own refreshed; status 1 or 3): for a token
 //	       that holds every key on a majority of the nodes, though not all
 //	       of them on the same nodes.
+//	q, qw  shared or semaphore acquire (hashLua, shared.go): x is
+//	       "<ttl>:<k>:<slot>", k 0 for a reader, else a permit of k with the
+//	       proposed slot. Takes or refreshes the token's holding in the
+//	       lock key's hash record; qw also marks the record for a release
+//	       notification. Replies {slot, fence} when the token holds
+//	       afterwards, {free slot or -1, -1-ms} when the slot (or, shared,
+//	       the resource) is taken, {mode code, 0} for another mode.
+//	qr     as q, but only refresh the token's holding: {-1, -1} without one.
+//	qp     place, for a shared or semaphore holding: x is
+//	       "<ttl>:<k>:<slot>:<fence>"; as q, but a new holding gets that
+//	       fence and the counter is raised to it. Heals a holding that a
+//	       majority holds onto a node that lacks it.
+//
+// Where the key is a hash (shared or semaphore holdings), a, aw, r and rw
+// reply {mode code, 0} for a semaphore or for a reader's token, and record
+// a waiting writer's intent (aw, rw); u, up, c, cp, e and f act on the
+// token's holding in the hash (e then replies {form, fence}, see
+// holdingForm, and -1 where the record holds nothing of the token); h releases a
+// reader and hands the lock on when it was the last. See hashLua.
 //
 // Acquire returns the fence (at least 1) when the token holds the lock
 // afterwards (a fresh holding advances the counter and stores its value; a
@@ -207,6 +229,21 @@ local function relies(att, attempt)
 	return att == '*' or string.find(',' .. att .. ',', ',' .. attempt .. ',', 1, true) ~= nil
 end
 
+-- addAttempt returns the list att with attempt added.
+local function addAttempt(att, attempt)
+	if relies(att, attempt) then
+		return att
+	end
+	if att == '' then
+		return '*' -- the previous layout's lock: no attempt may undo it
+	end
+	local _, commas = string.gsub(att, ',', '')
+	if commas + 1 >= 8 then
+		return '*'
+	end
+	return att .. ',' .. attempt
+end
+` + hashLua + `
 -- refresh resets the ttl of v, a lock that token owns with fence and the
 -- attempts att, and adds attempt to those that rely on it.
 local function refresh(key, v, token, ttl, fence, att, attempt)
@@ -214,17 +251,7 @@ local function refresh(key, v, token, ttl, fence, att, attempt)
 		redis.call('PEXPIRE', key, ttl)
 		return fence
 	end
-	if att == '' then
-		att = '*' -- the previous layout's lock: no attempt may undo it
-	else
-		local _, commas = string.gsub(att, ',', '')
-		if commas + 1 >= 8 then
-			att = '*'
-		else
-			att = att .. ',' .. attempt
-		end
-	end
-	redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token), 'PX', ttl)
+	redis.call('SET', key, value(string.sub(v, 1, 1), fence, addAttempt(att, attempt), token), 'PX', ttl)
 	return fence
 end
 
@@ -243,6 +270,14 @@ local function acquire(key, code, token, ttl, attempt)
 			return fence
 		end
 		v = get(v, attempt)
+		if v == nil then
+			local r = hexclusive(key, code, token, ttl, attempt)
+			if r ~= false then
+				return r
+			end
+			redis.call('DEL', key) -- a hash that holds nothing: free
+			v = false
+		end
 		if v == false then
 			-- A tombstone of another attempt: the lock is free.
 			redis.call('SET', key, new, 'PX', ttl)
@@ -250,7 +285,7 @@ local function acquire(key, code, token, ttl, attempt)
 		end
 	end
 	if v == nil then
-		return held(key)
+		return hexclusive(key, code, token, ttl, attempt) or -1
 	end
 	local f, att = parse(v, token)
 	if f then
@@ -279,7 +314,7 @@ end
 local function raise(key, token, fence)
 	local v, f, att = owned(key, token)
 	if not v then
-		return 0
+		return hraise(key, token, fence)
 	end
 	if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
 		redis.call('SET', counter, fence)
@@ -303,7 +338,7 @@ end
 local function release(key, code, token, resource)
 	local v = owned(key, token)
 	if not v then
-		return 0
+		return hrelease(key, token, code == 'up', resource)
 	end
 	return drop(key, v, code == 'up', resource)
 end
@@ -321,7 +356,7 @@ local function cleanup(key, code, token, x, attempt)
 		return 0
 	end
 	if v == nil then
-		return 0
+		return hcleanup(key, code, token, ttl, attempt, resource)
 	end
 	local f, att = parse(v, token)
 	if not f or att == '*' or not relies(att, attempt) then
@@ -340,7 +375,10 @@ local function extend(key, token, ttl)
 	if v == false then
 		return -1
 	end
-	local fence = v and parse(v, token)
+	if v == nil then
+		return hextend(key, token, ttl)
+	end
+	local fence = parse(v, token)
 	if not fence then
 		return 0
 	end
@@ -378,7 +416,21 @@ local function handoff(key, token, x, attempt)
 	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
-		return {0, held(key)}
+		-- A hash: the last reader hands the lock to the waiting writer.
+		local h = hload(key)
+		local f = h and hfind(h, token)
+		if not f then
+			return {0, held(key)}
+		end
+		hdrop(key, h, f, false, '')
+		if h.n > 0 then
+			return {1, held(key)}
+		end
+		redis.call('DEL', key)
+		released = 1
+		if h.mark then
+			mark = '1'
+		end
 	elseif v then
 		if parse(v, token) then
 			-- Keep the mark of waiters elsewhere, so that the next release
@@ -413,20 +465,34 @@ local function group(i, code, token, x, attempt)
 	local refreshOnly, waits = string.byte(code, 2) == 114, string.byte(code, -1) == 119
 	local anyPart = string.byte(code, 2) == 112
 	local out, own, other, free = {0}, 0, false, false
+	local modes -- {0, code_1, ..}: keys held in another mode (hash records)
 	for j = 1, size do
 		local key = KEYS[i + j - 1]
 		local v = get(redis.pcall('GET', key), attempt)
 		local f = v and parse(v, token)
+		local h -- for a hash record: hexclusive's verdict
+		if v == nil then
+			h = hexclusive(key, 'r', token, ttl, attempt)
+		end
 		if f then
 			own = own + 1
 			out[j + 1] = f
-		elseif v == false then
+		elseif v == false or h == false then
 			free = true
 			out[j + 1] = 0
+		elseif type(h) == 'table' then
+			modes = modes or {4}
+			modes[j + 1] = h[1]
 		else
 			other = true
-			out[j + 1] = held(key)
+			out[j + 1] = h or held(key)
 		end
+	end
+	if modes then
+		for j = 2, size + 1 do
+			modes[j] = modes[j] or 0
+		end
+		return modes
 	end
 	if own > 0 and own < size and not anyPart then
 		out[1] = 2
@@ -466,6 +532,8 @@ local function run(i)
 	local c = string.sub(code, 1, 1)
 	if c == 'a' or c == 'r' then
 		return acquire(key, code, token, x, attempt)
+	elseif c == 'q' then
+		return hacquire(key, code, token, x, attempt)
 	elseif c == 'u' then
 		return release(key, code, token, x)
 	elseif c == 'c' then
@@ -574,6 +642,9 @@ var (
 	codeGroupRefreshWait         = any("mrw")
 	codeGroupAnyPart             = any("mp")
 	codeMember                   = any("g")
+	codeShared, codeSharedWait   = any("q"), any("qw")
+	codeSharedRefresh            = any("qr")
+	codeSharedPlace              = any("qp")
 )
 
 // The node states that opsScript reports after the operations' results.
@@ -639,9 +710,10 @@ return 1
 //
 // It replies {0} when the node has no marker, otherwise {1, next cursor,
 // counter, key_1, value_1, pttl_1, ...}. A lock key of another type is
-// reported with an empty value, for a lock that no token owns; a tombstone
-// is no lock and left out.
-var dumpScript = newScript(`
+// reported with an empty value, for a lock that no token owns, except a
+// hash record (shared or semaphore holdings), which is reported as one
+// value (recovery_shared.go); a tombstone is no lock and left out.
+var dumpScript = newScript(hdumpLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	return {0}
 end
@@ -652,7 +724,7 @@ for _, k in ipairs(r[2]) do
 	if p ~= -2 then
 		local v = redis.pcall('GET', k)
 		if type(v) == 'table' then
-			v = ''
+			v = hdump(k)
 		end
 		if v and string.byte(v, 1) ~= 120 then
 			out[#out + 1] = k
@@ -670,14 +742,18 @@ return out
 //
 // It replies {0} when the node has no marker, otherwise {1, value_1,
 // pttl_1, ...}, with an empty value for a key of another type, and an
-// empty value and pttl -2 for a key that is gone or a tombstone.
-var peekScript = newScript(`
+// empty value and pttl -2 for a key that is gone or a tombstone, and a
+// hash record as dumpScript reports it.
+var peekScript = newScript(hdumpLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	return {0}
 end
 local out = {1}
 for i = 2, #KEYS do
 	local v = redis.pcall('GET', KEYS[i])
+	if type(v) == 'table' then
+		v = hdump(KEYS[i])
+	end
 	if type(v) ~= 'string' then
 		v = ''
 	end
@@ -706,7 +782,9 @@ return out
 // of both values: a node that lost its locks to a clock jump kept its
 // data, and a later attempt of the token may have taken the lock there
 // afresh; its cleanup must not delete the holding copied onto it. Whatever else the node holds for a key was
-// written after the loss and no grant counted on it (see recovery.go).
+// written after the loss and no grant counted on it (see recovery.go). A
+// value that starts with 'H' is a hash record (shared or semaphore
+// holdings), which hrestore writes (recovery_shared.go).
 var restoreScript = newScript(`
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then
 	return 0
@@ -762,9 +840,11 @@ local function union(a, b)
 	end
 	return table.concat(out, ',')
 end
+` + hrestoreLua + `
 for i = 3, #KEYS do
 	local key, v, p = KEYS[i], ARGV[2 * i - 3], tonumber(ARGV[2 * i - 2])
-	local cur = redis.pcall('GET', key)
+	-- A hash record is written by hrestore, whose table skips the rest.
+	local cur = string.byte(v, 1) == 72 and hrestore(key, v) or redis.pcall('GET', key)
 	if type(cur) ~= 'table' then
 		local tok, fence = owner(v)
 		local ctok, cfence

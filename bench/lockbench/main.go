@@ -66,6 +66,38 @@ type config struct {
 	lockfloor    string // bench/lockfloor's address; empty: no reference runs
 	lockfloorPid int    // for CPU accounting
 	nodePids     []int  // for CPU accounting
+	forms        []form // the lock family's forms measured next to LOCK, uncontended
+}
+
+// form is one of the lock family's acquisitions, measured like LOCK: the
+// command and the arguments after the ttl ("RLOCK", or "LOCK" with
+// "PERMITS 4").
+type form struct {
+	name string
+	cmd  string
+	args []any
+}
+
+// parseForms parses -forms: comma-separated "RLOCK" and "PERMITS k".
+func parseForms(s string) ([]form, error) {
+	var out []form
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		switch {
+		case f == "":
+		case strings.EqualFold(f, "RLOCK"):
+			out = append(out, form{name: "RLOCK", cmd: "RLOCK"})
+		case strings.HasPrefix(strings.ToUpper(f), "PERMITS "):
+			k, err := strconv.Atoi(strings.TrimSpace(f[len("PERMITS "):]))
+			if err != nil || k < 1 {
+				return nil, fmt.Errorf("%q: want PERMITS and a positive k", f)
+			}
+			out = append(out, form{name: "LOCK PERMITS " + strconv.Itoa(k), cmd: "LOCK", args: []any{"PERMITS", k}})
+		default:
+			return nil, fmt.Errorf("%q: want RLOCK or PERMITS k", f)
+		}
+	}
+	return out, nil
 }
 
 func main() {
@@ -95,10 +127,14 @@ func run(args []string, out io.Writer) error {
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
 	fs.StringVar(&cfg.lockfloor, "lockfloor", "", "bench/lockfloor's address: run the uncontended scenario through it too, as a reference")
 	fs.IntVar(&cfg.lockfloorPid, "lockfloor-pid", 0, "lockfloor's process id: report its CPU time per pair (with -proxy-pid)")
+	forms := fs.String("forms", "", "comma-separated forms to measure next to LOCK, uncontended: RLOCK, PERMITS k")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	var err error
+	if cfg.forms, err = parseForms(*forms); err != nil {
+		return fmt.Errorf("-forms: %w", err)
+	}
 	if cfg.nodePids, err = parsePids(*nodePids); err != nil {
 		return fmt.Errorf("-node-pids: %w", err)
 	}
@@ -144,6 +180,11 @@ func run(args []string, out io.Writer) error {
 		}
 		if b.lockfloor != nil {
 			g = append(g, scenario{"lockfloor uncontended", cfg.duration, b.lockfloorUncontended, cfg.lockfloorPid})
+		}
+		for _, f := range cfg.forms {
+			g = append(g, scenario{"proxy uncontended " + f.name, cfg.duration, func(d time.Duration) (result, error) {
+				return b.uncontended(b.proxy, "proxy", d, f)
+			}, cfg.proxyPid})
 		}
 		groups = append(groups, g)
 	}
@@ -196,6 +237,9 @@ func run(args []string, out io.Writer) error {
 		printUncontended(out, cfg, results["proxy uncontended"], results["redsync uncontended"])
 		if b.lockfloor != nil {
 			printLockfloor(out, results["proxy uncontended"], results["lockfloor uncontended"], results["redsync uncontended"])
+		}
+		if len(cfg.forms) > 0 {
+			printForms(out, cfg, results)
 		}
 	}
 	if runCont {
@@ -468,16 +512,19 @@ func (c *collector) runWorkers(n int, worker func(i int)) result {
 }
 
 func (b *bench) proxyUncontended(d time.Duration) (result, error) {
-	return b.uncontended(b.proxy, "proxy", d)
+	return b.uncontended(b.proxy, "proxy", d, plainLock)
 }
 
 func (b *bench) lockfloorUncontended(d time.Duration) (result, error) {
-	return b.uncontended(b.lockfloor, "lockfloor", d)
+	return b.uncontended(b.lockfloor, "lockfloor", d, plainLock)
 }
 
-// uncontended runs the clients' LOCK+UNLOCK loop through c, lockproxy or
-// lockfloor, for d.
-func (b *bench) uncontended(c *redis.Client, side string, d time.Duration) (result, error) {
+// plainLock is the form of a plain LOCK.
+var plainLock = form{name: "LOCK", cmd: "LOCK"}
+
+// uncontended runs the clients' acquire+UNLOCK loop (acquiring as f says)
+// through c, lockproxy or lockfloor, for d.
+func (b *bench) uncontended(c *redis.Client, side string, d time.Duration, f form) (result, error) {
 	col := newCollector(b.cfg.clients, false)
 	ctx := context.Background()
 	conns, err := clientConns(c, b.cfg.clients)
@@ -494,7 +541,7 @@ func (b *bench) uncontended(c *redis.Client, side string, d time.Duration) (resu
 		var lat []time.Duration
 		for time.Now().Before(stop) {
 			t0 := time.Now()
-			v, err := conn.Do(ctx, "LOCK", resource, b.ttlArg).Slice()
+			v, err := conn.Do(ctx, append([]any{f.cmd, resource, b.ttlArg}, f.args...)...).Slice()
 			if err != nil {
 				if errors.Is(err, redis.Nil) {
 					col.failed.Add(1)
@@ -787,6 +834,26 @@ func printUncontended(w io.Writer, cfg config, px, rs []result) {
 		sum(px, func(r result) int64 { return r.failed }), sum(px, func(r result) int64 { return r.errs }),
 		sum(rs, func(r result) int64 { return r.failed }), sum(rs, func(r result) int64 { return r.errs }))
 	printCPU(w, px, rs)
+}
+
+// printForms compares the lock family's forms with a plain LOCK, through
+// the same proxy in the same rounds.
+func printForms(w io.Writer, cfg config, results map[string][]result) {
+	fmt.Fprintf(w, "\n#### The lock family's forms, uncontended: %d clients, each acquire+UNLOCK of its own resource (%d rounds × %v, median (min–max))\n\n",
+		cfg.clients, cfg.rounds, cfg.duration)
+	fmt.Fprintln(w, "| form | pairs/s | vs LOCK | pair latency p50 (ms) | p99 (ms) | not acquired / errors |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	rate := func(r result) float64 { return r.rate() }
+	px := results["proxy uncontended"]
+	for _, f := range append([]form{plainLock}, cfg.forms...) {
+		rs := px
+		if f.name != plainLock.name {
+			rs = results["proxy uncontended "+f.name]
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d / %d |\n", f.name, cell(rs, "%.0f", rate), ratio(rs, px, rate),
+			cell(rs, "%.2f", msOf(0.5)), cell(rs, "%.2f", msOf(0.99)),
+			sum(rs, func(r result) int64 { return r.failed }), sum(rs, func(r result) int64 { return r.errs }))
+	}
 }
 
 // printCPU adds the rows of CPU time per pair (or acquisition) when every

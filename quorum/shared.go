@@ -1,0 +1,341 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// Shared holdings (RLock) and semaphore permits (Lock with Options.Permits
+// above 1) live in a hash at the resource's lock key (hashLua), so that an
+// exclusive acquisition, whose fast path reads any key of another type as
+// held by someone else, waits for them without a change to that path.
+//
+// A reader is a holding of its own on a majority, with its own token,
+// validity and fence, taken by one round of the hash operation on every
+// node, counted, confirmed and cleaned up exactly as an exclusive round is:
+// only the node-side rule of what may be held at once differs. On a node,
+// readers exclude the writer and the writer excludes readers, so by the
+// same intersection argument as the plain lock no reader holds on a
+// majority while a writer does.
+//
+// Writer intent, and the bound on a writer's wait. A writer that waits for
+// readers records its intent in the record on every node it reaches, each
+// time its waiting attempt runs there (at least every RetryMax, or at a
+// release notification): the field "i" with an expiry of the writer's ttl
+// from then, and a waiter's mark, so that the readers' releases are
+// published. While the intent lives, a node refuses new readers (a reader
+// already holding may refresh, extend and release). Once the intent is on a
+// majority, no new reader can get a majority, so the writer gets the lock
+// as soon as the readers that held then have released or expired: with
+// readers that do not extend, a writer at the head of its Locker's queue
+// waits at most RetryMax + a round + the longest reader ttl for its intent
+// to land and for those readers to end (the test: TestWriterIntentBound).
+// A writer that stops waiting keeps new readers off for at most its ttl,
+// as long as a lock it had taken would have. An intent lives in the record
+// only while something is held there: a writer that finds the record empty
+// takes the lock.
+
+// Mode codes, as the node operations report another mode: the first
+// element of a {code, 0} reply (hashLua).
+const (
+	modeExclusive = -1 // held exclusively (to a semaphore request)
+	modeShared    = -2 // held shared (to a semaphore request)
+	modeDeadlock  = -3 // the token holds it in the other of exclusive and shared
+	// A code k > 1 is a semaphore of k permits.
+)
+
+// modeVotes counts, per mode code, the counting nodes that reported it.
+type modeVotes []struct {
+	code int64
+	n    int
+}
+
+func (m *modeVotes) add(code int64) {
+	for i := range *m {
+		if (*m)[i].code == code {
+			(*m)[i].n++
+			return
+		}
+	}
+	*m = append(*m, struct {
+		code int64
+		n    int
+	}{code, 1})
+}
+
+// err returns the mode error that a majority (quorum) of counting nodes
+// decided for a request of kind (modeExclusive, modeShared, or k > 1 for
+// a semaphore), -LOCKMODE before -DEADLOCK, or nil. Another mode seen on
+// fewer nodes counts as held by another owner.
+func (m modeVotes) err(quorum int, kind int64) error {
+	total, best, bestN, deadlock := 0, int64(0), 0, 0
+	for _, v := range m {
+		if v.code == modeDeadlock {
+			deadlock = v.n
+			continue
+		}
+		total += v.n
+		if v.n > bestN {
+			best, bestN = v.code, v.n
+		}
+	}
+	switch {
+	case total >= quorum:
+		return &ModeError{Held: heldAs(best)}
+	case deadlock >= quorum && kind == modeShared:
+		return &DeadlockError{Why: "this token holds the write lock of the resource"}
+	case deadlock >= quorum:
+		return &DeadlockError{Why: "this token holds a read lock of the resource; release it before taking the write lock"}
+	}
+	return nil
+}
+
+// isModeErr reports whether err is a *ModeError.
+func isModeErr(err error) bool {
+	var me *ModeError
+	return errors.As(err, &me)
+}
+
+// heldAs says what holds a resource in mode code.
+func heldAs(code int64) string {
+	switch code {
+	case modeExclusive:
+		return "held exclusively"
+	case modeShared:
+		return "held shared"
+	}
+	return "held as a semaphore of " + strconv.FormatInt(code, 10) + " permits"
+}
+
+// attemptFunc is one attempt of a waiting Lock: the Lock, or how long the
+// holder may still hold (0 when unknown) and why not.
+type attemptFunc func(ctx context.Context) (Lock, time.Duration, error)
+
+// RLock acquires a shared holding of resource for ttl: any number of them
+// at once, never at the same time as an exclusive Lock of resource. Each
+// has its own token, validity and fence (the fence rule is Lock's: larger
+// than the fence of every holding of resource that ended before the
+// call). Options are as for Lock (Permits is ignored); RLock with the
+// token of a current reader refreshes that holding. It returns what Lock
+// returns, and a *DeadlockError when opt.Token holds resource exclusively,
+// a *ModeError when a semaphore holds it. ctx bounds the call as for Lock.
+func (l *Locker) RLock(ctx context.Context, resource string, ttl time.Duration, opt Options) (Lock, error) {
+	opt.shared, opt.Permits = true, 0
+	return l.Lock(ctx, resource, ttl, opt)
+}
+
+// lockHash is lock for a shared holding or a semaphore permit.
+func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, opt Options) (Lock, error) {
+	k := opt.Permits
+	if opt.shared {
+		k = 0
+	}
+	if k > MaxPermits {
+		return Lock{}, fmt.Errorf("quorum: Permits must be at most %d, got %d", MaxPermits, k)
+	}
+	try := func(refresh, waits bool) attemptFunc {
+		code := codeShared
+		switch {
+		case refresh:
+			code = codeSharedRefresh
+		case waits:
+			code = codeSharedWait
+		}
+		return func(ctx context.Context) (Lock, time.Duration, error) {
+			return l.hashAttempt(ctx, resource, ttl, token, k, code)
+		}
+	}
+	queued := l.queued(resource)
+	if queued && opt.Token != "" {
+		// A refresh of the token's holding never queues; anything else
+		// does not jump the queue.
+		lk, _, err := try(true, false)(ctx)
+		if err == nil || opt.Wait <= 0 || !retryable(err) {
+			return lk, err
+		}
+	} else if opt.Wait <= 0 {
+		if queued {
+			return Lock{}, ErrNotAcquired
+		}
+		lk, _, err := try(false, false)(ctx)
+		return lk, err
+	} else if queued {
+		// -LOCKMODE comes at once, not after the queue: a refresh-only
+		// round of a fresh token takes nothing and reports the mode.
+		if _, _, err := try(true, false)(ctx); isModeErr(err) {
+			return Lock{}, err
+		}
+	}
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, try(false, true))
+}
+
+// MaxPermits is the largest Options.Permits: the nodes report a permit's
+// k and slot in one integer (holdingForm).
+const MaxPermits = 1 << 20
+
+// maxSlotRounds is the most rounds one semaphore attempt spends proposing
+// slots: the first and the nodes' suggestions after it.
+const maxSlotRounds = 3
+
+// hashAttempt is attempt for a shared holding (k 0) or a permit of k. A
+// semaphore round proposes one slot; when it loses, the next round proposes
+// the slot that the token already holds somewhere, or the one most nodes
+// reported free.
+func (l *Locker) hashAttempt(ctx context.Context, resource string, ttl time.Duration, token string, k int, code any) (Lock, time.Duration, error) {
+	slot := 0
+	if k > 0 {
+		slot = rand.IntN(k)
+	}
+	var (
+		lk    Lock
+		hint  time.Duration
+		err   error
+		again bool
+	)
+	for round := 0; round < maxSlotRounds; round++ {
+		next := -1
+		lk, hint, next, again, err = l.hashRound(ctx, resource, ttl, token, k, slot, code)
+		switch {
+		case again:
+			continue // the deployment's markers were being created
+		case !errors.Is(err, ErrNotAcquired) || next < 0:
+			return lk, hint, err
+		}
+		slot = next
+	}
+	return lk, hint, err
+}
+
+// hashRound is one round of hashAttempt, proposing slot. next is the slot
+// to propose in another round, or -1 when none is free; again is as for
+// attemptOnce.
+func (l *Locker) hashRound(ctx context.Context, resource string, ttl time.Duration, token string, k, slot int, code any) (lk Lock, hint time.Duration, next int, again bool, err error) {
+	key := l.lockPrefix + resource
+	start := time.Now()
+	var (
+		answered   tally // the nodes that gave a usable reply
+		abstained  int   // of those, nodes that granted without a marker: no vote
+		grantedBuf [smallRound]grant
+		ownedBuf   [smallRound]*node
+		granted    = grantedBuf[:0] // nodes that granted the proposed slot
+		owned      = ownedBuf[:0]   // nodes where the token may hold
+		votes      int              // granted nodes that count
+		fence      int64            // the largest fence of those
+		modes      modeVotes        // counting nodes that found another mode
+		mine       = -1             // a slot the token holds on some node
+		free       = map[int]int{}  // free slots, by the nodes reporting them
+	)
+	attempt := l.newAttempt()
+	x := strconv.FormatInt(ttl.Milliseconds(), 10) + ":" + strconv.Itoa(k) + ":" + strconv.Itoa(slot)
+	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
+	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
+		for i, r := range res {
+			l.tally(&answered, r, fresh, start)
+			switch {
+			case r.err != nil:
+				owned = append(owned, l.nodes[i]) // it may have run the script
+			case r.val > 0 && int(r.aux) != slot:
+				owned = append(owned, l.nodes[i]) // the token's own permit, refreshed
+				mine = int(r.aux)
+			case r.val > 0:
+				owned = append(owned, l.nodes[i])
+				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
+				granted = append(granted, g)
+				if g.counts {
+					votes++
+					fence = max(fence, r.val)
+				} else {
+					abstained++
+				}
+			case r.val == 0:
+				if counts(r, fresh) {
+					modes.add(r.aux)
+				}
+			case r.val == -1 && code == codeSharedRefresh:
+			default:
+				hint = max(hint, time.Duration(-r.val)*time.Millisecond)
+				if r.aux >= 0 {
+					free[int(r.aux)]++
+				}
+			}
+		}
+	})
+	next = mine
+	if next < 0 {
+		n := 0
+		for s, c := range free {
+			if c > n || (c == n && s < next) {
+				next, n = s, c
+			}
+		}
+	}
+	fail := func(err error) (Lock, time.Duration, int, bool, error) {
+		again, err := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
+		return Lock{}, hint, next, again, err
+	}
+	kind := int64(k)
+	if k == 0 {
+		kind = modeShared
+	}
+	switch {
+	case answered.nodes-abstained < l.quorum:
+		return fail(answered.noQuorum(len(l.nodes)))
+	case modes.err(l.quorum, kind) != nil:
+		return fail(modes.err(l.quorum, kind))
+	case votes < l.quorum:
+		return fail(ErrNotAcquired)
+	case !l.confirm(ctx, key, token, attempt, granted, fence, start):
+		return fail(ErrNotAcquired)
+	}
+	now := time.Now()
+	v := l.validity(ttl, now.Sub(start))
+	if v <= 0 {
+		return fail(ErrNotAcquired)
+	}
+	if cerr := ctxErr(ctx); cerr != nil {
+		// The caller is gone: give the holding back at once.
+		l.cleanup(context.WithoutCancel(ctx), l.nodes, resource, token, attempt, ttl, true)
+		return Lock{}, 0, -1, false, fmt.Errorf("lock %q: %w", resource, cerr)
+	}
+	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence, Slot: slot}, 0, -1, false, nil
+}
+
+// holdingForm is what Extend learned of a token's holding from the nodes
+// that extended it: a reader, a permit (k and slot), or neither (an
+// exclusive lock). The extend operation reports it in its pair (hextend).
+type holdingForm struct {
+	shared, permit bool
+	k, slot        int
+}
+
+// note records an extend reply's first element.
+func (f *holdingForm) note(aux int64) {
+	switch {
+	case aux == 2:
+		f.shared = true
+	case aux <= -10:
+		v := -10 - aux
+		f.permit, f.k, f.slot = true, int(v>>21), int(v&(1<<21-1))
+	}
+}
+
+// placeForm heals a holding of form onto nodes that lack it: place for an
+// exclusive lock, otherwise the same reader or permit (slot) with fence,
+// where the node can hold it, until end.
+func (l *Locker) placeForm(ctx context.Context, form holdingForm, nodes []*node, resource, token, attempt string, fence int64, end time.Time) {
+	if !form.shared && !form.permit {
+		l.place(ctx, nodes, resource, token, attempt, fence, end)
+		return
+	}
+	left := time.Until(end).Milliseconds()
+	if left < 1 {
+		return
+	}
+	x := strconv.FormatInt(left, 10) + ":" + strconv.Itoa(form.k) + ":" + strconv.Itoa(form.slot) + ":" + strconv.FormatInt(fence, 10)
+	r := l.call(ctx, opPlace, len(nodes), l.lockPrefix+resource, codeSharedPlace, token, attempt, x)
+	l.fanout(nodes, r, func([]reply) {})
+}
