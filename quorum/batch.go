@@ -55,6 +55,9 @@ var (
 	opTime    = &op{name: "time"}
 	opInit    = &op{name: "init"}
 	opHandoff = &op{name: "handoff"}
+	opSetHold = &op{name: "sethold"}
+	opQuery   = &op{name: "query"}
+	opView    = &op{name: "view"}
 )
 
 // reply is one node's answer in a round.
@@ -62,7 +65,10 @@ type reply struct {
 	val      int64 // the script's integer
 	state    int8  // the node's state in the same call: stateIntact, ...
 	released bool  // handoff: the releasing token owned the lock
-	evicts   bool  // the node may evict keys (see checkEviction)
+	// arr is the whole reply of an operation that replies with more than
+	// an integer (the hold count, a view; reentrant.go, info.go).
+	arr    []any
+	evicts bool // the node may evict keys (see checkEviction)
 	// The node's clock, read in the same call (clock.go): hasClock when
 	// the call reported it, and the verdict on it.
 	hasClock bool
@@ -542,6 +548,11 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 			rep.val = x
 			return rep
 		case []any: // handoff: {released, result}
+			if len(x) > 2 {
+				rep.val, _ = x[0].(int64)
+				rep.arr = x
+				return rep
+			}
 			if len(x) == 2 {
 				r, ok1 := x[0].(int64)
 				v, ok2 := x[1].(int64)

@@ -28,6 +28,16 @@ type Options struct {
 	// succeeds, refreshes the ttl and returns the same fence: an idempotent
 	// retry after a lost reply.
 	Token string
+
+	// Reentrant makes the holding count holds (see Release): taken afresh
+	// it has 1; with the Token of the current holder (taken with or
+	// without Reentrant) it gets one more hold, its ttl is reset and its
+	// fence stays. Lock.Holds is the count after the call.
+	Reentrant bool
+
+	// Holder describes who acquires, for LOCKINFO (Info): stored with a
+	// fresh holding on the nodes, never a secret. Empty: nobody named.
+	Holder string
 }
 
 // Lock describes an acquired lock.
@@ -46,6 +56,9 @@ type Lock struct {
 	// Fence grows strictly for successive holders of the resource, while a
 	// majority of nodes keeps its data; see Locker.Lock.
 	Fence int64
+	// Holds is the hold count after a reentrant Lock (Options.Reentrant),
+	// 0 after any other.
+	Holds int64
 }
 
 // Lock acquires resource for ttl (at least 1ms, whole milliseconds) on a
@@ -80,7 +93,7 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 	// handoff) may have spent it all: then the lock is given back.
 	lk.Validity = time.Until(lk.Expires)
 	if lk.Validity <= 0 {
-		l.release(context.WithoutCancel(ctx), l.nodes, resource, lk.Token, true)
+		l.giveBack(context.WithoutCancel(ctx), resource, lk.Token)
 		return Lock{}, ErrNotAcquired
 	}
 	return lk, nil
@@ -100,28 +113,29 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 	if token == "" {
 		token = uuid.NewString()
 	}
+	f := newForm(opt)
 	queued := l.queued(resource)
 	if queued && opt.Token != "" {
 		// The holder refreshing its lock must not queue behind waiters
 		// that wait for it to let go; anyone else must not jump the queue,
 		// so this attempt only refreshes an existing holding.
-		lk, _, err := l.attempt(ctx, resource, ttl, token, true, opt.Wait > 0)
+		lk, _, err := l.attempt(ctx, resource, ttl, token, true, opt.Wait > 0, f)
 		if err == nil && opt.Wait > 0 {
 			l.waitSeconds.Observe(sinceSeconds(start))
 		}
 		if err == nil || opt.Wait <= 0 || !retryable(err) {
 			return lk, err
 		}
-		return l.wait(ctx, start, resource, ttl, token, opt.Wait)
+		return l.wait(ctx, start, resource, ttl, token, opt.Wait, f)
 	}
 	if opt.Wait <= 0 {
 		if queued {
 			return Lock{}, ErrNotAcquired
 		}
-		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false)
+		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false, f)
 		return lk, err
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait)
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, f)
 }
 
 // wait queues for resource and, once at the head, attempts until acquired,
@@ -129,10 +143,10 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 // sleeps until whichever comes first: a release notification, the holder's
 // remaining ttl, or a random delay in [RetryMin, RetryMax]. start is when
 // Lock was called, for the wait histogram.
-func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration) (Lock, error) {
+func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, f *form) (Lock, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	w := l.enqueue(resource, token, ttl)
+	w := l.enqueue(resource, token, ttl, f)
 	defer l.leave(resource, w)
 
 	select {
@@ -147,7 +161,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	var woken time.Time // when a release notification woke this attempt
 	for {
 		wake := l.wakeChan(resource) // before the attempt: a release during it counts
-		lk, hint, err := l.attempt(ctx, resource, ttl, token, false, true)
+		lk, hint, err := l.attempt(ctx, resource, ttl, token, false, true, f)
 		if err == nil {
 			l.waitSeconds.Observe(sinceSeconds(start))
 			if !woken.IsZero() {
@@ -195,7 +209,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		if handed && h.ok {
 			if cerr := ctxErr(ctx); cerr != nil || errors.Is(stop, errClosed) {
 				// The caller is gone: hand the lock on at once.
-				l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
+				l.giveBack(context.WithoutCancel(ctx), resource, token)
 				if cerr == nil {
 					return Lock{}, errClosed
 				}
@@ -215,10 +229,10 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 // holder's lock may still live on the nodes that reported it (0 when no node
 // did). With waits, the nodes where another token holds the lock mark it,
 // so that its release wakes the caller (see opsScript).
-func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
-	lk, hint, again, err := l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits)
+func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool, f *form) (Lock, time.Duration, error) {
+	lk, hint, again, err := l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits, f)
 	if again {
-		lk, hint, _, err = l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits)
+		lk, hint, _, err = l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits, f)
 	}
 	return lk, hint, err
 }
@@ -228,7 +242,7 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 // in use (a fresh deployment's markers were being created): the nodes
 // without a marker that did not count then have one now, and one more
 // round decides.
-func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (lk Lock, hint time.Duration, again bool, err error) {
+func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool, f *form) (lk Lock, hint time.Duration, again bool, err error) {
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
 	var (
@@ -252,8 +266,12 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	case waits:
 		code = codeAcquireWait
 	}
+	var x any = ttl.Milliseconds()
+	if f != nil {
+		code, x = f.code(code), acquireArg(ttl, f)
+	}
 	attempt := l.newAttempt()
-	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, ttl.Milliseconds())
+	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
@@ -263,6 +281,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 			case r.val > 0:
 				owned = append(owned, l.nodes[i])
 				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
+				g.hold, _ = holdOf(r)
 				granted = append(granted, g)
 				if g.counts {
 					votes++
@@ -302,6 +321,12 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if !l.confirm(ctx, key, token, attempt, granted, fence, start) {
 		return fail(ErrNotAcquired)
 	}
+	var hs holdState
+	if f.reentrant() {
+		if hs, err = l.settleHolds(ctx, key, token, attempt, granted); err != nil {
+			return fail(err)
+		}
+	}
 	now := time.Now() // Expires counts from the validity's measurement
 	v := l.validity(ttl, now.Sub(start))
 	if v <= 0 {
@@ -317,9 +342,9 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		// holder, typically the one whose release woke this waiter and has
 		// not reached them yet: place it there once they are free, so that
 		// it does not rest on a bare majority.
-		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint)
+		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint, f.extWith(hs))
 	}
-	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence}, 0, false, nil
+	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: hs.holds}, 0, false, nil
 }
 
 // confirm makes sure that a majority of the nodes that count has a fence
@@ -366,16 +391,17 @@ func (l *Locker) confirm(ctx context.Context, key, token, attempt string, grante
 type grant struct {
 	node   *node
 	fence  int64
-	counts bool // the node had the marker (or the deployment is fresh)
+	counts bool      // the node had the marker (or the deployment is fresh)
+	hold   holdState // a reentrant acquisition's (reentrant.go)
 }
 
 // release runs the compare-and-delete script on nodes and reports on how
 // many it deleted and how many answered: it ends token's holding, whatever
 // attempt took it. With publish, deleting nodes announce the release if a
 // waiter marked the lock there, and local waiters are woken.
-func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int) {
+func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int, counted []reply) {
 	if len(nodes) == 0 {
-		return 0, 0
+		return 0, 0, nil
 	}
 	code := codeRelease
 	if publish {
@@ -389,13 +415,16 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 				if r.val == 1 {
 					deleted++
 				}
+				if r.arr != nil {
+					counted = append(counted, r) // a count of holds: kept
+				}
 			}
 		}
 	})
 	if publish && deleted > 0 {
 		l.notify(resource)
 	}
-	return deleted, answered
+	return deleted, answered, counted
 }
 
 // cleanup undoes a failed (or abandoned) attempt on nodes: each deletes the
@@ -450,7 +479,7 @@ func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, at
 // returns, like release, on how many nodes token's lock was deleted and how
 // many answered. Waiters of other Lockers are not notified of a lock that
 // was handed on; they find it free once this Locker has no waiter left.
-func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter) (deleted, answered int) {
+func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter) (deleted, answered int, counted []reply) {
 	start := time.Now()
 	key := l.lockPrefix + resource
 	var (
@@ -461,7 +490,7 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		held    []*node // nodes where another token holds it
 		hint    time.Duration
 	)
-	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + ":" + w.token
+	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + w.form.extArg() + ":" + w.token
 	attempt := l.newAttempt()
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
 	l.fanout(l.nodes, r, func(res []reply) {
@@ -473,6 +502,12 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 			answered++
 			if r.released {
 				deleted++
+			}
+			if r.arr != nil {
+				// The token's holding has a count of holds: not released,
+				// not handed (reentrant.go).
+				counted = append(counted, r)
+				continue
 			}
 			if r.val > 0 {
 				owned = append(owned, l.nodes[i])
@@ -496,11 +531,11 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	if votes >= l.quorum && l.confirm(bg, key, w.token, attempt, granted, fence, start) {
 		now := time.Now()
 		if v := l.validity(w.ttl, now.Sub(start)); v > 0 {
-			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence}, true
+			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: w.form.freshHolds()}, true
 		}
 	}
 	if h.ok && len(held) > 0 {
-		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint)
+		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint, w.form.extArg())
 	}
 	if !h.ok {
 		// The holder's lock is gone where it was handed: a release like
@@ -510,14 +545,16 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		l.notify(resource)
 	}
 	l.deliver(w, h)
-	return deleted, answered
+	return deleted, answered, counted
 }
 
 // testHookHandOver, when set, runs in handOver after the handing round and
 // before its outcome is delivered.
 var testHookHandOver atomic.Pointer[context.CancelFunc]
 
-// Unlock releases resource on every node where token owns it. It returns
+// Unlock releases resource on every node where token owns it; a lock with a
+// count of holds (Options.Reentrant) loses one hold, as Release(ctx,
+// resource, token, 0) does. It returns
 // nil when the lock was deleted on a majority, ErrNotHeld when token does
 // not own it on a majority, a *NoQuorumError when fewer than a majority
 // answered, or an error wrapping ctx.Err() when ctx ended first. ctx bounds
@@ -530,23 +567,8 @@ func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 	if token == "" {
 		return ErrNotHeld
 	}
-	l.cancelPlacement(resource, token)
-	var deleted, answered int
-	if w := l.claimHandoff(resource, token); w != nil {
-		deleted, answered = l.handOver(ctx, resource, token, w)
-	} else {
-		deleted, answered = l.release(ctx, l.nodes, resource, token, true)
-	}
-	switch {
-	case deleted >= l.quorum:
-		return nil
-	case ctxErr(ctx) != nil:
-		return fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
-	case answered < l.quorum:
-		return &NoQuorumError{Answered: answered, Total: len(l.nodes)}
-	default:
-		return ErrNotHeld
-	}
+	_, err := l.releaseHold(ctx, resource, token, 0)
+	return err
 }
 
 // Extend resets the ttl of resource to ttl on every node where token owns
@@ -573,6 +595,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		abstained int     // of those, nodes that extended without a marker: no vote
 		fence     int64   // the largest stored fence of the token
 		missing   []*node // nodes where the lock is free
+		counted   []reply // replies with a count of holds (reentrant.go)
 	)
 	attempt := l.newAttempt()
 	r := l.call(ctx, opExtend, len(l.nodes), l.lockPrefix+resource, codeExtend, token, attempt, ttl.Milliseconds())
@@ -584,6 +607,9 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			case r.val > 0 && counts(r, fresh):
 				extended++
 				fence = max(fence, r.val)
+				if r.arr != nil {
+					counted = append(counted, r)
+				}
 			case r.val > 0:
 				abstained++
 			case r.val == -1:
@@ -598,7 +624,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
-			l.place(context.WithoutCancel(ctx), missing, resource, token, attempt, fence, start.Add(ttl))
+			l.place(context.WithoutCancel(ctx), missing, resource, token, attempt, fence, start.Add(ttl), countExt(counted))
 		}
 		// After the placement: the validity counts from Extend's return.
 		v := l.validity(ttl, time.Since(start))

@@ -22,6 +22,7 @@ type waiter struct {
 	// waiter (see handOver), and the handoff's state, under Locker.mu.
 	token   string
 	ttl     time.Duration
+	form    *form        // what the waiter's holding stores (reentrant.go)
 	idle    bool         // the head, between attempts: it may be handed the lock
 	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
 	handed  chan handoff // capacity 1
@@ -37,8 +38,8 @@ type handoff struct {
 
 // enqueue appends a waiter for resource that would lock it with token for
 // ttl; it is the head if the queue was empty.
-func (l *Locker) enqueue(resource, token string, ttl time.Duration) *waiter {
-	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, handed: make(chan handoff, 1)}
+func (l *Locker) enqueue(resource, token string, ttl time.Duration, f *form) *waiter {
+	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, form: f, handed: make(chan handoff, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[resource]
