@@ -482,30 +482,31 @@ local function query(key, token)
 end
 
 -- view reports what the node holds for key, for LOCKINFO: {kind, pttl,
--- header, mine}. kind is 'none' (free, or a tombstone), 'exclusive' (a
--- lock value; header is the value up to the token, never the token) or
--- 'other' (a key of another type); mine is 1 when token, if not empty,
--- owns the exclusive lock.
+-- header, mine, owner}. kind is 'none' (free, or a tombstone),
+-- 'exclusive' (a lock value: header is the value up to its token, owner
+-- the token's SHA1, never the token) or 'other' (a key of another type);
+-- mine is 1 when token, if not empty, owns the exclusive lock.
 local function view(key, token)
 	local v = redis.pcall('GET', key)
 	if type(v) == 'table' then
 		if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
-			return {'other', redis.call('PTTL', key), '', 0}
+			return {'other', redis.call('PTTL', key), '', 0, ''}
 		end
 		error(v)
 	end
 	if not v or string.byte(v, 1) == 120 then
-		return {'none', -2, '', 0}
+		return {'none', -2, '', 0, ''}
 	end
 	local sep = string.find(v, ':', 2, true)
-	local mine, header = 0, v
+	local mine, header, owner = 0, v, ''
 	if sep then
 		header = string.sub(v, 1, sep - 1)
+		owner = redis.sha1hex(string.sub(v, sep + 1))
 		if token ~= '' and string.sub(v, sep + 1) == token then
 			mine = 1
 		end
 	end
-	return {'exclusive', redis.call('PTTL', key), header, mine}
+	return {'exclusive', redis.call('PTTL', key), header, mine, owner}
 end
 
 local function status()
