@@ -19,6 +19,11 @@ import (
 type Conn struct {
 	h *Handler
 
+	// holder is who acquires through this connection, for LOCKINFO:
+	// "name@addr via proxy-id" (SetClient), "" until the proxy says.
+	// Used by Serve only.
+	holder string
+
 	mu     sync.Mutex
 	held   map[string]*holding // resource -> the current holding; guarded by mu
 	closed bool                // guarded by mu
@@ -42,6 +47,11 @@ type holding struct {
 	// connection; the extender of a kept lock knows a later one. Guarded by
 	// the Conn's mu.
 	until time.Time
+	// kept is the number of holds taken with KEEPALIVE on this connection
+	// (1 for a kept lock without a count): Close gives up that many.
+	// Guarded by the Conn's mu.
+	kept int64
+	ttl  time.Duration // of the last LOCK, for a restarted extender
 }
 
 // lost reports whether the keepalive of h gave the lock up. h may be nil.
@@ -94,7 +104,7 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 	}
 	resource := string(a.resource)
 	start := time.Now()
-	lk, err := c.h.locker.Lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token)})
+	lk, err := c.h.locker.Lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token), Reentrant: a.reentrant, Holder: c.holder})
 	if hook := testHookLocked.Load(); hook != nil {
 		(*hook)()
 	}
@@ -133,10 +143,18 @@ func (c *Conn) lock(ctx context.Context, dst []byte, args [][]byte, resp3 bool) 
 		return appendNull(dst, resp3)
 	}
 	c.h.count(lockAcquired)
-	dst = redcon.AppendArray(dst, 3)
+	if a.reentrant {
+		dst = redcon.AppendArray(dst, 4)
+	} else {
+		dst = redcon.AppendArray(dst, 3)
+	}
 	dst = redcon.AppendBulkString(dst, lk.Token)
 	dst = redcon.AppendInt(dst, ms)
-	return redcon.AppendInt(dst, lk.Fence)
+	dst = redcon.AppendInt(dst, lk.Fence)
+	if a.reentrant {
+		dst = redcon.AppendInt(dst, lk.Holds)
+	}
+	return dst
 }
 
 // testHookLocked, when set, runs right after a LOCK's Lock call returns:
@@ -145,18 +163,30 @@ var testHookLocked atomic.Pointer[func()]
 
 // record makes lk the holding of resource on this connection, replacing
 // (and stopping the extender of) an earlier one, and starts an extender if
-// keepalive is set. until is the end of lk's validity. It returns the
-// holding, or nil if the connection is closed.
+// keepalive is set. until is the end of lk's validity. A re-entry (lk has
+// holds) of the holding recorded here keeps the holds that it took with
+// KEEPALIVE, and their extender. It returns the holding, or nil if the
+// connection is closed.
 func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive bool) *holding {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil
 	}
-	if old := c.held[resource]; old != nil && old.ext != nil {
-		old.ext.stop()
+	var kept int64
+	if keepalive {
+		kept = 1
 	}
-	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until}
+	if old := c.held[resource]; old != nil {
+		if old.ext != nil {
+			old.ext.stop()
+		}
+		if lk.Holds > 1 && old.token == lk.Token && !old.lost() {
+			kept += old.kept
+		}
+	}
+	keepalive = kept > 0
+	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until, kept: kept, ttl: ttl}
 	if keepalive {
 		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
 	}
@@ -224,13 +254,23 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 		}
 	}
 	start := time.Now()
-	err = c.h.locker.Unlock(ctx, resource, token)
+	left, err := c.h.locker.Release(ctx, resource, token, a.hold)
 	c.h.debug("unlock", resource, start, err)
 	switch {
+	case err == nil && left > 0:
+		// Holds remain: the lock stays, kept alive for the holds this
+		// connection took with KEEPALIVE.
+		c.h.count(unlockReleased)
+		c.keepHolds(resource, h, left)
+		return redcon.AppendInt(dst, 1)
 	case err == nil:
 		c.h.count(unlockReleased)
 		c.forget(resource, h)
 		return redcon.AppendInt(dst, 1)
+	case errors.Is(err, quorum.ErrNotReentrant):
+		c.h.count(unlockBadRequest)
+		c.keepHolds(resource, h, -1)
+		return appendErr(dst, errHoldPlain)
 	case errors.Is(err, quorum.ErrNotHeld):
 		c.h.count(unlockNotHeld)
 		c.forget(resource, h)
@@ -240,6 +280,35 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 	// retry without a token and Close still releases a kept lock.
 	c.h.countEngineErr(err, unlockNoQuorum, unlockError)
 	return appendEngineErr(dst, err)
+}
+
+// keepHolds keeps h, the holding of resource on this connection (nil:
+// none), after an UNLOCK left holds of it (-1: unknown, nothing changed):
+// this connection keeps at most that many holds alive, with a new
+// extender when it keeps any.
+func (c *Conn) keepHolds(resource string, h *holding, left int64) {
+	if h == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.held[resource] != h {
+		return
+	}
+	if left >= 0 {
+		h.kept = min(h.kept, left)
+	}
+	h.keep = h.kept > 0
+	if !h.keep || h.lost() {
+		return
+	}
+	until := h.until
+	if h.ext != nil {
+		if _, u := h.ext.state(); u.After(until) {
+			until = u
+		}
+	}
+	h.ext = c.startExtender(h.base, resource, h.token, h.ttl, until)
 }
 
 func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte, _ bool) []byte {
@@ -345,7 +414,13 @@ func (c *Conn) close() {
 		if !h.keep || h.lost() {
 			continue
 		}
-		wg.Go(func() { c.h.release(h.base, resource, h.token) })
+		// One release per hold taken with KEEPALIVE (a lock without a
+		// count has one).
+		wg.Go(func() {
+			for range max(h.kept, 1) {
+				c.h.release(h.base, resource, h.token)
+			}
+		})
 	}
 	wg.Wait()
 }

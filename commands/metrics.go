@@ -31,6 +31,10 @@ const (
 	extendNoQuorum
 	extendError
 	extendBadRequest
+	lockinfoAnswered
+	lockinfoNoQuorum
+	lockinfoError
+	lockinfoBadRequest
 	numOutcomes
 )
 
@@ -52,11 +56,16 @@ var outcomeNames = [numOutcomes]string{
 	extendNoQuorum:   "noquorum",
 	extendError:      "error",
 	extendBadRequest: "bad_request",
+
+	lockinfoAnswered:   "answered",
+	lockinfoNoQuorum:   "noquorum",
+	lockinfoError:      "error",
+	lockinfoBadRequest: "bad_request",
 }
 
 var (
 	commandsDesc = prometheus.NewDesc("lockproxy_commands_total",
-		"LOCK, UNLOCK and EXTEND commands served, by outcome.",
+		"Lock commands (LOCK, UNLOCK, EXTEND, LOCKINFO) served, by outcome.",
 		[]string{"command", "outcome"}, nil)
 	keepaliveExtensionsDesc = prometheus.NewDesc("lockproxy_keepalive_extensions_total",
 		"Successful extensions of locks taken with KEEPALIVE.", nil, nil)
