@@ -131,6 +131,8 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	st := newStorage()
 	stop := make(chan struct{})
 	wait := contend(t, lockers, []string{"r0", "r1", "r2", "r3"}, 16, st, stop, time.Second, writeBriefly)
+	// Reentrant clients on the same resources (chaos_reentrant_test.go).
+	waitReentrant := contendReentrant(t, lockers, []string{"r0", "r1", "r2", "r3"}, 4, st, stop, time.Second, 1<<30)
 
 	injected := map[string]int{}
 	deadline := time.Now().Add(run)
@@ -148,7 +150,7 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 		waitAllUp(t, c, lockers, 2*cfg.MaxTTL)
 	}
 	close(stop)
-	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, wait(), 100)
+	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, wait().add(waitReentrant()), 100)
 }
 
 // writeBriefly holds a grant for one to three writes, each followed by up

@@ -324,6 +324,9 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	var hs holdState
 	if f.reentrant() {
 		if hs, err = l.settleHolds(ctx, key, token, attempt, granted); err != nil {
+			if errors.Is(err, ErrNotHeld) {
+				err = ErrNotAcquired // the lock lost its majority meanwhile
+			}
 			return fail(err)
 		}
 	}
