@@ -99,13 +99,13 @@ func parseExt(header string) (holds, version int64, holder string) {
 }
 
 // laterExt returns the extension of whichever of two values of one token's
-// holding stores the later version of the hold count (a's on a tie), with
-// its leading ';', or "".
+// holding stores the later version of the hold count (on a tie a's, unless
+// a has none), with its leading ';', or "".
 func laterExt(a, b string) string {
 	ea, eb := valueExt(a), valueExt(b)
 	_, va, _ := parseExt(ea)
 	_, vb, _ := parseExt(eb)
-	if vb > va {
+	if vb > va || (vb == va && ea == "") {
 		return eb
 	}
 	return ea

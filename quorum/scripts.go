@@ -855,9 +855,9 @@ for i = 3, #KEYS do
 			end
 			-- The hold count of the later version (recovery carries it as
 			-- live lock state).
-			local ext = extension(v)
-			if version(extension(cur)) > version(ext) then
-				ext = extension(cur)
+			local ext, cext = extension(v), extension(cur)
+			if version(cext) > version(ext) or (version(cext) == version(ext) and ext == '') then
+				ext = cext
 			end
 			local nv = mark .. string.format('%d', math.max(fence, cfence)) .. '/' .. union(attempts(v), attempts(cur)) .. ext .. ':' .. tok
 			if nv ~= cur then
