@@ -18,6 +18,14 @@ import (
 //	                         deployment's reference clock (see clock.go)
 //	<prefix>released         channel; payload is the released resource name
 //
+// A lock's value may carry an extension between its attempts and the ':'
+// (reentrant.go): "<w><fence>/<attempt>;<holds>.<version>;<holder>:<token>",
+// the hold count with its version (empty for a holding without a count:
+// one hold) and the holder that LOCKINFO shows, escaped so that it holds
+// no ':' or ';'. Every operation that rewrites a holding keeps its
+// extension; one without an extension is the plain value above, which a
+// proxy without a holder to store writes byte for byte as before.
+//
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
 // release and '0' before, <fence> is decimal and <attempt> lists the ids
 // of the attempts of the token that rely on the lock, comma-separated (ids
@@ -68,8 +76,10 @@ import (
 // the operations' are read from the end of ARGV. The operations, by code:
 //
 //	a, aw  acquire: take the lock if it is free, refresh it if the token owns
-//	       it; x is the ttl in ms. aw also marks a lock held by another
-//	       token as waited for, so that its release is published.
+//	       it; x is the ttl in ms, followed by the extension of a fresh
+//	       holding when it has one ("<ttl>;<holds>.<version>;<holder>"). aw
+//	       also marks a lock held by another token as waited for, so that
+//	       its release is published.
 //	r, rw  as a and aw, but only refresh an existing holding of the token,
 //	       never take a free lock.
 //	f      raise: counter = max(counter, x) and the stored fence = x, only
@@ -77,26 +87,48 @@ import (
 //	       smaller fence than the majority's maximum x.
 //	u, up  release: delete the lock if the token owns it; up then publishes
 //	       x, the resource name, on the channel if a waiter marked the lock.
+//	       A holding with a count of holds is not deleted: the reply is
+//	       {0, holds, version, 0, fence}, and the caller decides from a
+//	       majority's count (reentrant.go).
+//	uf     release all holds: as up, whatever the count.
 //	c, cp  cleanup of an attempt: x is "<ttl>:<resource>". If the token owns
 //	       the lock and the attempt relies on it, take the attempt off the
 //	       list, and delete the lock when no attempt is left (cp then
 //	       publishes as up does); where the lock is free, leave a tombstone
 //	       of the attempt for ttl ms, so that the attempt's acquisition,
 //	       arriving late, does nothing (it fails with LATE).
-//	e      extend: reset the ttl to x ms if the token owns the lock.
-//	p      place: x is "<ttl>:<fence>"; if the lock is free, take it for the
+//	e      extend: reset the ttl to x ms if the token owns the lock; a
+//	       holding with a count replies {fence, holds, version, 0, fence},
+//	       so that healing carries the count.
+//	p      place: x is "<ttl>:<fence>[;<extension>]"; if the lock is free, take it for the
 //	       token with that fence and ttl and raise the counter to the fence.
 //	       Heals a lock that a majority holds onto a node that lacks it.
 //	s      status: the ms left until the recovery's deadline (0 when it has
 //	       passed), or -1 when no recovery is under way; the key is ignored.
 //	t      time: the node's clock in Unix ms; the key is ignored.
-//	h      handoff: x is "<ttl>:<next token>". Release the lock if the token
+//	n, nw, nr, nrw
+//	       enter (LOCK ... REENTRANT): a, aw, r or rw, replying {g, holds,
+//	       version, fresh, g}: g is what those reply, holds and version the
+//	       count of the token's holding (1 and 0 without a count), fresh 1
+//	       when this attempt took the lock afresh on the node.
+//	k      sethold: x is "<holds>.<version>"; store it as the count of the
+//	       token's holding unless the node stores a later version. 1 when
+//	       the token owns the lock, 0 otherwise.
+//	q      query: the token's holding as enter reports it, 0 when the token
+//	       does not own the lock. Changes nothing.
+//	v      view (LOCKINFO): {kind, pttl, header, mine, owner}, kind 'none',
+//	       'exclusive' or 'other' (a key of another type), header the value
+//	       up to the token, mine 1 when the token (if given) owns it, owner
+//	       the SHA1 of the owning token. Never the token itself.
+//	h      handoff: x is "<ttl>[;<extension>]:<next token>". Release the lock if the token
 //	       owns it and, in the same call, take it for the next token with a
 //	       new fence and that ttl (also when the lock was free, or refresh
 //	       it when the next token holds it already); a waiter's mark stays.
 //	       Replies {released, g}:
 //	       released is 1 when the token owned the lock, g is what acquire
-//	       would reply for the next token.
+//	       would reply for the next token. A holding of the token with a
+//	       count of holds is neither released nor handed: the reply is
+//	       {-1, holds, version, 0, fence}, as release's.
 //	i      init: create the marker unless a recovery is under way; 1 when
 //	       the marker exists afterwards, 0 otherwise. Only for a deployment
 //	       that no node has a marker or a recovery of.
