@@ -219,7 +219,21 @@ func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold i
 		deleted, answered int
 		seen              []reply
 	)
-	if hold > 0 {
+	if hold == 1 {
+		// The count becomes 0 whatever it is: one round, unless the lock
+		// has no count (then nothing is deleted).
+		deleted, answered, seen = l.releaseWith(ctx, resource, token, codeReleaseLast)
+		switch {
+		case deleted >= l.quorum:
+			return 0, nil
+		case deleted == 0 && len(seen) > 0:
+			return 0, ErrNotReentrant
+		case len(seen) > 0:
+			// Nodes that missed the count: they release too.
+			all, _, _ := l.releaseWith(ctx, resource, token, codeReleaseAll)
+			deleted, seen = deleted+all, nil
+		}
+	} else if hold > 0 {
 		seen, answered = l.queryHolds(ctx, resource, token)
 	} else if w := l.claimHandoff(resource, token); w != nil {
 		deleted, answered, seen = l.handOver(ctx, resource, token, w)
@@ -228,10 +242,10 @@ func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold i
 	}
 	if len(seen) == 0 {
 		switch {
-		case hold > 0 && answered >= l.quorum:
-			return 0, ErrNotHeld
 		case deleted >= l.quorum:
 			return 0, nil
+		case hold > 0 && answered >= l.quorum:
+			return 0, ErrNotHeld
 		case ctxErr(ctx) != nil:
 			return 0, fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
 		case answered < l.quorum:
@@ -275,21 +289,8 @@ func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold i
 		return next.holds, nil
 	}
 	// The last hold: release it everywhere.
-	r := l.call(ctx, opRelease, len(l.nodes), l.lockPrefix+resource, codeReleaseAll, token, "", resource)
-	answered = 0
-	l.fanout(l.nodes, r, func(res []reply) {
-		for _, r := range res {
-			if r.err == nil {
-				answered++
-				if r.val == 1 {
-					deleted++
-				}
-			}
-		}
-	})
-	if deleted > 0 {
-		l.notify(resource)
-	}
+	all, answered, _ := l.releaseWith(ctx, resource, token, codeReleaseAll)
+	deleted += all
 	switch {
 	case deleted >= l.quorum:
 		return 0, nil
@@ -299,6 +300,31 @@ func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold i
 		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
 	}
 	return 0, ErrNotHeld
+}
+
+// releaseWith runs the release operation code (up, uf, ul) on every node
+// and notifies the waiters when it deleted the lock somewhere. It returns
+// as release does.
+func (l *Locker) releaseWith(ctx context.Context, resource, token string, code any) (deleted, answered int, counted []reply) {
+	r := l.call(ctx, opRelease, len(l.nodes), l.lockPrefix+resource, code, token, "", resource)
+	l.fanout(l.nodes, r, func(res []reply) {
+		for _, r := range res {
+			if r.err != nil {
+				continue
+			}
+			answered++
+			if r.val == 1 {
+				deleted++
+			}
+			if r.arr != nil {
+				counted = append(counted, r)
+			}
+		}
+	})
+	if deleted > 0 {
+		l.notify(resource)
+	}
+	return deleted, answered, counted
 }
 
 // queryHolds reads token's holding of resource on every node, changing

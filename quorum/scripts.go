@@ -91,6 +91,9 @@ import (
 //	       {0, holds, version, 0, fence}, and the caller decides from a
 //	       majority's count (reentrant.go).
 //	uf     release all holds: as up, whatever the count.
+//	ul     release the last hold (HOLD 1): as uf for a holding with a
+//	       count; one without is not deleted, the reply is {0, 1, 0, 0,
+//	       fence}.
 //	c, cp  cleanup of an attempt: x is "<ttl>:<resource>". If the token owns
 //	       the lock and the attempt relies on it, take the attempt off the
 //	       list, and delete the lock when no attempt is left (cp then
@@ -341,13 +344,15 @@ local function release(key, code, token, resource)
 	if not v then
 		return 0
 	end
-	if code ~= 'uf' then
-		local h, ver = holdsOf(ext)
-		if h then
-			-- A count of holds: the caller decides from a majority's
-			-- count (reentrant.go), never this node alone.
-			return {0, h, ver, 0, f}
+	local h, ver = holdsOf(ext)
+	if code == 'ul' then
+		if not h then
+			return {0, 1, 0, 0, f} -- no count: HOLD 1 does not apply
 		end
+	elseif code ~= 'uf' and h then
+		-- A count of holds: the caller decides from a majority's count
+		-- (reentrant.go), never this node alone.
+		return {0, h, ver, 0, f}
 	end
 	return drop(key, v, code ~= 'u', resource)
 end
@@ -657,6 +662,7 @@ var (
 	codeInit                     = any("i")
 	codeHandoff                  = any("h")
 	codeReleaseAll               = any("uf")
+	codeReleaseLast              = any("ul")
 	codeEnter, codeEnterWait     = any("n"), any("nw")
 	codeReenter, codeReenterWait = any("nr"), any("nrw")
 	codeSetHold                  = any("k")
