@@ -53,14 +53,7 @@ func contendReentrant(t *testing.T, lockers []*Locker, resources []string, clien
 				var nq *NoQuorumError
 				mu.Lock()
 				tl.calls++
-				switch {
-				case err == nil:
-					tl.grants++
-				case errors.As(err, &nq):
-					tl.noQuorum++
-				case errors.Is(err, ErrNotAcquired):
-					tl.notGotten++
-				default:
+				if !tl.record(err) {
 					bad = append(bad, fmt.Sprintf("Lock REENTRANT: %v", err))
 				}
 				mu.Unlock()

@@ -169,6 +169,23 @@ func writeBriefly(_ context.Context, _ *Locker, st *storage, r string, lk Lock, 
 // tallies are the outcomes of contend's Lock calls.
 type tallies struct{ calls, grants, noQuorum, notGotten int }
 
+// record counts one Lock call's outcome err (tl.calls is counted apart);
+// it reports false for an error other than ErrNotAcquired and NOQUORUM.
+func (tl *tallies) record(err error) bool {
+	var nq *NoQuorumError
+	switch {
+	case err == nil:
+		tl.grants++
+	case errors.As(err, &nq):
+		tl.noQuorum++
+	case errors.Is(err, ErrNotAcquired):
+		tl.notGotten++
+	default:
+		return false
+	}
+	return true
+}
+
 // contend starts clients on lockers (in turn) that take random resources
 // with Options.Wait wait, hold each grant with hold (which returns when
 // the holding's validity ends, extended or not) and record every holding
@@ -204,14 +221,7 @@ func contend(t *testing.T, lockers []*Locker, resources []string, clients int, s
 				tl.calls++
 				id := nextID
 				nextID++
-				switch {
-				case err == nil:
-					tl.grants++
-				case errors.As(err, &nq):
-					tl.noQuorum++
-				case errors.Is(err, ErrNotAcquired):
-					tl.notGotten++
-				default:
+				if !tl.record(err) {
 					other = append(other, err)
 				}
 				mu.Unlock()
