@@ -321,3 +321,45 @@ func TestReentrantKeepaliveClose(t *testing.T) {
 		t.Fatalf("mode %v after the last hold, want none", m)
 	}
 }
+
+// TestReentrantProxyRestart: the hold count lives on the lock nodes, so a
+// proxy that restarts (a new process on the same nodes) sees it.
+func TestReentrantProxyRestart(t *testing.T) {
+	backend := redistest.Start(t)
+	_, nodes := startNodes(t, 3)
+	addr, stop := startAppStop(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes)
+	ctx := context.Background()
+	c := newClient(t, addr, 2)
+	for range 3 {
+		if _, _, _, _, err := reentrantLock(ctx, c, "kept", 20000, "TOKEN", "owner"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	stop()
+	again := newClient(t, startApp(t, realConfig, "-backend", backend.Addr, "-lock-nodes", nodes), 3)
+	// A fresh proxy may answer NOQUORUM until it has placed its nodes'
+	// clocks (the first calls); the count is what matters.
+	deadline := time.Now().Add(5 * time.Second)
+	var info map[string]any
+	for {
+		if err := again.Do(ctx, "LOCKINFO", "kept").Err(); err == nil {
+			info = lockInfo(t, ctx, again, "kept")
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("LOCKINFO through the restarted proxy: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if info["holds"] != int64(3) {
+		t.Fatalf("holds through the restarted proxy = %v, want 3", info["holds"])
+	}
+	for _, want := range []int64{1, 1, 1} {
+		if v, err := again.Do(ctx, "UNLOCK", "kept", "owner").Int64(); err != nil || v != want {
+			t.Fatalf("UNLOCK through the restarted proxy = %d, %v", v, err)
+		}
+	}
+	if m := lockInfo(t, ctx, again, "kept")["mode"]; m != "none" {
+		t.Fatalf("mode %v after three releases, want none", m)
+	}
+}
