@@ -89,7 +89,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.hold, "hold", time.Millisecond, "how long a contended holder keeps the lock")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock ttl (proxy ttl-ms and redsync expiry)")
 	fs.IntVar(&cfg.poolSize, "redsync-pool", 0, "go-redis PoolSize per lock node for redsync (0: as many as clients)")
-	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"reentrant\" (LOCK REENTRANT and re-entry next to plain LOCK, see reentrant.go)")
+	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"reentrant\" (LOCK REENTRANT and re-entry next to plain LOCK, see reentrant.go), or \"plain\" (the proxy's LOCK+UNLOCK alone, for an A/B of two builds)")
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
 	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
@@ -128,6 +128,7 @@ func run(args []string, out io.Writer) error {
 	runUnc := cfg.only == "" || cfg.only == "uncontended"
 	runCont := cfg.only == "" || cfg.only == "contended"
 	runRe := cfg.only == "reentrant"
+	runPlain := cfg.only == "plain"
 	type scenario struct {
 		name string
 		d    time.Duration
@@ -159,6 +160,9 @@ func run(args []string, out io.Writer) error {
 			{"reentrant", cfg.duration, b.reentrantPairs, cfg.proxyPid},
 			{"re-entry", cfg.duration, b.reentryPairs, cfg.proxyPid},
 		})
+	}
+	if runPlain {
+		groups = append(groups, []scenario{{"plain", cfg.duration, b.plainPairs, cfg.proxyPid}})
 	}
 	if cfg.warmup > 0 {
 		for _, g := range groups {
@@ -202,6 +206,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if runRe {
 		printReentrant(out, cfg, results["plain"], results["reentrant"], results["re-entry"])
+	}
+	if runPlain {
+		printPlain(out, cfg, results["plain"])
 	}
 	return nil
 }

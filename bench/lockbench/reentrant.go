@@ -47,7 +47,8 @@ func (b *bench) pairs(d time.Duration, mode string) (result, error) {
 	stop := time.Now().Add(d)
 	res := col.runWorkers(b.cfg.clients, func(i int) {
 		conn := conns[i]
-		resource := resourceName(mode, run, i, 0)
+		gen := 0
+		resource := resourceName(mode, run, i, gen)
 		token := fmt.Sprintf("%s-%d-%d", mode, run, i)
 		if mode == "re-entry" {
 			if err := conn.Do(ctx, "LOCK", resource, b.ttlArg, "REENTRANT", "TOKEN", token).Err(); err != nil {
@@ -77,6 +78,10 @@ func (b *bench) pairs(d time.Duration, mode string) (result, error) {
 				} else {
 					col.err(err)
 				}
+				if mode != "re-entry" {
+					gen++ // the failed attempt's clean-up may have timed out too
+					resource = resourceName(mode, run, i, gen)
+				}
 				continue
 			}
 			tok, _ := v[0].(string)
@@ -89,6 +94,10 @@ func (b *bench) pairs(d time.Duration, mode string) (result, error) {
 			}
 			if n, err := conn.Do(ctx, unlock...).Int(); err != nil || n != 1 {
 				col.err(fmt.Errorf("UNLOCK = %d, %v", n, err))
+				if mode != "re-entry" {
+					gen++
+					resource = resourceName(mode, run, i, gen)
+				}
 				continue
 			}
 			lat = append(lat, time.Since(t0))
@@ -115,5 +124,16 @@ func printReentrant(w io.Writer, cfg config, plain, re, again []result) {
 		nodes := func(r result) float64 { return usPer(r.cpu.nodes, r) }
 		fmt.Fprintf(w, "| CPU µs per pair: lockproxy | %s | %s | %s | %s | %s |\n", cell(plain, "%.1f", proxy), cell(re, "%.1f", proxy), cell(again, "%.1f", proxy), ratio(re, plain, proxy), ratio(again, plain, proxy))
 		fmt.Fprintf(w, "| CPU µs per pair: the lock nodes | %s | %s | %s | %s | %s |\n", cell(plain, "%.1f", nodes), cell(re, "%.1f", nodes), cell(again, "%.1f", nodes), ratio(re, plain, nodes), ratio(again, plain, nodes))
+	}
+}
+
+// printPlain reports the proxy's LOCK+UNLOCK alone (-only plain).
+func printPlain(w io.Writer, cfg config, plain []result) {
+	fmt.Fprintf(w, "\n#### LOCK+UNLOCK: %d clients, each on its own resource (%d rounds × %v, median (min–max))\n\n",
+		cfg.clients, cfg.rounds, cfg.duration)
+	fmt.Fprintf(w, "| pairs/s | %s |\n", cell(plain, "%.0f", func(r result) float64 { return r.rate() }))
+	if len(plain) > 0 && plain[0].cpu.measured() {
+		fmt.Fprintf(w, "| CPU µs per pair: lockproxy | %s |\n", cell(plain, "%.1f", func(r result) float64 { return usPer(r.cpu.proxy, r) }))
+		fmt.Fprintf(w, "| CPU µs per pair: the lock nodes | %s |\n", cell(plain, "%.1f", func(r result) float64 { return usPer(r.cpu.nodes, r) }))
 	}
 }
