@@ -20,9 +20,9 @@ type Conn struct {
 	h *Handler
 
 	// holder is who acquires through this connection, for LOCKINFO:
-	// "name@addr via proxy-id" (SetClient), "" until the proxy says.
+	// "name@addr via proxy-id" (SetClient), nobody until the proxy says.
 	// Used by Serve only.
-	holder string
+	holder quorum.Holder
 
 	mu     sync.Mutex
 	held   map[string]*holding // resource -> the current holding; guarded by mu

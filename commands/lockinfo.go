@@ -33,7 +33,7 @@ func (h *Handler) ID() string { return h.id }
 // as the holder of the locks this connection acquires from then on. It
 // must not be called concurrently with Serve.
 func (c *Conn) SetClient(name, addr string) {
-	c.holder = name + "@" + addr + " via " + c.h.id
+	c.holder = quorum.NewHolder(name + "@" + addr + " via " + c.h.id)
 }
 
 // ownToken returns the token of the holding of resource recorded on this

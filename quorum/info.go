@@ -67,7 +67,7 @@ func (l *Locker) Info(ctx context.Context, resource, token string) (Info, error)
 		views    []nodeView
 	)
 	r := l.call(ctx, opView, len(l.nodes), l.lockPrefix+resource, codeView, token, "", "")
-	l.fanout(l.nodes, r, func(res []reply) {
+	l.fanoutSettled(r, func(res []reply) {
 		for _, r := range res {
 			v, ok := viewOf(r)
 			if !ok {
@@ -77,10 +77,18 @@ func (l *Locker) Info(ctx context.Context, resource, token string) (Info, error)
 			views = append(views, v)
 		}
 	})
+	counting := 0
+	for _, v := range views {
+		if v.counts {
+			counting++
+		}
+	}
 	switch {
 	case ctxErr(ctx) != nil:
 		return Info{}, fmt.Errorf("lockinfo %q: %w", resource, ctxErr(ctx))
-	case answered < l.quorum:
+	case counting < l.quorum:
+		// Too few answered, or nodes that do not count yet (a clock not
+		// placed, lost data): what a majority holds is not known.
 		return Info{}, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
 	}
 	in := l.summarize(views, time.Since(start))

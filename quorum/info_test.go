@@ -20,11 +20,12 @@ func TestInfo(t *testing.T) {
 		t.Fatalf("Info of a free resource = %+v, %v", in, err)
 	}
 
-	lk := mustLock(t, l, "R", 10*time.Second, Options{Holder: "worker:1@127.0.0.1:5000 via p1"})
-	in, err = other.Info(ctxT(t), "R", lk.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lk := mustLock(t, l, "R", 10*time.Second, Options{Holder: NewHolder("worker:1@127.0.0.1:5000 via p1")})
+	// A new Locker answers NOQUORUM until it has placed the nodes' clocks.
+	eventually(t, "Info through the other Locker", func() bool {
+		in, err = other.Info(ctxT(t), "R", lk.Token)
+		return err == nil
+	})
 	want := Info{Mode: "exclusive", Holders: 1, Permits: 1, Holds: 1, Fence: lk.Fence, Owned: true, Holder: "worker:1@127.0.0.1:5000 via p1", Nodes: 3}
 	got := in
 	got.Validity = 0

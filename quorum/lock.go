@@ -36,8 +36,9 @@ type Options struct {
 	Reentrant bool
 
 	// Holder describes who acquires, for LOCKINFO (Info): stored with a
-	// fresh holding on the nodes, never a secret. Empty: nobody named.
-	Holder string
+	// fresh holding on the nodes, never a secret. The zero Holder names
+	// nobody.
+	Holder Holder
 }
 
 // Lock describes an acquired lock.
@@ -410,8 +411,10 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 	if publish {
 		code = codeReleasePub
 	}
+	start := time.Now()
 	r := l.call(ctx, opRelease, len(nodes), l.lockPrefix+resource, code, token, "", resource)
 	l.fanout(nodes, r, func(res []reply) {
+		l.settleClock(nodes, res, start) // counted replies are weighed by counts
 		for _, r := range res {
 			if r.err == nil {
 				answered++
@@ -497,6 +500,7 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	attempt := l.newAttempt()
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
 	l.fanout(l.nodes, r, func(res []reply) {
+		l.settleClock(l.nodes, res, start)
 		for i, r := range res {
 			if r.err != nil {
 				owned = append(owned, l.nodes[i])

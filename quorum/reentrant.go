@@ -163,15 +163,15 @@ func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, gr
 // it.
 func (l *Locker) writeHolds(ctx context.Context, key, token, attempt string, s holdState) error {
 	x := strconv.FormatInt(s.holds, 10) + "." + strconv.FormatInt(s.version, 10)
-	stored, answered := 0, 0
+	stored, answered := 0, 0 // of the nodes that count
 	r := l.call(ctx, opSetHold, len(l.nodes), key, codeSetHold, token, attempt, x)
-	l.fanout(l.nodes, r, func(res []reply) {
+	l.fanoutSettled(r, func(res []reply) {
 		for _, r := range res {
-			if r.err != nil {
+			if r.err != nil || !counts(r, false) {
 				continue
 			}
 			answered++
-			if r.val == 1 && counts(r, false) {
+			if r.val == 1 {
 				stored++
 			}
 		}
@@ -256,19 +256,21 @@ func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold i
 	}
 	// The token owns a holding with a count (or, for hold n, any holding):
 	// the count of the latest version decides.
-	owners := deleted
+	owners, uncounted := deleted, 0
 	var last holdState
 	for _, r := range seen {
 		h, _ := holdOf(r)
 		last = later(last, h)
 		if counts(r, false) {
 			owners++
+		} else {
+			uncounted++ // a node that does not count yet (clock, data)
 		}
 	}
 	switch {
 	case owners < l.quorum && ctxErr(ctx) != nil:
 		return 0, fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
-	case owners < l.quorum && answered < l.quorum:
+	case owners < l.quorum && (answered-uncounted < l.quorum || owners+uncounted >= l.quorum):
 		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
 	case owners < l.quorum:
 		return 0, ErrNotHeld
@@ -307,7 +309,7 @@ func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold i
 // as release does.
 func (l *Locker) releaseWith(ctx context.Context, resource, token string, code any) (deleted, answered int, counted []reply) {
 	r := l.call(ctx, opRelease, len(l.nodes), l.lockPrefix+resource, code, token, "", resource)
-	l.fanout(l.nodes, r, func(res []reply) {
+	l.fanoutSettled(r, func(res []reply) {
 		for _, r := range res {
 			if r.err != nil {
 				continue
@@ -332,7 +334,7 @@ func (l *Locker) releaseWith(ctx context.Context, resource, token string, code a
 // nodes answered.
 func (l *Locker) queryHolds(ctx context.Context, resource, token string) (seen []reply, answered int) {
 	r := l.call(ctx, opQuery, len(l.nodes), l.lockPrefix+resource, codeQuery, token, "", "")
-	l.fanout(l.nodes, r, func(res []reply) {
+	l.fanoutSettled(r, func(res []reply) {
 		for _, r := range res {
 			if r.err != nil {
 				continue
@@ -346,19 +348,52 @@ func (l *Locker) queryHolds(ctx context.Context, resource, token string) (seen [
 	return seen, answered
 }
 
+// Holder names who acquires (Options.Holder), as LOCKINFO shows it. Make
+// one with NewHolder once per client and give it to every Lock: the work
+// of storing it is done there, not per call. The zero Holder names nobody.
+// A Holder is safe for concurrent use.
+type Holder struct {
+	forms *[2]form // a plain and a reentrant acquisition's
+}
+
+// NewHolder returns the Holder named name; "" is the zero Holder.
+func NewHolder(name string) Holder {
+	if name == "" {
+		return Holder{}
+	}
+	esc := url.QueryEscape(name) // no ':' or ';' left
+	return Holder{forms: &[2]form{newFormOf(false, esc), newFormOf(true, esc)}}
+}
+
 // form is what an acquisition stores beyond a plain lock: a count of
 // holds, a holder. A nil *form is a plain acquisition.
 type form struct {
 	counted bool   // Options.Reentrant
 	holder  string // escaped Options.Holder
+	fresh   string // the extension of a fresh holding (extArg)
 }
 
-// newForm returns the form of an acquisition with opt, nil for a plain one.
+func newFormOf(counted bool, holder string) form {
+	f := form{counted: counted, holder: holder}
+	f.fresh = f.extWith(holdState{holds: 1, version: 1})
+	return f
+}
+
+// reentrantForm is the form of a reentrant acquisition without a holder.
+var reentrantForm = func() *form { f := newFormOf(true, ""); return &f }()
+
+// newForm returns the form of an acquisition with opt, nil for a plain one
+// without a holder. It does not allocate.
 func newForm(opt Options) *form {
-	if !opt.Reentrant && opt.Holder == "" {
-		return nil
+	switch {
+	case opt.Holder.forms != nil && opt.Reentrant:
+		return &opt.Holder.forms[1]
+	case opt.Holder.forms != nil:
+		return &opt.Holder.forms[0]
+	case opt.Reentrant:
+		return reentrantForm
 	}
-	return &form{counted: opt.Reentrant, holder: url.QueryEscape(opt.Holder)}
+	return nil
 }
 
 // reentrant reports whether the acquisition counts holds.
@@ -394,7 +429,12 @@ func (f *form) extWith(s holdState) string {
 }
 
 // extArg is the extension of a fresh holding in this form.
-func (f *form) extArg() string { return f.extWith(holdState{holds: 1, version: 1}) }
+func (f *form) extArg() string {
+	if f == nil {
+		return ""
+	}
+	return f.fresh
+}
 
 // freshHolds is Lock.Holds of a fresh holding in this form.
 func (f *form) freshHolds() int64 {
@@ -424,4 +464,15 @@ func countExt(res []reply) string {
 		return ""
 	}
 	return (&form{counted: true}).extWith(last)
+}
+
+// fanoutSettled is fanout to every node with the clock verdicts of the
+// replies settled (as countRound settles them), so that counts weighs
+// them as it weighs an acquisition's.
+func (l *Locker) fanoutSettled(r *round, f func([]reply)) {
+	start := time.Now()
+	l.fanout(l.nodes, r, func(res []reply) {
+		l.settleClock(l.nodes, res, start)
+		f(res)
+	})
 }

@@ -173,6 +173,11 @@ func TestReentrantSurvivesLossAndRestart(t *testing.T) {
 	fresh := newLocker(t, c, testConfig())
 	c.servers[0].CutOff() // the recovered node makes the majority
 	defer c.servers[0].Reconnect()
+	// A new Locker answers NOQUORUM until it has placed the nodes' clocks.
+	eventually(t, "the new Locker's clocks", func() bool {
+		_, err := fresh.Info(ctxT(t), "R", "")
+		return err == nil
+	})
 	mustRelease(t, fresh, "R", "owner", 0, 2)
 	c.servers[0].Reconnect()
 	if h, _ := c.holdsOn(t, 0, "R"); h != 3 {
