@@ -77,6 +77,14 @@ func TestExamples(t *testing.T) {
 		{"redis-cli", func(t *testing.T) {
 			exNeed(t, []string{"redis-tools"}, "redis-cli", "--version")
 		}, []string{"bash", "examples/cli/lock.sh"}, []string{"redis-cli RESP2: ok", "redis-cli RESP3: ok"}},
+		{"go-redis reentrant", func(t *testing.T) {
+			if out, err := exRun(3*time.Minute, "", nil, "go", "build", "-o", goBin+"-reentrant", "./examples/reentrant/go"); err != nil {
+				t.Fatalf("go build ./examples/reentrant/go: %v\n%s", err, out)
+			}
+		}, []string{goBin + "-reentrant"}, []string{"go-redis reentrant RESP2: ok", "go-redis reentrant RESP3: ok"}},
+		{"redis-py reentrant", func(t *testing.T) {
+			exNeed(t, []string{"python3-redis"}, "/usr/bin/python3", "-c", "import redis")
+		}, []string{"/usr/bin/python3", "examples/reentrant/python/reentrant.py"}, []string{"redis-py reentrant RESP2: ok", "redis-py reentrant RESP3: "}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

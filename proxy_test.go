@@ -26,6 +26,14 @@ import (
 // holding yaml and extra flags, and stops it at the end of the test.
 func startApp(t testing.TB, yaml string, flags ...string) string {
 	t.Helper()
+	addr, _ := startAppStop(t, yaml, flags...)
+	return addr
+}
+
+// startAppStop is startApp that also returns a function that stops the
+// program at once (a proxy restart); the end of the test stops it too.
+func startAppStop(t testing.TB, yaml string, flags ...string) (string, func()) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -37,18 +45,22 @@ func startApp(t testing.TB, yaml string, flags ...string) string {
 	go func() { done <- run(ctx, testProcess(t, args, listening)) }()
 	select {
 	case addr := <-listening:
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("run: %v", err)
-			}
-		})
-		return addr.String()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("run: %v", err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		return addr.String(), stop
 	case err := <-done:
 		cancel()
 		t.Fatalf("run: %v", err)
 	}
-	return ""
+	return "", nil
 }
 
 // testProcess is a process for run with args, its output in the test's

@@ -75,6 +75,8 @@ var (
 	errNoToken      = errors.New("ERR no token given and this connection does not hold the lock")
 	errClosed       = errors.New("ERR connection closed")
 	errUnknown      = errors.New("ERR unknown command")
+	errHold         = errors.New("ERR HOLD n must be a positive integer")
+	errHoldPlain    = errors.New("ERR HOLD needs a lock taken with REENTRANT or re-entered")
 
 	errArityLock   = errors.New("ERR wrong number of arguments for 'lock' command")
 	errArityUnlock = errors.New("ERR wrong number of arguments for 'unlock' command")
@@ -98,6 +100,7 @@ const (
 type Handler struct {
 	locker *quorum.Locker
 	logger *zap.Logger
+	id     string // the proxy id (ID)
 
 	maxTTL  int64 // milliseconds
 	maxWait int64 // milliseconds
@@ -135,6 +138,7 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
 	h := &Handler{
 		locker:  l,
 		logger:  logger,
+		id:      newProxyID(),
 		maxTTL:  cfg.MaxTTL.Milliseconds(),
 		maxWait: cfg.MaxWait.Milliseconds(),
 

@@ -21,6 +21,11 @@ import (
 type Conn struct {
 	h *Handler
 
+	// holder is who acquires through this connection, for LOCKINFO:
+	// "name@addr via proxy-id" (SetClient), nobody until the proxy says.
+	// Used by Serve only.
+	holder quorum.Holder
+
 	mu sync.Mutex
 	// held maps a resource to its holdings on this connection: one for an
 	// exclusive lock, any number of readers or permits; guarded by mu.
@@ -46,6 +51,11 @@ type holding struct {
 	// connection; the extender of a kept lock knows a later one. Guarded by
 	// the Conn's mu.
 	until time.Time
+	// kept is the number of holds taken with KEEPALIVE on this connection
+	// (1 for a kept lock without a count): Close gives up that many.
+	// Guarded by the Conn's mu.
+	kept int64
+	ttl  time.Duration // of the last LOCK, for a restarted extender
 }
 
 // lost reports whether the keepalive of h gave the lock up. h may be nil.
@@ -109,7 +119,7 @@ func (c *Conn) acquire(ctx context.Context, dst []byte, a lockArgs, resp3 bool, 
 	lock func(context.Context, string, time.Duration, quorum.Options) (quorum.Lock, error)) []byte {
 	resource := string(a.resource)
 	start := time.Now()
-	lk, err := lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token), Permits: int(a.permits)})
+	lk, err := lock(ctx, resource, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token), Permits: int(a.permits), Reentrant: a.reentrant, Holder: c.holder})
 	if hook := testHookLocked.Load(); hook != nil {
 		(*hook)()
 	}
@@ -148,7 +158,7 @@ func (c *Conn) acquire(ctx context.Context, dst []byte, a lockArgs, resp3 bool, 
 		return appendNull(dst, resp3)
 	}
 	c.h.count(o.acquired)
-	if a.permits > 1 {
+	if a.permits > 1 || a.reentrant {
 		dst = redcon.AppendArray(dst, 4)
 	} else {
 		dst = redcon.AppendArray(dst, 3)
@@ -156,8 +166,11 @@ func (c *Conn) acquire(ctx context.Context, dst []byte, a lockArgs, resp3 bool, 
 	dst = redcon.AppendBulkString(dst, lk.Token)
 	dst = redcon.AppendInt(dst, ms)
 	dst = redcon.AppendInt(dst, lk.Fence)
-	if a.permits > 1 {
+	switch {
+	case a.permits > 1:
 		dst = redcon.AppendInt(dst, int64(lk.Slot))
+	case a.reentrant:
+		dst = redcon.AppendInt(dst, lk.Holds)
 	}
 	return dst
 }
@@ -170,28 +183,38 @@ var testHookLocked atomic.Pointer[func()]
 // starts an extender if keepalive is set. It replaces (and stops the
 // extender of) an earlier holding of the same token, every earlier holding
 // when exclusive (an exclusive grant proves that they ended), and those
-// whose validity has run out. until is the end of lk's validity. It
-// returns the holding, or nil if the connection is closed.
+// whose validity has run out. until is the end of lk's validity. A
+// re-entry (lk has holds) of a holding recorded here keeps the holds that
+// it took with KEEPALIVE, and their extender. It returns the holding, or
+// nil if the connection is closed.
 func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl time.Duration, until time.Time, keepalive, exclusive bool) *holding {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil
 	}
+	var kept int64
+	if keepalive {
+		kept = 1
+	}
 	now := time.Now()
-	kept := c.held[resource][:0]
+	rest := c.held[resource][:0]
 	for _, old := range c.held[resource] {
+		if lk.Holds > 1 && old.token == lk.Token && !old.lost() {
+			kept += old.kept
+		}
 		if !exclusive && old.token != lk.Token && old.validAt(now) {
-			kept = append(kept, old)
+			rest = append(rest, old)
 		} else if old.ext != nil {
 			old.ext.stop()
 		}
 	}
-	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until}
+	keepalive = kept > 0
+	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until, kept: kept, ttl: ttl}
 	if keepalive {
 		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
 	}
-	c.held[resource] = append(kept, h)
+	c.held[resource] = append(rest, h)
 	return h
 }
 
@@ -285,13 +308,23 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 		}
 	}
 	start := time.Now()
-	err = c.h.locker.Unlock(ctx, resource, token)
+	left, err := c.h.locker.Release(ctx, resource, token, a.hold)
 	c.h.debug("unlock", resource, start, err)
 	switch {
+	case err == nil && left > 0:
+		// Holds remain: the lock stays, kept alive for the holds this
+		// connection took with KEEPALIVE.
+		c.h.count(unlockReleased)
+		c.keepHolds(resource, h, left)
+		return redcon.AppendInt(dst, 1)
 	case err == nil:
 		c.h.count(unlockReleased)
 		c.forget(resource, h)
 		return redcon.AppendInt(dst, 1)
+	case errors.Is(err, quorum.ErrNotReentrant):
+		c.h.count(unlockBadRequest)
+		c.keepHolds(resource, h, -1)
+		return appendErr(dst, errHoldPlain)
 	case errors.Is(err, quorum.ErrNotHeld):
 		c.h.count(unlockNotHeld)
 		c.forget(resource, h)
@@ -301,6 +334,35 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 	// retry without a token and Close still releases a kept lock.
 	c.h.countEngineErr(err, unlockNoQuorum, unlockError)
 	return appendEngineErr(dst, err)
+}
+
+// keepHolds keeps h, the holding of resource on this connection (nil:
+// none), after an UNLOCK left holds of it (-1: unknown, nothing changed):
+// this connection keeps at most that many holds alive, with a new
+// extender when it keeps any.
+func (c *Conn) keepHolds(resource string, h *holding, left int64) {
+	if h == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || !slices.Contains(c.held[resource], h) {
+		return
+	}
+	if left >= 0 {
+		h.kept = min(h.kept, left)
+	}
+	h.keep = h.kept > 0
+	if !h.keep || h.lost() {
+		return
+	}
+	until := h.until
+	if h.ext != nil {
+		if _, u := h.ext.state(); u.After(until) {
+			until = u
+		}
+	}
+	h.ext = c.startExtender(h.base, resource, h.token, h.ttl, until)
 }
 
 func (c *Conn) extend(ctx context.Context, dst []byte, args [][]byte, _ bool) []byte {
@@ -409,7 +471,13 @@ func (c *Conn) close() {
 			if !h.keep || h.lost() {
 				continue
 			}
-			wg.Go(func() { c.h.release(h.base, resource, h.token) })
+			// One release per hold taken with KEEPALIVE (a lock without
+			// a count has one).
+			wg.Go(func() {
+				for range max(h.kept, 1) {
+					c.h.release(h.base, resource, h.token)
+				}
+			})
 		}
 	}
 	wg.Wait()

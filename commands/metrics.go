@@ -41,6 +41,10 @@ const (
 	rlockNoQuorum
 	rlockError
 	rlockBadRequest
+	lockinfoAnswered
+	lockinfoNoQuorum
+	lockinfoError
+	lockinfoBadRequest
 	numOutcomes
 )
 
@@ -72,11 +76,16 @@ var outcomeNames = [numOutcomes]string{
 	rlockNoQuorum:    "noquorum",
 	rlockError:       "error",
 	rlockBadRequest:  "bad_request",
+
+	lockinfoAnswered:   "answered",
+	lockinfoNoQuorum:   "noquorum",
+	lockinfoError:      "error",
+	lockinfoBadRequest: "bad_request",
 }
 
 var (
 	commandsDesc = prometheus.NewDesc("lockproxy_commands_total",
-		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK), by command and outcome.",
+		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO), by command and outcome.",
 		[]string{"command", "outcome"}, nil)
 	keepaliveExtensionsDesc = prometheus.NewDesc("lockproxy_keepalive_extensions_total",
 		"Successful extensions of locks taken with KEEPALIVE.", nil, nil)

@@ -7,7 +7,7 @@ import (
 
 // lockArgs are the parsed arguments of
 // LOCK resource ttl-ms [WAIT timeout-ms] [TOKEN token] [KEEPALIVE]
-// [PERMITS k]. The byte slices alias the command's arguments.
+// [PERMITS k] [REENTRANT]. The byte slices alias the command's arguments.
 type lockArgs struct {
 	resource  []byte
 	ttl       time.Duration
@@ -15,12 +15,14 @@ type lockArgs struct {
 	token     []byte // nil: let quorum generate one
 	keepalive bool
 	permits   int64 // 0: not given
+	reentrant bool
 }
 
-// unlockArgs are the parsed arguments of UNLOCK resource [token].
+// unlockArgs are the parsed arguments of UNLOCK resource [token [HOLD n]].
 type unlockArgs struct {
 	resource []byte
 	token    []byte // nil: use the token recorded on this connection
+	hold     int64  // n of HOLD n; 0 without HOLD
 }
 
 // extendArgs are the parsed arguments of EXTEND resource ttl-ms [token].
@@ -76,25 +78,41 @@ func (h *Handler) parseLock(args [][]byte) (lockArgs, error) {
 			if a.permits, err = h.parsePermits(args[i]); err != nil {
 				return a, err
 			}
+		case !a.reentrant && equalFold(opt, "reentrant"):
+			// RLOCK and MLOCK refuse it (parseRLock, parseMLock).
+			a.reentrant = true
 		default:
 			return a, errSyntax
 		}
 	}
+	if a.reentrant && a.permits > 1 {
+		return a, errReentrantPermits
+	}
 	return a, nil
 }
 
-// parseUnlock parses an UNLOCK command.
+// parseUnlock parses an UNLOCK command. HOLD needs the token before it.
 func parseUnlock(args [][]byte) (unlockArgs, error) {
 	var a unlockArgs
-	if len(args) != 2 && len(args) != 3 {
+	switch {
+	case len(args) < 2 || len(args) == 4 || len(args) > 5:
 		return a, errArityUnlock
+	case len(args) == 5 && !equalFold(args[3], "hold"):
+		return a, errSyntax
 	}
 	a.resource = args[1]
-	if len(args) == 3 {
+	if len(args) >= 3 {
 		if len(args[2]) == 0 {
 			return a, errEmptyToken
 		}
 		a.token = args[2]
+	}
+	if len(args) == 5 {
+		n, ok := parseInt(args[4])
+		if !ok || n <= 0 {
+			return a, errHold
+		}
+		a.hold = n
 	}
 	return a, nil
 }

@@ -11,9 +11,11 @@ import (
 // (Conn.acquire) with their own outcomes.
 
 var (
-	errArityRLock   = errors.New("ERR wrong number of arguments for 'rlock' command")
-	errExpireRLock  = errors.New("ERR invalid expire time in 'rlock' command")
-	errPermitsRange = errors.New("ERR PERMITS must be a positive integer")
+	errArityRLock       = errors.New("ERR wrong number of arguments for 'rlock' command")
+	errRLockReentrant   = errors.New("ERR RLOCK does not take REENTRANT: a read hold is counted per token")
+	errReentrantPermits = errors.New("ERR REENTRANT does not take PERMITS k above 1")
+	errExpireRLock      = errors.New("ERR invalid expire time in 'rlock' command")
+	errPermitsRange     = errors.New("ERR PERMITS must be a positive integer")
 )
 
 // acquireOutcomes are the outcomes that Conn.acquire counts, and the
@@ -66,6 +68,8 @@ func (h *Handler) parseRLock(args [][]byte) (lockArgs, error) {
 		return a, err
 	case a.permits != 0:
 		return a, errSyntax
+	case a.reentrant:
+		return a, errRLockReentrant
 	}
 	return a, nil
 }

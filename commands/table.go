@@ -49,6 +49,7 @@ var specs = [...]spec{
 			{name: "token", typ: "string", token: "TOKEN", optional: true},
 			{name: "keepalive", typ: "pure-token", token: "KEEPALIVE", optional: true},
 			{name: "k", typ: "integer", token: "PERMITS", optional: true},
+			{name: "reentrant", typ: "pure-token", token: "REENTRANT", optional: true},
 		},
 		outcomes: []outcome{lockAcquired, lockNotAcquired, lockNoQuorum, lockError, lockBadRequest},
 		serve:    (*Conn).lock,
@@ -56,10 +57,11 @@ var specs = [...]spec{
 	},
 	{
 		name: "unlock", arity: -2, flags: []string{"write"}, acl: []string{"@write", "@slow"},
-		summary: "Releases the lock on the resource where the token still owns it.",
+		summary: "Releases the lock on the resource where the token still owns it; of a reentrant lock, one hold (HOLD n: the hold of the LOCK that replied n holds, idempotent).",
 		args: []arg{
 			{name: "resource", typ: "string"},
 			{name: "token", typ: "string", optional: true},
+			{name: "n", typ: "integer", token: "HOLD", optional: true},
 		},
 		outcomes: []outcome{unlockReleased, unlockNotHeld, unlockNoQuorum, unlockError, unlockBadRequest},
 		serve:    (*Conn).unlock,
@@ -91,6 +93,15 @@ var specs = [...]spec{
 		mayWait:  mlockMayWait,
 	},
 	rlockSpec,
+	{
+		name: "lockinfo", arity: 2, flags: []string{"readonly"}, acl: []string{"@read", "@slow"},
+		summary: "Reports what the lock nodes know of the resource: mode, holders, holds, fence, validity, waiters, ownership and holder. Never shows a token.",
+		args: []arg{
+			{name: "resource", typ: "string"},
+		},
+		outcomes: []outcome{lockinfoAnswered, lockinfoNoQuorum, lockinfoError, lockinfoBadRequest},
+		serve:    (*Conn).lockinfo,
+	},
 }
 
 // Names returns the commands a Handler answers, in lower case, in a new
@@ -147,6 +158,7 @@ func (h *Handler) Info() string {
 		k string
 		v any
 	}{
+		{"proxy_id", h.id},
 		{"locks_acquired", s.Acquired},
 		{"locks_not_acquired", s.NotAcquired},
 		{"locks_noquorum", s.NoQuorum},

@@ -49,7 +49,7 @@ func TestSpecs(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	names := Names()
-	if want := []string{"lock", "unlock", "extend", "mlock", "rlock"}; !slices.Equal(names, want) {
+	if want := []string{"lock", "unlock", "extend", "mlock", "rlock", "lockinfo"}; !slices.Equal(names, want) {
 		t.Fatalf("Names() = %q, want %q", names, want)
 	}
 	names[0] = "changed"
@@ -104,13 +104,17 @@ func TestInfo(t *testing.T) {
 	for _, args := range [][]string{{"LOCK"}, {"LOCK", "r", "x"}, {"UNLOCK"}, {"EXTEND", "r", "0", "t"}} {
 		c.Serve(context.Background(), nil, argv(args...), false)
 	}
-	want := "locks_acquired:0\r\nlocks_not_acquired:0\r\nlocks_noquorum:0\r\nlocks_released:0\r\nlocks_extended:0\r\n" +
+	want := "proxy_id:" + h.ID() + "\r\n" + "locks_acquired:0\r\nlocks_not_acquired:0\r\nlocks_noquorum:0\r\nlocks_released:0\r\nlocks_extended:0\r\n" +
 		"keepalive_extensions:0\r\nkeepalive_lost:0\r\nlocks_held:0\r\n" +
 		"cmd_lock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=2\r\n" +
 		"cmd_unlock:released=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
 		"cmd_extend:extended=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
 		"cmd_mlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
-		"cmd_rlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n"
+		"cmd_rlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
+		"cmd_lockinfo:answered=0,noquorum=0,error=0,bad_request=0\r\n"
+	if len(h.ID()) != 16 {
+		t.Errorf("ID() = %q, want 16 hex digits", h.ID())
+	}
 	if got := h.Info(); got != want {
 		t.Errorf("Info() =\n%s\nwant\n%s", got, want)
 	}

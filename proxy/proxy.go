@@ -30,6 +30,16 @@ type Local interface {
 	Close()
 }
 
+// ClientLocal is a Local that wants to know its client (LOCKINFO shows
+// who holds a lock): before a command, when the Local is new or the
+// client's name changed since, the proxy calls SetClient with the name
+// (CLIENT SETNAME or HELLO ... SETNAME, "" for none) and the client's
+// address.
+type ClientLocal interface {
+	Local
+	SetClient(name, addr string)
+}
+
 // Config configures a Proxy. Start from DefaultConfig, which holds every
 // default, and change what you need; New rejects a Config that fails
 // Validate, the one place of its rules.
@@ -514,6 +524,7 @@ func (p *Proxy) accept(conn redcon.Conn) bool {
 	// Lazily: most connections never log, and an eager With encodes the
 	// field into a buffer of about 1 KB that the connection keeps.
 	s := newSession(p, cc, p.log.WithLazy(zap.String("remote", conn.RemoteAddr())))
+	s.addr = conn.RemoteAddr()
 	cc.sess = s
 	conn.SetContext(s)
 	p.mu.Lock()

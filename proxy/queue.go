@@ -269,7 +269,10 @@ func (q *replyQueue) forget(n int) {
 }
 
 // turn is the connection state a local command is answered in.
-type turn struct{ resp3, multi, subscribed bool }
+type turn struct {
+	resp3, multi, subscribed bool
+	name                     []byte // the CLIENT SETNAME that named the client, nil for none
+}
 
 // waitTurn waits until every reply owed before now has been written, and
 // returns the state then; ok is false when the client has gone.
@@ -279,7 +282,7 @@ func (q *replyQueue) waitTurn() (t turn, ok bool) {
 	for q.head < len(q.fifo) && !q.closed {
 		q.cond.Wait()
 	}
-	return turn{resp3: q.st.proto == 3, multi: q.st.multi, subscribed: q.st.subscribed()}, !q.closed
+	return turn{resp3: q.st.proto == 3, multi: q.st.multi, subscribed: q.st.subscribed(), name: q.st.replay.name}, !q.closed
 }
 
 // waitEmpty waits until no reply from the backend is owed.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -94,6 +95,9 @@ type session struct {
 	be      *backend
 	authed  bool // under proxy authentication
 	loc     Local
+	named   bool   // loc was told the client's name, locName
+	locName []byte // the raw CLIENT SETNAME that named the client for loc
+	addr    string // the client's address
 	buf     []byte
 	// The context that bounds the local commands (see commandContext),
 	// used only where loc is.
@@ -572,6 +576,7 @@ func (s *session) answer(it localItem) {
 			if s.loc == nil {
 				s.loc = s.p.cfg.NewLocal()
 			}
+			s.identify(t.name)
 			s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
 			reply = s.buf
 		}
@@ -590,6 +595,21 @@ func (s *session) answer(it localItem) {
 		return
 	}
 	s.w.write(reply)
+}
+
+// identify tells a ClientLocal its client's name and address when it has
+// not been told them yet or the name changed.
+func (s *session) identify(name []byte) {
+	cl, ok := s.loc.(ClientLocal)
+	if !ok || (s.named && bytes.Equal(name, s.locName)) {
+		return
+	}
+	s.named, s.locName = true, name
+	var n string
+	if cmd, err := redcon.Parse(name); err == nil && len(cmd.Args) == 3 {
+		n = string(cmd.Args[2])
+	}
+	cl.SetClient(n, s.addr)
 }
 
 // commandContext returns the context a local command runs under: s.ctx

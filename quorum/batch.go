@@ -56,6 +56,9 @@ var (
 	opInit    = &op{name: "init"}
 	opHandoff = &op{name: "handoff"}
 	opGroup   = &op{name: "mlock"}
+	opSetHold = &op{name: "sethold"}
+	opQuery   = &op{name: "query"}
+	opView    = &op{name: "view"}
 )
 
 // reply is one node's answer in a round.
@@ -65,7 +68,10 @@ type reply struct {
 	released bool    // handoff: the releasing token owned the lock
 	aux      int64   // a pair's first element (shared.go): a slot, a mode code
 	vals     []int64 // group acquire: the result per key (val is the status)
-	evicts   bool    // the node may evict keys (see checkEviction)
+	// arr is the whole reply of an operation that replies with more than
+	// a pair (the hold count, a view; reentrant.go, info.go).
+	arr    []any
+	evicts bool // the node may evict keys (see checkEviction)
 	// The node's clock, read in the same call (clock.go): hasClock when
 	// the call reported it, and the verdict on it.
 	hasClock bool
@@ -569,12 +575,17 @@ func opReply(o *op, c *redis.Cmd, i int) reply {
 		case int64:
 			rep.val = x
 			return rep
-		case []any: // handoff: {released, result}; hash records: {aux, result}; group: {status, r_1, ..}
+		case []any: // handoff: {released, result}; hash records: {aux, result}; group: {status, r_1, ..}; holds and views: more
 			if o == opGroup {
 				if rep.val, rep.vals, ok = groupReply(x); ok {
 					return rep
 				}
 				break
+			}
+			if len(x) > 2 {
+				rep.val, _ = x[0].(int64)
+				rep.arr = x
+				return rep
 			}
 			if len(x) == 2 {
 				r, ok1 := x[0].(int64)

@@ -132,6 +132,8 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	stop := make(chan struct{})
 	wait := contend(t, lockers, []string{"r0", "r1", "r2", "r3"}, 16, st, stop, time.Second, writeBriefly)
 	mwait := mcontend(t, lockers, []string{"r0", "r1", "r2", "r3"}, 4, st, stop, time.Second, groupIDs())
+	// Reentrant clients on the same resources (chaos_reentrant_test.go).
+	waitReentrant := contendReentrant(t, lockers, []string{"r0", "r1", "r2", "r3"}, 4, st, stop, time.Second, 1<<30)
 
 	injected := map[string]int{}
 	deadline := time.Now().Add(run)
@@ -149,8 +151,10 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 		waitAllUp(t, c, lockers, 2*cfg.MaxTTL)
 	}
 	close(stop)
-	tl, mtl := wait(), mwait()
-	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, tl, 100)
+	plain, mtl, re := wait(), mwait(), waitReentrant()
+	t.Logf("of which reentrant clients: %d LOCK REENTRANT calls, %d grants, %d not acquired, %d NOQUORUM",
+		re.calls, re.grants, re.notGotten, re.noQuorum)
+	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, plain.add(re), 100)
 	logGroups(t, mtl, 20)
 }
 
@@ -173,8 +177,16 @@ type tallies struct{ calls, grants, noQuorum, notGotten int }
 // count adds the outcome err of one call to tl, and an unexpected error to
 // other.
 func (tl *tallies) count(err error, other *[]error) {
-	var nq *NoQuorumError
 	tl.calls++
+	if !tl.record(err) {
+		*other = append(*other, err)
+	}
+}
+
+// record counts one Lock call's outcome err (tl.calls is counted apart);
+// it reports false for an error other than ErrNotAcquired and NOQUORUM.
+func (tl *tallies) record(err error) bool {
+	var nq *NoQuorumError
 	switch {
 	case err == nil:
 		tl.grants++
@@ -183,8 +195,9 @@ func (tl *tallies) count(err error, other *[]error) {
 	case errors.Is(err, ErrNotAcquired):
 		tl.notGotten++
 	default:
-		*other = append(*other, err)
+		return false
 	}
+	return true
 }
 
 // backOff sleeps a little after a NOQUORUM: a client does not spin while

@@ -78,8 +78,15 @@
 // it, and only a marked lock's release is published, so locks nobody waits
 // for cost no messages.
 //
+// A reentrant holding (Options.Reentrant, Release) counts holds. The count
+// is stored with the lock on the nodes as an absolute value with a
+// version, never as per-node increments: every change reads the count a
+// majority holds and writes the next version to every node, and no node
+// deletes a counted lock on its own count (reentrant.go). Info reads what
+// a majority of the nodes report of a resource for LOCKINFO (info.go).
+//
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
-// (a string with the holder's fence, attempts and token, expiring with the
+// (a string with the holder's fence, attempts, hold count, holder and token, expiring with the
 // lock, or a short-lived tombstone of a failed attempt),
 // "<prefix>fence" (one counter per node), "<prefix>intact" (the marker),
 // "<prefix>recovery", "<prefix>clock" (the node's clock offset) and

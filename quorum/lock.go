@@ -35,6 +35,18 @@ type Options struct {
 	Permits int
 
 	shared bool // RLock: a shared holding (shared.go)
+
+	// Reentrant makes the holding count holds (see Release): taken afresh
+	// it has 1; with the Token of the current holder (taken with or
+	// without Reentrant) it gets one more hold, its ttl is reset and its
+	// fence stays. Lock.Holds is the count after the call. Not with
+	// Permits above 1 or a shared holding.
+	Reentrant bool
+
+	// Holder describes who acquires, for LOCKINFO (Info): stored with a
+	// fresh holding on the nodes, never a secret. The zero Holder names
+	// nobody.
+	Holder Holder
 }
 
 // Lock describes an acquired lock.
@@ -56,6 +68,9 @@ type Lock struct {
 	Fence int64
 	// Slot is a semaphore permit's number, from 0 to Permits-1; 0 otherwise.
 	Slot int
+	// Holds is the hold count after a reentrant Lock (Options.Reentrant),
+	// 0 after any other.
+	Holds int64
 }
 
 // Lock acquires resource for ttl (at least 1ms, whole milliseconds) on a
@@ -90,7 +105,7 @@ func (l *Locker) Lock(ctx context.Context, resource string, ttl time.Duration, o
 	// handoff) may have spent it all: then the lock is given back.
 	lk.Validity = time.Until(lk.Expires)
 	if lk.Validity <= 0 {
-		l.release(context.WithoutCancel(ctx), l.nodes, resource, lk.Token, true)
+		l.giveBack(context.WithoutCancel(ctx), resource, lk.Token)
 		return Lock{}, ErrNotAcquired
 	}
 	return lk, nil
@@ -113,25 +128,26 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 	if opt.shared || opt.Permits > 1 {
 		return l.lockHash(ctx, start, resource, ttl, token, opt)
 	}
+	f := newForm(opt)
 	queued := l.queued(resource)
 	if queued && opt.Token != "" {
 		// The holder refreshing its lock must not queue behind waiters
 		// that wait for it to let go; anyone else must not jump the queue,
 		// so this attempt only refreshes an existing holding.
-		lk, _, err := l.attempt(ctx, resource, ttl, token, true, opt.Wait > 0)
+		lk, _, err := l.attempt(ctx, resource, ttl, token, true, opt.Wait > 0, f)
 		if err == nil && opt.Wait > 0 {
 			l.waitSeconds.Observe(sinceSeconds(start))
 		}
 		if err == nil || opt.Wait <= 0 || !retryable(err) {
 			return lk, err
 		}
-		return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil)
+		return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil)
 	}
 	if opt.Wait <= 0 {
 		if queued {
 			return Lock{}, ErrNotAcquired
 		}
-		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false)
+		lk, _, err := l.attempt(ctx, resource, ttl, token, false, false, f)
 		return lk, err
 	}
 	if queued && l.queuedHash(resource) {
@@ -139,27 +155,28 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 		// semaphore waiters: a refresh-only round of a fresh token takes
 		// nothing and reports the mode. (Behind exclusive waiters only, the
 		// resource is not a semaphore, or the head learns it at once.)
-		if _, _, err := l.attempt(ctx, resource, ttl, token, true, false); isModeErr(err) {
+		if _, _, err := l.attempt(ctx, resource, ttl, token, true, false, f); isModeErr(err) {
 			return Lock{}, err
 		}
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil)
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil)
 }
 
 // wait queues for resource and, once at the head, attempts until acquired,
 // the wait runs out, ctx ends or the Locker closes. Between attempts the head
 // sleeps until whichever comes first: a release notification, the holder's
 // remaining ttl, or a random delay in [RetryMin, RetryMax]. start is when
-// Lock was called, for the wait histogram. try, when set, is the attempt
-// of a shared or semaphore holding (shared.go), which is never handed a
-// lock by an Unlock; nil attempts the exclusive lock.
-func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, try attemptFunc) (Lock, error) {
+// Lock was called, for the wait histogram. f is what the holding stores
+// (reentrant.go). try, when set, is the attempt of a shared or semaphore
+// holding (shared.go), which is never handed a lock by an Unlock; nil
+// attempts the exclusive lock.
+func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, f *form, try attemptFunc) (Lock, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	w := l.enqueue(resource, token, ttl, try != nil)
+	w := l.enqueue(resource, token, ttl, f, try != nil)
 	if try == nil {
 		try = func(ctx context.Context) (Lock, time.Duration, error) {
-			return l.attempt(ctx, resource, ttl, token, false, true)
+			return l.attempt(ctx, resource, ttl, token, false, true, f)
 		}
 	}
 	defer l.leave(resource, w)
@@ -224,7 +241,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		if handed && h.ok {
 			if cerr := ctxErr(ctx); cerr != nil || errors.Is(stop, errClosed) {
 				// The caller is gone: hand the lock on at once.
-				l.release(context.WithoutCancel(ctx), l.nodes, resource, token, true)
+				l.giveBack(context.WithoutCancel(ctx), resource, token)
 				if cerr == nil {
 					return Lock{}, errClosed
 				}
@@ -244,10 +261,10 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 // holder's lock may still live on the nodes that reported it (0 when no node
 // did). With waits, the nodes where another token holds the lock mark it,
 // so that its release wakes the caller (see opsScript).
-func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (Lock, time.Duration, error) {
-	lk, hint, again, err := l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits)
+func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool, f *form) (Lock, time.Duration, error) {
+	lk, hint, again, err := l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits, f)
 	if again {
-		lk, hint, _, err = l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits)
+		lk, hint, _, err = l.attemptOnce(ctx, resource, ttl, token, refreshOnly, waits, f)
 	}
 	return lk, hint, err
 }
@@ -257,7 +274,7 @@ func (l *Locker) attempt(ctx context.Context, resource string, ttl time.Duration
 // in use (a fresh deployment's markers were being created): the nodes
 // without a marker that did not count then have one now, and one more
 // round decides.
-func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool) (lk Lock, hint time.Duration, again bool, err error) {
+func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Duration, token string, refreshOnly, waits bool, f *form) (lk Lock, hint time.Duration, again bool, err error) {
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
 	var (
@@ -282,8 +299,12 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	case waits:
 		code = codeAcquireWait
 	}
+	var x any = ttl.Milliseconds()
+	if f != nil {
+		code, x = f.code(code), acquireArg(ttl, f)
+	}
 	attempt := l.newAttempt()
-	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, ttl.Milliseconds())
+	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
@@ -293,6 +314,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 			case r.val > 0:
 				owned = append(owned, l.nodes[i])
 				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
+				g.hold, _ = holdOf(r)
 				granted = append(granted, g)
 				if g.counts {
 					votes++
@@ -331,6 +353,15 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if !l.confirm(ctx, key, token, attempt, granted, fence, start) {
 		return fail(ErrNotAcquired)
 	}
+	var hs holdState
+	if f.reentrant() {
+		if hs, err = l.settleHolds(ctx, key, token, attempt, granted); err != nil {
+			if errors.Is(err, ErrNotHeld) {
+				err = ErrNotAcquired // the lock lost its majority meanwhile
+			}
+			return fail(err)
+		}
+	}
 	now := time.Now() // Expires counts from the validity's measurement
 	v := l.validity(ttl, now.Sub(start))
 	if v <= 0 {
@@ -346,9 +377,9 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		// holder, typically the one whose release woke this waiter and has
 		// not reached them yet: place it there once they are free, so that
 		// it does not rest on a bare majority.
-		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint)
+		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint, f.extWith(hs))
 	}
-	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence}, 0, false, nil
+	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: hs.holds}, 0, false, nil
 }
 
 // failed undoes a failed round of attempt on the nodes where token may
@@ -412,28 +443,34 @@ func (l *Locker) confirm(ctx context.Context, key, token, attempt string, grante
 type grant struct {
 	node   *node
 	fence  int64
-	counts bool // the node had the marker (or the deployment is fresh)
+	counts bool      // the node had the marker (or the deployment is fresh)
+	hold   holdState // a reentrant acquisition's (reentrant.go)
 }
 
 // release runs the compare-and-delete script on nodes and reports on how
 // many it deleted and how many answered: it ends token's holding, whatever
 // attempt took it. With publish, deleting nodes announce the release if a
 // waiter marked the lock there, and local waiters are woken.
-func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int) {
+func (l *Locker) release(ctx context.Context, nodes []*node, resource, token string, publish bool) (deleted, answered int, counted []reply) {
 	if len(nodes) == 0 {
-		return 0, 0
+		return 0, 0, nil
 	}
 	code := codeRelease
 	if publish {
 		code = codeReleasePub
 	}
+	start := time.Now()
 	r := l.call(ctx, opRelease, len(nodes), l.lockPrefix+resource, code, token, "", resource)
 	l.fanout(nodes, r, func(res []reply) {
+		l.settleClock(nodes, res, start) // counted replies are weighed by counts
 		for _, r := range res {
 			if r.err == nil {
 				answered++
 				if r.val == 1 {
 					deleted++
+				}
+				if r.arr != nil {
+					counted = append(counted, r) // a count of holds: kept
 				}
 			}
 		}
@@ -441,7 +478,7 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 	if publish && deleted > 0 {
 		l.notify(resource)
 	}
-	return deleted, answered
+	return deleted, answered, counted
 }
 
 // cleanup undoes a failed (or abandoned) attempt on nodes: each deletes the
@@ -496,7 +533,7 @@ func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, at
 // returns, like release, on how many nodes token's lock was deleted and how
 // many answered. Waiters of other Lockers are not notified of a lock that
 // was handed on; they find it free once this Locker has no waiter left.
-func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter) (deleted, answered int) {
+func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter) (deleted, answered int, counted []reply) {
 	start := time.Now()
 	key := l.lockPrefix + resource
 	var (
@@ -507,10 +544,11 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		held    []*node // nodes where another token holds it
 		hint    time.Duration
 	)
-	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + ":" + w.token
+	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + w.form.extArg() + ":" + w.token
 	attempt := l.newAttempt()
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
 	l.fanout(l.nodes, r, func(res []reply) {
+		l.settleClock(l.nodes, res, start)
 		for i, r := range res {
 			if r.err != nil {
 				owned = append(owned, l.nodes[i])
@@ -519,6 +557,12 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 			answered++
 			if r.released {
 				deleted++
+			}
+			if r.arr != nil {
+				// The token's holding has a count of holds: not released,
+				// not handed (reentrant.go).
+				counted = append(counted, r)
+				continue
 			}
 			if r.val > 0 {
 				owned = append(owned, l.nodes[i])
@@ -542,11 +586,11 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	if votes >= l.quorum && l.confirm(bg, key, w.token, attempt, granted, fence, start) {
 		now := time.Now()
 		if v := l.validity(w.ttl, now.Sub(start)); v > 0 {
-			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence}, true
+			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: w.form.freshHolds()}, true
 		}
 	}
 	if h.ok && len(held) > 0 {
-		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint)
+		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint, w.form.extArg())
 	}
 	if !h.ok {
 		// The holder's lock is gone where it was handed: a release like
@@ -556,14 +600,16 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		l.notify(resource)
 	}
 	l.deliver(w, h)
-	return deleted, answered
+	return deleted, answered, counted
 }
 
 // testHookHandOver, when set, runs in handOver after the handing round and
 // before its outcome is delivered.
 var testHookHandOver atomic.Pointer[context.CancelFunc]
 
-// Unlock releases resource on every node where token owns it. It returns
+// Unlock releases resource on every node where token owns it; a lock with a
+// count of holds (Options.Reentrant) loses one hold, as Release(ctx,
+// resource, token, 0) does. It returns
 // nil when the lock was deleted on a majority, ErrNotHeld when token does
 // not own it on a majority, a *NoQuorumError when fewer than a majority
 // answered, or an error wrapping ctx.Err() when ctx ended first. ctx bounds
@@ -576,23 +622,8 @@ func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 	if token == "" {
 		return ErrNotHeld
 	}
-	l.cancelPlacement(resource, token)
-	var deleted, answered int
-	if w := l.claimHandoff(resource, token); w != nil {
-		deleted, answered = l.handOver(ctx, resource, token, w)
-	} else {
-		deleted, answered = l.release(ctx, l.nodes, resource, token, true)
-	}
-	switch {
-	case deleted >= l.quorum:
-		return nil
-	case ctxErr(ctx) != nil:
-		return fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
-	case answered < l.quorum:
-		return &NoQuorumError{Answered: answered, Total: len(l.nodes)}
-	default:
-		return ErrNotHeld
-	}
+	_, err := l.releaseHold(ctx, resource, token, 0)
+	return err
 }
 
 // Extend resets the ttl of resource to ttl on every node where token owns
@@ -619,6 +650,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 		abstained int     // of those, nodes that extended without a marker: no vote
 		fence     int64   // the largest stored fence of the token
 		missing   []*node // nodes where the lock is free
+		counted   []reply // replies with a count of holds (reentrant.go)
 	)
 	var form holdingForm // a reader or a permit: healed as one (shared.go)
 	attempt := l.newAttempt()
@@ -632,6 +664,9 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 				extended++
 				fence = max(fence, r.val)
 				form.note(r.aux)
+				if r.arr != nil {
+					counted = append(counted, r)
+				}
 			case r.val > 0:
 				abstained++
 			case r.val == -1:
@@ -646,7 +681,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
-			l.placeForm(context.WithoutCancel(ctx), form, missing, resource, token, attempt, fence, start.Add(ttl))
+			l.placeForm(context.WithoutCancel(ctx), form, missing, resource, token, attempt, fence, start.Add(ttl), countExt(counted))
 		}
 		// After the placement: the validity counts from Extend's return.
 		v := l.validity(ttl, time.Since(start))

@@ -123,7 +123,8 @@ func (l *Locker) mlock(ctx context.Context, resources []string, ttl time.Duratio
 	if token == "" {
 		token = uuid.NewString()
 	}
-	g := &group{resources: resources, keys: make([]string, len(resources)), ttl: ttl, token: token}
+	g := &group{resources: resources, keys: make([]string, len(resources)), ttl: ttl, token: token,
+		ext: newForm(Options{Holder: opt.Holder}).extArg()}
 	for i, r := range resources {
 		g.keys[i] = l.lockPrefix + r
 	}
@@ -156,6 +157,13 @@ type group struct {
 	keys      []string // the lock keys, in the order of resources
 	ttl       time.Duration
 	token     string
+	ext       string // what each resource's value stores beyond a plain lock: the holder (reentrant.go)
+}
+
+// arg is the group operation's x: "<ttl>[;<extension>]:<size>" (the
+// extension has no ':').
+func (g *group) arg() string {
+	return strconv.FormatInt(g.ttl.Milliseconds(), 10) + g.ext + ":" + strconv.Itoa(len(g.keys))
 }
 
 // groupWait is wait for a group: it joins the queues of all the group's
@@ -330,7 +338,7 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		code = codeGroupWait
 	}
 	attempt := l.newAttempt()
-	x := strconv.FormatInt(g.ttl.Milliseconds(), 10) + ":" + strconv.Itoa(n)
+	x := g.arg()
 	r := l.call(ctx, opGroup, len(l.nodes), g.keys[0], code, g.token, attempt, x)
 	r.more = g.keys[1:]
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
@@ -448,7 +456,7 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		// As in attemptOnce: the nodes that refused because another token
 		// held some key get each resource once it is free there.
 		for j, resource := range g.resources {
-			l.schedulePlacement(resource, g.token, attempt, fences[j], start.Add(g.ttl), held, hint)
+			l.schedulePlacement(resource, g.token, attempt, fences[j], start.Add(g.ttl), held, hint, g.ext)
 		}
 	}
 	return MLock{Token: g.token, Validity: v, Expires: now.Add(v), Fences: fences}, 0, false, nil
@@ -470,7 +478,7 @@ func (l *Locker) addGroupGrant(r reply, counts bool, n *node, granted [][]grant,
 // holds part of the set, as part of attempt: it records their grants and
 // returns how many of them count.
 func (l *Locker) groupTakeRest(ctx context.Context, g *group, attempt string, nodes []*node, granted [][]grant, fences []int64) (votes int) {
-	x := strconv.FormatInt(g.ttl.Milliseconds(), 10) + ":" + strconv.Itoa(len(g.keys))
+	x := g.arg()
 	r := l.call(ctx, opGroup, len(nodes), g.keys[0], codeGroupAnyPart, g.token, attempt, x)
 	r.more = g.keys[1:]
 	l.fanout(nodes, r, func(res []reply) {

@@ -26,6 +26,7 @@ type placement struct {
 	resource, token string
 	attempt         string // the attempt that won the lock
 	fence           int64
+	ext             string    // the holding's extension (reentrant.go)
 	end             time.Time // the lock's ttl runs out on the nodes
 	nodes           []*node   // where it is still to be placed
 	timer           *time.Timer
@@ -34,8 +35,8 @@ type placement struct {
 // schedulePlacement places resource's lock of token on nodes once they are
 // free: at a release notification from one of them, or after hint (the
 // longest time another holder may keep it there).
-func (l *Locker) schedulePlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration) {
-	p := &placement{resource: resource, token: token, attempt: attempt, fence: fence, end: end, nodes: nodes}
+func (l *Locker) schedulePlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, ext string) {
+	p := &placement{resource: resource, token: token, attempt: attempt, fence: fence, ext: ext, end: end, nodes: nodes}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.bgClosed {
@@ -87,7 +88,7 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 	l.bg.Add(1)
 	go func() {
 		defer l.bg.Done()
-		held, wait := l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end)
+		held, wait := l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end, p.ext)
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if !l.pending(p) {
@@ -164,16 +165,17 @@ func (l *Locker) stopPlacements() {
 	l.bg.Wait()
 }
 
-// place takes resource's lock for token, with fence and as attempt, on
-// every node of nodes where it is free, until end. It returns the nodes
+// place takes resource's lock for token, with fence, ext (the extension of
+// its value: hold count, holder) and as attempt, on every node of nodes
+// where it is free, until end. It returns the nodes
 // where another token still holds it, and the longest time that holder may
 // keep it.
-func (l *Locker) place(ctx context.Context, nodes []*node, resource, token, attempt string, fence int64, end time.Time) (held map[*node]bool, wait time.Duration) {
+func (l *Locker) place(ctx context.Context, nodes []*node, resource, token, attempt string, fence int64, end time.Time, ext string) (held map[*node]bool, wait time.Duration) {
 	left := time.Until(end).Milliseconds()
 	if left < 1 {
 		return nil, 0
 	}
-	x := strconv.FormatInt(left, 10) + ":" + strconv.FormatInt(fence, 10)
+	x := strconv.FormatInt(left, 10) + ":" + strconv.FormatInt(fence, 10) + ext
 	held = make(map[*node]bool)
 	r := l.call(ctx, opPlace, len(nodes), l.lockPrefix+resource, codePlace, token, attempt, x)
 	l.fanout(nodes, r, func(res []reply) {

@@ -25,6 +25,7 @@ type waiter struct {
 	// waiter (see handOver), and the handoff's state, under Locker.mu.
 	token   string
 	ttl     time.Duration
+	form    *form        // what the waiter's holding stores (reentrant.go)
 	idle    bool         // the head, between attempts: it may be handed the lock
 	hash    bool         // a shared or semaphore waiter: never handed a lock
 	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
@@ -40,10 +41,10 @@ type handoff struct {
 }
 
 // enqueue appends a waiter for resource that would lock it with token for
-// ttl (hash: a shared or semaphore holding); it is the head if the queue
-// was empty.
-func (l *Locker) enqueue(resource, token string, ttl time.Duration, hash bool) *waiter {
-	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, hash: hash, handed: make(chan handoff, 1)}
+// ttl (f: what its holding stores; hash: a shared or semaphore holding);
+// it is the head if the queue was empty.
+func (l *Locker) enqueue(resource, token string, ttl time.Duration, f *form, hash bool) *waiter {
+	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, form: f, hash: hash, handed: make(chan handoff, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[resource]

@@ -764,7 +764,7 @@ func merge(a, b copied) copied {
 			mark = "1"
 		}
 		att := unionAttempts(lockAttempts(a.value), lockAttempts(b.value))
-		return copied{value: mark + strconv.FormatInt(max(fa, fb), 10) + "/" + att + ":" + ta, pttl: p}
+		return copied{value: mark + strconv.FormatInt(max(fa, fb), 10) + "/" + att + laterExt(a.value, b.value) + ":" + ta, pttl: p}
 	default:
 		return copied{value: "0" + strconv.FormatInt(max(fa, fb), 10), pttl: p}
 	}
@@ -786,6 +786,7 @@ func splitLock(v string) (token string, fence int64, ok bool) {
 // owns, "" for the previous layout's.
 func lockAttempts(v string) string {
 	h, _, _ := strings.Cut(v[1:], ":")
+	h, _, _ = strings.Cut(h, ";") // the extension (reentrant.go)
 	_, att, _ := strings.Cut(h, "/")
 	return att
 }

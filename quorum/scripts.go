@@ -18,6 +18,14 @@ import (
 //	                         deployment's reference clock (see clock.go)
 //	<prefix>released         channel; payload is the released resource name
 //
+// A lock's value may carry an extension between its attempts and the ':'
+// (reentrant.go): "<w><fence>/<attempt>;<holds>.<version>;<holder>:<token>",
+// the hold count with its version (empty for a holding without a count:
+// one hold) and the holder that LOCKINFO shows, escaped so that it holds
+// no ':' or ';'. Every operation that rewrites a holding keeps its
+// extension; one without an extension is the plain value above, which a
+// proxy without a holder to store writes byte for byte as before.
+//
 // In a lock's value, <w> is '1' once a waiter asked to be told of the
 // release and '0' before, <fence> is decimal and <attempt> lists the ids
 // of the attempts of the token that rely on the lock, comma-separated (ids
@@ -68,8 +76,10 @@ import (
 // the operations' are read from the end of ARGV. The operations, by code:
 //
 //	a, aw  acquire: take the lock if it is free, refresh it if the token owns
-//	       it; x is the ttl in ms. aw also marks a lock held by another
-//	       token as waited for, so that its release is published.
+//	       it; x is the ttl in ms, followed by the extension of a fresh
+//	       holding when it has one ("<ttl>;<holds>.<version>;<holder>"). aw
+//	       also marks a lock held by another token as waited for, so that
+//	       its release is published.
 //	r, rw  as a and aw, but only refresh an existing holding of the token,
 //	       never take a free lock.
 //	f      raise: counter = max(counter, x) and the stored fence = x, only
@@ -77,30 +87,56 @@ import (
 //	       smaller fence than the majority's maximum x.
 //	u, up  release: delete the lock if the token owns it; up then publishes
 //	       x, the resource name, on the channel if a waiter marked the lock.
+//	       A holding with a count of holds is not deleted: the reply is
+//	       {0, holds, version, 0, fence}, and the caller decides from a
+//	       majority's count (reentrant.go).
+//	uf     release all holds: as up, whatever the count.
+//	ul     release the last hold (HOLD 1): as uf for a holding with a
+//	       count; one without is not deleted, the reply is {0, 1, 0, 0,
+//	       fence}.
 //	c, cp  cleanup of an attempt: x is "<ttl>:<resource>". If the token owns
 //	       the lock and the attempt relies on it, take the attempt off the
 //	       list, and delete the lock when no attempt is left (cp then
 //	       publishes as up does); where the lock is free, leave a tombstone
 //	       of the attempt for ttl ms, so that the attempt's acquisition,
 //	       arriving late, does nothing (it fails with LATE).
-//	e      extend: reset the ttl to x ms if the token owns the lock.
-//	p      place: x is "<ttl>:<fence>"; if the lock is free, take it for the
+//	e      extend: reset the ttl to x ms if the token owns the lock; a
+//	       holding with a count replies {fence, holds, version, 0, fence},
+//	       so that healing carries the count.
+//	p      place: x is "<ttl>:<fence>[;<extension>]"; if the lock is free, take it for the
 //	       token with that fence and ttl and raise the counter to the fence.
 //	       Heals a lock that a majority holds onto a node that lacks it.
 //	s      status: the ms left until the recovery's deadline (0 when it has
 //	       passed), or -1 when no recovery is under way; the key is ignored.
 //	t      time: the node's clock in Unix ms; the key is ignored.
-//	h      handoff: x is "<ttl>:<next token>". Release the lock if the token
+//	n, nw, nr, nrw
+//	       enter (LOCK ... REENTRANT): a, aw, r or rw, replying {g, holds,
+//	       version, fresh, g}: g is what those reply, holds and version the
+//	       count of the token's holding (1 and 0 without a count), fresh 1
+//	       when this attempt took the lock afresh on the node; where the key is
+//	       a hash record in another mode, acquire's {mode code, 0}.
+//	k      sethold: x is "<holds>.<version>"; store it as the count of the
+//	       token's holding unless the node stores a later version. 1 when
+//	       the token owns the lock, 0 otherwise.
+//	y      query: the token's holding as enter reports it, 0 when the token
+//	       does not own the lock. Changes nothing.
+//	v      view (LOCKINFO): {kind, pttl, header, mine, owner}, kind 'none',
+//	       'exclusive' or 'other' (a key of another type), header the value
+//	       up to the token, mine 1 when the token (if given) owns it, owner
+//	       the SHA1 of the owning token. Never the token itself.
+//	h      handoff: x is "<ttl>[;<extension>]:<next token>". Release the lock if the token
 //	       owns it and, in the same call, take it for the next token with a
 //	       new fence and that ttl (also when the lock was free, or refresh
 //	       it when the next token holds it already); a waiter's mark stays.
 //	       Replies {released, g}:
 //	       released is 1 when the token owned the lock, g is what acquire
-//	       would reply for the next token.
+//	       would reply for the next token. A holding of the token with a
+//	       count of holds is neither released nor handed: the reply is
+//	       {-1, holds, version, 0, fence}, as release's.
 //	i      init: create the marker unless a recovery is under way; 1 when
 //	       the marker exists afterwards, 0 otherwise. Only for a deployment
 //	       that no node has a marker or a recovery of.
-//	m, mw  group acquire (MLOCK): x is "<ttl>:<size>"; the operation and
+//	m, mw  group acquire (MLOCK): x is "<ttl>[;<extension>]:<size>"; the operation and
 //	       the size-1 operations after it (code g, their other arguments
 //	       unused) are one unit over their keys, all or nothing: every key
 //	       is read before any is set. When each key is free or owned by
@@ -204,23 +240,50 @@ local function get(v, attempt)
 	return v
 end
 
--- parse returns the fence and attempt stored in v when token owns it,
--- otherwise nil. A value of the previous layout (no attempt) has attempt ''.
+-- parse returns the fence, attempt and extension stored in v when token
+-- owns it, otherwise nil. A value of the previous layout (no attempt) has
+-- attempt ''; a value without an extension has ext ''.
 local function parse(v, token)
 	local sep = string.find(v, ':', 2, true)
 	if not sep or string.sub(v, sep + 1) ~= token then
 		return nil
 	end
 	local h = string.sub(v, 2, sep - 1)
+	local ext = ''
+	local semi = string.find(h, ';', 1, true)
+	if semi then
+		h, ext = string.sub(h, 1, semi - 1), string.sub(h, semi)
+	end
 	local slash = string.find(h, '/', 1, true)
 	if not slash then
-		return tonumber(h), ''
+		return tonumber(h), '', ext
 	end
-	return tonumber(string.sub(h, 1, slash - 1)), string.sub(h, slash + 1)
+	return tonumber(string.sub(h, 1, slash - 1)), string.sub(h, slash + 1), ext
 end
 
-local function value(mark, fence, attempt, token)
-	return mark .. fence .. '/' .. attempt .. ':' .. token
+local function value(mark, fence, attempt, token, ext)
+	return mark .. fence .. '/' .. attempt .. (ext or '') .. ':' .. token
+end
+
+-- holdsOf returns the hold count and its version that the extension ext
+-- stores, or nil for a lock that was never taken with REENTRANT nor
+-- re-entered (one hold).
+local function holdsOf(ext)
+	local h, ver = string.match(ext, '^;(%d+)%.(%d+)')
+	if not h then
+		return nil
+	end
+	return tonumber(h), tonumber(ver)
+end
+
+-- splitExt splits x, "<n>" or "<n>;<extension>", into n and the extension
+-- (with its leading ';'), '' when there is none.
+local function splitExt(x)
+	local semi = string.find(x, ';', 1, true)
+	if not semi then
+		return x, ''
+	end
+	return string.sub(x, 1, semi - 1), string.sub(x, semi)
 end
 
 -- relies reports whether attempt is one of the attempts in att, a list
@@ -246,16 +309,17 @@ end
 ` + hashLua + `
 -- refresh resets the ttl of v, a lock that token owns with fence and the
 -- attempts att, and adds attempt to those that rely on it.
-local function refresh(key, v, token, ttl, fence, att, attempt)
+local function refresh(key, v, token, ttl, fence, att, attempt, ext)
 	if relies(att, attempt) then
 		redis.call('PEXPIRE', key, ttl)
 		return fence
 	end
-	redis.call('SET', key, value(string.sub(v, 1, 1), fence, addAttempt(att, attempt), token), 'PX', ttl)
+	redis.call('SET', key, value(string.sub(v, 1, 1), fence, addAttempt(att, attempt), token, ext), 'PX', ttl)
 	return fence
 end
 
-local function acquire(key, code, token, ttl, attempt)
+local function acquire(key, code, token, x, attempt)
+	local ttl, ext = splitExt(x)
 	local v
 	if code == 'r' or code == 'rw' then
 		v = get(redis.pcall('GET', key), attempt)
@@ -264,7 +328,7 @@ local function acquire(key, code, token, ttl, attempt)
 		end
 	else
 		local fence = redis.call('INCR', counter)
-		local new = value('0', string.format('%d', fence), attempt, token)
+		local new = value('0', string.format('%d', fence), attempt, token, ext)
 		v = redis.pcall('SET', key, new, 'NX', 'PX', ttl, 'GET')
 		if v == false then
 			return fence
@@ -287,9 +351,9 @@ local function acquire(key, code, token, ttl, attempt)
 	if v == nil then
 		return hexclusive(key, code, token, ttl, attempt) or -1
 	end
-	local f, att = parse(v, token)
+	local f, att, old = parse(v, token)
 	if f then
-		return refresh(key, v, token, ttl, f, att, attempt)
+		return refresh(key, v, token, ttl, f, att, attempt, old)
 	end
 	if (code == 'aw' or code == 'rw') and string.byte(v, 1) == 48 then
 		redis.call('SETRANGE', key, 0, '1')
@@ -297,22 +361,22 @@ local function acquire(key, code, token, ttl, attempt)
 	return held(key)
 end
 
--- owned returns the lock's value, fence and attempt when token owns it,
--- otherwise nil.
+-- owned returns the lock's value, fence, attempt and extension when token
+-- owns it, otherwise nil.
 local function owned(key, token)
 	local v = get(redis.pcall('GET', key))
 	if not v then
 		return nil
 	end
-	local f, att = parse(v, token)
+	local f, att, ext = parse(v, token)
 	if f then
-		return v, f, att
+		return v, f, att, ext
 	end
 	return nil
 end
 
 local function raise(key, token, fence)
-	local v, f, att = owned(key, token)
+	local v, f, att, ext = owned(key, token)
 	if not v then
 		return hraise(key, token, fence)
 	end
@@ -320,7 +384,7 @@ local function raise(key, token, fence)
 		redis.call('SET', counter, fence)
 	end
 	if f < tonumber(fence) then
-		redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token), 'KEEPTTL')
+		redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token, ext), 'KEEPTTL')
 	end
 	return 1
 end
@@ -336,11 +400,21 @@ local function drop(key, v, publish, resource)
 end
 
 local function release(key, code, token, resource)
-	local v = owned(key, token)
+	local v, f, _, ext = owned(key, token)
 	if not v then
-		return hrelease(key, token, code == 'up', resource)
+		return hrelease(key, token, code ~= 'u', resource)
 	end
-	return drop(key, v, code == 'up', resource)
+	local h, ver = holdsOf(ext)
+	if code == 'ul' then
+		if not h then
+			return {0, 1, 0, 0, f} -- no count: HOLD 1 does not apply
+		end
+	elseif code ~= 'uf' and h then
+		-- A count of holds: the caller decides from a majority's count
+		-- (reentrant.go), never this node alone.
+		return {0, h, ver, 0, f}
+	end
+	return drop(key, v, code ~= 'u', resource)
 end
 
 -- cleanup undoes one attempt: it takes the attempt off the attempts that
@@ -358,13 +432,13 @@ local function cleanup(key, code, token, x, attempt)
 	if v == nil then
 		return hcleanup(key, code, token, ttl, attempt, resource)
 	end
-	local f, att = parse(v, token)
+	local f, att, ext = parse(v, token)
 	if not f or att == '*' or not relies(att, attempt) then
 		return 0
 	end
 	if att ~= attempt then
 		local rest = string.sub(string.gsub(',' .. att .. ',', ',' .. attempt:gsub('%p', '%%%0') .. ',', ',', 1), 2, -2)
-		redis.call('SET', key, value(string.sub(v, 1, 1), f, rest, token), 'KEEPTTL')
+		redis.call('SET', key, value(string.sub(v, 1, 1), f, rest, token, ext), 'KEEPTTL')
 		return 0
 	end
 	return drop(key, v, code == 'cp', resource)
@@ -378,18 +452,23 @@ local function extend(key, token, ttl)
 	if v == nil then
 		return hextend(key, token, ttl)
 	end
-	local fence = parse(v, token)
+	local fence, _, ext = parse(v, token)
 	if not fence then
 		return 0
 	end
 	redis.call('PEXPIRE', key, ttl)
+	local h, ver = holdsOf(ext)
+	if h then
+		-- The count too, for healing (reentrant.go).
+		return {fence, h, ver, 0, fence}
+	end
 	return fence
 end
 
 local function place(key, token, x, attempt)
 	local sep = string.find(x, ':', 1, true)
-	local ttl, fence = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
-	local new = value('0', fence, attempt, token)
+	local ttl, fence, ext = string.sub(x, 1, sep - 1), splitExt(string.sub(x, sep + 1))
+	local new = value('0', fence, attempt, token, ext)
 	local v = redis.pcall('SET', key, new, 'NX', 'PX', ttl, 'GET')
 	if v ~= false then
 		v = get(v, attempt)
@@ -412,7 +491,8 @@ end
 
 local function handoff(key, token, x, attempt)
 	local sep = string.find(x, ':', 1, true)
-	local ttl, next = string.sub(x, 1, sep - 1), string.sub(x, sep + 1)
+	local ttl, ext = splitExt(string.sub(x, 1, sep - 1))
+	local next = string.sub(x, sep + 1)
 	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
@@ -432,21 +512,114 @@ local function handoff(key, token, x, attempt)
 			mark = '1'
 		end
 	elseif v then
-		if parse(v, token) then
+		local tf, _, text = parse(v, token)
+		if tf then
+			local h, ver = holdsOf(text)
+			if h then
+				-- A count of holds: not released here (see release).
+				return {-1, h, ver, 0, tf}
+			end
 			-- Keep the mark of waiters elsewhere, so that the next release
 			-- is published.
 			released, mark = 1, string.sub(v, 1, 1)
 		else
-			local f, att = parse(v, next)
+			local f, att, old = parse(v, next)
 			if f then
-				return {0, refresh(key, v, next, ttl, f, att, attempt)}
+				return {0, refresh(key, v, next, ttl, f, att, attempt, old)}
 			end
 			return {0, held(key)}
 		end
 	end
 	local fence = redis.call('INCR', counter)
-	redis.call('SET', key, value(mark, string.format('%d', fence), attempt, next), 'PX', ttl)
+	redis.call('SET', key, value(mark, string.format('%d', fence), attempt, next, ext), 'PX', ttl)
 	return {released, fence}
+end
+
+-- enter is acquire for LOCK ... REENTRANT: code n, nw, nr or nrw runs
+-- acquire's a, aw, r or rw and replies {g, holds, version, fresh, g}, g
+-- being what acquire replies, holds and version the count stored with the
+-- token's holding (1 and 0 for a holding without a count), fresh 1 when
+-- this attempt took the lock here afresh.
+local function enter(key, code, token, x, attempt)
+	local c = string.sub(code, 2)
+	if c == '' then
+		c = 'a'
+	elseif c == 'w' then
+		c = 'aw'
+	end
+	local g = acquire(key, c, token, x, attempt)
+	if type(g) == 'table' then
+		return g -- a hash record in another mode: {mode code, 0}, as acquire
+	end
+	if g <= 0 then
+		return {g, 0, 0, 0, 0}
+	end
+	local _, att, ext = parse(redis.call('GET', key), token)
+	local h, ver = holdsOf(ext)
+	local fresh = 0
+	if att == attempt then
+		fresh = 1
+	end
+	return {g, h or 1, ver or 0, fresh, g}
+end
+
+-- sethold writes x, "<holds>.<version>", as the count of token's holding
+-- unless the holding stores a later version; it keeps the rest of the
+-- extension (the holder) and the ttl. It returns 1 when token owns the
+-- lock, 0 otherwise.
+local function sethold(key, token, x)
+	local v, f, att, ext = owned(key, token)
+	if not v then
+		return 0
+	end
+	local dot = string.find(x, '.', 1, true)
+	local nh, nv = string.sub(x, 1, dot - 1), string.sub(x, dot + 1)
+	local _, ver = holdsOf(ext)
+	if ver and ver > tonumber(nv) then
+		return 1
+	end
+	local rest = string.match(ext, '^;[^;]*(;.*)$') or ''
+	redis.call('SET', key, value(string.sub(v, 1, 1), f, att, token, ';' .. nh .. '.' .. nv .. rest), 'KEEPTTL')
+	return 1
+end
+
+-- query reports token's holding without changing it: {fence, holds,
+-- version, 0, fence} as enter does, or 0 when token does not own the lock.
+local function query(key, token)
+	local v, f, _, ext = owned(key, token)
+	if not v then
+		return 0
+	end
+	local h, ver = holdsOf(ext)
+	return {f, h or 1, ver or 0, 0, f}
+end
+
+-- view reports what the node holds for key, for LOCKINFO: {kind, pttl,
+-- header, mine, owner}. kind is 'none' (free, or a tombstone),
+-- 'exclusive' (a lock value: header is the value up to its token, owner
+-- the token's SHA1, never the token) or 'other' (a key of another type);
+-- mine is 1 when token, if not empty, owns the exclusive lock.
+local function view(key, token)
+	local v = redis.pcall('GET', key)
+	if type(v) == 'table' then
+		if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
+			return {'other', redis.call('PTTL', key), '', 0, ''}
+		end
+		error(v)
+	end
+	if not v or string.byte(v, 1) == 120 then
+		return {'none', -2, '', 0, ''}
+	end
+	local sep = string.find(v, ':', 2, true)
+	local mine, header, owner = 0, v, ''
+	if sep then
+		header = string.sub(v, 1, sep - 1)
+		owner = redis.sha1hex(string.sub(v, sep + 1))
+		if token ~= '' and string.sub(v, sep + 1) == token then
+			mine = 1
+		end
+	end
+	return {'exclusive', redis.call('PTTL', key), header, mine, owner}
 end
 
 local function status()
@@ -552,6 +725,14 @@ local function run(i)
 		return handoff(key, token, x, attempt)
 	elseif c == 'm' then
 		return group(i, code, token, x, attempt)
+	elseif c == 'n' then
+		return enter(key, code, token, x, attempt)
+	elseif c == 'k' then
+		return sethold(key, token, x)
+	elseif c == 'y' then
+		return query(key, token)
+	elseif c == 'v' then
+		return view(key, token)
 	elseif c == 'i' then
 		if redis.call('EXISTS', recovery) == 1 then
 			return 0
@@ -645,6 +826,13 @@ var (
 	codeShared, codeSharedWait   = any("q"), any("qw")
 	codeSharedRefresh            = any("qr")
 	codeSharedPlace              = any("qp")
+	codeReleaseAll               = any("uf")
+	codeReleaseLast              = any("ul")
+	codeEnter, codeEnterWait     = any("n"), any("nw")
+	codeReenter, codeReenterWait = any("nr"), any("nrw")
+	codeSetHold                  = any("k")
+	codeQuery                    = any("y")
+	codeView                     = any("v")
 )
 
 // The node states that opsScript reports after the operations' results.
@@ -811,10 +999,29 @@ local function owner(v)
 	end
 	return string.sub(v, sep + 1), fence
 end
+-- extension returns the extension of a value that a token owns (the hold
+-- count and the holder, from its ';'), '' when it has none.
+local function extension(v)
+	local h = string.sub(v, 2, string.find(v, ':', 2, true) - 1)
+	local semi = string.find(h, ';', 1, true)
+	if not semi then
+		return ''
+	end
+	return string.sub(h, semi)
+end
+-- version returns the version of the hold count in an extension, -1 when
+-- it has none.
+local function version(e)
+	return tonumber(string.match(e, '^;%d+%.(%d+)')) or -1
+end
 -- attempts returns the attempt list of a value that a token owns, '' for
 -- the previous layout's.
 local function attempts(v)
 	local h = string.sub(v, 2, string.find(v, ':', 2, true) - 1)
+	local semi = string.find(h, ';', 1, true)
+	if semi then
+		h = string.sub(h, 1, semi - 1)
+	end
 	local slash = string.find(h, '/', 1, true)
 	if not slash then
 		return ''
@@ -858,7 +1065,13 @@ for i = 3, #KEYS do
 			if string.byte(v, 1) == 49 or string.byte(cur, 1) == 49 then
 				mark = '1'
 			end
-			local nv = mark .. string.format('%d', math.max(fence, cfence)) .. '/' .. union(attempts(v), attempts(cur)) .. ':' .. tok
+			-- The hold count of the later version (recovery carries it as
+			-- live lock state).
+			local ext, cext = extension(v), extension(cur)
+			if version(cext) > version(ext) or (version(cext) == version(ext) and ext == '') then
+				ext = cext
+			end
+			local nv = mark .. string.format('%d', math.max(fence, cfence)) .. '/' .. union(attempts(v), attempts(cur)) .. ext .. ':' .. tok
 			if nv ~= cur then
 				redis.call('SET', key, nv, 'KEEPTTL')
 			end

@@ -170,7 +170,7 @@ func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string,
 			return Lock{}, err
 		}
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait, try(false, true))
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil, try(false, true))
 }
 
 // MaxPermits is the largest Options.Permits: the nodes report a permit's
@@ -326,9 +326,9 @@ func (f *holdingForm) note(aux int64) {
 // placeForm heals a holding of form onto nodes that lack it: place for an
 // exclusive lock, otherwise the same reader or permit (slot) with fence,
 // where the node can hold it, until end.
-func (l *Locker) placeForm(ctx context.Context, form holdingForm, nodes []*node, resource, token, attempt string, fence int64, end time.Time) {
+func (l *Locker) placeForm(ctx context.Context, form holdingForm, nodes []*node, resource, token, attempt string, fence int64, end time.Time, ext string) {
 	if !form.shared && !form.permit {
-		l.place(ctx, nodes, resource, token, attempt, fence, end)
+		l.place(ctx, nodes, resource, token, attempt, fence, end, ext)
 		return
 	}
 	left := time.Until(end).Milliseconds()

@@ -121,7 +121,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.hold, "hold", time.Millisecond, "how long a contended holder keeps the lock")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock ttl (proxy ttl-ms and redsync expiry)")
 	fs.IntVar(&cfg.poolSize, "redsync-pool", 0, "go-redis PoolSize per lock node for redsync (0: as many as clients)")
-	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"forms\": LOCK against MLOCK of 1, 3 and 10 resources (not run by default)")
+	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"forms\": LOCK against MLOCK of 1, 3 and 10 resources, or \"reentrant\" (LOCK REENTRANT and re-entry next to plain LOCK, see reentrant.go), or \"plain\" (the proxy's LOCK+UNLOCK alone, for an A/B of two builds); forms and reentrant are not run by default")
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
 	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
@@ -164,6 +164,8 @@ func run(args []string, out io.Writer) error {
 	runUnc := cfg.only == "" || cfg.only == "uncontended"
 	runCont := cfg.only == "" || cfg.only == "contended"
 	runForms := cfg.only == "forms"
+	runRe := cfg.only == "reentrant"
+	runPlain := cfg.only == "plain"
 	type scenario struct {
 		name string
 		d    time.Duration
@@ -202,6 +204,16 @@ func run(args []string, out io.Writer) error {
 		}
 		groups = append(groups, g)
 	}
+	if runRe {
+		groups = append(groups, []scenario{
+			{"plain", cfg.duration, b.plainPairs, cfg.proxyPid},
+			{"reentrant", cfg.duration, b.reentrantPairs, cfg.proxyPid},
+			{"re-entry", cfg.duration, b.reentryPairs, cfg.proxyPid},
+		})
+	}
+	if runPlain {
+		groups = append(groups, []scenario{{"plain", cfg.duration, b.plainPairs, cfg.proxyPid}})
+	}
 	if cfg.warmup > 0 {
 		for _, g := range groups {
 			for _, s := range g {
@@ -239,7 +251,7 @@ func run(args []string, out io.Writer) error {
 			printLockfloor(out, results["proxy uncontended"], results["lockfloor uncontended"], results["redsync uncontended"])
 		}
 		if len(cfg.forms) > 0 {
-			printForms(out, cfg, results)
+			printFamilyForms(out, cfg, results)
 		}
 	}
 	if runCont {
@@ -247,6 +259,12 @@ func run(args []string, out io.Writer) error {
 	}
 	if runForms {
 		printForms(out, cfg, results)
+	}
+	if runRe {
+		printReentrant(out, cfg, results["plain"], results["reentrant"], results["re-entry"])
+	}
+	if runPlain {
+		printPlain(out, cfg, results["plain"])
 	}
 	return nil
 }
@@ -836,9 +854,9 @@ func printUncontended(w io.Writer, cfg config, px, rs []result) {
 	printCPU(w, px, rs)
 }
 
-// printForms compares the lock family's forms with a plain LOCK, through
+// printFamilyForms compares the lock family's forms with a plain LOCK, through
 // the same proxy in the same rounds.
-func printForms(w io.Writer, cfg config, results map[string][]result) {
+func printFamilyForms(w io.Writer, cfg config, results map[string][]result) {
 	fmt.Fprintf(w, "\n#### The lock family's forms, uncontended: %d clients, each acquire+UNLOCK of its own resource (%d rounds × %v, median (min–max))\n\n",
 		cfg.clients, cfg.rounds, cfg.duration)
 	fmt.Fprintln(w, "| form | pairs/s | vs LOCK | pair latency p50 (ms) | p99 (ms) | not acquired / errors |")

@@ -1,0 +1,478 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Reentrant holds (Options.Reentrant, Release).
+//
+// The hold count lives with the lock on the nodes, in the extension of its
+// value (scripts.go): "<w><fence>/<attempts>;<holds>.<version>;<holder>:<token>".
+// A value without "<holds>.<version>" is one hold. The count is an absolute
+// value with a version, never a per-node increment: with 5 nodes, holds
+// taken through {1,2,3} and {1,2,4} would leave increments 2,2,1,1,0, and a
+// release through {3,4,5} would delete the lock on 3 and 4 while one hold
+// remains. Instead every change of the count reads it from the nodes (the
+// version that a majority's replies show last), and writes the new count
+// with the next version to every node; a node keeps the later version of
+// two. A change is done once a majority of the nodes that count stored
+// it, and the next change reads a majority, which shares a node with it.
+// A node never deletes a lock that stores a count on its own: a release
+// reads the count first, and only the release of the last hold deletes
+// the lock (everywhere, as Unlock does).
+//
+// A token is one sequential owner (as a thread is), so two changes of one
+// count never run at once. A change that failed (NOQUORUM) may have reached
+// a minority of the nodes, and then takes effect or not, like any request
+// whose reply was lost; Release with a hold number (HOLD n) makes a resent
+// release remove nothing more.
+
+// ErrNotReentrant is returned by Release with a hold number for a lock
+// that was taken without Options.Reentrant and never re-entered: it has no
+// hold count to compare the number with.
+var ErrNotReentrant = errors.New("quorum: lock has no hold count")
+
+// holdState is a token's holding on one node, as enter, query, release and
+// extend report it: {g, holds, version, fresh, fence}.
+type holdState struct {
+	holds, version, fence int64
+	fresh                 bool
+}
+
+// holdOf returns the holding that r reports, if it reports one.
+func holdOf(r reply) (holdState, bool) {
+	if len(r.arr) != 5 {
+		return holdState{}, false
+	}
+	var v [5]int64
+	for i, x := range r.arr {
+		n, ok := x.(int64)
+		if !ok {
+			return holdState{}, false
+		}
+		v[i] = n
+	}
+	return holdState{holds: v[1], version: v[2], fresh: v[3] == 1, fence: v[4]}, true
+}
+
+// later returns the holding that stores the later version; a zero a is
+// none yet.
+func later(a, b holdState) holdState {
+	if a.holds == 0 || b.version > a.version {
+		return b
+	}
+	return a
+}
+
+// acquireArg is the x of an acquisition: the ttl in ms, with the holding's
+// extension after it when it has one.
+func acquireArg(ttl time.Duration, f *form) any {
+	ext := f.extArg()
+	if ext == "" {
+		return ttl.Milliseconds()
+	}
+	return strconv.FormatInt(ttl.Milliseconds(), 10) + ext
+}
+
+// parseExt returns the hold count, its version and the holder that a lock
+// value's header (the value up to its token) stores; holds is 1 and
+// version 0 for a value without a count.
+func parseExt(header string) (holds, version int64, holder string) {
+	holds = 1
+	_, ext, ok := strings.Cut(header, ";")
+	if !ok {
+		return holds, 0, ""
+	}
+	count, esc, _ := strings.Cut(ext, ";")
+	if h, v, ok := strings.Cut(count, "."); ok {
+		holds, _ = strconv.ParseInt(h, 10, 64)
+		version, _ = strconv.ParseInt(v, 10, 64)
+	}
+	holder, _ = url.QueryUnescape(esc)
+	return holds, version, holder
+}
+
+// laterExt returns the extension of whichever of two values of one token's
+// holding stores the later version of the hold count (on a tie a's, unless
+// a has none), with its leading ';', or "".
+func laterExt(a, b string) string {
+	ea, eb := valueExt(a), valueExt(b)
+	_, va, _ := parseExt(ea)
+	_, vb, _ := parseExt(eb)
+	if vb > va || (vb == va && ea == "") {
+		return eb
+	}
+	return ea
+}
+
+// valueExt returns the extension of a lock value that a token owns.
+func valueExt(v string) string {
+	h, _, _ := strings.Cut(v, ":")
+	if i := strings.IndexByte(h, ';'); i >= 0 {
+		return h[i:]
+	}
+	return ""
+}
+
+// settleHolds ends a reentrant acquisition that won a majority: it decides
+// from the grants whether the token took the lock afresh or re-entered its
+// holding, and writes the new count (the latest version plus one hold) to
+// every node. It returns the count after the call.
+func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, granted []grant) (holdState, error) {
+	var (
+		fresh, counted int
+		last, all      holdState // the latest version among counting old holdings, among all
+	)
+	for _, g := range granted {
+		all = later(all, g.hold)
+		if !g.counts {
+			continue
+		}
+		counted++
+		if g.hold.fresh {
+			fresh++
+		} else {
+			last = later(last, g.hold)
+		}
+	}
+	old := last.holds > 0
+	next := holdState{holds: 1, version: all.version + 1}
+	switch {
+	case !old && all.version <= 1:
+		return holdState{holds: 1, version: 1}, nil // taken afresh everywhere: every node stores 1.1
+	case old && fresh < l.quorum:
+		// A majority shares a node with the one that stored the last
+		// change of the count: the token held the lock, this is one
+		// more hold.
+		next.holds = last.holds + 1
+	}
+	if err := l.writeHolds(ctx, key, token, attempt, next); err != nil {
+		return holdState{}, err
+	}
+	return next, nil
+}
+
+// writeHolds stores s as the hold count of token's holding on every node
+// and reports an error unless a majority of the nodes that count stored
+// it.
+func (l *Locker) writeHolds(ctx context.Context, key, token, attempt string, s holdState) error {
+	x := strconv.FormatInt(s.holds, 10) + "." + strconv.FormatInt(s.version, 10)
+	stored, answered := 0, 0 // of the nodes that count
+	r := l.call(ctx, opSetHold, len(l.nodes), key, codeSetHold, token, attempt, x)
+	l.fanoutSettled(r, func(res []reply) {
+		for _, r := range res {
+			if r.err != nil || !counts(r, false) {
+				continue
+			}
+			answered++
+			if r.val == 1 {
+				stored++
+			}
+		}
+	})
+	switch {
+	case stored >= l.quorum:
+		return nil
+	case ctxErr(ctx) != nil:
+		return fmt.Errorf("hold %q: %w", key, ctxErr(ctx))
+	case answered < l.quorum:
+		return &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+	}
+	return ErrNotHeld
+}
+
+// Release removes holds of resource's lock of token and returns how many
+// are left; 0 means that the lock was released on a majority of the
+// nodes (and waiters notified, as by Unlock).
+//
+// With hold 0 it removes one hold: a lock without a count (taken without
+// Options.Reentrant and never re-entered) is released as Unlock releases
+// it. With hold n > 0, n being Lock.Holds of the acquisition whose hold
+// this gives back, the count becomes min(count, n-1): the same call sent
+// twice removes one hold. It then returns ErrNotReentrant, changing
+// nothing, for a lock without a count.
+//
+// Errors are Unlock's: ErrNotHeld when token does not own the lock on a
+// majority, a *NoQuorumError when fewer than a majority answered, an
+// error wrapping ctx.Err() when ctx ended first. ctx bounds the call.
+func (l *Locker) Release(ctx context.Context, resource, token string, hold int64) (int64, error) {
+	if l.isClosed() {
+		return 0, errClosed
+	}
+	if token == "" || hold < 0 {
+		return 0, ErrNotHeld
+	}
+	return l.releaseHold(ctx, resource, token, hold)
+}
+
+// releaseHold is Release on a Locker that may be closed (the give-back of
+// a lock whose caller is gone).
+func (l *Locker) releaseHold(ctx context.Context, resource, token string, hold int64) (int64, error) {
+	l.cancelPlacement(resource, token)
+	var (
+		deleted, answered int
+		seen              []reply
+	)
+	if hold == 1 {
+		// The count becomes 0 whatever it is: one round, unless the lock
+		// has no count (then nothing is deleted).
+		deleted, answered, seen = l.releaseWith(ctx, resource, token, codeReleaseLast)
+		switch {
+		case deleted >= l.quorum:
+			return 0, nil
+		case deleted == 0 && len(seen) > 0:
+			return 0, ErrNotReentrant
+		case len(seen) > 0:
+			// Nodes that missed the count: they release too.
+			all, _, _ := l.releaseWith(ctx, resource, token, codeReleaseAll)
+			deleted, seen = deleted+all, nil
+		}
+	} else if hold > 0 {
+		seen, answered = l.queryHolds(ctx, resource, token)
+	} else if w := l.claimHandoff(resource, token); w != nil {
+		deleted, answered, seen = l.handOver(ctx, resource, token, w)
+	} else {
+		deleted, answered, seen = l.release(ctx, l.nodes, resource, token, true)
+	}
+	if len(seen) == 0 {
+		switch {
+		case deleted >= l.quorum:
+			return 0, nil
+		case hold > 0 && answered >= l.quorum:
+			return 0, ErrNotHeld
+		case ctxErr(ctx) != nil:
+			return 0, fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
+		case answered < l.quorum:
+			return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+		default:
+			return 0, ErrNotHeld
+		}
+	}
+	// The token owns a holding with a count (or, for hold n, any holding):
+	// the count of the latest version decides.
+	owners, uncounted := deleted, 0
+	var last holdState
+	for _, r := range seen {
+		h, _ := holdOf(r)
+		last = later(last, h)
+		if counts(r, false) {
+			owners++
+		} else {
+			uncounted++ // a node that does not count yet (clock, data)
+		}
+	}
+	switch {
+	case owners < l.quorum && ctxErr(ctx) != nil:
+		return 0, fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
+	case owners < l.quorum && (answered-uncounted < l.quorum || owners+uncounted >= l.quorum):
+		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+	case owners < l.quorum:
+		return 0, ErrNotHeld
+	case hold > 0 && last.version == 0:
+		return 0, ErrNotReentrant
+	}
+	next := holdState{holds: last.holds - 1, version: last.version + 1}
+	if hold > 0 {
+		next.holds = min(last.holds, hold-1)
+		if next.holds == last.holds {
+			return last.holds, nil // sent again: removes nothing more
+		}
+	}
+	if next.holds > 0 {
+		if err := l.writeHolds(ctx, l.lockPrefix+resource, token, "", next); err != nil {
+			return 0, err
+		}
+		return next.holds, nil
+	}
+	// The last hold: release it everywhere.
+	all, answered, _ := l.releaseWith(ctx, resource, token, codeReleaseAll)
+	deleted += all
+	switch {
+	case deleted >= l.quorum:
+		return 0, nil
+	case ctxErr(ctx) != nil:
+		return 0, fmt.Errorf("unlock %q: %w", resource, ctxErr(ctx))
+	case answered < l.quorum:
+		return 0, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+	}
+	return 0, ErrNotHeld
+}
+
+// releaseWith runs the release operation code (up, uf, ul) on every node
+// and notifies the waiters when it deleted the lock somewhere. It returns
+// as release does.
+func (l *Locker) releaseWith(ctx context.Context, resource, token string, code any) (deleted, answered int, counted []reply) {
+	r := l.call(ctx, opRelease, len(l.nodes), l.lockPrefix+resource, code, token, "", resource)
+	l.fanoutSettled(r, func(res []reply) {
+		for _, r := range res {
+			if r.err != nil {
+				continue
+			}
+			answered++
+			if r.val == 1 {
+				deleted++
+			}
+			if r.arr != nil {
+				counted = append(counted, r)
+			}
+		}
+	})
+	if deleted > 0 {
+		l.notify(resource)
+	}
+	return deleted, answered, counted
+}
+
+// queryHolds reads token's holding of resource on every node, changing
+// nothing: the replies of the nodes where token owns it, and how many
+// nodes answered.
+func (l *Locker) queryHolds(ctx context.Context, resource, token string) (seen []reply, answered int) {
+	r := l.call(ctx, opQuery, len(l.nodes), l.lockPrefix+resource, codeQuery, token, "", "")
+	l.fanoutSettled(r, func(res []reply) {
+		for _, r := range res {
+			if r.err != nil {
+				continue
+			}
+			answered++
+			if _, ok := holdOf(r); ok {
+				seen = append(seen, r)
+			}
+		}
+	})
+	return seen, answered
+}
+
+// Holder names who acquires (Options.Holder), as LOCKINFO shows it. Make
+// one with NewHolder once per client and give it to every Lock: the work
+// of storing it is done there, not per call. The zero Holder names nobody.
+// A Holder is safe for concurrent use.
+type Holder struct {
+	forms *[2]form // a plain and a reentrant acquisition's
+}
+
+// NewHolder returns the Holder named name; "" is the zero Holder.
+func NewHolder(name string) Holder {
+	if name == "" {
+		return Holder{}
+	}
+	esc := url.QueryEscape(name) // no ':' or ';' left
+	return Holder{forms: &[2]form{newFormOf(false, esc), newFormOf(true, esc)}}
+}
+
+// form is what an acquisition stores beyond a plain lock: a count of
+// holds, a holder. A nil *form is a plain acquisition.
+type form struct {
+	counted bool   // Options.Reentrant
+	holder  string // escaped Options.Holder
+	fresh   string // the extension of a fresh holding (extArg)
+}
+
+func newFormOf(counted bool, holder string) form {
+	f := form{counted: counted, holder: holder}
+	f.fresh = f.extWith(holdState{holds: 1, version: 1})
+	return f
+}
+
+// reentrantForm is the form of a reentrant acquisition without a holder.
+var reentrantForm = func() *form { f := newFormOf(true, ""); return &f }()
+
+// newForm returns the form of an acquisition with opt, nil for a plain one
+// without a holder. It does not allocate.
+func newForm(opt Options) *form {
+	switch {
+	case opt.Holder.forms != nil && opt.Reentrant:
+		return &opt.Holder.forms[1]
+	case opt.Holder.forms != nil:
+		return &opt.Holder.forms[0]
+	case opt.Reentrant:
+		return reentrantForm
+	}
+	return nil
+}
+
+// reentrant reports whether the acquisition counts holds.
+func (f *form) reentrant() bool { return f != nil && f.counted }
+
+// code returns the operation that runs the acquisition c (acquire or
+// refresh, with or without a waiter's mark) in this form.
+func (f *form) code(c any) any {
+	if !f.reentrant() {
+		return c
+	}
+	switch c {
+	case codeAcquireWait:
+		return codeEnterWait
+	case codeRefresh:
+		return codeReenter
+	case codeRefreshWait:
+		return codeReenterWait
+	}
+	return codeEnter
+}
+
+// ext returns the extension of the value of a holding in this form with
+// the count s (ignored for a form without a count): "" for a plain one.
+func (f *form) extWith(s holdState) string {
+	switch {
+	case f == nil:
+		return ""
+	case f.counted:
+		return ";" + strconv.FormatInt(s.holds, 10) + "." + strconv.FormatInt(s.version, 10) + ";" + f.holder
+	}
+	return ";;" + f.holder
+}
+
+// extArg is the extension of a fresh holding in this form.
+func (f *form) extArg() string {
+	if f == nil {
+		return ""
+	}
+	return f.fresh
+}
+
+// freshHolds is Lock.Holds of a fresh holding in this form.
+func (f *form) freshHolds() int64 {
+	if f.reentrant() {
+		return 1
+	}
+	return 0
+}
+
+// giveBack releases one hold of a lock whose caller is gone (or that has
+// no validity left), also while the Locker closes.
+func (l *Locker) giveBack(ctx context.Context, resource, token string) {
+	_, _ = l.releaseHold(ctx, resource, token, 0)
+}
+
+// countExt returns the extension that heals a holding whose nodes reported
+// res (Extend's replies): the count of the latest version, "" when none
+// reported a count.
+func countExt(res []reply) string {
+	var last holdState
+	for _, r := range res {
+		if h, ok := holdOf(r); ok {
+			last = later(last, h)
+		}
+	}
+	if last.holds == 0 {
+		return ""
+	}
+	return (&form{counted: true}).extWith(last)
+}
+
+// fanoutSettled is fanout to every node with the clock verdicts of the
+// replies settled (as countRound settles them), so that counts weighs
+// them as it weighs an acquisition's.
+func (l *Locker) fanoutSettled(r *round, f func([]reply)) {
+	start := time.Now()
+	l.fanout(l.nodes, r, func(res []reply) {
+		l.settleClock(l.nodes, res, start)
+		f(res)
+	})
+}
