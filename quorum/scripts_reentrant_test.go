@@ -31,7 +31,7 @@ func TestOpsScriptHolds(t *testing.T) {
 	eq("enter by another token", res[1].([]any)[0].(int64) < 0, true)
 	eq("value after re-entry", val(), "01/a1,a2;1.1;w%401:tok")
 
-	res = runOps(t, a, scriptOp{"r", "k", "tok", "3.5"}, scriptOp{"r", "k", "tok", "2.4"}, scriptOp{"r", "k", "other", "9.9"}, scriptOp{"r", "q", "tok", ""}, scriptOp{"r", "q", "other", ""})
+	res = runOps(t, a, scriptOp{"r", "k", "tok", "3.5"}, scriptOp{"r", "k", "tok", "2.4"}, scriptOp{"r", "k", "other", "9.9"}, scriptOp{"r", "y", "tok", ""}, scriptOp{"r", "y", "other", ""})
 	eq("sethold", res[:3], []any{int64(1), int64(1), int64(0)})
 	eq("query", res[3], []any{int64(1), int64(3), int64(5), int64(0), int64(1)})
 	eq("query by another token", res[4], int64(0))
@@ -60,7 +60,7 @@ func TestOpsScriptHolds(t *testing.T) {
 	eq("value after uf", val(), "")
 
 	// Place and handoff carry an extension; a plain holding has none.
-	res = runOpsAt(t, a, "a3", 0, scriptOp{"r", "p", "tok", "10000:9;2.6;"}, scriptOp{"s", "a", "tok", "10000"}, scriptOp{"s", "q", "tok", ""})
+	res = runOpsAt(t, a, "a3", 0, scriptOp{"r", "p", "tok", "10000:9;2.6;"}, scriptOp{"s", "a", "tok", "10000"}, scriptOp{"s", "y", "tok", ""})
 	eq("place with a count", res[0], int64(9))
 	eq("placed value", val(), "09/a3;2.6;:tok")
 	eq("query of a plain holding", res[2], []any{res[1], int64(1), int64(0), int64(0), res[1]})

@@ -43,6 +43,16 @@ local function hload(key)
 		end
 		error(all)
 	end
+	local moded = false
+	for i = 1, #all, 2 do
+		if all[i] == 'm' then
+			moded = true
+			break
+		end
+	end
+	if #all > 0 and not moded then
+		return nil -- an earlier layout's hash: its fields are not this layout's
+	end
 	local h = {live = {}, n = 0, tomb = {}, last = 0}
 	local t = now()
 	local dead = {}
@@ -80,9 +90,6 @@ local function hload(key)
 				h.last = math.max(h.last, exp)
 			end
 		end
-	end
-	if #all > 0 and not h.mode then
-		return nil
 	end
 	if #dead > 0 then
 		redis.call('HDEL', key, unpack(dead))
