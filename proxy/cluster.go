@@ -59,11 +59,12 @@ type router struct {
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
 
-	// The shared connections to each master (clustershared.go), and all
-	// of them for Proxy.writeQueued.
+	// The shared connections to each master (clustershared.go), all of
+	// them, and all the groups for Proxy.writeQueued.
 	shMu      sync.Mutex
-	shared    map[string][]*shared
+	shared    map[string]*sharedGroup
 	sharedAll atomic.Pointer[[]*shared]
+	groups    atomic.Pointer[[]*sharedGroup]
 	// sharedOff: a client changed who may use a connection (CONFIG SET
 	// requirepass, ACL SETUSER ...), which the shared connections, signed
 	// in before, would not show: clients use connections of their own

@@ -143,26 +143,32 @@ func (r *router) sharedList() []*shared {
 	return nil
 }
 
+// groupList returns the masters' groups of shared connections.
+func (r *router) groupList() []*sharedGroup {
+	if l := r.groups.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
+
 // sharedConn returns the shared connection number i (modulo their number)
 // to the master at addr, making the master's set on first use.
 func (r *router) sharedConn(addr string, i uint64) *shared {
 	r.shMu.Lock()
 	defer r.shMu.Unlock()
 	if r.shared == nil {
-		r.shared = map[string][]*shared{}
+		r.shared = map[string]*sharedGroup{}
 	}
-	list := r.shared[addr]
-	if list == nil {
-		for range max(r.p.cfg.Backend.SharedConnections, 1) {
-			sh := &shared{p: r.p, addr: addr}
-			sh.wrote.L = &sh.mu
-			list = append(list, sh)
-		}
-		r.shared[addr] = list
-		all := append(append([]*shared(nil), r.sharedList()...), list...)
+	g := r.shared[addr]
+	if g == nil {
+		g = newSharedGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
+		r.shared[addr] = g
+		all := append(append([]*shared(nil), r.sharedList()...), g.list...)
 		r.sharedAll.Store(&all)
+		groups := append(append([]*sharedGroup(nil), r.groupList()...), g)
+		r.groups.Store(&groups)
 	}
-	return list[i%uint64(len(list))]
+	return g.list[i%uint64(len(g.list))]
 }
 
 // closeShared closes the shared connections to the masters; their readers
