@@ -215,12 +215,15 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 }
 
 // forwarded counts a command sent to the master at addr.
-func (r *router) forwarded(addr string) {
+func (r *router) forwarded(addr string) { r.counter(addr).Add(1) }
+
+// counter returns the count of commands sent to the master at addr.
+func (r *router) counter(addr string) *atomic.Uint64 {
 	v, ok := r.perMaster.Load(addr)
 	if !ok {
 		v, _ = r.perMaster.LoadOrStore(addr, new(atomic.Uint64))
 	}
-	v.(*atomic.Uint64).Add(1)
+	return v.(*atomic.Uint64)
 }
 
 // commands returns the cluster's COMMAND table.

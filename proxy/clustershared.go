@@ -162,6 +162,7 @@ func (r *router) sharedConn(addr string, i uint64) *shared {
 	g := r.shared[addr]
 	if g == nil {
 		g = newSharedGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
+		g.forwarded = r.counter(addr)
 		r.shared[addr] = g
 		all := append(append([]*shared(nil), r.sharedList()...), g.list...)
 		r.sharedAll.Store(&all)
@@ -221,13 +222,16 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	if len(cs.batch) > 0 {
 		s.runCluster() // the replies before it come first
 	}
-	sh := cs.sharedConns[c.one.addr]
+	var sh *shared
+	for _, c2 := range cs.sharedConns {
+		if c2.addr == c.one.addr {
+			sh = c2
+			break
+		}
+	}
 	if sh == nil {
 		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx)
-		if cs.sharedConns == nil {
-			cs.sharedConns = map[string]*shared{}
-		}
-		cs.sharedConns[c.one.addr] = sh
+		cs.sharedConns = append(cs.sharedConns, sh)
 	}
 	ticket := cs.order.add(c.one.raw, c.one.slot)
 	e := classify(name, cmd)
@@ -238,7 +242,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	s.markShared(sh)
 	cs.sharedUsed = true
 	s.p.m.forwarded.Add(1)
-	cs.r.forwarded(c.one.addr)
+	sh.grp.forwarded.Add(1)
 	return true
 }
 

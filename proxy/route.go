@@ -126,7 +126,7 @@ type clusterSession struct {
 	// the place of their replies, the connections used so far, and the
 	// index of the client's connection at every master.
 	order       replyOrder
-	sharedConns map[string]*shared
+	sharedConns []*shared // one per master, found by its addr
 	sharedIdx   uint64
 	sharedUsed  bool // replies may be owed on them (see session.settleCluster)
 
@@ -421,8 +421,10 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		cs.watch.addr = m.master(slot)
 		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
 	}
-	if c, ok := s.sortCall(m, name, args); ok {
-		return c
+	if string(name) == "sort" || string(name) == "sort_ro" {
+		if c, ok := s.sortCall(m, name, args); ok {
+			return c
+		}
 	}
 	if !cross {
 		c := one(slot)

@@ -68,6 +68,9 @@ type sharedGroup struct {
 	// queued counts the connections of the group with commands waiting to
 	// be written.
 	queued atomic.Int64
+	// forwarded counts the commands sent to a cluster master (see
+	// router.forwarded); nil for the backend's group.
+	forwarded *atomic.Uint64
 }
 
 // newSharedGroup makes n shared connections to addr ("" for the backend).
