@@ -59,17 +59,20 @@ type router struct {
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
 
-	// The shared connections to each master (clustershared.go), all of
-	// them, and all the groups for Proxy.writeQueued.
+	// The shared connections to each master (clustershared.go), by
+	// master and access generation, all of them, and all the groups for
+	// Proxy.writeQueued.
 	shMu      sync.Mutex
-	shared    map[string]*sharedGroup
+	shared    map[groupKey]*sharedGroup
 	sharedAll atomic.Pointer[[]*shared]
 	groups    atomic.Pointer[[]*sharedGroup]
-	// sharedOff: a client changed who may use a connection (CONFIG SET
-	// requirepass, ACL SETUSER ...), which the shared connections, signed
-	// in before, would not show: clients use connections of their own
-	// from then on, as new connections to one Redis would.
-	sharedOff atomic.Bool
+	// access counts the commands that may have changed who the masters
+	// let in (CONFIG SET requirepass, ACL SETUSER ...): a generation of
+	// shared connections serves the clients that connected during it
+	// (see accessChanged). sessions counts each generation's clients;
+	// under shMu.
+	access   atomic.Uint64
+	sessions map[uint64]int
 
 	refreshes, moved, asked atomic.Uint64
 	perMaster               sync.Map // address -> *atomic.Uint64, commands forwarded

@@ -128,7 +128,8 @@ type clusterSession struct {
 	order       replyOrder
 	sharedConns []*shared // one per master, found by its addr
 	sharedIdx   uint64
-	sharedUsed  bool // replies may be owed on them (see session.settleCluster)
+	access      uint64 // the access generation of its shared connections
+	sharedUsed  bool   // replies may be owed on them (see session.settleCluster)
 
 	// The state the client set, sent to every new connection.
 	auth, hello, name []byte
@@ -172,11 +173,13 @@ func newClusterSession(r *router) *clusterSession {
 	// clients use only the shared connections, and an idle one nothing.
 	cs := &clusterSession{r: r}
 	cs.sharedIdx = r.p.nextShared.Add(1)
+	cs.access = r.joined()
 	return cs
 }
 
 // close closes every connection; it runs when the client has gone.
 func (cs *clusterSession) close() {
+	cs.r.left(cs.access)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true

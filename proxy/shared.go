@@ -53,6 +53,9 @@ type shared struct {
 	// for writeWaiting.
 	wrote   sync.Cond
 	waiters int
+	// retired: the connection served an earlier access generation whose
+	// clients are gone (router.retire); it is never dialed again.
+	retired bool
 }
 
 // sharedGroup is the shared connections to one server: the backend, or
@@ -107,6 +110,9 @@ func (sh *shared) queue(s *session, ticket uint64, pre, raw []byte, e *entry) er
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be == nil || sh.be.dead {
+		if sh.retired {
+			return errClusterClosed
+		}
 		if err := sh.connect(); err != nil {
 			return err
 		}
@@ -373,6 +379,14 @@ func (sh *shared) fail(be *backend, cut *session) {
 		sh.p.m.connLost.Add(1)
 		s.answerShared(tickets[i], replyConnLost)
 	}
+}
+
+// retire closes the connection for good.
+func (sh *shared) retire() {
+	sh.mu.Lock()
+	sh.retired = true
+	sh.mu.Unlock()
+	sh.close()
 }
 
 // close closes the connection; the reader ends.
