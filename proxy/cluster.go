@@ -59,16 +59,20 @@ type router struct {
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
 
-	// The shared connections to each master (clustershared.go), and all
-	// of them for Proxy.writeQueued.
+	// The shared connections to each master (clustershared.go), by
+	// master and access generation, all of them, and all the groups for
+	// Proxy.writeQueued.
 	shMu      sync.Mutex
-	shared    map[string][]*shared
+	shared    map[groupKey]*sharedGroup
 	sharedAll atomic.Pointer[[]*shared]
-	// sharedOff: a client changed who may use a connection (CONFIG SET
-	// requirepass, ACL SETUSER ...), which the shared connections, signed
-	// in before, would not show: clients use connections of their own
-	// from then on, as new connections to one Redis would.
-	sharedOff atomic.Bool
+	groups    atomic.Pointer[[]*sharedGroup]
+	// access counts the commands that may have changed who the masters
+	// let in (CONFIG SET requirepass, ACL SETUSER ...): a generation of
+	// shared connections serves the clients that connected during it
+	// (see accessChanged). sessions counts each generation's clients;
+	// under shMu.
+	access   atomic.Uint64
+	sessions map[uint64]int
 
 	refreshes, moved, asked atomic.Uint64
 	perMaster               sync.Map // address -> *atomic.Uint64, commands forwarded
@@ -214,12 +218,15 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 }
 
 // forwarded counts a command sent to the master at addr.
-func (r *router) forwarded(addr string) {
+func (r *router) forwarded(addr string) { r.counter(addr).Add(1) }
+
+// counter returns the count of commands sent to the master at addr.
+func (r *router) counter(addr string) *atomic.Uint64 {
 	v, ok := r.perMaster.Load(addr)
 	if !ok {
 		v, _ = r.perMaster.LoadOrStore(addr, new(atomic.Uint64))
 	}
-	v.(*atomic.Uint64).Add(1)
+	return v.(*atomic.Uint64)
 }
 
 // commands returns the cluster's COMMAND table.
@@ -372,7 +379,7 @@ func (r *router) ready(ctx context.Context) error {
 // served counts the slots with a master.
 func (m *slotMap) served() int {
 	n := 0
-	for _, o := range m.owner {
+	for _, o := range &m.owner { // not a 32 KB copy on the stack
 		if int(o) < len(m.masters) {
 			n++
 		}

@@ -47,7 +47,8 @@ import (
 var replyClusterDisabled = []byte("-ERR This instance has cluster support disabled\r\n")
 
 // serverWide routes a keyless command that concerns the whole server; it
-// reports false for the others.
+// reports false for the others. keyless calls it only for the commands
+// it names: a case added here must be added there.
 func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call, bool) {
 	args := cmd.Args
 	var sb [24]byte

@@ -27,7 +27,9 @@ import (
 // never the client's: the command is sent again where the cluster says, on
 // that master's shared connection (after ASKING, in the same write, for
 // ASK), within BackendConfig.ClusterRetry, and its reply takes the same
-// place. Every other command goes through route.go's batch on the
+// place. A command that may change who the masters let in (CONFIG SET
+// requirepass, ACL SETUSER ...) starts a new generation of shared
+// connections for the clients that connect after it (router.accessChanged). Every other command goes through route.go's batch on the
 // client's own connections, after the replies owed on the shared ones
 // (session.settleShared).
 
@@ -143,26 +145,106 @@ func (r *router) sharedList() []*shared {
 	return nil
 }
 
+// groupList returns the masters' groups of shared connections.
+func (r *router) groupList() []*sharedGroup {
+	if l := r.groups.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
+
+// groupKey names a group of shared connections: its master and the
+// access generation it serves.
+type groupKey struct {
+	addr   string
+	access uint64
+}
+
 // sharedConn returns the shared connection number i (modulo their number)
-// to the master at addr, making the master's set on first use.
-func (r *router) sharedConn(addr string, i uint64) *shared {
+// to the master at addr for the clients of access generation gen, making
+// the group on first use.
+func (r *router) sharedConn(addr string, i, gen uint64) *shared {
 	r.shMu.Lock()
 	defer r.shMu.Unlock()
 	if r.shared == nil {
-		r.shared = map[string][]*shared{}
+		r.shared = map[groupKey]*sharedGroup{}
 	}
-	list := r.shared[addr]
-	if list == nil {
-		for range max(r.p.cfg.Backend.SharedConnections, 1) {
-			sh := &shared{p: r.p, addr: addr}
-			sh.wrote.L = &sh.mu
-			list = append(list, sh)
-		}
-		r.shared[addr] = list
-		all := append(append([]*shared(nil), r.sharedList()...), list...)
+	k := groupKey{addr, gen}
+	g := r.shared[k]
+	if g == nil {
+		g = newSharedGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
+		g.forwarded = r.counter(addr)
+		r.shared[k] = g
+		all := append(append([]*shared(nil), r.sharedList()...), g.list...)
 		r.sharedAll.Store(&all)
+		groups := append(append([]*sharedGroup(nil), r.groupList()...), g)
+		r.groups.Store(&groups)
 	}
-	return list[i%uint64(len(list))]
+	return g.list[i%uint64(len(g.list))]
+}
+
+// joined counts a new client in the current access generation, which it
+// returns.
+func (r *router) joined() uint64 {
+	r.shMu.Lock()
+	defer r.shMu.Unlock()
+	gen := r.access.Load()
+	if r.sessions == nil {
+		r.sessions = map[uint64]int{}
+	}
+	r.sessions[gen]++
+	return gen
+}
+
+// left counts a client of generation gen gone. The shared connections of
+// an earlier generation are closed with its last client.
+func (r *router) left(gen uint64) {
+	r.shMu.Lock()
+	defer r.shMu.Unlock()
+	r.sessions[gen]--
+	if r.sessions[gen] > 0 || gen == r.access.Load() {
+		return
+	}
+	delete(r.sessions, gen)
+	r.retire(gen)
+}
+
+// accessChanged starts a new access generation: a command may change who
+// the masters let in. Redis applies such a change to the connections
+// opened after it, and the clients already connected keep what they had
+// (a password set now is asked of new connections only). So the shared
+// connections, signed in before, go on serving the clients connected
+// before, and the clients that connect from now on share new ones, dialed
+// after the change. Without clients, the older generations' connections
+// are closed at once.
+func (r *router) accessChanged() {
+	r.shMu.Lock()
+	defer r.shMu.Unlock()
+	old := r.access.Add(1) - 1
+	if r.sessions[old] == 0 {
+		delete(r.sessions, old)
+		r.retire(old)
+	}
+}
+
+// retire closes the shared connections of generation gen and forgets
+// them; r.shMu is held.
+func (r *router) retire(gen uint64) {
+	var all []*shared
+	var groups []*sharedGroup
+	for _, g := range r.groupList() {
+		if r.shared[groupKey{g.list[0].addr, gen}] == g {
+			delete(r.shared, groupKey{g.list[0].addr, gen})
+			for _, sh := range g.list {
+				sh.retire()
+			}
+			continue
+		}
+		groups = append(groups, g)
+		all = append(all, g.list...)
+	}
+	r.sharedAll.Store(&all)
+	r.groups.Store(&groups)
 }
 
 // closeShared closes the shared connections to the masters; their readers
@@ -177,9 +259,9 @@ func (r *router) closeShared() {
 func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
 	cs := s.cl
 	if changesAccess(name, args) {
-		cs.r.sharedOff.Store(true)
+		cs.r.accessChanged()
 	}
-	return s.p.cfg.Backend.SharedConnections > 0 && !cs.r.sharedOff.Load() && c.kind == callPlain && c.one.tx == nil &&
+	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
 		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
 		cs.auth == nil && cs.hello == nil && cs.name == nil && !cs.monitorOn && s.be == nil &&
 		stateless(name) && !blockingCommand(name)
@@ -215,13 +297,16 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	if len(cs.batch) > 0 {
 		s.runCluster() // the replies before it come first
 	}
-	sh := cs.sharedConns[c.one.addr]
-	if sh == nil {
-		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx)
-		if cs.sharedConns == nil {
-			cs.sharedConns = map[string]*shared{}
+	var sh *shared
+	for _, c2 := range cs.sharedConns {
+		if c2.addr == c.one.addr {
+			sh = c2
+			break
 		}
-		cs.sharedConns[c.one.addr] = sh
+	}
+	if sh == nil {
+		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx, cs.access)
+		cs.sharedConns = append(cs.sharedConns, sh)
 	}
 	ticket := cs.order.add(c.one.raw, c.one.slot)
 	e := classify(name, cmd)
@@ -232,7 +317,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	s.markShared(sh)
 	cs.sharedUsed = true
 	s.p.m.forwarded.Add(1)
-	cs.r.forwarded(c.one.addr)
+	sh.grp.forwarded.Add(1)
 	return true
 }
 
@@ -344,7 +429,7 @@ func (s *session) redirectShared(ticket uint64, kind redirection, target string)
 		}
 		addr = p.addr
 	}
-	sh := r.sharedConn(addr, cs.sharedIdx)
+	sh := r.sharedConn(addr, cs.sharedIdx, cs.access)
 	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
 		s.p.m.unavailable.Add(1)
 		s.answerShared(ticket, errorReply(&BackendError{Err: err}))

@@ -118,3 +118,67 @@ func TestClusterOrderBehindSlowCommand(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterSharedAccessChange: after a client changes who the masters
+// let in (CONFIG SET requirepass), the clients connected before keep their
+// access and the new ones must sign in, as with one Redis, whose
+// connections keep what they had when they opened; and the masters'
+// shared connections go on serving everyone: new clients share new ones,
+// and the old ones close with the last client that used them.
+func TestClusterSharedAccessChange(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.Backend.SharedConnections = 1
+	})
+	defer func() {
+		for _, m := range append([]*redistest.Server{srv}, c.Nodes...) {
+			raw := dial(t, m.Addr)
+			raw.do(args("AUTH x"), []string{"CONFIG", "SET", "requirepass", ""})
+		}
+	}()
+	// play runs the steps against addr and returns every reply.
+	play := func(addr string) string {
+		var out strings.Builder
+		old, admin := dial(t, addr), dial(t, addr)
+		defer old.c.Close()
+		defer admin.c.Close()
+		for m := range 3 {
+			out.Write(old.do([]string{"SET", keyOn(m, "a"), "v"}))
+		}
+		out.Write(admin.do(args("CONFIG SET requirepass x")))
+		for m := range 3 {
+			out.Write(old.do([]string{"GET", keyOn(m, "a")})) // still let in
+		}
+		nc := dial(t, addr)
+		defer nc.c.Close()
+		out.Write(nc.do([]string{"GET", keyOn(1, "a")}, args("AUTH x"), []string{"GET", keyOn(1, "a")}))
+		out.Write(admin.do(args("AUTH x"), []string{"CONFIG", "SET", "requirepass", ""}))
+		return out.String()
+	}
+	want := play(srv.Addr)
+	if got := play(addr); got != want {
+		t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
+	}
+
+	// Sharing goes on: many new clients, a few connections per master.
+	const clients = 20
+	for i := range clients {
+		cl := dial(t, addr)
+		for m := range 3 {
+			k := keyOn(m, fmt.Sprintf("n%d-", i))
+			if got := string(cl.do([]string{"SET", k, "v"}, []string{"GET", k})); got != "+OK\r\n$1\r\nv\r\n" {
+				t.Fatalf("client %d on master %d: %q", i, m, got)
+			}
+		}
+		defer cl.c.Close()
+	}
+	for _, m := range c.Nodes {
+		if n := connectedClients(t, m); n >= clients {
+			t.Errorf("%s holds %d connections for %d clients after the change", m.Addr, n, clients)
+		}
+	}
+	// The clients of before are gone: so are their shared connections.
+	eventually(t, "the earlier shared connections closed", func() bool { return len(p.router.sharedList()) == 3 })
+}

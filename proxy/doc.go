@@ -50,7 +50,9 @@
 // each command by the slot of its keys to the master serving it. The
 // stateless one-slot commands of clients that have set no connection
 // state go on the master's shared connections, the machinery above per
-// master (clustershared.go): batched and in arrival order, each reply put
+// master (clustershared.go): batched and in arrival order at each master
+// (commands on different masters hold different keys, so each master's
+// connections batch without waiting for the others'), each reply put
 // back in its client's order, however many masters a pipeline goes to,
 // and redirections followed on the shared connections. Everything else
 // goes on connections of the client's own (one per master), after the

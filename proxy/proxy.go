@@ -310,12 +310,12 @@ type Proxy struct {
 	// follow finds the backend through Sentinel; nil for a fixed address.
 	follow *follower
 
-	shared     []*shared
-	router     *router // set for a cluster backend
+	shared     []*shared    // the backend's, group.list
+	group      *sharedGroup // nil in front of a cluster (see router)
+	router     *router      // set for a cluster backend
 	nextShared atomic.Uint64
-	// queued counts the shared connections with commands waiting to be
-	// written, batches the batches of such commands begun (see shared).
-	queued   atomic.Int64
+	// batches counts the batches of commands begun on the shared
+	// connections, which orders them (see shared).
 	batches  atomic.Uint64
 	spares   *spares        // nil when there are none
 	order    *arrivals      // nil where the platform keeps no arrival order
@@ -354,11 +354,8 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	if len(cfg.Backend.Cluster) > 0 {
 		p.router = newRouter(p)
 	} else {
-		for range max(cfg.Backend.SharedConnections, 0) {
-			sh := &shared{p: p}
-			sh.wrote.L = &sh.mu
-			p.shared = append(p.shared, sh)
-		}
+		p.group = newSharedGroup(p, "", max(cfg.Backend.SharedConnections, 0))
+		p.shared = p.group.list
 		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}
 	p.auth = newAuthenticator(cfg.Users)

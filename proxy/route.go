@@ -126,9 +126,10 @@ type clusterSession struct {
 	// the place of their replies, the connections used so far, and the
 	// index of the client's connection at every master.
 	order       replyOrder
-	sharedConns map[string]*shared
+	sharedConns []*shared // one per master, found by its addr
 	sharedIdx   uint64
-	sharedUsed  bool // replies may be owed on them (see session.settleCluster)
+	access      uint64 // the access generation of its shared connections
+	sharedUsed  bool   // replies may be owed on them (see session.settleCluster)
 
 	// The state the client set, sent to every new connection.
 	auth, hello, name []byte
@@ -172,11 +173,13 @@ func newClusterSession(r *router) *clusterSession {
 	// clients use only the shared connections, and an idle one nothing.
 	cs := &clusterSession{r: r}
 	cs.sharedIdx = r.p.nextShared.Add(1)
+	cs.access = r.joined()
 	return cs
 }
 
 // close closes every connection; it runs when the client has gone.
 func (cs *clusterSession) close() {
+	cs.r.left(cs.access)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true
@@ -330,68 +333,8 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		s.p.m.unavailable.Add(1)
 		return localCall(errorReply(&BackendError{Err: err}))
 	}
-	one := func(slot int) call {
-		addr := m.master(slot)
-		return call{kind: callPlain, one: part{slot: slot, addr: addr, raw: cmd.Raw}}
-	}
-	keyless := func() call { return one(m.first[0]) }
-
-	// Connection state.
-	switch string(name) {
-	case "monitor":
-		if cs.txn == nil { // queued otherwise, as Redis queues it
-			return s.monitorCall(m)
-		}
-	case "sync", "psync", "replconf":
-		return localCall(unsupported(string(name)))
-	case "reset":
-		cs.dropAll()
-		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
-		cs.txn, cs.watch = nil, nil
-		return localCall(replyReset)
-	case "quit":
-		return localCall(replyOK) // the session closes after it (see forward)
-	case "auth", "hello":
-		return s.everywhere(m, cmd, name)
-	case "client":
-		if len(args) < 2 {
-			break
-		}
-		var sb [24]byte
-		switch string(lower(&sb, args[1])) {
-		case "setname":
-			return s.everywhere(m, cmd, name)
-		case "reply", "tracking", "caching", "no-evict", "no-touch":
-			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1]))))
-		}
-	}
-
-	if s.monitorRefuses(name, args) {
-		return localCall(replyReplicaKeyspace)
-	}
-
-	// Transactions.
-	if t := cs.txn; t != nil {
-		return s.inTxn(m, name, cmd)
-	}
-	switch string(name) {
-	case "multi":
-		t := &txnState{pin: pin{addr: m.master(m.first[0]), slot: noSlot}}
-		if w := cs.watch; w != nil {
-			t.pin = *w
-		}
-		cs.txn = t
-		return call{kind: callPlain, one: part{slot: max(t.slot, m.first[0]), addr: t.addr, raw: cmd.Raw}}
-	case "exec", "discard":
-		cs.watch = nil
-		return keyless() // Redis's own "without MULTI" error
-	case "unwatch":
-		w := cs.watch
-		cs.watch = nil
-		if w == nil {
-			return localCall(replyOK)
-		}
-		return call{kind: callPlain, one: part{slot: w.slot, addr: w.addr, raw: cmd.Raw}}
+	if c, ok := s.planState(m, name, cmd); ok {
+		return c
 	}
 
 	// By the keys.
@@ -421,13 +364,14 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		cs.watch.addr = m.master(slot)
 		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
 	}
-	if c, ok := s.sortCall(m, name, args); ok {
-		return c
+	if string(name) == "sort" || string(name) == "sort_ro" {
+		if c, ok := s.sortCall(m, name, args); ok {
+			return c
+		}
 	}
 	if !cross {
-		c := one(slot)
-		cs.last = c.one.addr
-		return c
+		cs.last = m.master(slot)
+		return call{kind: callPlain, one: part{slot: slot, addr: cs.last, raw: cmd.Raw}}
 	}
 	if c, ok := s.crossRead(m, name, args); ok {
 		return c
@@ -437,6 +381,75 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		return localCall(replyCrossSlot)
 	}
 	return s.split(m, name, op, args)
+}
+
+// planState plans the commands that set or depend on the client's
+// connection state (MONITOR, RESET, AUTH, HELLO, CLIENT SETNAME, MULTI and
+// what it queues, ...); it reports false for the others. It is a function
+// of its own so that its frame is off the stack while plan reads a
+// command's keys: the deepest frame a client's first command reaches sets
+// the size of its goroutine's stack for as long as it stays idle.
+func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, bool) {
+	cs := s.cl
+	args := cmd.Args
+	// Connection state.
+	switch string(name) {
+	case "monitor":
+		if cs.txn == nil { // queued otherwise, as Redis queues it
+			return s.monitorCall(m), true
+		}
+	case "sync", "psync", "replconf":
+		return localCall(unsupported(string(name))), true
+	case "reset":
+		cs.dropAll()
+		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.txn, cs.watch = nil, nil
+		return localCall(replyReset), true
+	case "quit":
+		return localCall(replyOK), true // the session closes after it (see forward)
+	case "auth", "hello":
+		return s.everywhere(m, cmd, name), true
+	case "client":
+		if len(args) < 2 {
+			break
+		}
+		var sb [24]byte
+		switch string(lower(&sb, args[1])) {
+		case "setname":
+			return s.everywhere(m, cmd, name), true
+		case "reply", "tracking", "caching", "no-evict", "no-touch":
+			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1])))), true
+		}
+	}
+
+	if s.monitorRefuses(name, args) {
+		return localCall(replyReplicaKeyspace), true
+	}
+
+	// Transactions.
+	if t := cs.txn; t != nil {
+		return s.inTxn(m, name, cmd), true
+	}
+	switch string(name) {
+	case "multi":
+		t := &txnState{pin: pin{addr: m.master(m.first[0]), slot: noSlot}}
+		if w := cs.watch; w != nil {
+			t.pin = *w
+		}
+		cs.txn = t
+		return call{kind: callPlain, one: part{slot: max(t.slot, m.first[0]), addr: t.addr, raw: cmd.Raw}}, true
+	case "exec", "discard":
+		cs.watch = nil
+		return call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}, true // Redis's own "without MULTI" error
+	case "unwatch":
+		w := cs.watch
+		cs.watch = nil
+		if w == nil {
+			return localCall(replyOK), true
+		}
+		return call{kind: callPlain, one: part{slot: w.slot, addr: w.addr, raw: cmd.Raw}}, true
+	}
+	return call{}, false
 }
 
 // everywhere sends a command that sets connection state (AUTH, HELLO,
@@ -557,8 +570,27 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	return plain
 }
 
-// keyless routes a command without keys.
+// keyless routes a command without keys: to the first master as it is,
+// unless serverWide or keylessSpecial routes it otherwise.
+//
+// Only the commands named here reach those two, whose frames (2.2 and
+// 1.6 KB: each case holds calls) would otherwise be on every client's
+// stack at its first PING: the deepest frame a goroutine reaches sets its
+// stack's size for as long as the client stays idle, and they doubled it
+// (8 KB against 4 KB for a client of one Redis). A case added to either
+// function must be added here.
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
+	switch string(name) {
+	case "readonly", "readwrite", "info", "save", "bgsave", "bgrewriteaof", "config", "acl", "client",
+		"script", "function", "latency", "slowlog", // serverWide
+		"dbsize", "keys", "flushall", "flushdb", "scan", "randomkey", "wait", "waitaof": // keylessSpecial
+		return s.keylessSpecial(m, name, cmd)
+	}
+	return call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
+}
+
+// keylessSpecial routes the keyless commands keyless names.
+func (s *session) keylessSpecial(m *slotMap, name []byte, cmd redcon.Command) call {
 	args := cmd.Args
 	def := call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
 	if c, ok := s.serverWide(m, name, cmd); ok {

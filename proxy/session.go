@@ -292,6 +292,14 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		// the replies of the commands routed before it.
 		s.runCluster()
 	}
+	return s.forwardBackend(name, cmd)
+}
+
+// forwardBackend is forward's last part: cmd goes to the backend, on the
+// shared connection or the client's own. A function of its own so that
+// its frame is not on the stack while a cluster client's command is
+// routed (see planState).
+func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bool) {
 	e := classify(name, cmd)
 	if s.sh != nil && !s.dedicated {
 		// CLIENT is not stateless: a client still on its shared

@@ -29,13 +29,14 @@ import (
 // while such a command goes out: Redis would run them the other way round
 // (a GET sent after a SET would miss it, if the SET waits behind another
 // client's slow script). So every write to the backend, shared or
-// dedicated, first writes whatever waits on the shared connections, the
-// longest-waiting first (Proxy.writeQueued). Only commands that wait at
-// the same time can leave in another order than they came, and only when
-// they wait on different shared connections.
+// dedicated, first writes whatever waits on the shared connections to the
+// same server, the longest-waiting first (sharedGroup.writeQueued). Only
+// commands that wait at the same time can leave in another order than they
+// came, and only when they wait on different shared connections.
 type shared struct {
 	p    *Proxy
-	addr string // a cluster master's; "" for the backend (see Proxy.dial)
+	addr string       // a cluster master's; "" for the backend (see Proxy.dial)
+	grp  *sharedGroup // the connections to the same server
 
 	mu      sync.Mutex
 	be      *backend // nil until dialled; replaced when it dies
@@ -52,6 +53,38 @@ type shared struct {
 	// for writeWaiting.
 	wrote   sync.Cond
 	waiters int
+	// retired: the connection served an earlier access generation whose
+	// clients are gone (router.retire); it is never dialed again.
+	retired bool
+}
+
+// sharedGroup is the shared connections to one server: the backend, or
+// one master of a cluster. The arrival order is kept within a group only:
+// commands sent to different servers cannot see each other's effects (a
+// cluster's masters hold different keys; each command with keys goes to
+// the master of their slot), so a master's batch need not go out before
+// another master's command that came after it, and each master's
+// connections batch as the backend's do, whatever the other masters'
+// connections have waiting. Its methods are safe for concurrent use.
+type sharedGroup struct {
+	list []*shared // set before any connection is used
+	// queued counts the connections of the group with commands waiting to
+	// be written.
+	queued atomic.Int64
+	// forwarded counts the commands sent to a cluster master (see
+	// router.forwarded); nil for the backend's group.
+	forwarded *atomic.Uint64
+}
+
+// newSharedGroup makes n shared connections to addr ("" for the backend).
+func newSharedGroup(p *Proxy, addr string, n int) *sharedGroup {
+	g := &sharedGroup{}
+	for range n {
+		sh := &shared{p: p, addr: addr, grp: g}
+		sh.wrote.L = &sh.mu
+		g.list = append(g.list, sh)
+	}
+	return g
 }
 
 // pending is who the replies on one shared backend connection belong to.
@@ -77,13 +110,16 @@ func (sh *shared) queue(s *session, ticket uint64, pre, raw []byte, e *entry) er
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be == nil || sh.be.dead {
+		if sh.retired {
+			return errClusterClosed
+		}
 		if err := sh.connect(); err != nil {
 			return err
 		}
 	}
 	if len(sh.wbuf) == 0 {
 		sh.since.Store(sh.p.batches.Add(1))
-		sh.p.queued.Add(1)
+		sh.grp.queued.Add(1)
 	}
 	q := sh.be.pending
 	if pre != nil {
@@ -124,7 +160,7 @@ func (sh *shared) connect() error {
 	if len(sh.wbuf) > 0 {
 		// The commands of the lost connection; fail answered them.
 		sh.since.Store(0)
-		sh.p.queued.Add(-1)
+		sh.grp.queued.Add(-1)
 	}
 	sh.wbuf, sh.wn, sh.out = sh.wbuf[:0], 0, 0
 	p.sharedWG.Add(1)
@@ -144,14 +180,15 @@ func (sh *shared) flush() {
 }
 
 // writeInOrder writes what is buffered, after what waits on the other
-// shared connections. sh.mu is held on entry and released on return.
+// shared connections to the same server. sh.mu is held on entry and
+// released on return.
 func (sh *shared) writeInOrder() {
-	if sh.p.queued.Load() <= 1 {
+	if sh.grp.queued.Load() <= 1 {
 		sh.write() // nothing waits elsewhere
 		return
 	}
 	sh.mu.Unlock()
-	sh.p.writeQueued()
+	sh.grp.writeQueued(sh.p.batches.Load())
 }
 
 // write writes everything buffered unless a write is in progress (whose
@@ -167,7 +204,7 @@ func (sh *shared) write() {
 		sh.out += sh.wn
 		sh.wbuf, sh.wn = sh.spare[:0], 0
 		sh.since.Store(0)
-		sh.p.queued.Add(-1)
+		sh.grp.queued.Add(-1)
 		sh.mu.Unlock()
 		be.nc.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
 		_, err := be.nc.Write(buf)
@@ -206,25 +243,29 @@ func (sh *shared) writeWaiting(limit uint64) {
 // written. Called before a write to the backend, it keeps the order in
 // which commands came across connections (see shared).
 func (p *Proxy) writeQueued() {
-	if p.queued.Load() == 0 {
-		return
-	}
 	// Batches that start after this one are newer than what the caller
 	// writes next; they wait for their own turn.
 	limit := p.batches.Load()
-	for {
+	if p.router == nil {
+		p.group.writeQueued(limit)
+		return
+	}
+	for _, g := range p.router.groupList() {
+		g.writeQueued(limit)
+	}
+}
+
+// writeQueued writes the commands waiting on g's connections in batches
+// numbered limit or lower, the batch that has waited longest first, and
+// returns once they have been written.
+func (g *sharedGroup) writeQueued(limit uint64) {
+	for g.queued.Load() > 0 {
 		var oldest *shared
 		first := limit + 1
-		find := func(list []*shared) {
-			for _, sh := range list {
-				if since := sh.since.Load(); since != 0 && since < first {
-					oldest, first = sh, since
-				}
+		for _, sh := range g.list {
+			if since := sh.since.Load(); since != 0 && since < first {
+				oldest, first = sh, since
 			}
-		}
-		find(p.shared)
-		if p.router != nil {
-			find(p.router.sharedList())
 		}
 		if oldest == nil {
 			return
@@ -338,6 +379,14 @@ func (sh *shared) fail(be *backend, cut *session) {
 		sh.p.m.connLost.Add(1)
 		s.answerShared(tickets[i], replyConnLost)
 	}
+}
+
+// retire closes the connection for good.
+func (sh *shared) retire() {
+	sh.mu.Lock()
+	sh.retired = true
+	sh.mu.Unlock()
+	sh.close()
 }
 
 // close closes the connection; the reader ends.
