@@ -149,32 +149,15 @@ EOF
 
 # --- the runs --------------------------------------------------------------------
 
-# run WAY PORT: run the suite against 127.0.0.1:PORT; its JSON report is
-# $tmp/WAY.json, its output $tmp/WAY.out.
-run() {
-	local way=$1 port=$2 rc=0 focus=()
-	printf '{"db": {"endpoints": ["redis://127.0.0.1:%s"]}}\n' "$port" >"$tmp/$way.endpoints.json"
-	[[ -z "$FOCUS" ]] || focus=(-ginkgo.focus "$FOCUS")
-	log "$way: running the suite against :$port"
-	(cd "$tmp/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" \
-		REDIS_ENDPOINTS_CONFIG_PATH="$tmp/$way.endpoints.json" \
-		"$tmp/goredis.test" -test.run '^TestGinkgoSuite$' -test.timeout 0 \
-		-ginkgo.no-color -ginkgo.timeout "$SPEC_TIMEOUT" -ginkgo.json-report "$tmp/$way.json" \
-		-ginkgo.skip-file 'osscluster_test|ring_test|sentinel_test|tls_test|tls_cluster_test|universal_test' \
-		"${focus[@]}" >"$tmp/$way.out" 2>&1) || rc=$?
-	log "$way: $(grep -E '^(Ran|SUCCESS|FAIL)' "$tmp/$way.out" | tr '\n' ' ') (exit $rc)"
-}
-
-for way in $WAYS; do
-	case $way in
+# start_way WAY: fresh servers for WAY; sets target to the port to test.
+start_way() {
+	case $1 in
 	direct)
-		start_redis p
-		run direct "$p"
+		start_redis target
 		;;
 	proxy)
 		start_redis p
-		start_proxy pp single.yaml -backend "127.0.0.1:$p"
-		run proxy "$pp"
+		start_proxy target single.yaml -backend "127.0.0.1:$p"
 		;;
 	cluster)
 		start_cluster seeds
@@ -187,14 +170,82 @@ backend:
 lock:
   nodes: [embedded, embedded, embedded]
 EOF
-		start_proxy pc cluster.yaml
-		run cluster "$pc"
+		start_proxy target cluster.yaml
 		;;
 	*)
-		log "unknown way $way (direct, proxy, cluster)"
+		log "unknown way $1 (direct, proxy, cluster)"
 		exit 2
 		;;
 	esac
+}
+
+# The specs' locations, for naming the spec that crashes the suite.
+(cd "$tmp/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" "$tmp/goredis.test" \
+	-test.run '^TestGinkgoSuite$' -ginkgo.dry-run -ginkgo.json-report "$tmp/dry.json" >/dev/null 2>&1) || true
+
+# crasher OUT: the file:line of the It whose goroutine panicked outside
+# Ginkgo's reach (an Expect in a goroutine of its own), which ends the
+# whole test binary: the innermost _test.go frame of the panicking
+# goroutine, mapped to the It that encloses it.
+crasher() {
+	python3 - "$tmp/dry.json" "$1" <<'PY'
+import json, os, re, sys
+its = {}
+for s in json.load(open(sys.argv[1]))[0]["SpecReports"]:
+    loc = s["LeafNodeLocation"]
+    its.setdefault(os.path.basename(loc["FileName"]), []).append(loc["LineNumber"])
+text = open(sys.argv[2], errors="replace").read()
+text = text[text.find("\npanic: ") :]
+for m in re.finditer(r"/go-redis/(\w+_test\.go):(\d+)", text):
+    f, line = m.group(1), int(m.group(2))
+    best = max((l for l in its.get(f, []) if l <= line), default=None)
+    if best is not None:
+        print("%s:%d" % (f, best))
+        break
+PY
+}
+
+# run WAY: run the suite against fresh servers of WAY; its JSON report is
+# $tmp/WAY.json, its output $tmp/WAY.out. A spec that crashes the test
+# binary is listed in $tmp/WAY.crashed and skipped in a new run on fresh
+# servers (what it changed would stay behind otherwise).
+run() {
+	local way=$1 rc focus=() skips=() n0 c
+	: >"$tmp/$way.crashed"
+	[[ -z "$FOCUS" ]] || focus=(-ginkgo.focus "$FOCUS")
+	for _ in 1 2 3 4 5 6; do
+		n0=${#pids[@]}
+		start_way "$way"
+		printf '{"db": {"endpoints": ["redis://127.0.0.1:%s"]}}\n' "$target" >"$tmp/$way.endpoints.json"
+		skips=()
+		while read -r c; do
+			[[ -z "$c" ]] || skips+=(-ginkgo.skip-file "$c")
+		done <"$tmp/$way.crashed"
+		log "$way: running the suite against :$target"
+		rm -f "$tmp/$way.json"
+		rc=0
+		(cd "$tmp/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" \
+			REDIS_ENDPOINTS_CONFIG_PATH="$tmp/$way.endpoints.json" \
+			"$tmp/goredis.test" -test.run '^TestGinkgoSuite$' -test.timeout 0 \
+			-ginkgo.no-color -ginkgo.seed 1 -ginkgo.timeout "$SPEC_TIMEOUT" -ginkgo.json-report "$tmp/$way.json" \
+			-ginkgo.skip-file 'osscluster_test|ring_test|sentinel_test|tls_test|tls_cluster_test|universal_test' \
+			"${skips[@]}" "${focus[@]}" >"$tmp/$way.out" 2>&1) || rc=$?
+		stop_reverse "${pids[@]:n0}"
+		pids=("${pids[@]:0:n0}")
+		log "$way: $(grep -E '^(Ran|SUCCESS|FAIL)' "$tmp/$way.out" | tr '\n' ' ') (exit $rc)"
+		[[ ! -s "$tmp/$way.json" ]] || return 0
+		c=$(crasher "$tmp/$way.out")
+		if [[ -z "$c" ]]; then
+			log "$way: no report, and no spec to blame; see $tmp/$way.out"
+			return 0
+		fi
+		log "$way: $c crashed the suite; again on fresh servers without it"
+		echo "$c" >>"$tmp/$way.crashed"
+	done
+}
+
+for way in $WAYS; do
+	run "$way"
 done
 
 # --- the report --------------------------------------------------------------------
@@ -216,11 +267,18 @@ def specs(way):
         loc = s["LeafNodeLocation"]
         name = " ".join(s.get("ContainerHierarchyTexts") or []) + " " + s["LeafNodeText"]
         key = "%s:%d %s" % (os.path.basename(loc["FileName"]), loc["LineNumber"], name.strip())
+        if key in out:  # the same spec run again, as for RESP2 and RESP3
+            key += " (%d)" % sum(1 for k in out if k.split(" (")[0] == key)
         msg = ""
         if s.get("Failure"):
             msg = (s["Failure"].get("Message") or "").strip().replace("\n", " ")
             msg = " ".join(msg.split())[:240]
         out[key] = (s["State"], msg)
+    crashed = os.path.join(tmp, way + ".crashed")
+    for loc in open(crashed).read().split() if os.path.exists(crashed) else []:
+        for key in out:
+            if key.startswith(loc + " "):
+                out[key] = ("crashed", "an Expect in a goroutine of its own failed, which ends the test binary")
     return out
 
 res = {w: specs(w) for w in ways}
