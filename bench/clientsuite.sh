@@ -65,12 +65,19 @@ done
 
 mod=github.com/redis/go-redis/v9
 ver=$(cd "$root" && go list -m -f '{{.Version}}' "$mod")
-log "downloading $mod@$ver"
-src=$(cd "$root" && go mod download -json "$mod@$ver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-cp -R "$src" "$tmp/go-redis"
-chmod -R u+w "$tmp/go-redis"
-log "building its test binary"
-(cd "$tmp/go-redis" && go test -c -o "$tmp/goredis.test" .)
+# The copy and its test binary are kept between runs, in a folder named by
+# the version (the build cache does not help a copy in a new folder).
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/lockproxy-clientsuite/go-redis-$ver
+if [[ ! -x "$cache/goredis.test" ]]; then
+	log "downloading $mod@$ver"
+	src=$(cd "$root" && go mod download -json "$mod@$ver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+	rm -rf "$cache"
+	mkdir -p "$cache"
+	cp -R "$src" "$cache/go-redis"
+	chmod -R u+w "$cache/go-redis"
+	log "building its test binary"
+	(cd "$cache/go-redis" && go test -c -o "$cache/goredis.test.new" . && mv "$cache/goredis.test.new" "$cache/goredis.test")
+fi
 redis_version=$(redis-server --version | sed -n 's/.*v=\([0-9]*\.[0-9]*\).*/\1/p')
 
 log "building lockproxy $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '')"
@@ -180,7 +187,7 @@ EOF
 }
 
 # The specs' locations, for naming the spec that crashes the suite.
-(cd "$tmp/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" "$tmp/goredis.test" \
+(cd "$cache/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" "$cache/goredis.test" \
 	-test.run '^TestGinkgoSuite$' -ginkgo.dry-run -ginkgo.json-report "$tmp/dry.json" >/dev/null 2>&1) || true
 
 # crasher OUT: the file:line of the It whose goroutine panicked outside
@@ -195,7 +202,7 @@ for s in json.load(open(sys.argv[1]))[0]["SpecReports"]:
     loc = s["LeafNodeLocation"]
     its.setdefault(os.path.basename(loc["FileName"]), []).append(loc["LineNumber"])
 text = open(sys.argv[2], errors="replace").read()
-text = text[text.find("\npanic: ") :]
+text = text[text.rfind("panic: ") :]
 for m in re.finditer(r"/go-redis/(\w+_test\.go):(\d+)", text):
     f, line = m.group(1), int(m.group(2))
     best = max((l for l in its.get(f, []) if l <= line), default=None)
@@ -224,9 +231,9 @@ run() {
 		log "$way: running the suite against :$target"
 		rm -f "$tmp/$way.json"
 		rc=0
-		(cd "$tmp/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" \
+		(cd "$cache/go-redis" && RE_CLUSTER=true REDIS_VERSION="$redis_version" \
 			REDIS_ENDPOINTS_CONFIG_PATH="$tmp/$way.endpoints.json" \
-			"$tmp/goredis.test" -test.run '^TestGinkgoSuite$' -test.timeout 0 \
+			"$cache/goredis.test" -test.run '^TestGinkgoSuite$' -test.timeout 0 \
 			-ginkgo.no-color -ginkgo.seed 1 -ginkgo.timeout "$SPEC_TIMEOUT" -ginkgo.json-report "$tmp/$way.json" \
 			-ginkgo.skip-file 'osscluster_test|ring_test|sentinel_test|tls_test|tls_cluster_test|universal_test' \
 			"${skips[@]}" "${focus[@]}" >"$tmp/$way.out" 2>&1) || rc=$?
