@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// The defects that go-redis's own test suite (bench/clientsuite.sh) showed
+// in the proxy in front of a Redis Cluster, each with the test that the
+// fix makes pass.
+
+// TestClusterLongPipelineOwnConnection sends 20000 commands in one
+// pipeline on a client's own connection to a master (in a transaction,
+// and after CLIENT SETNAME): the replies to the first ones arrive while the
+// rest are still being written, and the connection must be kept for them.
+// go-redis's "Tx should exec bulks" got -ERR backend unavailable:
+// connection lost, then EXECABORT, where one Redis answers every INCR.
+func TestClusterLongPipelineOwnConnection(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	const n = 20000
+	tests := []struct {
+		name        string
+		first, last []string
+		queued      string // each INCR's own reply, when not its value
+		want        func(b *bytes.Buffer)
+	}{
+		{name: "transaction", first: args("MULTI"), last: args("EXEC"), queued: "+QUEUED\r\n",
+			want: func(b *bytes.Buffer) { fmt.Fprintf(b, "*%d\r\n", n) }},
+		{name: "client name", first: args("CLIENT SETNAME long"), last: args("PING"),
+			want: func(b *bytes.Buffer) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := dial(t, addr)
+			key := "long:" + tt.name
+			a.do(args("DEL " + key))
+			cmds := [][]string{tt.first}
+			for range n {
+				cmds = append(cmds, []string{"INCR", key})
+			}
+			cmds = append(cmds, tt.last)
+
+			var want bytes.Buffer
+			want.WriteString("+OK\r\n")
+			for i := range n {
+				if tt.queued != "" {
+					want.WriteString(tt.queued)
+				} else {
+					fmt.Fprintf(&want, ":%d\r\n", i+1)
+				}
+			}
+			tt.want(&want)
+			if tt.queued != "" {
+				for i := range n {
+					fmt.Fprintf(&want, ":%d\r\n", i+1)
+				}
+			} else {
+				want.WriteString("+PONG\r\n")
+			}
+
+			// Written while the replies are read: neither side waits
+			// for the other's buffers.
+			raw := encode(cmds...)
+			sent := make(chan error, 1)
+			go func() {
+				_, err := a.c.Write(raw)
+				sent <- err
+			}()
+			got := a.read(len(cmds))
+			if err := <-sent; err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if !bytes.Equal(got, want.Bytes()) {
+				i := 0
+				for i < min(len(got), want.Len()) && got[i] == want.Bytes()[i] {
+					i++
+				}
+				t.Fatalf("replies differ at byte %d of %d: got %q, want %q", i, want.Len(),
+					trunc(got[i:min(len(got), i+120)]), trunc(want.Bytes()[i:min(want.Len(), i+120)]))
+			}
+		})
+	}
+}
