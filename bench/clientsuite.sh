@@ -120,27 +120,12 @@ start_proxy() {
 # start_cluster VAR: a 3-master cluster without replicas; VAR is set to
 # its seed addresses, comma-separated.
 start_cluster() {
-	local var=$1 addrs=() a ok i
+	local var=$1 addrs=() i
 	for i in 1 2 3; do
 		start_redis node --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
 		addrs+=("127.0.0.1:$node")
 	done
-	redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$tmp/create.log" 2>&1 || {
-		tail -5 "$tmp/create.log" >&2
-		return 1
-	}
-	for _ in $(seq 400); do
-		ok=0
-		for a in "${addrs[@]}"; do
-			redis-cli -h 127.0.0.1 -p "${a##*:}" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok' && ok=$((ok + 1))
-		done
-		((ok == 3)) && break
-		sleep 0.05
-	done
-	((ok == 3)) || {
-		log "the cluster did not reach cluster_state:ok"
-		return 1
-	}
+	create_cluster "$tmp/create.log" "${addrs[@]}"
 	printf -v "$var" '%s' "$(
 		IFS=,
 		echo "${addrs[*]}"
