@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -118,6 +119,38 @@ func TestClusterSlowlogCopies(t *testing.T) {
 			names += fmt.Sprintf(" %s:%d", w, strings.Count(strings.ToLower(got), "$"+fmt.Sprint(len(w))+"\r\n"+w+"\r\n"))
 		}
 		return string(out) + strings.SplitN(got, "\r\n", 2)[0] + names
+	}
+	want := play(srv.Addr)
+	if got := play(addr); got != want {
+		t.Errorf("through the proxy in front of the cluster %q, one Redis %q", got, want)
+	}
+}
+
+// TestClusterShardPubsubInfo lists the shard channels subscribed through
+// the proxy on every master, as one Redis lists them: each SSUBSCRIBE
+// pins its client to the master of its channel, and PUBSUB SHARDCHANNELS
+// and SHARDNUMSUB asked only the slot-0 master, which knew a third of
+// them.
+func TestClusterShardPubsubInfo(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, _ := startClusterProxy(t, c)
+	chans := []string{keyOn(0, "ch"), keyOn(1, "ch"), keyOn(2, "ch")}
+	play := func(addr string) string {
+		for _, ch := range chans {
+			for range 2 {
+				dial(t, addr).do(args("SSUBSCRIBE " + ch))
+			}
+		}
+		a := dial(t, addr)
+		list := strings.Split(string(a.do(args("PUBSUB SHARDCHANNELS"))), "\r\n")
+		slices.Sort(list[1:]) // the order of one Redis's hash table
+		out := strings.Join(list, " ")
+		out += string(a.do(args("PUBSUB SHARDCHANNELS " + chans[1])))
+		numsub := args("PUBSUB SHARDNUMSUB " + strings.Join(chans, " ") + " nope")
+		out += string(a.do(numsub))
+		a.do(args("HELLO 3"))
+		return out + string(a.do(numsub))
 	}
 	want := play(srv.Addr)
 	if got := play(addr); got != want {

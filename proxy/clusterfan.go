@@ -106,6 +106,8 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			c.fold = anyOK
 			return c, true
 		}
+	case "pubsub":
+		return shardPubsub(m, sub, cmd.Raw) // clustershardinfo.go
 	case "latency":
 		if sub == "reset" {
 			return all(opSum)

@@ -123,6 +123,8 @@ func fanned(name, sub string) bool {
 		return sub == "kill" || sub == "load" || sub == "delete" || sub == "flush" || sub == "restore"
 	case "latency":
 		return sub == "reset"
+	case "pubsub":
+		return sub == "shardchannels" || sub == "shardnumsub"
 	case "slowlog":
 		return sub == "reset" || sub == "len" || sub == "get"
 	}
