@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -151,6 +152,44 @@ func TestClusterShardPubsubInfo(t *testing.T) {
 		out += string(a.do(numsub))
 		a.do(args("HELLO 3"))
 		return out + string(a.do(numsub))
+	}
+	want := play(srv.Addr)
+	if got := play(addr); got != want {
+		t.Errorf("through the proxy in front of the cluster %q, one Redis %q", got, want)
+	}
+}
+
+// TestClusterACLLog reads the ACL log of every master, as one Redis keeps
+// it: a command refused by the ACL is logged by the master of its key, and
+// ACL LOG asked only the slot-0 master (go-redis's "should ACL LOG" saw 1
+// entry of 3).
+func TestClusterACLLog(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, _ := startClusterProxy(t, c)
+	play := func(addr string) string {
+		a := dial(t, addr)
+		a.do(args("ACL LOG RESET"), args("ACL SETUSER test >test on allkeys +get"))
+		u := dial(t, addr)
+		u.do(args("AUTH test test"))
+		for i := range 3 {
+			u.do(args("SET " + keyOn(i, "acl") + " v"))
+		}
+		time.Sleep(5 * time.Millisecond) // ACL LOG's ages are in milliseconds
+		u.do(args("HSET " + keyOn(1, "acl") + " f v"))
+		out := ""
+		for _, q := range []string{"ACL LOG", "ACL LOG 1", "ACL LOG RESET", "ACL LOG"} {
+			r := string(a.do(args(q)))
+			out += strings.SplitN(r, "\r\n", 2)[0] + " "             // the number of entries
+			out += fmt.Sprint(strings.Count(r, "age-seconds")) + " " // and that they are entries
+			for _, o := range []string{"set", "hset"} {              // each refusal's count
+				if i := strings.Index(r, "\r\n"+o+"\r\n"); i >= 0 {
+					out += o + strings.SplitN(r[strings.LastIndex(r[:i], "count\r\n:")+7:], "\r\n", 2)[0] + " "
+				}
+			}
+		}
+		a.do(args("ACL DELUSER test"))
+		return out
 	}
 	want := play(srv.Addr)
 	if got := play(addr); got != want {

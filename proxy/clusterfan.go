@@ -28,7 +28,8 @@ import (
 //     FLUSHALL, FLUSHDB, SCRIPT LOAD/FLUSH, FUNCTION LOAD/DELETE/FLUSH/RESTORE);
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
 //     newest first) and LEN (their number), each fanned command's entry
-//     counted once (clusterslowlog.go), SCRIPT EXISTS (known on any master:
+//     counted once (clusterslowlog.go), ACL LOG (clusteracllog.go), PUBSUB
+//     SHARDCHANNELS and SHARDNUMSUB (clustershardinfo.go), SCRIPT EXISTS (known on any master:
 //     EVAL caches a script on the master of its keys only);
 //   - answered as one Redis answers: READONLY and READWRITE, which only a
 //     cluster node accepts, and HELLO, whose reply says mode standalone;
@@ -83,6 +84,8 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		switch sub {
 		case "setuser", "deluser", "load", "save":
 			return all(opFirst)
+		case "log":
+			return aclLogCall(m, args, cmd.Raw), true // clusteracllog.go
 		}
 	case "client":
 		switch sub {

@@ -114,7 +114,7 @@ func fanned(name, sub string) bool {
 	case "config":
 		return sub == "set" || sub == "resetstat" || sub == "rewrite"
 	case "acl":
-		return sub == "setuser" || sub == "deluser" || sub == "load" || sub == "save"
+		return sub == "setuser" || sub == "deluser" || sub == "load" || sub == "save" || sub == "log"
 	case "client":
 		return sub == "pause" || sub == "unpause"
 	case "script":
