@@ -94,9 +94,6 @@ func TestClusterLongPipelineOwnConnection(t *testing.T) {
 // logged by each, and count once. go-redis's "SlowLog returns the number
 // of slow queries" got 4 and 3 where one Redis answers 2 and 1.
 func TestClusterSlowlogCopies(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	srv := redistest.Start(t)
-	addr, _ := startClusterProxy(t, c)
 	steps := [][]string{
 		args("SET test true"),
 		args("SLOWLOG RESET"),
@@ -106,7 +103,7 @@ func TestClusterSlowlogCopies(t *testing.T) {
 		args("SLOWLOG RESET"),
 		args("SLOWLOG LEN"),
 	}
-	play := func(addr string) string {
+	sameAsOneRedis(t, func(addr string) string {
 		a := dial(t, addr)
 		var out []byte
 		for _, s := range steps {
@@ -120,11 +117,7 @@ func TestClusterSlowlogCopies(t *testing.T) {
 			names += fmt.Sprintf(" %s:%d", w, strings.Count(strings.ToLower(got), "$"+fmt.Sprint(len(w))+"\r\n"+w+"\r\n"))
 		}
 		return string(out) + strings.SplitN(got, "\r\n", 2)[0] + names
-	}
-	want := play(srv.Addr)
-	if got := play(addr); got != want {
-		t.Errorf("through the proxy in front of the cluster %q, one Redis %q", got, want)
-	}
+	})
 }
 
 // TestClusterShardPubsubInfo lists the shard channels subscribed through
@@ -133,11 +126,8 @@ func TestClusterSlowlogCopies(t *testing.T) {
 // and SHARDNUMSUB asked only the slot-0 master, which knew a third of
 // them.
 func TestClusterShardPubsubInfo(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	srv := redistest.Start(t)
-	addr, _ := startClusterProxy(t, c)
 	chans := []string{keyOn(0, "ch"), keyOn(1, "ch"), keyOn(2, "ch")}
-	play := func(addr string) string {
+	sameAsOneRedis(t, func(addr string) string {
 		for _, ch := range chans {
 			for range 2 {
 				dial(t, addr).do(args("SSUBSCRIBE " + ch))
@@ -152,11 +142,7 @@ func TestClusterShardPubsubInfo(t *testing.T) {
 		out += string(a.do(numsub))
 		a.do(args("HELLO 3"))
 		return out + string(a.do(numsub))
-	}
-	want := play(srv.Addr)
-	if got := play(addr); got != want {
-		t.Errorf("through the proxy in front of the cluster %q, one Redis %q", got, want)
-	}
+	})
 }
 
 // TestClusterACLLog reads the ACL log of every master, as one Redis keeps
@@ -164,10 +150,7 @@ func TestClusterShardPubsubInfo(t *testing.T) {
 // ACL LOG asked only the slot-0 master (go-redis's "should ACL LOG" saw 1
 // entry of 3).
 func TestClusterACLLog(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	srv := redistest.Start(t)
-	addr, _ := startClusterProxy(t, c)
-	play := func(addr string) string {
+	sameAsOneRedis(t, func(addr string) string {
 		a := dial(t, addr)
 		a.do(args("ACL LOG RESET"), args("ACL SETUSER test >test on allkeys +get"))
 		u := dial(t, addr)
@@ -190,7 +173,16 @@ func TestClusterACLLog(t *testing.T) {
 		}
 		a.do(args("ACL DELUSER test"))
 		return out
-	}
+	})
+}
+
+// sameAsOneRedis plays the same session through a proxy in front of a
+// 3-master cluster and against one Redis, and requires the same outcome.
+func sameAsOneRedis(t *testing.T, play func(addr string) string) {
+	t.Helper()
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, _ := startClusterProxy(t, c)
 	want := play(srv.Addr)
 	if got := play(addr); got != want {
 		t.Errorf("through the proxy in front of the cluster %q, one Redis %q", got, want)
