@@ -106,22 +106,7 @@ for i in 1 2 3; do
 	cluster+=("127.0.0.1:${!v}")
 done
 log "creating the cluster ${cluster[*]}"
-redis-cli --cluster create "${cluster[@]}" --cluster-replicas 0 --cluster-yes >"$tmp/create.log" 2>&1 || {
-	tail -5 "$tmp/create.log" >&2
-	exit 1
-}
-for _ in $(seq 400); do
-	ok=0
-	for a in "${cluster[@]}"; do
-		redis-cli -h 127.0.0.1 -p "${a##*:}" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok' && ok=$((ok + 1))
-	done
-	((ok == 3)) && break
-	sleep 0.05
-done
-((ok == 3)) || {
-	log "the cluster did not reach cluster_state:ok"
-	exit 1
-}
+create_cluster "$tmp/create.log" "${cluster[@]}"
 
 cat >"$tmp/single.yaml" <<EOF2
 shutdown_timeout: 5s

@@ -1,5 +1,6 @@
-# Process helpers shared by bench/run.sh, bench/cluster.sh and
-# compat/run.sh: free loopback ports, waiting for PING, stopping processes.
+# Process helpers shared by bench/run.sh, bench/cluster.sh,
+# bench/clientsuite.sh and compat/run.sh: free loopback ports, waiting for
+# PING, making a cluster, stopping processes.
 # Source it after defining log.
 
 used=" " # ports handed out by freeport
@@ -33,6 +34,28 @@ waitping() {
 		sleep 0.05
 	done
 	log "$2 on port $1 did not answer PING"
+	return 1
+}
+
+# create_cluster LOG ADDR...: make a cluster of the nodes at ADDR... (cluster
+# mode on, empty), every one a master, with redis-cli --cluster create
+# (its output in LOG), and wait until each reports cluster_state:ok.
+create_cluster() {
+	local out=$1 a ok
+	shift
+	redis-cli --cluster create "$@" --cluster-replicas 0 --cluster-yes >"$out" 2>&1 || {
+		tail -5 "$out" >&2
+		return 1
+	}
+	for _ in $(seq 400); do
+		ok=0
+		for a in "$@"; do
+			redis-cli -h "${a%:*}" -p "${a##*:}" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok' && ok=$((ok + 1))
+		done
+		((ok == $#)) && return 0
+		sleep 0.05
+	done
+	log "the cluster did not reach cluster_state:ok"
 	return 1
 }
 

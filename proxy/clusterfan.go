@@ -27,7 +27,9 @@ import (
 //     running the script, else the first NOTBUSY) (and, in route.go,
 //     FLUSHALL, FLUSHDB, SCRIPT LOAD/FLUSH, FUNCTION LOAD/DELETE/FLUSH/RESTORE);
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
-//     newest first) and LEN (the sum), SCRIPT EXISTS (known on any master:
+//     newest first) and LEN (their number), each fanned command's entry
+//     counted once (clusterslowlog.go), ACL LOG (clusteracllog.go), PUBSUB
+//     SHARDCHANNELS and SHARDNUMSUB (clustershardinfo.go), SCRIPT EXISTS (known on any master:
 //     EVAL caches a script on the master of its keys only);
 //   - answered as one Redis answers: READONLY and READWRITE, which only a
 //     cluster node accepts, and HELLO, whose reply says mode standalone;
@@ -83,6 +85,8 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		switch sub {
 		case "setuser", "deluser", "load", "save":
 			return all(opFirst)
+		case "log":
+			return aclLogCall(m, args, cmd.Raw), true // clusteracllog.go
 		}
 	case "client":
 		switch sub {
@@ -106,6 +110,8 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			c.fold = anyOK
 			return c, true
 		}
+	case "pubsub":
+		return shardPubsub(m, sub, cmd.Raw) // clustershardinfo.go
 	case "latency":
 		if sub == "reset" {
 			return all(opSum)
@@ -115,7 +121,14 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		case "reset":
 			return all(opFirst)
 		case "len":
-			return all(opSum)
+			// The masters' copies of a command the proxy sent to all of
+			// them count once (clusterslowlog.go).
+			c := fan(m, cmd.Raw, opFirst)
+			slowlogParts(&c)
+			c.fold = func(replies [][]byte) ([]byte, bool) {
+				return allOK(replies, func() []byte { return slowlogLen(replies) })
+			}
+			return c, true
 		case "get":
 			count := int64(10) // Redis's default
 			if len(args) > 2 {
@@ -123,6 +136,7 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 				count, _ = strconv.ParseInt(string(args[2]), 10, 64)
 			}
 			c := fan(m, cmd.Raw, opFirst)
+			slowlogParts(&c)
 			c.fold = func(replies [][]byte) ([]byte, bool) {
 				return allOK(replies, func() []byte { return mergeSlowlog(replies, count) })
 			}
@@ -211,32 +225,31 @@ func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backend, error) {
 	return nil, fmt.Errorf("%w: %w", errNoNode, errors.Join(errs...))
 }
 
-// mergeSlowlog merges the masters' SLOWLOG GET replies: their entries,
-// newest first (by the time each was logged, then its id), count of them
-// at most (all for a negative count).
+// mergeSlowlog merges the masters' SLOWLOG GET replies (the first
+// master's with the client's count, the others' whole): their entries
+// without the other masters' copies of fanned commands, newest first (by
+// the time each was logged, then its id), count of them at most (all for
+// a negative count).
 func mergeSlowlog(replies [][]byte, count int64) []byte {
 	type entry struct {
 		id, at int64
 		raw    []byte
 	}
 	var all []entry
-	for _, r := range replies {
-		n, elems, err := elements(r)
+	for i, r := range replies {
+		// The other masters' copies of what the proxy sent to all of
+		// them are left out (clusterslowlog.go).
+		raws, err := slowlogEntries(r, i > 0)
 		if err != nil {
 			return errorReply(err)
 		}
-		for range n {
-			k, err := valueLen(elems)
-			if err != nil {
-				return errorReply(err)
-			}
-			e := entry{raw: elems[:k]}
+		for _, raw := range raws {
+			e := entry{raw: raw}
 			if _, fields, err := elements(e.raw); err == nil {
 				e.id, fields = leadingInt(fields)
 				e.at, _ = leadingInt(fields)
 			}
 			all = append(all, e)
-			elems = elems[k:]
 		}
 	}
 	slices.SortStableFunc(all, func(a, b entry) int {

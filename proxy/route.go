@@ -214,7 +214,10 @@ func (cs *clusterSession) conn(s *session, m *map[string]*backend, addr string) 
 	if closed {
 		return nil, errClusterClosed
 	}
-	if be != nil && !be.dead && (be.r.Buffered() > 0 || open(be)) {
+	// A connection written to in the batch being sent owes replies, which
+	// may be arriving already: it is in use, and open would take their
+	// bytes for the sign of a connection the node closed.
+	if be != nil && !be.dead && (be.queued || be.r.Buffered() > 0 || open(be)) {
 		return be, nil
 	}
 	be, err := s.p.dialAddr(s.ctx, addr, replayState{auth: cs.auth, hello: cs.hello, name: cs.name})
