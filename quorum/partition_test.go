@@ -87,6 +87,20 @@ func lockWithin(tb testing.TB, l *Locker, resource string, ttl, limit time.Durat
 	}
 }
 
+// unlockSlow unlocks resource through l, whose majority needs a node
+// behind a slow link, until an Unlock succeeds or finds that an earlier one
+// did part of the work: an Unlock whose request to the slow node timed out
+// in its queue (behind a batch in flight) released the lock on the others
+// only, the next one finds it held on the slow node alone (ErrNotHeld), and
+// its ttl ends it there.
+func unlockSlow(tb testing.TB, l *Locker, resource, token string) {
+	tb.Helper()
+	eventually(tb, "Unlock over the slow link", func() bool {
+		err := l.Unlock(ctxT(tb), resource, token)
+		return err == nil || errors.Is(err, ErrNotHeld)
+	})
+}
+
 // tokenOn reports whether a node of c holds resource's lock with token.
 func (c *cluster) tokenOn(tb testing.TB, resource, token string) (int, bool) {
 	tb.Helper()
@@ -158,6 +172,17 @@ func TestNoQuorumLeavesNothingLate(t *testing.T) {
 // then healed behind a link whose round trip is below NodeTimeout counts
 // again within 1s of answering, while another node is cut, so that every
 // grant needs it.
+//
+// What the time is made of (NodeTimeout 250ms, a round trip of 100ms): up
+// to a dial timeout for the keeper's dial in flight at the heal (its SYN
+// was dropped), two round trips to reconnect (HELLO and the call), a round
+// trip or two behind the batches queued at the node (the watcher's probe,
+// the keeper's cleanups), and the LOCK itself: the cut node's NodeTimeout,
+// then the fence's raise. Measured: 0.41-0.89s on an idle machine (15
+// runs), 0.41-1.6s with the machine's two cores loaded about tenfold (load
+// average 12-18). The test asserts the target in the best of its three
+// runs and a bound with room for such a machine in every run; the figures
+// are logged.
 func TestSlowNodeCountsAgain(t *testing.T) {
 	c := startBoundCluster(t, 3)
 	cfg := testConfig()
@@ -168,10 +193,13 @@ func TestSlowNodeCountsAgain(t *testing.T) {
 	heal1 := c.cut(t, 1, lockerIPs[0])
 	defer heal1()
 	oneWay := cfg.NodeTimeout / 5 // a round trip of 0.4 NodeTimeout: a dial, the handshake and a call take more than NodeTimeout
+	const target, bound = time.Second, 2 * time.Second
+	best := time.Hour
 	for run := range 3 {
+		resource := fmt.Sprintf("slow-%d", run)
 		heal2 := redistest.Blackhole(t, relay.Addr)
 		for range 3 { // calls fail meanwhile and drop their connections
-			if _, err := l.Lock(ctxT(t), "slow", time.Second, Options{}); err == nil {
+			if _, err := l.Lock(ctxT(t), resource, time.Second, Options{}); err == nil {
 				t.Fatalf("run %d: Lock succeeded with two nodes cut", run)
 			}
 		}
@@ -186,14 +214,15 @@ func TestSlowNodeCountsAgain(t *testing.T) {
 			return redistest.Ping(ctx, relay.Addr) == nil
 		})
 		answered := time.Now()
-		// The target is 1s, met in most runs; the bound leaves room for a
-		// loaded machine and for the runs that miss it (the figures are
-		// logged).
-		lk, took := lockWithin(t, l, "slow", time.Second, 3*time.Second)
-		eventually(t, "Unlock over the slow link", func() bool { return l.Unlock(ctxT(t), "slow", lk.Token) == nil })
+		lk, took := lockWithin(t, l, resource, time.Second, bound)
+		best = min(best, took)
+		unlockSlow(t, l, resource, lk.Token)
 		relay.SetDelay(0)
 		t.Logf("run %d: with %v added each way, the node answered PING %v after the heal and counted again %v later",
 			run, oneWay, answered.Sub(healed).Round(time.Millisecond), took.Round(time.Millisecond))
+	}
+	if best > target {
+		t.Errorf("the slow node counted again %v after answering at best, want within %v", best.Round(time.Millisecond), target)
 	}
 }
 
@@ -271,7 +300,7 @@ func TestSlowLinkValidity(t *testing.T) {
 	if limit := ttl - drift - 2*below; lk.Validity > limit {
 		t.Errorf("delay %v each way: validity %v, want at most %v", below, lk.Validity, limit)
 	}
-	eventually(t, "Unlock over the slow link", func() bool { return l.Unlock(ctxT(t), "slow", lk.Token) == nil })
+	unlockSlow(t, l, "slow", lk.Token)
 	t.Logf("delay %v each way: granted after %v with validity %v", below, took.Round(time.Millisecond), lk.Validity)
 
 	above := cfg.NodeTimeout * 6 / 10 // a round trip of 1.2 NodeTimeout
