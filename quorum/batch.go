@@ -349,12 +349,12 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: errReconnecting})
 			continue
 		}
-		if r.deadline.Sub(now) < rttLow+rttLow/4 {
+		if r.deadline.Sub(now) < rttLow {
 			// Queued behind a slow batch, it has less time left than the
-			// node's round trip and some: fail it as a timeout without
-			// sending it, rather than time out on the connection (go-redis
-			// closes a connection that timed out, and a slow link then
-			// needs a new one, a dial and a handshake).
+			// node's round trip: fail it as a timeout without sending it,
+			// rather than time out on the connection (go-redis closes a
+			// connection that timed out, and a slow link then needs a new
+			// one, a dial and a handshake).
 			r.complete(req.i, reply{err: context.DeadlineExceeded})
 			continue
 		}
