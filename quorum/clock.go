@@ -54,7 +54,8 @@ import (
 //
 //   - Judging a reply of node i, sent at s and read at r, with reading x,
 //     against the other nodes' readings (a majority less one of the nodes,
-//     at least one, must have a good one): it is good when x lies within
+//     at least one, must have a good one; else, a single node, against the
+//     reference's bounds): it is good when x lies within
 //     the band of lo, the tightest of their lower bounds at s; then its
 //     vote may count and x becomes the node's last good reading. It is
 //     ahead when x exceeds by more than the band the loosest of their
@@ -220,7 +221,8 @@ func (rd clockReading) highAt(t int64, rate float64) int64 {
 
 // othersBounds returns the bounds that the good readings of the nodes
 // other than skip put on the reference: lo, the tightest lower bound at s,
-// and loosest, the loosest upper bound at r; and whether a majority less one of the nodes (at least one) has such a
+// and loosest, the loosest upper bound at r; and whether a majority less
+// one of the nodes, and at least one, has such a
 // reading: with the reading of skip, which is being judged, a majority. The
 // tightest lower bound, not a median: when skip is the node that lies (see
 // judge), the others are honest, so each of their bounds holds, and one
@@ -241,7 +243,7 @@ func (c *refClock) othersBounds(skip int, s, r int64) (lo, loosest int64, ok boo
 		}
 		k++
 	}
-	return lo, loosest, k >= max(c.quorum-1, 1)
+	return lo, loosest, k > 0 && k >= c.quorum-1
 }
 
 // ref returns the lower bound of the reference at t in ms, for a call sent
@@ -271,7 +273,12 @@ func (c *refClock) judge(i int, rd clockReading) int8 {
 func (c *refClock) judgeLocked(i int, rd clockReading) int8 {
 	lo, loosest, ok := c.othersBounds(i, rd.sent, rd.read)
 	if !ok {
-		return clockUnjudged
+		// Too few other nodes with a reading (a single node): the whole
+		// reference, the node's own readings included.
+		if lo, _, ok = c.bounds(rd.sent); !ok {
+			return clockUnjudged
+		}
+		_, loosest, _ = c.bounds(rd.read)
 	}
 	if rd.at > loosest+c.band {
 		// Ahead of what any of the other nodes' readings allows.

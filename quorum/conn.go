@@ -255,14 +255,18 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 // through n's batcher like any call, so that the keeper and the calls use
 // the same connections and never take one from each other. The request is
 // the keeper's (see round.keeper): sent while the calls' requests are not,
-// and bounded by keepTimeout, time to dial and shake hands over a slow
-// link. Also while n answers: a reading that waited behind the calls'
-// batches and timed out would close the connection it was sent on.
+// and, while n does not answer, bounded by keepTimeout, time to dial and
+// shake hands over a slow link. While n answers, by NodeTimeout: a batch in
+// flight holds the node's later batches back, and a reading sent just
+// before the node paused must not hold the calls back for longer than one
+// of theirs would.
 func (l *Locker) nodeTime(n *node) reply {
 	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
 	r.anytime = true // a deadline from a stale reading would refuse it for good
 	r.keeper = true
-	r.deadline = r.start.Add(l.keepTimeout())
+	if !n.reachable.Load() {
+		r.deadline = r.start.Add(l.keepTimeout())
+	}
 	var rep reply
 	l.fanout([]*node{n}, r, func(res []reply) { rep = res[0] })
 	return rep
