@@ -228,7 +228,11 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 			if dialed := time.Duration(n.dialed.Load()); dialed > time.Since(dialClock)-took {
 				rtt = (took - time.Duration(n.dialTook.Load())) / 2
 			}
-			n.rttLow.Store(int64(rtt))
+			// At most NodeTimeout/2: a node that was paused answers the
+			// keeper when it resumes, and that wait is no round trip; an
+			// estimate that high would keep every call's request from
+			// being sent, and so from correcting it.
+			n.rttLow.Store(int64(min(rtt, nodeTimeout/2)))
 			n.reachable.Store(true)
 		}
 	case err == nil || errors.As(err, &rerr):
