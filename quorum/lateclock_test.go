@@ -112,14 +112,11 @@ type monitoredOp struct{ code, deadline string }
 // arguments are the keys (one per operation, then three), five per
 // operation (code, token, x, attempt, deadline) and four more.
 func monitoredOps(line string) []monitoredOp {
-	var args []string
-	for _, f := range strings.Split(line, "\"")[1:] {
-		args = append(args, f)
-	}
-	// Quoted arguments sit at the odd indexes of the split.
+	// The arguments are quoted: they sit at the odd indexes of the split.
+	parts := strings.Split(line, "\"")
 	var q []string
-	for i := 0; i < len(args); i += 2 {
-		q = append(q, args[i])
+	for i := 1; i < len(parts); i += 2 {
+		q = append(q, parts[i])
 	}
 	if len(q) < 3 || !strings.EqualFold(q[0], "evalsha") && !strings.EqualFold(q[0], "eval") {
 		return nil
