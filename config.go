@@ -94,18 +94,19 @@ type sentinelConfig struct {
 func (s *sentinelConfig) enabled() bool { return s.MasterName != "" || len(s.Addrs) > 0 }
 
 type lockConfig struct {
-	Nodes        []string      `yaml:"nodes"`
-	Username     string        `yaml:"username"`
-	Password     string        `yaml:"password" secret:"true"`
-	TLS          clientTLS     `yaml:"tls"`
-	NodeTimeout  time.Duration `yaml:"node_timeout"`
-	DriftFactor  float64       `yaml:"drift_factor"`
-	MaxTTL       time.Duration `yaml:"max_ttl"`
-	MaxWait      time.Duration `yaml:"max_wait"`
-	MaxResources int           `yaml:"max_resources"`
-	MaxPermits   int64         `yaml:"max_permits"`
-	KeyPrefix    string        `yaml:"key_prefix"`
-	GuardBackend string        `yaml:"guard_backend"`
+	Nodes          []string      `yaml:"nodes"`
+	Username       string        `yaml:"username"`
+	Password       string        `yaml:"password" secret:"true"`
+	TLS            clientTLS     `yaml:"tls"`
+	NodeTimeout    time.Duration `yaml:"node_timeout"`
+	ClockTolerance time.Duration `yaml:"clock_tolerance"`
+	DriftFactor    float64       `yaml:"drift_factor"`
+	MaxTTL         time.Duration `yaml:"max_ttl"`
+	MaxWait        time.Duration `yaml:"max_wait"`
+	MaxResources   int           `yaml:"max_resources"`
+	MaxPermits     int64         `yaml:"max_permits"`
+	KeyPrefix      string        `yaml:"key_prefix"`
+	GuardBackend   string        `yaml:"guard_backend"`
 }
 
 type limitsConfig struct {
@@ -155,14 +156,15 @@ func defaultFileConfig() fileConfig {
 		},
 	}
 	f.Lock = lockConfig{
-		NodeTimeout:  q.NodeTimeout,
-		DriftFactor:  q.DriftFactor,
-		KeyPrefix:    q.KeyPrefix,
-		MaxTTL:       c.MaxTTL,
-		MaxWait:      c.MaxWait,
-		MaxResources: c.MaxResources,
-		MaxPermits:   c.MaxPermits,
-		GuardBackend: "auto",
+		NodeTimeout:    q.NodeTimeout,
+		ClockTolerance: q.ClockTolerance,
+		DriftFactor:    q.DriftFactor,
+		KeyPrefix:      q.KeyPrefix,
+		MaxTTL:         c.MaxTTL,
+		MaxWait:        c.MaxWait,
+		MaxResources:   c.MaxResources,
+		MaxPermits:     c.MaxPermits,
+		GuardBackend:   "auto",
 	}
 	f.Limits = limitsConfig{
 		MaxClients:      p.MaxClients,
@@ -292,6 +294,7 @@ func (c *fileConfig) validate() error {
 func (c *fileConfig) quorumConfig() quorum.Config {
 	q := quorum.DefaultConfig()
 	q.NodeTimeout = c.Lock.NodeTimeout
+	q.ClockTolerance = c.Lock.ClockTolerance
 	q.DriftFactor = c.Lock.DriftFactor
 	q.KeyPrefix = c.Lock.KeyPrefix
 	q.MaxTTL = c.Lock.MaxTTL

@@ -47,6 +47,7 @@ func TestOverrides(t *testing.T) {
 		{give: "lock.node_timeout=125ms", got: func(c *fileConfig) any { return c.Lock.NodeTimeout }, want: 125 * time.Millisecond},
 		{give: "lock.max_ttl=2h", got: func(c *fileConfig) any { return c.Lock.MaxTTL }, want: 2 * time.Hour},
 		{give: "lock.drift_factor=0.05", got: func(c *fileConfig) any { return c.Lock.DriftFactor }, want: 0.05},
+		{give: "lock.clock_tolerance=80ms", got: func(c *fileConfig) any { return c.Lock.ClockTolerance }, want: 80 * time.Millisecond},
 		{give: "backend.db=3", got: func(c *fileConfig) any { return c.Backend.DB }, want: 3},
 		{give: "backend.shared_connections=-1", got: func(c *fileConfig) any { return c.Backend.SharedConnections }, want: connCount(-1)},
 		{give: "backend.shared_connections=3", got: func(c *fileConfig) any { return c.Backend.SharedConnections }, want: connCount(3)},

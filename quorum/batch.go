@@ -324,6 +324,15 @@ func (n *node) shut() {
 // fails those whose caller is gone or whose deadline has passed, and sends
 // the others in groups of similar deadlines, each bounded by its earliest.
 func (l *Locker) sendPending(n *node, q []request) {
+	noClock := n.clock.Load() == nil
+	var clockErr error // why n's clock could not be read
+	switch {
+	case noClock && n.reachable.Load():
+		clockErr = l.firstReading(n, q)
+		noClock = n.clock.Load() == nil
+	case noClock:
+		clockErr = errReconnecting // the keeper reads the clock when it reaches n
+	}
 	now := time.Now()
 	live := q[:0]
 	// A request that waited in the queue is not sent when less than the
@@ -335,6 +344,12 @@ func (l *Locker) sendPending(n *node, q []request) {
 		if err := r.ctx.Err(); err != nil {
 			// The caller is gone; the node never sees the request.
 			r.complete(req.i, reply{err: err})
+			continue
+		}
+		if noClock && !r.anytime {
+			// A request without a deadline could run however late it
+			// arrives (late.go).
+			r.complete(req.i, reply{err: clockErr})
 			continue
 		}
 		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
@@ -350,7 +365,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			// node's round trip: fail it as a timeout without sending it,
 			// rather than time out on the connection (go-redis closes a
 			// connection that timed out, and a slow link then needs a new
-			// one).
+			// one, a dial and a handshake).
 			r.complete(req.i, reply{err: context.DeadlineExceeded})
 			continue
 		}
@@ -370,6 +385,37 @@ func (l *Locker) sendPending(n *node, q []request) {
 		l.send(n, batch, deadline)
 	})
 }
+
+// firstReading reads n's clock, which was never read, before the requests
+// of q are sent, when one of them needs a deadline on it (late.go): one
+// round trip, bounded by the earliest deadline of those, spent once per
+// node and Locker (the keeper's first reading, started by New, usually
+// comes first). It returns why the clock could not be read, for the
+// requests that then fail without being sent.
+func (l *Locker) firstReading(n *node, q []request) error {
+	var deadline time.Time
+	for _, req := range q {
+		if r := req.r; !r.anytime && r.ctx.Err() == nil && (deadline.IsZero() || r.deadline.Before(deadline)) {
+			deadline = r.deadline
+		}
+	}
+	if deadline.IsZero() {
+		return nil
+	}
+	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
+	r.anytime = true
+	r.deadline = deadline
+	l.send(n, []request{{r, 0}}, deadline) // takes the reading in
+	<-r.done
+	err := r.res[0].err
+	r.free()
+	if err == nil && n.clock.Load() == nil {
+		err = errNoReading // an answer, but its reading was not taken
+	}
+	return err
+}
+
+var errNoReading = errors.New("quorum: lock node's clock not read yet")
 
 // forEachGroup calls send with the requests of q in groups whose deadlines
 // lie less than spread apart, bounded by the earliest deadline in the
@@ -473,6 +519,9 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		rep := opReply(req.r.op, c, at)
 		at += req.r.width()
 		rep.at, rep.window = read, read.Sub(sent)
+		if req.r.op == opTime && rep.err == nil {
+			n.takeReading(rep, l.cfg.NodeTimeout)
+		}
 		if rep.err == nil {
 			rep.hasClock, rep.rd, rep.clock = hasClock, rd, clock
 		}

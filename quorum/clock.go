@@ -52,12 +52,31 @@ import (
 //     whose bounds lie more than the band (ClockTolerance/2) apart is
 //     dropped, and rebuilt from the next round.
 //
-//   - Judging a reply, sent at s and read at r, with reading x: it is good
-//     when x lies within the band of the lower bound at s; then its vote
-//     may count and x becomes the node's last good reading. It is ahead
-//     when x exceeds the upper bound at r by more than the band: the node
-//     read a time that no honest clock could have shown by then, so its
-//     clock jumped forward, and it is taken for a node that lost its data.
+//   - Judging a reply of node i, sent at s and read at r, with reading x,
+//     against the other nodes' readings (a majority less one of the nodes,
+//     at least one, must have a good one; else, a single node, against the
+//     reference's bounds): it is good when x lies within
+//     the band of lo, the tightest of their lower bounds at s; then its
+//     vote may count and x becomes the node's last good reading. It is
+//     ahead when x exceeds by more than the band the loosest of their
+//     upper bounds at r, or the upper bound of the whole reference at r:
+//     the node read a time that no honest clock could have shown by then,
+//     so its clock jumped forward, and it is taken for a node that lost
+//     its data. The others' bounds, not the reference's medians: when i is
+//     the node that lies, the others are honest and each of their bounds
+//     holds, so the tightest one is a true lower bound; when i is honest,
+//     counting it is no risk (a jump of i's clock is what the verdict
+//     guards against). And the tightest, because a median over every
+//     node's reading lags by the slowest readings it takes in: with one
+//     node cut off, the reference rests on the slow node's own readings,
+//     whose lower bounds lag by their way back, and a slow node judged
+//     against them needed its whole round trip within the band. So an
+//     honest node's reply counts when its way there (plus how far the
+//     other nodes' tightest lower bound lags, about their readings' way
+//     back) lies within ClockTolerance/2: over a symmetric link, a round
+//     trip up to about ClockTolerance, NodeTimeout by default (for
+//     NodeTimeout up to 100ms), and that without the validity losing more
+//     than ClockTolerance.
 //     Anything else (a slow reply that cannot be placed precisely, or a
 //     node behind) does not count and changes nothing.
 //
@@ -89,21 +108,30 @@ import (
 //     the lock early, and the next call (a competitor's acquisition
 //     included) reads TIME in the same atomic call as its SET NX, so it
 //     finds the node ahead and its grant does not count.
-//   - An undetected jump. A good reading lies within the band of the lower
-//     bound, and the node's reading before was within the band too, so a
-//     jump that no call notices is at most 2*band = ClockTolerance (plus
-//     how far the lower bound lags the nodes' median: the round trip of
-//     the readings it is built from, under a millisecond on a LAN). Such a
-//     jump shortens a lock on that node by as much, so every validity
-//     subtracts ClockTolerance on top of the drift allowance.
+//   - An undetected jump. A good reading x lies at most the band above the
+//     lower bound at s, and the reference read at least that when the node
+//     read x: the node was at most the band ahead. The node's reading
+//     before was at least the band below that bound, and that bound lay
+//     below the reference by at most the reading's way there and the
+//     bound's lag: so a jump that no call notices is at most 2*band =
+//     ClockTolerance, plus the way there and the lag of the reading before
+//     it (under a millisecond on a LAN; it only comes into play for a node
+//     that read behind the reference by as much). Such a jump shortens a
+//     lock on that node by as much, so every validity subtracts
+//     ClockTolerance on top of the drift allowance.
 //   - A jump forward and back between two calls to the node (forward
 //     J, the node's locks expire, back J before anyone calls it) leaves no
 //     trace on its clock and is not detected. Neither is a majority of the
 //     nodes jumping together: the majority is the reference.
-//   - A slow reply. Its reading cannot be placed within the band and its
-//     vote does not count; the node is not taken for lost. A reply that
-//     is late enough to show the node "ahead" is one read after the reading
-//     was taken, so the verdict stands: a late call is no false alarm.
+//   - A slow reply. When its way there exceeds the band, its reading
+//     cannot be placed and its vote does not count; the node is not taken
+//     for lost. A reply that is late enough to show the node "ahead" is
+//     one read after the reading was taken, so the verdict stands: a late
+//     call is no false alarm. What a slow node cannot do is help rebuild a
+//     reference (rebuild takes readings whose round trip is within the
+//     band): a Locker that lost its reference (idle for long, or new) with
+//     one node cut off and the other slow waits until both fast nodes
+//     answer.
 //   - A node whose clock runs fast against the others by more than they
 //     drift apart drifts out of the band and is recovered (a copy, well
 //     under a second), then counts again with a new offset. A node that
@@ -158,8 +186,7 @@ func (c *refClock) bounds(t int64) (lo, hi int64, ok bool) {
 	lows := c.buf[:0]
 	for i, rd := range c.last {
 		if c.good[i] {
-			d := t - rd.read
-			lows = append(lows, rd.at+d-int64(c.rate*float64(abs(d))))
+			lows = append(lows, rd.lowAt(t, c.rate))
 		}
 	}
 	k := len(lows)
@@ -171,14 +198,52 @@ func (c *refClock) bounds(t int64) (lo, hi int64, ok bool) {
 	highs := lows[:0]
 	for i, rd := range c.last {
 		if c.good[i] {
-			d := t - rd.sent
-			highs = append(highs, rd.at+d+int64(c.rate*float64(abs(d))))
+			highs = append(highs, rd.highAt(t, c.rate))
 		}
 	}
 	slices.Sort(highs)
 	hi = highs[k/2]
 	c.buf = highs[:0]
 	return lo, hi, hi-lo <= c.band
+}
+
+// lowAt and highAt are the bounds that reading rd puts on the node's
+// reading of the reference at t, with rate the drift allowance.
+func (rd clockReading) lowAt(t int64, rate float64) int64 {
+	d := t - rd.read
+	return rd.at + d - int64(rate*float64(abs(d)))
+}
+
+func (rd clockReading) highAt(t int64, rate float64) int64 {
+	d := t - rd.sent
+	return rd.at + d + int64(rate*float64(abs(d)))
+}
+
+// othersBounds returns the bounds that the good readings of the nodes
+// other than skip put on the reference: lo, the tightest lower bound at s,
+// and loosest, the loosest upper bound at r; and whether a majority less
+// one of the nodes, and at least one, has such a
+// reading: with the reading of skip, which is being judged, a majority. The
+// tightest lower bound, not a median: when skip is the node that lies (see
+// judge), the others are honest, so each of their bounds holds, and one
+// that was read long ago (a node cut off since) only bounds less tightly.
+// c.mu is held.
+func (c *refClock) othersBounds(skip int, s, r int64) (lo, loosest int64, ok bool) {
+	k := 0
+	for i, rd := range c.last {
+		if !c.good[i] || i == skip {
+			continue
+		}
+		l, h := rd.lowAt(s, c.rate), rd.highAt(r, c.rate)
+		if k == 0 || l > lo {
+			lo = l
+		}
+		if k == 0 || h > loosest {
+			loosest = h
+		}
+		k++
+	}
+	return lo, loosest, k > 0 && k >= c.quorum-1
 }
 
 // ref returns the lower bound of the reference at t in ms, for a call sent
@@ -206,15 +271,28 @@ func (c *refClock) judge(i int, rd clockReading) int8 {
 }
 
 func (c *refClock) judgeLocked(i int, rd clockReading) int8 {
-	lo, _, ok := c.bounds(rd.sent)
+	lo, loosest, ok := c.othersBounds(i, rd.sent, rd.read)
 	if !ok {
-		return clockUnjudged
+		// Too few other nodes with a reading (a single node): the whole
+		// reference, the node's own readings included.
+		if lo, _, ok = c.bounds(rd.sent); !ok {
+			return clockUnjudged
+		}
+		_, loosest, _ = c.bounds(rd.read)
 	}
-	_, hi, _ := c.bounds(rd.read)
-	switch {
-	case rd.at > hi+c.band:
+	if rd.at > loosest+c.band {
+		// Ahead of what any of the other nodes' readings allows.
 		return clockAhead
-	case rd.at >= lo-c.band && rd.at <= lo+c.band:
+	}
+	if _, hiAll, ok := c.bounds(rd.read); ok && rd.at > hiAll+c.band {
+		return clockAhead
+	}
+	// The node read its clock at some moment after sent, when the
+	// reference read at least lo: rd.at - lo bounds the node's offset from
+	// above, and the reading is good when that lies within the band, and
+	// rd.at not more than the band below lo (a node further behind is moved
+	// up by the calls, see Behind).
+	if rd.at <= lo+c.band && rd.at >= lo-c.band {
 		// Keep the reading that bounds the node more tightly now: a fast
 		// reply's bounds stay tighter than a slow one's for a while.
 		old := c.last[i]

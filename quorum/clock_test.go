@@ -123,3 +123,58 @@ func clockJump(t *testing.T, jump time.Duration) {
 
 	nextFenceLarger(t, a, late, "R", lk)
 }
+
+// TestSlowReadingVerdict shows when a slow reply's clock reading can be
+// placed within the band (ClockTolerance/2, here 125ms): the node read its
+// clock at some moment between sending the call and reading the reply, so
+// its offset from the reference lies between the reading less the upper
+// bound of the reference at the reply, and the reading less the lower bound
+// at the call; both bounds come from the other nodes' readings, and the
+// whole interval must lie within the band. For an honest node that means
+// its way there plus how far the lower bound lags, and its way back plus
+// how far the upper bound leads, each within the band: over a symmetric
+// link, a round trip up to about ClockTolerance, also when the slow node's
+// own reading is one of the two that the reference rests on (the third
+// node cut off). Times are ms on the Locker's clock, which the honest
+// nodes' clocks read.
+func TestSlowReadingVerdict(t *testing.T) {
+	type reading struct{ sent, exec, read, ahead float64 }
+	at := func(r reading) clockReading {
+		return clockReading{at: int64((r.exec + r.ahead) * 1e6), sent: int64(r.sent * 1e6), read: int64(r.read * 1e6)}
+	}
+	fast := reading{sent: 999.5, exec: 1000, read: 1000.5}
+	tests := []struct {
+		name string
+		refs map[int]reading // the last good reading of each node
+		give reading         // node 2's new reading
+		want int8
+	}{
+		{"three nodes, 100ms there and back", map[int]reading{0: fast, 1: fast}, reading{1010, 1110, 1210, 0}, clockGood},
+		{"three nodes, 130ms there", map[int]reading{0: fast, 1: fast}, reading{1010, 1140, 1150, 0}, clockUnjudged},
+		{"three nodes, 130ms back", map[int]reading{0: fast, 1: fast}, reading{1010, 1020, 1150, 0}, clockGood},
+		{"three nodes, a fast reply 200ms ahead", map[int]reading{0: fast, 1: fast}, reading{1010, 1010.5, 1011, 200}, clockAhead},
+		{"three nodes, a fast reply 130ms behind", map[int]reading{0: fast, 1: fast}, reading{1010, 1010.5, 1011, -130}, clockUnjudged},
+		{"three nodes, the third read 5s ago", map[int]reading{0: fast, 1: {sent: -4000.5, exec: -4000, read: -3999.5}}, reading{1010, 1010.5, 1011, 0}, clockGood},
+		{"two nodes, 50ms there and back", map[int]reading{0: fast, 2: {sent: 900, exec: 950, read: 1000}}, reading{1010, 1060, 1110, 0}, clockGood},
+		{"two nodes, 100ms there and back", map[int]reading{0: fast, 2: {sent: 800, exec: 900, read: 1000}}, reading{1010, 1110, 1210, 0}, clockGood},
+		{"two nodes, 130ms there and back", map[int]reading{0: fast, 2: {sent: 740, exec: 870, read: 1000}}, reading{1010, 1140, 1270, 0}, clockUnjudged},
+		{"two nodes, the fast one judged by the slow one's reading", map[int]reading{2: {sent: 800, exec: 900, read: 1000}}, reading{1010, 1010.5, 1011, 0}, clockGood},
+	}
+	cfg := DefaultConfig()
+	cfg.ClockTolerance = 250 * time.Millisecond
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newRefClock(3, 2, cfg)
+			for i, r := range tt.refs {
+				c.last[i], c.good[i] = at(r), true
+			}
+			judged := 2
+			if _, ok := tt.refs[2]; ok && len(tt.refs) == 1 {
+				judged = 0
+			}
+			if got := c.judge(judged, at(tt.give)); got != tt.want {
+				t.Errorf("verdict %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

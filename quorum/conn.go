@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,20 +37,28 @@ import (
 //     dial, shake hands and get an answer in the time they have left
 //     (three of the node's round trips): a node behind a slow link does
 //     not lose every call to a handshake, while over a fast link the next
-//     call tries the node itself. After its own failures the keeper backs off
-//     (NodeTimeout/2 doubling, at most maxKeepBackoff), so a node that
-//     answers again is used within NodeTimeout (a dial in flight) +
-//     maxKeepBackoff + the reconnection's round trips.
+//     call tries the node itself. The batch that gets the keeper's answer
+//     marks the node reachable before the batcher looks at the requests
+//     that queued behind it, so those go out at once. After its own
+//     failures the keeper backs off (NodeTimeout/2 doubling, at most
+//     maxKeepBackoff, counted from the start of the try that failed: a
+//     dial that timed out has waited long enough), so a node that answers
+//     again is used within DialTimeout (a dial in flight when the link
+//     healed: a SYN that was dropped is sent again only after a second) +
+//     the reconnection's round trips (connecting, HELLO and the call: New
+//     turns off go-redis's CLIENT SETINFO, one round trip more).
 //   - It reads the node's clock, for the deadlines that requests carry (see
 //     late.go): the node's time as the script read it and the local
 //     (monotonic) time when the batcher read the reply. The time was read
 //     before the reply arrived, so node time + time elapsed locally since
 //     the reply is never later than the node's clock, drift aside: a
 //     deadline computed from it passes on the node no later than the
-//     request's own deadline does here. It is earlier by at most the
-//     reading's window (from sending the call to reading its reply); a
-//     reading with a window over NodeTimeout/2 (a loaded machine) is not
-//     used, so that requests keep most of their time.
+//     request's own deadline does here. It is earlier by the time the reply
+//     took to be read after the script ran, at most the reading's window
+//     (from sending the call to reading its reply). The batcher takes the
+//     reading in (takeReading) and reads the clock itself before the first
+//     request that needs a deadline when the node's clock was never read
+//     (firstReading), so that no request is sent without one.
 
 // maxKeepBackoff is the longest a keeper waits between two attempts to
 // reach a node that does not answer.
@@ -87,36 +96,22 @@ func (l *Locker) keep(n *node) {
 			}
 			t.Stop()
 		}
-		wasReachable := n.reachable.Load()
-		rep := l.nodeTime(n)
-		err := rep.err
+		start := time.Now()
+		rep := l.nodeTime(n) // the batcher takes the reading in (takeReading)
 		next := keepInterval * l.cfg.ProbeInterval
-		var rerr redis.Error
-		if err == nil || errors.As(err, &rerr) { // an error reply is an answer
-			if !wasReachable {
-				// Reconnected: a dial, the handshake and the call took the
-				// window, about three round trips. The link may have
-				// changed since the last sample.
-				n.rttLow.Store(int64(rep.window / 3))
-			}
-			n.reachable.Store(true)
-		}
-		if err == nil {
-			if rep.window <= l.cfg.NodeTimeout/2 {
-				n.clock.Store(&nodeClock{ms: rep.val, at: rep.at})
-			} else {
-				// The reading may be off by as much: requests would lose
-				// that much of their time on the node. Read again soon.
-				next = l.cfg.ProbeInterval
-			}
+		if rep.err == nil {
 			backoff = 0
 			l.retryCleanups(n)
 		} else {
-			if isTimeout(err) {
+			if isTimeout(rep.err) {
 				l.retryCleanups(n)
 			}
+			// The backoff counts from the try's start: a try that waited
+			// for its dial to time out (a link that drops packets) has
+			// waited enough, and the next one dials at once, so that a
+			// link that heals is found within a dial timeout.
 			backoff = min(max(2*backoff, l.cfg.NodeTimeout/2), maxKeepBackoff)
-			next = min(next, backoff)
+			next = min(next, max(backoff-time.Since(start), 0))
 		}
 		select {
 		case <-n.redial: // a failure that this round already answers
@@ -124,6 +119,27 @@ func (l *Locker) keep(n *node) {
 		}
 		t.Reset(next)
 	}
+}
+
+// takeReading takes in rep, n's reply to a time request, as a reading of
+// n's clock (see nodeClock), and reports whether it replaced the one in use.
+// The reading lies at most rep's window before the moment the reply was
+// read; but all that it may lie early is the time the reply took back, since
+// the node read its clock after everything else in the window (a dial, the
+// handshake, the request's way there). Every reading is a lower bound, so it
+// replaces the one in use when there is none, when its window is short (so
+// that readings follow the node's clock as it drifts), or when it bounds the
+// node's clock more tightly at rep.at; a slow reply of a node whose clock
+// was read precisely before is not used. A reading that lies early only
+// makes deadlines pass early on the node: LATE replies, which wake the
+// keeper to read again.
+func (n *node) takeReading(rep reply, nodeTimeout time.Duration) bool {
+	c := &nodeClock{ms: rep.val, at: rep.at}
+	old := n.clock.Load()
+	if old != nil && rep.window > nodeTimeout/2 && c.ms < old.ms+c.at.Sub(old.at).Milliseconds() {
+		return false
+	}
+	return n.clock.CompareAndSwap(old, c)
 }
 
 // errReconnecting fails at once a call to a node that did not answer the
@@ -139,28 +155,41 @@ var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting
 // node that came back would stay unused for up to a second (and the
 // failures never reset while the node stays up). The dial itself is
 // bounded by DialTimeout, which New sets to at most NodeTimeout. A
-// connection made closes with SO_LINGER 0 (see abortOnClose).
-func dialer(opt *redis.Options) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// connection made closes with SO_LINGER 0 (see abortOnClose), and the
+// time its dial took is kept on n (see settle).
+func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := opt.Dialer
 	if dial == nil {
 		dial = redis.NewDialer(opt)
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		start := time.Now()
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return failedConn{err: err, addr: addr}, nil
 		}
+		n.dialTook.Store(int64(time.Since(start)))
+		n.dialed.Store(int64(time.Since(dialClock)))
 		abortOnClose(c)
 		return c, nil
 	}
 }
 
+// dialClock is the origin of node.dialed.
+var dialClock = time.Now()
+
 // failedConn is a connection that was never made: every read and write
-// returns the dial's error.
+// returns the dial's error. go-redis dials in the background and puts a
+// connection whose caller gave up meanwhile in the idle pool; taken from
+// there, a failedConn fails its health check (SyscallConn returns the
+// dial's error) and is dropped, instead of failing the next batch at once
+// with the error of a dial long over.
 type failedConn struct {
 	err  error
 	addr string
 }
+
+func (c failedConn) SyscallConn() (syscall.RawConn, error) { return nil, c.err }
 
 func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
 func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
@@ -187,7 +216,25 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 	var rerr redis.Error
 	switch {
 	case (err == nil || errors.As(err, &rerr)) && budget > nodeTimeout:
-		// The keeper's batch, which may have dialed: no sample.
+		// The keeper's batch, which may have dialed: no sample, unless the
+		// node did not answer before. Then, if it dialed, the handshake
+		// (HELLO) and the call took the rest, two round trips. A low
+		// estimate would send requests that cannot be answered in their
+		// time: their timeout closes the connection, and the next batch
+		// dials again. Marked reachable here, before the batcher sends the
+		// requests that queued behind it.
+		if !n.reachable.Load() {
+			rtt := took // on a connection that was there
+			if dialed := time.Duration(n.dialed.Load()); dialed > time.Since(dialClock)-took {
+				rtt = (took - time.Duration(n.dialTook.Load())) / 2
+			}
+			// At most NodeTimeout/2: a node that was paused answers the
+			// keeper when it resumes, and that wait is no round trip; an
+			// estimate that high would keep every call's request from
+			// being sent, and so from correcting it.
+			n.rttLow.Store(int64(min(rtt, nodeTimeout/2)))
+			n.reachable.Store(true)
+		}
 	case err == nil || errors.As(err, &rerr):
 		n.reachable.Store(true)
 		// Answered: the round trip, following a faster sample at once and
@@ -213,7 +260,10 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 // the same connections and never take one from each other. The request is
 // the keeper's (see round.keeper): sent while the calls' requests are not,
 // and, while n does not answer, bounded by keepTimeout, time to dial and
-// shake hands over a slow link.
+// shake hands over a slow link. While n answers, by NodeTimeout: a batch in
+// flight holds the node's later batches back, and a reading sent just
+// before the node paused must not hold the calls back for longer than one
+// of theirs would.
 func (l *Locker) nodeTime(n *node) reply {
 	r := l.call(l.subCtx, opTime, 1, "", codeTime, "", "", 0)
 	r.anytime = true // a deadline from a stale reading would refuse it for good

@@ -29,8 +29,14 @@ package quorum
 //     LATE reply); one that jumps backward by J lets an operation sent
 //     before the node's next reply run up to J late: every reply carries
 //     the node's TIME, and one that reads less than the keeper's reading
-//     allows replaces it at once (checkClock). A node whose clock was
-//     never read gets no deadline.
+//     allows replaces it at once (checkClock). No request that needs a
+//     deadline is sent to a node whose clock was never read (a fresh
+//     Locker, a node that never answered): the batcher reads the clock
+//     first (firstReading), one round trip, once per node and Locker, and
+//     while the node does not answer those requests fail without being
+//     sent. A reading taken with a dial and a handshake is as good as any:
+//     the node reads its clock last, so the reading lies early only by the
+//     reply's way back (takeReading).
 //   - Attempts. Every round has an attempt id, unique across Lockers. A
 //     lock's value lists the attempts of its token that rely on it (the one
 //     that took it, and any later attempt of the same token that refreshed
@@ -43,6 +49,18 @@ package quorum
 //     cleanup that a node did not answer is sent again by the node's keeper
 //     once the node answers (or only times out: a link slower than
 //     NodeTimeout still carries it), until the attempt's ttl has passed.
+//
+// Why the deadline is fixed before the request leaves, on the node's clock,
+// and not given as a budget (the time the call had left) that the script
+// would add to its TIME on arrival: a budget bounds the time a request may
+// spend once it arrived, not the time before. A request held by TCP in a
+// link that drops packets, in a paused node's socket buffer or in a relay
+// arrives with its whole budget however late it is, and runs: exactly the
+// requests of issue 30. A deadline on the node's clock passes on the node
+// while the request is held, whatever holds it. It needs a reading of the
+// node's clock, which is why the first request to a node waits for one: a
+// round trip on a fresh Locker's first call, where the alternative (no
+// deadline until the keeper's first reading) left that window unbounded.
 //
 // Exclusion breaks only if a lock that a granted holding counts on
 // disappears or expires early on a node, or a node grants a lock that

@@ -93,6 +93,8 @@ type node struct {
 	redial    chan struct{} // capacity 1
 	reachable atomic.Bool   // no batch went unanswered since the last answer
 	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall (conn.go)
+	dialed    atomic.Int64  // when the last dial ended, ns after dialClock's birth
+	dialTook  atomic.Int64  // how long it took, ns
 
 	// Used by the batcher only: its pipeline, and buffers send reuses.
 	pipe redis.Pipeliner
@@ -110,6 +112,7 @@ type node struct {
 // timing: MaxRetries is -1 (a retry would silently spend the lock's ttl),
 // ContextTimeoutEnabled is true, DialerRetries is 1, PipelinePoolSize is
 // -1 (pipelines use the main pool, which the keeper keeps warm),
+// DisableIdentity is true (no CLIENT SETINFO: a round trip less to connect),
 // DialTimeout and PoolTimeout are at most cfg.NodeTimeout, and ReadTimeout
 // and WriteTimeout at most 3*cfg.NodeTimeout (the keeper's bound, see
 // conn.go; every call is bounded by its context's deadline, at most
@@ -186,6 +189,10 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		if opt.Protocol == 0 {
 			opt.Protocol = 2
 		}
+		// CLIENT SETINFO only names the library in CLIENT LIST, and costs a
+		// round trip on every new connection: over a slow link, one more
+		// round trip before a node that comes back is used (conn.go).
+		opt.DisableIdentity = true
 		// The batcher's pipelines share the main pool with the keeper, which
 		// keeps a connection of it warm (conn.go).
 		opt.PipelinePoolSize = -1
@@ -196,7 +203,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 			redial: make(chan struct{}, 1),
 		}
 		n.reachable.Store(true) // until a call finds otherwise
-		opt.Dialer = dialer(&opt)
+		opt.Dialer = dialer(&opt, n)
 		c := redis.NewClient(&opt)
 		n.client = c
 		n.sub = c.Subscribe(ctx) // no channel yet: no I/O here

@@ -87,6 +87,20 @@ func lockWithin(tb testing.TB, l *Locker, resource string, ttl, limit time.Durat
 	}
 }
 
+// unlockSlow unlocks resource through l, whose majority needs a node
+// behind a slow link, until an Unlock succeeds or finds that an earlier one
+// did part of the work: an Unlock whose request to the slow node timed out
+// in its queue (behind a batch in flight) released the lock on the others
+// only, the next one finds it held on the slow node alone (ErrNotHeld), and
+// its ttl ends it there.
+func unlockSlow(tb testing.TB, l *Locker, resource, token string) {
+	tb.Helper()
+	eventually(tb, "Unlock over the slow link", func() bool {
+		err := l.Unlock(ctxT(tb), resource, token)
+		return err == nil || errors.Is(err, ErrNotHeld)
+	})
+}
+
 // tokenOn reports whether a node of c holds resource's lock with token.
 func (c *cluster) tokenOn(tb testing.TB, resource, token string) (int, bool) {
 	tb.Helper()
@@ -158,6 +172,18 @@ func TestNoQuorumLeavesNothingLate(t *testing.T) {
 // then healed behind a link whose round trip is below NodeTimeout counts
 // again within 1s of answering, while another node is cut, so that every
 // grant needs it.
+//
+// What the time is made of (NodeTimeout 250ms, a round trip of 100ms): up
+// to a dial timeout for the keeper's dial in flight at the heal (its SYN
+// was dropped), two round trips to reconnect (HELLO and the call), a round
+// trip or two behind the batches queued at the node (the watcher's probe,
+// the keeper's cleanups), and the LOCK itself: the cut node's NodeTimeout,
+// then the fence's raise. Measured with the final code: 0.62-1.97s over 9
+// runs at load average 2-5 (7 of 9 within 1s; median 0.72s); 0.41-1.6s
+// earlier in the work with the two cores loaded about tenfold; 0.68-1.67s
+// before it. The test asserts the target in the best of its three runs
+// and a bound with room for a loaded machine in every run; the figures are
+// logged.
 func TestSlowNodeCountsAgain(t *testing.T) {
 	c := startBoundCluster(t, 3)
 	cfg := testConfig()
@@ -168,10 +194,13 @@ func TestSlowNodeCountsAgain(t *testing.T) {
 	heal1 := c.cut(t, 1, lockerIPs[0])
 	defer heal1()
 	oneWay := cfg.NodeTimeout / 5 // a round trip of 0.4 NodeTimeout: a dial, the handshake and a call take more than NodeTimeout
+	const target, bound = time.Second, 3 * time.Second
+	best := time.Hour
 	for run := range 3 {
+		resource := fmt.Sprintf("slow-%d", run)
 		heal2 := redistest.Blackhole(t, relay.Addr)
 		for range 3 { // calls fail meanwhile and drop their connections
-			if _, err := l.Lock(ctxT(t), "slow", time.Second, Options{}); err == nil {
+			if _, err := l.Lock(ctxT(t), resource, time.Second, Options{}); err == nil {
 				t.Fatalf("run %d: Lock succeeded with two nodes cut", run)
 			}
 		}
@@ -186,14 +215,15 @@ func TestSlowNodeCountsAgain(t *testing.T) {
 			return redistest.Ping(ctx, relay.Addr) == nil
 		})
 		answered := time.Now()
-		// The target is 1s, met in most runs; the bound leaves room for a
-		// loaded machine and for the runs that miss it (the figures are
-		// logged).
-		lk, took := lockWithin(t, l, "slow", time.Second, 3*time.Second)
-		eventually(t, "Unlock over the slow link", func() bool { return l.Unlock(ctxT(t), "slow", lk.Token) == nil })
+		lk, took := lockWithin(t, l, resource, time.Second, bound)
+		best = min(best, took)
+		unlockSlow(t, l, resource, lk.Token)
 		relay.SetDelay(0)
 		t.Logf("run %d: with %v added each way, the node answered PING %v after the heal and counted again %v later",
 			run, oneWay, answered.Sub(healed).Round(time.Millisecond), took.Round(time.Millisecond))
+	}
+	if best > target {
+		t.Errorf("the slow node counted again %v after answering at best, want within %v", best.Round(time.Millisecond), target)
 	}
 }
 
@@ -253,9 +283,12 @@ func TestBlackholedNodes(t *testing.T) {
 func TestSlowLinkValidity(t *testing.T) {
 	c := startBoundCluster(t, 3)
 	cfg := testConfig()
-	// A tolerance whose half places a reply that took the slow round
-	// trip: the slow node's votes count (see Config.ClockTolerance).
-	cfg.ClockTolerance = 2 * cfg.NodeTimeout
+	// A tolerance of NodeTimeout (the default up to 100ms): a reply whose
+	// way there (0.3 NodeTimeout) lies within half of it is placed against
+	// node 0's readings, also while the slow node's own readings are half
+	// of what the reference rests on (clock.go). The validity is not
+	// shortened by the round trip's uncertainty, only by the tolerance.
+	cfg.ClockTolerance = cfg.NodeTimeout
 	relay := redistest.NewRelay(t, c.servers[2].AddrOn(lockerIPs[0]))
 	opts := []*redis.Options{{Addr: c.servers[0].AddrOn(lockerIPs[0])}, {Addr: c.servers[1].AddrOn(lockerIPs[0])}, {Addr: relay.Addr}}
 	l := newLockerOpts(t, opts, cfg)
@@ -271,7 +304,7 @@ func TestSlowLinkValidity(t *testing.T) {
 	if limit := ttl - drift - 2*below; lk.Validity > limit {
 		t.Errorf("delay %v each way: validity %v, want at most %v", below, lk.Validity, limit)
 	}
-	eventually(t, "Unlock over the slow link", func() bool { return l.Unlock(ctxT(t), "slow", lk.Token) == nil })
+	unlockSlow(t, l, "slow", lk.Token)
 	t.Logf("delay %v each way: granted after %v with validity %v", below, took.Round(time.Millisecond), lk.Validity)
 
 	above := cfg.NodeTimeout * 6 / 10 // a round trip of 1.2 NodeTimeout
@@ -305,6 +338,45 @@ func TestSlowLinkValidity(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("delay %v each way: no lock of the failed LOCKs left %v after the link came back", above, time.Since(start).Round(time.Millisecond))
+}
+
+// TestSlowNodeVotesAfterCut: a node behind a link whose round trip is 0.6
+// NodeTimeout keeps counting with a tolerance of NodeTimeout, also long
+// after a third node was cut off, when that node's last clock reading has
+// aged (its bounds widen by DriftFactor, here 5%, of the time since) and
+// the slow node's own readings are what the reference rests on besides
+// node 0's. Its reading is placed against the other nodes' tightest bound
+// (clock.go): a judge that took the median of every node's bounds, its own
+// included, stopped counting it about 1.5s after the cut.
+func TestSlowNodeVotesAfterCut(t *testing.T) {
+	c := startBoundCluster(t, 3)
+	// Probes less often than the round trip: a probe every 100ms over a
+	// 150ms round trip keeps the slow node's one batch in flight busy, and
+	// a call's request that waits behind one has too little time left (a
+	// limit of the batcher, not of the clock's judge, which this test is
+	// about). They keep node 0's readings fresh.
+	cfg := testConfig()
+	cfg.ProbeInterval = 400 * time.Millisecond
+	cfg.ClockTolerance = cfg.NodeTimeout
+	cfg.DriftFactor = 0.05
+	relay := redistest.NewRelay(t, c.servers[2].AddrOn(lockerIPs[0]))
+	opts := []*redis.Options{{Addr: c.servers[0].AddrOn(lockerIPs[0])}, {Addr: c.servers[1].AddrOn(lockerIPs[0])}, {Addr: relay.Addr}}
+	l := newLockerOpts(t, opts, cfg)
+	warm(t, c, l)
+	relay.SetDelay(cfg.NodeTimeout * 3 / 10)
+	heal1 := c.cut(t, 1, lockerIPs[0])
+	defer heal1()
+	time.Sleep(2500 * time.Millisecond)
+	for i := range 2 {
+		// The bound leaves room for calls that fail for want of the slow
+		// node's answer in time (a loaded machine), and the short ttl for
+		// the locks that such calls leave on it until their cleanup comes;
+		// with the judge that took the median, every call failed with the
+		// two nodes' votes unjudged.
+		lk, took := lockWithin(t, l, "slow", time.Second, 5*time.Second)
+		unlockSlow(t, l, "slow", lk.Token)
+		t.Logf("%d: granted %v after the call began, with node 1 cut for %v", i, took.Round(time.Millisecond), 2500*time.Millisecond)
+	}
 }
 
 // keepExtending holds a grant for 100-800ms with writes every 20-50ms,
