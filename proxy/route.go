@@ -585,7 +585,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
 	switch string(name) {
 	case "readonly", "readwrite", "info", "save", "bgsave", "bgrewriteaof", "config", "acl", "client",
-		"script", "function", "latency", "slowlog", // serverWide
+		"script", "function", "pubsub", "latency", "slowlog", // serverWide
 		"dbsize", "keys", "flushall", "flushdb", "scan", "randomkey", "wait", "waitaof": // keylessSpecial
 		return s.keylessSpecial(m, name, cmd)
 	}
