@@ -458,6 +458,12 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	defer cancel()
 	cmds := n.cmds[:0]
 	args := n.args[:0]
+	// Whether the node may evict, as the calls leave: a reply counts only
+	// when the node did not evict before the calls nor after them. Read
+	// after the reply alone, the flag could already be cleared by a
+	// watcher that found the eviction (and deleted the marker) after the
+	// script had run with the marker still there.
+	evicts := n.evicts.Load()
 	sent := time.Now()
 	var ref any = "" // the reference clock's lower bound, when known
 	if ms, ok := l.clock.ref(l.since(sent)); ok {
@@ -525,15 +531,16 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		if rep.err == nil {
 			rep.hasClock, rep.rd, rep.clock = hasClock, rd, clock
 		}
-		l.complete(n, req, rep)
+		l.complete(n, req, rep, evicts)
 	}
 	clear(cmds)
 	clear(args)
 	n.cmds, n.args = cmds[:0], args[:0]
 }
 
-// complete records rep as n's answer to req.
-func (l *Locker) complete(n *node, req request, rep reply) {
+// complete records rep as n's answer to req. evicts is whether the node
+// could evict keys when the request was sent.
+func (l *Locker) complete(n *node, req request, rep reply, evicts bool) {
 	if rep.err != nil && redis.HasErrorPrefix(rep.err, "LATE") {
 		n.redialSoon() // the node's clock may have jumped: read it again
 	}
@@ -543,7 +550,7 @@ func (l *Locker) complete(n *node, req request, rep reply) {
 	}
 	if rep.err == nil {
 		l.observeState(n, rep.state, rep.clock == clockAhead, req.r.start)
-		rep.evicts = n.evicts.Load()
+		rep.evicts = evicts || n.evicts.Load()
 	}
 	req.r.complete(req.i, rep)
 }
