@@ -120,13 +120,7 @@ func TestChaos(t *testing.T) {
 }
 
 func chaos(t *testing.T, nodes int, run time.Duration) {
-	// appendfsync always: a kill loses nothing, so a node that keeps its
-	// marker really kept every lock it granted.
-	c := startClockCluster(t, nodes, "--appendonly", "yes", "--appendfsync", "always")
-	cfg := testConfig()
-	cfg.MaxTTL = 3 * time.Second
-	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}
-	warm(t, c, lockers[0])
+	c, lockers := chaosCluster(t, nodes)
 
 	st := newStorage()
 	stop := make(chan struct{})
@@ -135,27 +129,46 @@ func chaos(t *testing.T, nodes int, run time.Duration) {
 	// Reentrant clients on the same resources (chaos_reentrant_test.go).
 	waitReentrant := contendReentrant(t, lockers, []string{"r0", "r1", "r2", "r3"}, 4, st, stop, time.Second, 1<<30)
 
-	injected := map[string]int{}
-	deadline := time.Now().Add(run)
-	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
-		f := faults[rand.IntN(len(faults))]
-		i := rand.IntN(nodes)
-		heal := f.apply(c, i)
-		injected[f.name]++
-		time.Sleep(time.Duration(200+rand.IntN(1300)) * time.Millisecond)
-		heal()
-		// One node at a time: the next fault waits until every node
-		// counts again for both Lockers (bounded: a node that must wait
-		// for its deadline takes MaxTTL).
-		waitAllUp(t, c, lockers, 2*cfg.MaxTTL)
-	}
+	injected := injectFaults(t, c, lockers, run)
 	close(stop)
 	plain, mtl, re := wait(), mwait(), waitReentrant()
 	t.Logf("of which reentrant clients: %d LOCK REENTRANT calls, %d grants, %d not acquired, %d NOQUORUM",
 		re.calls, re.grants, re.notGotten, re.noQuorum)
 	check(t, fmt.Sprintf("%d nodes, %v, faults %v", nodes, run, injected), st, plain.add(re), 100)
 	logGroups(t, mtl, 20)
+}
+
+// chaosCluster starts nodes lock nodes for a chaos test and two warmed-up
+// Lockers over them (MaxTTL 3s). appendfsync always: a kill loses
+// nothing, so a node that keeps its marker really kept every lock it
+// granted.
+func chaosCluster(t *testing.T, nodes int) (*cluster, []*Locker) {
+	c := startClockCluster(t, nodes, "--appendonly", "yes", "--appendfsync", "always")
+	cfg := testConfig()
+	cfg.MaxTTL = 3 * time.Second
+	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}
+	warm(t, c, lockers[0])
+	return c, lockers
+}
+
+// injectFaults applies a random fault of faults to a random node of c,
+// one node at a time, until run has passed, and returns how many of each
+// it applied. The next fault waits until every node counts again for
+// every Locker (bounded: a node that must wait for its deadline takes
+// MaxTTL).
+func injectFaults(t *testing.T, c *cluster, lockers []*Locker, run time.Duration) map[string]int {
+	injected := map[string]int{}
+	deadline := time.Now().Add(run)
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
+		f := faults[rand.IntN(len(faults))]
+		heal := f.apply(c, rand.IntN(len(c.servers)))
+		injected[f.name]++
+		time.Sleep(time.Duration(200+rand.IntN(1300)) * time.Millisecond)
+		heal()
+		waitAllUp(t, c, lockers, 2*lockers[0].cfg.MaxTTL)
+	}
+	return injected
 }
 
 // writeBriefly holds a grant for one to three writes, each followed by up

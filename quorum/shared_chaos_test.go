@@ -97,11 +97,7 @@ func TestFormsChaos(t *testing.T) {
 }
 
 func formsChaos(t *testing.T, nodes int, run time.Duration) {
-	c := startClockCluster(t, nodes, "--appendonly", "yes", "--appendfsync", "always")
-	cfg := testConfig()
-	cfg.MaxTTL = 3 * time.Second
-	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}
-	warm(t, c, lockers[0])
+	c, lockers := chaosCluster(t, nodes)
 
 	type form struct {
 		resource string
@@ -190,18 +186,7 @@ func formsChaos(t *testing.T, nodes int, run time.Duration) {
 		}()
 	}
 
-	injected := map[string]int{}
-	deadline := time.Now().Add(run)
-	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
-		f := faults[rand.IntN(len(faults))]
-		i := rand.IntN(nodes)
-		heal := f.apply(c, i)
-		injected[f.name]++
-		time.Sleep(time.Duration(200+rand.IntN(1300)) * time.Millisecond)
-		heal()
-		waitAllUp(t, c, lockers, 2*cfg.MaxTTL)
-	}
+	injected := injectFaults(t, c, lockers, run)
 	close(stop)
 	wg.Wait()
 	for _, err := range other {
