@@ -584,7 +584,13 @@ func (s *session) answer(it localItem) {
 			if s.loc == nil {
 				s.loc = s.p.cfg.NewLocal()
 			}
-			s.identify(t.name)
+			name := t.name
+			if s.cl != nil {
+				// In front of a cluster the name is the client's
+				// own state, replayed on each of its connections.
+				name = s.cl.name
+			}
+			s.identify(name)
 			s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
 			reply = s.buf
 		}
