@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -26,9 +27,10 @@ type placement struct {
 	resource, token string
 	attempt         string // the attempt that won the lock
 	fence           int64
-	ext             string    // the holding's extension (reentrant.go)
-	end             time.Time // the lock's ttl runs out on the nodes
-	nodes           []*node   // where it is still to be placed
+	ext             string       // the holding's extension (reentrant.go)
+	form            *holdingForm // a reader or a permit (shared.go); nil: exclusive
+	end             time.Time    // the lock's ttl runs out on the nodes
+	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
 }
 
@@ -46,6 +48,22 @@ func (l *Locker) schedulePlacement(resource, token, attempt string, fence int64,
 	// The typical case is a release that was on its way: it lands within
 	// a node call's timeout. Later on, the place operation says how long
 	// the holder there may keep it.
+	p.timer = time.AfterFunc(min(hint, l.cfg.NodeTimeout)+time.Millisecond, func() { l.retryPlacement(p) })
+}
+
+// scheduleHashPlacement is schedulePlacement for a reader or a permit
+// (form). Unlike an exclusive placement, it also keeps the nodes that did
+// not answer and tries them again (every NodeTimeout, until end), so that
+// a holding granted while a node was unreachable reaches it once it is
+// back: readers and permits have no other way there than an Extend.
+func (l *Locker) scheduleHashPlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, form holdingForm) {
+	p := &placement{resource: resource, token: token, attempt: attempt, fence: fence, form: &form, end: end, nodes: nodes}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bgClosed {
+		return
+	}
+	l.placing[resource] = append(l.placing[resource], p)
 	p.timer = time.AfterFunc(min(hint, l.cfg.NodeTimeout)+time.Millisecond, func() { l.retryPlacement(p) })
 }
 
@@ -88,7 +106,29 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 	l.bg.Add(1)
 	go func() {
 		defer l.bg.Done()
-		held, wait := l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end, p.ext)
+		var held, failed map[*node]bool
+		var wait time.Duration
+		if p.form == nil {
+			held, wait = l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end, p.ext)
+		} else {
+			// A node known to be unreachable is not asked until its
+			// keeper reaches it again: it counts as failed meanwhile.
+			var reach []*node
+			unreached := make(map[*node]bool)
+			for _, m := range nodes {
+				if m.reachable.Load() {
+					reach = append(reach, m)
+				} else {
+					unreached[m] = true
+				}
+			}
+			held, failed, wait = l.placeHash(l.subCtx, *p.form, reach, p.resource, p.token, p.attempt, p.fence, p.end)
+			if failed == nil {
+				failed = unreached
+			} else {
+				maps.Copy(failed, unreached)
+			}
+		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if !l.pending(p) {
@@ -96,10 +136,11 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 		}
 		// Keep waiting for the nodes still held by another token; a node
 		// that placed the lock is done, and one that failed is left to
-		// Extend, which heals.
+		// Extend, which heals (an exclusive lock), or tried again (a
+		// reader or a permit).
 		keep := p.nodes[:0]
 		for _, m := range p.nodes {
-			if held[m] || !slices.Contains(nodes, m) {
+			if held[m] || failed[m] || !slices.Contains(nodes, m) {
 				keep = append(keep, m)
 			}
 		}
@@ -107,6 +148,8 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 		switch {
 		case len(keep) == 0 || time.Until(p.end) <= 0:
 			l.dropPlacement(p)
+		case len(failed) > 0 && (wait <= 0 || wait > l.cfg.NodeTimeout):
+			p.timer.Reset(l.cfg.NodeTimeout)
 		case wait > 0:
 			p.timer.Reset(wait + time.Millisecond)
 		}

@@ -1,6 +1,9 @@
 package quorum
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // waitQueue holds the local waiters for one resource in arrival order. Only
 // the head contends on the nodes; the others wait for their turn, so a
@@ -23,13 +26,20 @@ type waiter struct {
 
 	// What an Unlock of the resource needs to hand the lock to this
 	// waiter (see handOver), and the handoff's state, under Locker.mu.
-	token   string
-	ttl     time.Duration
-	form    *form        // what the waiter's holding stores (reentrant.go)
-	idle    bool         // the head, between attempts: it may be handed the lock
-	hash    bool         // a shared or semaphore waiter: never handed a lock
-	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
-	handed  chan handoff // capacity 1
+	token string
+	ttl   time.Duration
+	form  *form // what the waiter's holding stores (reentrant.go)
+	idle  bool  // the head, between attempts: it may be handed the lock
+	hash  bool  // a shared or semaphore waiter: never handed a lock
+	// reader, for a shared waiter, is its caller's context: readers
+	// queued together are admitted together (admitReaders), each with its
+	// own context. nil for every other waiter.
+	reader context.Context
+	// active: the waiter attempts on its own (it is the head); no reader
+	// ahead of it admits it any more. gone: it stopped waiting.
+	active, gone bool
+	handing      bool         // an Unlock is handing it the lock; the outcome comes on handed
+	handed       chan handoff // capacity 1
 }
 
 // handoff is the outcome of handing a lock to a waiter: ok with the Lock,
@@ -41,10 +51,11 @@ type handoff struct {
 }
 
 // enqueue appends a waiter for resource that would lock it with token for
-// ttl (f: what its holding stores; hash: a shared or semaphore holding);
-// it is the head if the queue was empty.
-func (l *Locker) enqueue(resource, token string, ttl time.Duration, f *form, hash bool) *waiter {
-	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, form: f, hash: hash, handed: make(chan handoff, 1)}
+// ttl (f: what its holding stores; hash: a shared or semaphore holding;
+// reader: a shared holding's caller's context, else nil); it is the head if
+// the queue was empty.
+func (l *Locker) enqueue(resource, token string, ttl time.Duration, f *form, hash bool, reader context.Context) *waiter {
+	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, form: f, hash: hash, reader: reader, handed: make(chan handoff, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[resource]
