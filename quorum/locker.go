@@ -63,6 +63,9 @@ type Locker struct {
 
 	waitSeconds    prometheus.Histogram // Lock calls with a wait that acquired
 	handoffSeconds prometheus.Histogram // wake-up by a release to acquisition
+	// ridersGranted counts the readers granted in the round of a reader
+	// ahead of them (shared_group.go).
+	ridersGranted atomic.Int64
 }
 
 type node struct {

@@ -103,6 +103,9 @@ func (l *Locker) admitReaders(ctx context.Context, resource string, head *waiter
 		go func() {
 			defer wg.Done()
 			lk, _, _, _, err := ts[i+1].finish()
+			if err == nil {
+				l.ridersGranted.Add(1)
+			}
 			l.deliver(w, handoff{lk: lk, ok: err == nil, start: ts[i+1].start})
 		}()
 	}
