@@ -21,6 +21,14 @@ import (
 // this Locker cancels a pending placement; an Unlock through another Locker
 // can race with one and leave the lock on that node until its ttl runs out,
 // which costs that node's vote for the resource, never exclusion.
+//
+// Readers and permits (shared.go) are placed the same way, with the place
+// operation of hashLua (qp), which takes the holding only where the node
+// can hold it at once with what it holds (its slot free, no writer, no
+// waiting writer's intent). Their placement also keeps the nodes that did
+// not answer and tries them again once their keepers reach them, until the
+// holding's ttl ends: an exclusive lock left off such a node is healed by
+// its next Extend, but readers and permits often never extend.
 
 // placement is a lock still to be placed on some nodes.
 type placement struct {

@@ -387,9 +387,9 @@ func (l *Locker) placeForm(ctx context.Context, form holdingForm, nodes []*node,
 
 // placeHash is place for a reader or a permit (form): the place operation
 // of hashLua (qp) on nodes. It returns the nodes where the holding cannot
-// be placed yet (another mode, the slot or, for a reader, the resource
-// held by others) with the longest time that may last, and the nodes that
-// did not answer.
+// be placed yet (the slot or, for a reader, the resource held by others,
+// or a waiting writer's intent) with the longest time that may last, and
+// the nodes that did not answer.
 func (l *Locker) placeHash(ctx context.Context, form holdingForm, nodes []*node, resource, token, attempt string, fence int64, end time.Time) (held, failed map[*node]bool, wait time.Duration) {
 	left := time.Until(end).Milliseconds()
 	if left < 1 {
@@ -403,11 +403,19 @@ func (l *Locker) placeHash(ctx context.Context, form holdingForm, nodes []*node,
 			switch {
 			case r.err != nil:
 				failed[nodes[i]] = true
-			case r.val <= 0:
+			case r.val < 0:
 				held[nodes[i]] = true
 				wait = max(wait, time.Duration(-r.val)*time.Millisecond)
 			}
+			// Another mode there (a reply of 0): the holding stays off
+			// that node, as where another token took it.
 		}
 	})
+	if len(held) > 0 {
+		// A waiting writer's intent refuses the holding with no time to
+		// wait for (it ends at a release, or with the writer's ttl): no
+		// sooner than RetryMin, then.
+		wait = max(wait, l.cfg.RetryMin)
+	}
 	return held, failed, wait
 }
