@@ -26,8 +26,8 @@ import (
 // operation of hashLua (qp), which takes the holding only where the node
 // can hold it at once with what it holds (its slot free, no writer, no
 // waiting writer's intent). Their placement also keeps the nodes that did
-// not answer and tries them again once their keepers reach them, until the
-// holding's ttl ends: an exclusive lock left off such a node is healed by
+// not answer and tries them again (each NodeTimeout, asking a node only
+// once its keeper reached it again), until the holding's ttl ends: an exclusive lock left off such a node is healed by
 // its next Extend, but readers and permits often never extend.
 
 // placement is a lock still to be placed on some nodes.
@@ -46,13 +46,18 @@ type placement struct {
 // free: at a release notification from one of them, or after hint (the
 // longest time another holder may keep it there).
 func (l *Locker) schedulePlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, ext string) {
-	p := &placement{resource: resource, token: token, attempt: attempt, fence: fence, ext: ext, end: end, nodes: nodes}
+	l.addPlacement(&placement{resource: resource, token: token, attempt: attempt, fence: fence, ext: ext, end: end, nodes: nodes}, hint)
+}
+
+// addPlacement registers p and runs it after hint, at the latest after a
+// NodeTimeout.
+func (l *Locker) addPlacement(p *placement, hint time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.bgClosed {
 		return
 	}
-	l.placing[resource] = append(l.placing[resource], p)
+	l.placing[p.resource] = append(l.placing[p.resource], p)
 	// The typical case is a release that was on its way: it lands within
 	// a node call's timeout. Later on, the place operation says how long
 	// the holder there may keep it.
@@ -65,14 +70,7 @@ func (l *Locker) schedulePlacement(resource, token, attempt string, fence int64,
 // a holding granted while a node was unreachable reaches it once it is
 // back: readers and permits have no other way there than an Extend.
 func (l *Locker) scheduleHashPlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, form holdingForm) {
-	p := &placement{resource: resource, token: token, attempt: attempt, fence: fence, form: &form, end: end, nodes: nodes}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.bgClosed {
-		return
-	}
-	l.placing[resource] = append(l.placing[resource], p)
-	p.timer = time.AfterFunc(min(hint, l.cfg.NodeTimeout)+time.Millisecond, func() { l.retryPlacement(p) })
+	l.addPlacement(&placement{resource: resource, token: token, attempt: attempt, fence: fence, form: &form, end: end, nodes: nodes}, hint)
 }
 
 // placeOn runs the placements of resource that wait for n, after n

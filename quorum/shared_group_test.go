@@ -13,15 +13,8 @@ import (
 
 // rlockAsync is lockAsync for RLock.
 func rlockAsync(tb testing.TB, ctx context.Context, l *Locker, resource string, ttl time.Duration, opt Options) <-chan lockResult {
-	ch := make(chan lockResult, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		lk, err := l.RLock(ctx, resource, ttl, opt)
-		ch <- lockResult{lk, err, time.Now()}
-	}()
-	tb.Cleanup(func() { <-done })
-	return ch
+	opt.shared = true // what RLock sets
+	return lockAsync(tb, ctx, l, resource, ttl, opt)
 }
 
 // pending reports whether ch has no result yet.
@@ -48,10 +41,16 @@ func TestReadersAdmittedTogether(t *testing.T) {
 	for i := range c.servers {
 		before[i] = c.scriptCalls(t, i)
 	}
+	released := time.Now()
 	mustUnlock(t, l, "doc", w.Token)
+	unlocked := time.Since(released) // one round, as a measure
+	var last time.Time
 	tokens, fences := map[string]bool{}, map[int64]bool{}
 	for i, ch := range chs {
 		r := recv(t, ch)
+		if r.at.After(last) {
+			last = r.at
+		}
 		if r.err != nil {
 			t.Fatalf("reader %d: %v", i, r.err)
 		}
@@ -60,6 +59,7 @@ func TestReadersAdmittedTogether(t *testing.T) {
 		}
 		tokens[r.lk.Token], fences[r.lk.Fence] = true, true
 	}
+	t.Logf("the writer's Unlock took %v; the last of %d readers was granted %v after it began", unlocked, n, last.Sub(released))
 	for i := range c.servers {
 		calls := c.scriptCalls(t, i) - before[i]
 		t.Logf("node %d: %d calls from the writer's release to the last of %d readers' grants", i, calls, n)
@@ -191,17 +191,7 @@ func TestReadersTogetherUnderFaults(t *testing.T) {
 			go client(l, i == 0)
 		}
 	}
-	injected := map[string]int{}
-	deadline := time.Now().Add(8 * time.Second)
-	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(300+rand.IntN(400)) * time.Millisecond)
-		f := faults[rand.IntN(2)] // kill (restarted with its data) or pause
-		heal := f.apply(c, rand.IntN(len(c.servers)))
-		injected[f.name]++
-		time.Sleep(time.Duration(200+rand.IntN(800)) * time.Millisecond)
-		heal()
-		waitAllUp(t, c, lockers, 2*lockers[0].cfg.MaxTTL)
-	}
+	injected := injectFaultsOf(t, c, lockers, 8*time.Second, faults[:2]) // kill (restarted with its data), pause
 	close(stop)
 	wg.Wait()
 	for _, err := range other {
