@@ -89,6 +89,8 @@ type node struct {
 	pending  []request
 	closed   bool             // the batcher stopped; requests fail at once
 	cleanups []pendingCleanup // cleanups to send again (conn.go)
+	// placements the node did not answer, to run again (place.go)
+	placements []*placement
 
 	// The keeper (conn.go): the last reading of the node's clock, and a
 	// wake-up after a failed call.

@@ -26,9 +26,10 @@ import (
 // operation of hashLua (qp), which takes the holding only where the node
 // can hold it at once with what it holds (its slot free, no writer, no
 // waiting writer's intent). Their placement also keeps the nodes that did
-// not answer and tries them again (each NodeTimeout, asking a node only
-// once its keeper reached it again), until the holding's ttl ends: an exclusive lock left off such a node is healed by
-// its next Extend, but readers and permits often never extend.
+// not answer: the node's keeper runs it there again each time it reaches
+// the node (retryPlacements), until the holding's ttl ends. An exclusive
+// lock left off such a node is healed by its next Extend, but readers and
+// permits often never extend. Nothing polls a node that is down.
 
 // placement is a lock still to be placed on some nodes.
 type placement struct {
@@ -66,9 +67,9 @@ func (l *Locker) addPlacement(p *placement, hint time.Duration) {
 
 // scheduleHashPlacement is schedulePlacement for a reader or a permit
 // (form). Unlike an exclusive placement, it also keeps the nodes that did
-// not answer and tries them again (every NodeTimeout, until end), so that
-// a holding granted while a node was unreachable reaches it once it is
-// back: readers and permits have no other way there than an Extend.
+// not answer, for their keepers to try again (until end), so that a
+// holding granted while a node was unreachable reaches it once it is back:
+// readers and permits have no other way there than an Extend.
 func (l *Locker) scheduleHashPlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, form holdingForm) {
 	l.addPlacement(&placement{resource: resource, token: token, attempt: attempt, fence: fence, form: &form, end: end, nodes: nodes}, hint)
 }
@@ -142,24 +143,73 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 		}
 		// Keep waiting for the nodes still held by another token; a node
 		// that placed the lock is done, and one that failed is left to
-		// Extend, which heals (an exclusive lock), or tried again (a
+		// Extend, which heals (an exclusive lock), or to its keeper, which
+		// runs the placement there again once it reaches the node (a
 		// reader or a permit).
 		keep := p.nodes[:0]
 		for _, m := range p.nodes {
 			if held[m] || failed[m] || !slices.Contains(nodes, m) {
 				keep = append(keep, m)
 			}
+			if failed[m] {
+				m.deferPlacement(p, l.pending)
+			}
 		}
 		p.nodes = keep
 		switch {
 		case len(keep) == 0 || time.Until(p.end) <= 0:
 			l.dropPlacement(p)
-		case len(failed) > 0 && (wait <= 0 || wait > l.cfg.NodeTimeout):
-			p.timer.Reset(l.cfg.NodeTimeout)
 		case wait > 0:
 			p.timer.Reset(wait + time.Millisecond)
+		case len(failed) > 0:
+			// Only the keepers try those nodes again; the timer drops
+			// the placement when the holding's ttl ends.
+			p.timer.Reset(time.Until(p.end) + time.Millisecond)
 		}
 	}()
+}
+
+// maxPendingPlacements bounds the placements a node keeps for its keeper
+// to run again; beyond it, a holding stays off that node until an Extend.
+const maxPendingPlacements = 4096
+
+// deferPlacement keeps p, a reader's or a permit's placement that n did not
+// answer, for n's keeper to run again when it reaches n (retryPlacements).
+// When n keeps the most already, those no longer pending (l.mu is held:
+// pending is Locker.pending) make room.
+func (n *node) deferPlacement(p *placement, pending func(*placement) bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if slices.Contains(n.placements, p) {
+		return
+	}
+	if len(n.placements) >= maxPendingPlacements {
+		n.placements = slices.DeleteFunc(n.placements, func(q *placement) bool { return !pending(q) })
+	}
+	if len(n.placements) < maxPendingPlacements {
+		n.placements = append(n.placements, p)
+	}
+}
+
+// retryPlacements runs on n the placements that n did not answer and that
+// still wait for it. n's keeper calls it each time it reaches n, so a
+// reader or a permit granted while n was unreachable reaches n soon after
+// n is back, within the holding's ttl.
+func (l *Locker) retryPlacements(n *node) {
+	n.mu.Lock()
+	ps := n.placements
+	n.placements = nil
+	n.mu.Unlock()
+	if len(ps) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range ps {
+		if l.pending(p) && slices.Contains(p.nodes, n) && time.Until(p.end) > 0 {
+			l.startPlacement(p, []*node{n})
+		}
+	}
 }
 
 // pending reports whether p is still registered. l.mu is held.
