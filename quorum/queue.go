@@ -26,20 +26,22 @@ type waiter struct {
 
 	// What an Unlock of the resource needs to hand the lock to this
 	// waiter (see handOver), and the handoff's state, under Locker.mu.
-	token string
-	ttl   time.Duration
-	form  *form // what the waiter's holding stores (reentrant.go)
-	idle  bool  // the head, between attempts: it may be handed the lock
-	hash  bool  // a shared or semaphore waiter: never handed a lock
+	token   string
+	ttl     time.Duration
+	form    *form        // what the waiter's holding stores (reentrant.go)
+	idle    bool         // the head, between attempts: it may be handed the lock
+	hash    bool         // a shared or semaphore waiter: never handed a lock
+	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
+	handed  chan handoff // capacity 1
+
 	// reader, for a shared waiter, is its caller's context: readers
-	// queued together are admitted together (admitReaders), each with its
-	// own context. nil for every other waiter.
-	reader context.Context
-	// active: the waiter attempts on its own (it is the head); no reader
-	// ahead of it admits it any more. gone: it stopped waiting.
+	// queued together are admitted together (shared_group.go), each with
+	// its own context, and a reader taken along by the one ahead of it is
+	// handing meanwhile. nil for every other waiter. active: the waiter
+	// attempts on its own (it is the head), so no reader ahead takes it
+	// along any more; gone: it stopped waiting. Under Locker.mu.
+	reader       context.Context
 	active, gone bool
-	handing      bool         // an Unlock is handing it the lock; the outcome comes on handed
-	handed       chan handoff // capacity 1
 }
 
 // handoff is the outcome of handing a lock to a waiter: ok with the Lock,
