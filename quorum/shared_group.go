@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -28,16 +29,29 @@ const maxRiders = maxOps/2 - 1
 
 // withRiders returns try for w, a reader waiting for resource, that takes
 // along the readers queued right behind it (see above).
+// After an attempt without a quorum the next goes alone: the riders'
+// rounds would only fail as well, each with a cleanup of its own.
 func (l *Locker) withRiders(resource string, w *waiter, try attemptFunc) attemptFunc {
+	alone := false
 	return func(ctx context.Context) (Lock, time.Duration, error) {
-		riders := l.claimReaders(resource, w)
-		if len(riders) == 0 {
-			return try(ctx)
+		var riders []*waiter
+		if !alone {
+			riders = l.claimReaders(resource, w)
 		}
-		lk, hint, again, err := l.admitReaders(ctx, resource, w, riders)
-		if again {
-			return try(ctx)
+		var (
+			lk    Lock
+			hint  time.Duration
+			again bool
+			err   error
+		)
+		if len(riders) > 0 {
+			lk, hint, again, err = l.admitReaders(ctx, resource, w, riders)
 		}
+		if len(riders) == 0 || again {
+			lk, hint, err = try(ctx)
+		}
+		var nq *NoQuorumError
+		alone = errors.As(err, &nq)
 		return lk, hint, err
 	}
 }
