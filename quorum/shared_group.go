@@ -12,16 +12,21 @@ import (
 // resource's queue attempts on the nodes (queue.go), so readers queued
 // behind a reader would each get their turn, and their round, one after
 // the other: N readers waiting for a writer would be granted over N rounds
-// after its release. Instead, each attempt of a reader at the head takes
-// along the readers queued right behind it, up to the first waiter that is
-// not a reader (a writer, a semaphore or an MLOCK waiter: readers behind
-// it keep waiting, so that arrival order between readers and writers
-// holds), and runs every one's round at once: each node gets all of their
-// operations in one batch, one call (admitReaders). Each reader's round is
-// its own, with its own token, attempt, ttl and context, counted,
-// confirmed and cleaned up exactly as a lone reader's is (hashTry); only
-// the sending is shared. A reader taken along gets the outcome on its
-// handed channel; one that was not granted keeps waiting for its turn.
+// after its release. Instead, each attempt of a reader at the head (but
+// one right after an attempt without a quorum) takes along the readers
+// queued right behind it, up to the first waiter that is not a reader (a
+// writer, a semaphore or an MLOCK waiter: readers behind it keep waiting,
+// so that arrival order between readers and writers holds), and runs
+// every one's round at once: each node gets all of their operations in one
+// batch, one call (admitReaders). A reader taken along gets its outcome on
+// its handed channel; one that was not granted keeps waiting for its turn.
+//
+// Safety is a lone reader's. Each reader's round is its own, with its own
+// token, attempt, ttl and context, counted, confirmed and cleaned up
+// exactly as a lone reader's is (hashTry); only the sending is shared, and
+// a node runs the operations of one call one after the other, each by the
+// rules of hashLua. So the intersection argument of shared.go applies to
+// each reader as it stands.
 
 // maxRiders is the most readers one reader at the head takes along, so
 // that one round stays within one opsScript call (maxOps).
