@@ -213,6 +213,32 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 	for i, n := range nodes {
 		n.submit(request{r, i})
 	}
+	l.await(nodes, r, f)
+}
+
+// fanoutAll is fanout of several rounds over the same nodes at once: each
+// node gets the requests of all of them queued together, so that they go
+// in one batch (one call, up to maxOps operations), and f is called with
+// each round's index and replies in the order of rs.
+func (l *Locker) fanoutAll(nodes []*node, rs []*round, f func(j int, res []reply)) {
+	for _, r := range rs {
+		r.armTimer()
+	}
+	reqs := make([]request, len(rs))
+	for i, n := range nodes {
+		for j, r := range rs {
+			reqs[j] = request{r, i}
+		}
+		n.submitAll(reqs)
+	}
+	for j, r := range rs {
+		l.await(nodes, r, func(res []reply) { f(j, res) })
+	}
+}
+
+// await is the second half of fanout: it waits for r, whose requests were
+// submitted to nodes, and calls f with its replies. It takes r over.
+func (l *Locker) await(nodes []*node, r *round, f func([]reply)) {
 	var gone error
 	select {
 	case <-r.done:
@@ -260,6 +286,28 @@ func (n *node) submit(q request) {
 	}
 	n.pending = append(n.pending, q)
 	first := len(n.pending) == 1
+	n.mu.Unlock()
+	if first {
+		select {
+		case n.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
+}
+
+// submitAll is submit of every request of qs at once: the batcher takes
+// them in one batch.
+func (n *node) submitAll(qs []request) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		for _, q := range qs {
+			q.r.complete(q.i, reply{err: errClosed})
+		}
+		return
+	}
+	n.pending = append(n.pending, qs...)
+	first := len(n.pending) == len(qs)
 	n.mu.Unlock()
 	if first {
 		select {

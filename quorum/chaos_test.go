@@ -157,11 +157,16 @@ func chaosCluster(t *testing.T, nodes int) (*cluster, []*Locker) {
 // every Locker (bounded: a node that must wait for its deadline takes
 // MaxTTL).
 func injectFaults(t *testing.T, c *cluster, lockers []*Locker, run time.Duration) map[string]int {
+	return injectFaultsOf(t, c, lockers, run, faults)
+}
+
+// injectFaultsOf is injectFaults with the faults of fs only.
+func injectFaultsOf(t *testing.T, c *cluster, lockers []*Locker, run time.Duration, fs []fault) map[string]int {
 	injected := map[string]int{}
 	deadline := time.Now().Add(run)
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
-		f := faults[rand.IntN(len(faults))]
+		f := fs[rand.IntN(len(fs))]
 		heal := f.apply(c, rand.IntN(len(c.servers)))
 		injected[f.name]++
 		time.Sleep(time.Duration(200+rand.IntN(1300)) * time.Millisecond)

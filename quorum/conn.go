@@ -102,6 +102,7 @@ func (l *Locker) keep(n *node) {
 		if rep.err == nil {
 			backoff = 0
 			l.retryCleanups(n)
+			l.retryPlacements(n)
 		} else {
 			if isTimeout(rep.err) {
 				l.retryCleanups(n)

@@ -141,7 +141,7 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 		if err == nil || opt.Wait <= 0 || !retryable(err) {
 			return lk, err
 		}
-		return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil)
+		return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil, false)
 	}
 	if opt.Wait <= 0 {
 		if queued {
@@ -159,7 +159,7 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 			return Lock{}, err
 		}
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil)
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil, false)
 }
 
 // wait queues for resource and, once at the head, attempts until acquired,
@@ -169,11 +169,19 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 // Lock was called, for the wait histogram. f is what the holding stores
 // (reentrant.go). try, when set, is the attempt of a shared or semaphore
 // holding (shared.go), which is never handed a lock by an Unlock; nil
-// attempts the exclusive lock.
-func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, f *form, try attemptFunc) (Lock, error) {
+// attempts the exclusive lock. reader is set for a shared holding: readers
+// queued together are admitted together (shared_group.go).
+func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, f *form, try attemptFunc, reader bool) (Lock, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	w := l.enqueue(resource, token, ttl, f, try != nil)
+	var readerCtx context.Context
+	if reader {
+		readerCtx = ctx
+	}
+	w := l.enqueue(resource, token, ttl, f, try != nil, readerCtx)
+	if reader {
+		try = l.withRiders(resource, w, try)
+	}
 	if try == nil {
 		try = func(ctx context.Context) (Lock, time.Duration, error) {
 			return l.attempt(ctx, resource, ttl, token, false, true, f)
@@ -181,14 +189,34 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	}
 	defer l.leave(resource, w)
 
-	select {
-	case <-w.turn:
-	case <-deadline.C:
-		return Lock{}, ErrNotAcquired
-	case <-ctx.Done():
-		return Lock{}, fmt.Errorf("lock %q: %w", resource, ctx.Err())
-	case <-l.done:
-		return Lock{}, errClosed
+	for turn := false; !turn; {
+		var stop error // why to stop waiting, unless a reader ahead admitted it
+		select {
+		case <-w.turn:
+			turn = true
+		case h := <-w.handed:
+			// A reader ahead took this reader along (shared_group.go);
+			// when it was not granted, it waits for its turn as before.
+			if h.ok {
+				return l.takeHandoff(ctx, resource, token, start, h, nil)
+			}
+			continue
+		case <-deadline.C:
+			stop = ErrNotAcquired
+		case <-ctx.Done():
+			stop = fmt.Errorf("lock %q: %w", resource, ctx.Err())
+		case <-l.done:
+			stop = errClosed
+		}
+		if l.activate(w, stop != nil) {
+			// Taken along meanwhile: its outcome decides.
+			if h := <-w.handed; h.ok {
+				return l.takeHandoff(ctx, resource, token, start, h, stop)
+			}
+		}
+		if stop != nil {
+			return Lock{}, stop
+		}
 	}
 	var woken time.Time // when a release notification woke this attempt
 	for {
@@ -239,22 +267,29 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 			h, handed = <-w.handed, true // a handoff under way: its outcome decides
 		}
 		if handed && h.ok {
-			if cerr := ctxErr(ctx); cerr != nil || errors.Is(stop, errClosed) {
-				// The caller is gone: hand the lock on at once.
-				l.giveBack(context.WithoutCancel(ctx), resource, token)
-				if cerr == nil {
-					return Lock{}, errClosed
-				}
-				return Lock{}, fmt.Errorf("lock %q: %w", resource, cerr)
-			}
-			l.waitSeconds.Observe(sinceSeconds(start))
-			l.handoffSeconds.Observe(sinceSeconds(h.start))
-			return h.lk, nil
+			return l.takeHandoff(ctx, resource, token, start, h, stop)
 		}
 		if stop != nil {
 			return Lock{}, stop
 		}
 	}
+}
+
+// takeHandoff returns the lock that a waiter for resource with token,
+// waiting since start, was handed (h.ok), or gives it back at once when the
+// caller is gone or the Locker closes (stop: why the waiter was stopping).
+func (l *Locker) takeHandoff(ctx context.Context, resource, token string, start time.Time, h handoff, stop error) (Lock, error) {
+	if cerr := ctxErr(ctx); cerr != nil || errors.Is(stop, errClosed) {
+		// The caller is gone: hand the lock on at once.
+		l.giveBack(context.WithoutCancel(ctx), resource, token)
+		if cerr == nil {
+			return Lock{}, errClosed
+		}
+		return Lock{}, fmt.Errorf("lock %q: %w", resource, cerr)
+	}
+	l.waitSeconds.Observe(sinceSeconds(start))
+	l.handoffSeconds.Observe(sinceSeconds(h.start))
+	return h.lk, nil
 }
 
 // attempt runs one Redlock round. On failure it also returns how long the

@@ -63,6 +63,9 @@ type Locker struct {
 
 	waitSeconds    prometheus.Histogram // Lock calls with a wait that acquired
 	handoffSeconds prometheus.Histogram // wake-up by a release to acquisition
+	// ridersGranted counts the readers granted in the round of a reader
+	// ahead of them (shared_group.go).
+	ridersGranted atomic.Int64
 }
 
 type node struct {
@@ -86,6 +89,8 @@ type node struct {
 	pending  []request
 	closed   bool             // the batcher stopped; requests fail at once
 	cleanups []pendingCleanup // cleanups to send again (conn.go)
+	// placements the node did not answer, to run again (place.go)
+	placements []*placement
 
 	// The keeper (conn.go): the last reading of the node's clock, and a
 	// wake-up after a failed call.

@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -20,15 +21,25 @@ import (
 // this Locker cancels a pending placement; an Unlock through another Locker
 // can race with one and leave the lock on that node until its ttl runs out,
 // which costs that node's vote for the resource, never exclusion.
+//
+// Readers and permits (shared.go) are placed the same way, with the place
+// operation of hashLua (qp), which takes the holding only where the node
+// can hold it at once with what it holds (its slot free, no writer, no
+// waiting writer's intent). Their placement also keeps the nodes that did
+// not answer: the node's keeper runs it there again each time it reaches
+// the node (retryPlacements), until the holding's ttl ends. An exclusive
+// lock left off such a node is healed by its next Extend, but readers and
+// permits often never extend. Nothing polls a node that is down.
 
 // placement is a lock still to be placed on some nodes.
 type placement struct {
 	resource, token string
 	attempt         string // the attempt that won the lock
 	fence           int64
-	ext             string    // the holding's extension (reentrant.go)
-	end             time.Time // the lock's ttl runs out on the nodes
-	nodes           []*node   // where it is still to be placed
+	ext             string       // the holding's extension (reentrant.go)
+	form            *holdingForm // a reader or a permit (shared.go); nil: exclusive
+	end             time.Time    // the lock's ttl runs out on the nodes
+	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
 }
 
@@ -36,17 +47,31 @@ type placement struct {
 // free: at a release notification from one of them, or after hint (the
 // longest time another holder may keep it there).
 func (l *Locker) schedulePlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, ext string) {
-	p := &placement{resource: resource, token: token, attempt: attempt, fence: fence, ext: ext, end: end, nodes: nodes}
+	l.addPlacement(&placement{resource: resource, token: token, attempt: attempt, fence: fence, ext: ext, end: end, nodes: nodes}, hint)
+}
+
+// addPlacement registers p and runs it after hint, at the latest after a
+// NodeTimeout.
+func (l *Locker) addPlacement(p *placement, hint time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.bgClosed {
 		return
 	}
-	l.placing[resource] = append(l.placing[resource], p)
+	l.placing[p.resource] = append(l.placing[p.resource], p)
 	// The typical case is a release that was on its way: it lands within
 	// a node call's timeout. Later on, the place operation says how long
 	// the holder there may keep it.
 	p.timer = time.AfterFunc(min(hint, l.cfg.NodeTimeout)+time.Millisecond, func() { l.retryPlacement(p) })
+}
+
+// scheduleHashPlacement is schedulePlacement for a reader or a permit
+// (form). Unlike an exclusive placement, it also keeps the nodes that did
+// not answer, for their keepers to try again (until end), so that a
+// holding granted while a node was unreachable reaches it once it is back:
+// readers and permits have no other way there than an Extend.
+func (l *Locker) scheduleHashPlacement(resource, token, attempt string, fence int64, end time.Time, nodes []*node, hint time.Duration, form holdingForm) {
+	l.addPlacement(&placement{resource: resource, token: token, attempt: attempt, fence: fence, form: &form, end: end, nodes: nodes}, hint)
 }
 
 // placeOn runs the placements of resource that wait for n, after n
@@ -88,7 +113,29 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 	l.bg.Add(1)
 	go func() {
 		defer l.bg.Done()
-		held, wait := l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end, p.ext)
+		var held, failed map[*node]bool
+		var wait time.Duration
+		if p.form == nil {
+			held, wait = l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end, p.ext)
+		} else {
+			// A node known to be unreachable is not asked until its
+			// keeper reaches it again: it counts as failed meanwhile.
+			var reach []*node
+			unreached := make(map[*node]bool)
+			for _, m := range nodes {
+				if m.reachable.Load() {
+					reach = append(reach, m)
+				} else {
+					unreached[m] = true
+				}
+			}
+			held, failed, wait = l.placeHash(l.subCtx, *p.form, reach, p.resource, p.token, p.attempt, p.fence, p.end)
+			if failed == nil {
+				failed = unreached
+			} else {
+				maps.Copy(failed, unreached)
+			}
+		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if !l.pending(p) {
@@ -96,11 +143,16 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 		}
 		// Keep waiting for the nodes still held by another token; a node
 		// that placed the lock is done, and one that failed is left to
-		// Extend, which heals.
+		// Extend, which heals (an exclusive lock), or to its keeper, which
+		// runs the placement there again once it reaches the node (a
+		// reader or a permit).
 		keep := p.nodes[:0]
 		for _, m := range p.nodes {
-			if held[m] || !slices.Contains(nodes, m) {
+			if held[m] || failed[m] || !slices.Contains(nodes, m) {
 				keep = append(keep, m)
+			}
+			if failed[m] {
+				m.deferPlacement(p, l.pending)
 			}
 		}
 		p.nodes = keep
@@ -109,8 +161,55 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 			l.dropPlacement(p)
 		case wait > 0:
 			p.timer.Reset(wait + time.Millisecond)
+		case len(failed) > 0:
+			// Only the keepers try those nodes again; the timer drops
+			// the placement when the holding's ttl ends.
+			p.timer.Reset(time.Until(p.end) + time.Millisecond)
 		}
 	}()
+}
+
+// maxPendingPlacements bounds the placements a node keeps for its keeper
+// to run again; beyond it, a holding stays off that node until an Extend.
+const maxPendingPlacements = 4096
+
+// deferPlacement keeps p, a reader's or a permit's placement that n did not
+// answer, for n's keeper to run again when it reaches n (retryPlacements).
+// When n keeps the most already, those no longer pending (l.mu is held:
+// pending is Locker.pending) make room.
+func (n *node) deferPlacement(p *placement, pending func(*placement) bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if slices.Contains(n.placements, p) {
+		return
+	}
+	if len(n.placements) >= maxPendingPlacements {
+		n.placements = slices.DeleteFunc(n.placements, func(q *placement) bool { return !pending(q) })
+	}
+	if len(n.placements) < maxPendingPlacements {
+		n.placements = append(n.placements, p)
+	}
+}
+
+// retryPlacements runs on n the placements that n did not answer and that
+// still wait for it. n's keeper calls it each time it reaches n, so a
+// reader or a permit granted while n was unreachable reaches n soon after
+// n is back, within the holding's ttl.
+func (l *Locker) retryPlacements(n *node) {
+	n.mu.Lock()
+	ps := n.placements
+	n.placements = nil
+	n.mu.Unlock()
+	if len(ps) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range ps {
+		if l.pending(p) && slices.Contains(p.nodes, n) && time.Until(p.end) > 0 {
+			l.startPlacement(p, []*node{n})
+		}
+	}
 }
 
 // pending reports whether p is still registered. l.mu is held.

@@ -1,6 +1,9 @@
 package quorum
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // waitQueue holds the local waiters for one resource in arrival order. Only
 // the head contends on the nodes; the others wait for their turn, so a
@@ -30,6 +33,15 @@ type waiter struct {
 	hash    bool         // a shared or semaphore waiter: never handed a lock
 	handing bool         // an Unlock is handing it the lock; the outcome comes on handed
 	handed  chan handoff // capacity 1
+
+	// reader, for a shared waiter, is its caller's context: readers
+	// queued together are admitted together (shared_group.go), each with
+	// its own context, and a reader taken along by the one ahead of it is
+	// handing meanwhile. nil for every other waiter. active: the waiter
+	// attempts on its own (it is the head), so no reader ahead takes it
+	// along any more; gone: it stopped waiting. Under Locker.mu.
+	reader       context.Context
+	active, gone bool
 }
 
 // handoff is the outcome of handing a lock to a waiter: ok with the Lock,
@@ -41,10 +53,11 @@ type handoff struct {
 }
 
 // enqueue appends a waiter for resource that would lock it with token for
-// ttl (f: what its holding stores; hash: a shared or semaphore holding);
-// it is the head if the queue was empty.
-func (l *Locker) enqueue(resource, token string, ttl time.Duration, f *form, hash bool) *waiter {
-	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, form: f, hash: hash, handed: make(chan handoff, 1)}
+// ttl (f: what its holding stores; hash: a shared or semaphore holding;
+// reader: a shared holding's caller's context, else nil); it is the head if
+// the queue was empty.
+func (l *Locker) enqueue(resource, token string, ttl time.Duration, f *form, hash bool, reader context.Context) *waiter {
+	w := &waiter{turn: make(chan struct{}), token: token, ttl: ttl, form: f, hash: hash, reader: reader, handed: make(chan handoff, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[resource]

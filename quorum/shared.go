@@ -170,7 +170,7 @@ func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string,
 			return Lock{}, err
 		}
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil, try(false, true))
+	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil, try(false, true), k == 0)
 }
 
 // MaxPermits is the largest Options.Permits: the nodes report a permit's
@@ -214,94 +214,145 @@ func (l *Locker) hashAttempt(ctx context.Context, resource string, ttl time.Dura
 // to propose in another round, or -1 when none is free; again is as for
 // attemptOnce.
 func (l *Locker) hashRound(ctx context.Context, resource string, ttl time.Duration, token string, k, slot int, code any) (lk Lock, hint time.Duration, next int, again bool, err error) {
-	key := l.lockPrefix + resource
-	start := time.Now()
-	var (
-		answered   tally // the nodes that gave a usable reply
-		abstained  int   // of those, nodes that granted without a marker: no vote
-		grantedBuf [smallRound]grant
-		ownedBuf   [smallRound]*node
-		granted    = grantedBuf[:0] // nodes that granted the proposed slot
-		owned      = ownedBuf[:0]   // nodes where the token may hold
-		votes      int              // granted nodes that count
-		fence      int64            // the largest fence of those
-		modes      modeVotes        // counting nodes that found another mode
-		mine       = -1             // a slot the token holds on some node
-		free       = map[int]int{}  // free slots, by the nodes reporting them
-	)
-	attempt := l.newAttempt()
+	t := l.newHashTry(ctx, resource, ttl, token, k, slot, code)
+	l.countRound(ctx, t.r, t.start, t.count)
+	return t.finish()
+}
+
+// hashTry is one round of a shared holding or a permit: made by
+// newHashTry, its round run by countRound (or, for readers admitted
+// together, countRounds), its replies taken in by count, and decided by
+// finish.
+type hashTry struct {
+	l        *Locker
+	ctx      context.Context
+	resource string
+	key      string
+	ttl      time.Duration
+	token    string
+	k, slot  int
+	code     any
+	attempt  string
+	start    time.Time
+	r        *round // nil once run
+
+	answered  tally       // the nodes that gave a usable reply
+	abstained int         // of those, nodes that granted without a marker: no vote
+	granted   []grant     // nodes that granted the proposed slot
+	owned     []*node     // nodes where the token may hold
+	missing   []*node     // nodes that did not grant: placed on after a grant
+	votes     int         // granted nodes that count
+	fence     int64       // the largest fence of those
+	modes     modeVotes   // counting nodes that found another mode
+	mine      int         // a slot the token holds on some node, or -1
+	free      map[int]int // free slots, by the nodes reporting them
+	hint      time.Duration
+
+	grantedBuf [smallRound]grant
+	ownedBuf   [smallRound]*node
+}
+
+// newHashTry prepares a round of the hash operation code for token's
+// holding of resource (k 0: a reader; else a permit of k, proposing slot).
+func (l *Locker) newHashTry(ctx context.Context, resource string, ttl time.Duration, token string, k, slot int, code any) *hashTry {
+	t := &hashTry{l: l, ctx: ctx, resource: resource, key: l.lockPrefix + resource, ttl: ttl, token: token, k: k, slot: slot, code: code, mine: -1, free: map[int]int{}}
+	t.granted, t.owned = t.grantedBuf[:0], t.ownedBuf[:0]
+	t.start = time.Now()
+	t.attempt = l.newAttempt()
 	x := strconv.FormatInt(ttl.Milliseconds(), 10) + ":" + strconv.Itoa(k) + ":" + strconv.Itoa(slot)
-	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
-	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
-		for i, r := range res {
-			l.tally(&answered, r, fresh, start)
-			switch {
-			case r.err != nil:
-				owned = append(owned, l.nodes[i]) // it may have run the script
-			case r.val > 0 && int(r.aux) != slot:
-				owned = append(owned, l.nodes[i]) // the token's own permit, refreshed
-				mine = int(r.aux)
-			case r.val > 0:
-				owned = append(owned, l.nodes[i])
-				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
-				granted = append(granted, g)
-				if g.counts {
-					votes++
-					fence = max(fence, r.val)
-				} else {
-					abstained++
-				}
-			case r.val == 0:
-				if counts(r, fresh) {
-					modes.add(r.aux)
-				}
-			case r.val == -1 && code == codeSharedRefresh:
-			default:
-				hint = max(hint, time.Duration(-r.val)*time.Millisecond)
-				if r.aux >= 0 {
-					free[int(r.aux)]++
-				}
+	t.r = l.call(ctx, opAcquire, len(l.nodes), t.key, code, token, t.attempt, x)
+	return t
+}
+
+// count takes in the round's replies.
+func (t *hashTry) count(res []reply, fresh bool) {
+	l := t.l
+	for i, r := range res {
+		l.tally(&t.answered, r, fresh, t.start)
+		switch {
+		case r.err != nil:
+			t.owned = append(t.owned, l.nodes[i]) // it may have run the script
+			t.missing = append(t.missing, l.nodes[i])
+			continue
+		case r.val > 0 && int(r.aux) != t.slot:
+			t.owned = append(t.owned, l.nodes[i]) // the token's own permit, refreshed
+			t.mine = int(r.aux)
+		case r.val > 0:
+			t.owned = append(t.owned, l.nodes[i])
+			g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
+			t.granted = append(t.granted, g)
+			if g.counts {
+				t.votes++
+				t.fence = max(t.fence, r.val)
+			} else {
+				t.abstained++
+			}
+			continue
+		case r.val == 0:
+			if counts(r, fresh) {
+				t.modes.add(r.aux)
+			}
+		case r.val == -1 && t.code == codeSharedRefresh:
+		default:
+			t.hint = max(t.hint, time.Duration(-r.val)*time.Millisecond)
+			if r.aux >= 0 {
+				t.free[int(r.aux)]++
 			}
 		}
-	})
-	next = mine
+		t.missing = append(t.missing, l.nodes[i])
+	}
+}
+
+// finish decides the round once its replies are in: the Lock, or why not
+// (with next and again as hashRound returns them). A grant that some nodes
+// did not give is placed on them in the background (place.go).
+func (t *hashTry) finish() (lk Lock, hint time.Duration, next int, again bool, err error) {
+	l, ctx := t.l, t.ctx
+	next = t.mine
 	if next < 0 {
 		n := 0
-		for s, c := range free {
+		for s, c := range t.free {
 			if c > n || (c == n && s < next) {
 				next, n = s, c
 			}
 		}
 	}
 	fail := func(err error) (Lock, time.Duration, int, bool, error) {
-		again, err := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
-		return Lock{}, hint, next, again, err
+		again, err := l.failed(ctx, t.owned, t.resource, t.token, t.attempt, t.ttl, t.abstained, t.start, err)
+		return Lock{}, t.hint, next, again, err
 	}
-	kind := int64(k)
-	if k == 0 {
+	kind := int64(t.k)
+	if t.k == 0 {
 		kind = modeShared
 	}
 	switch {
-	case answered.nodes-abstained < l.quorum:
-		return fail(answered.noQuorum(len(l.nodes)))
-	case modes.err(l.quorum, kind) != nil:
-		return fail(modes.err(l.quorum, kind))
-	case votes < l.quorum:
+	case t.answered.nodes-t.abstained < l.quorum:
+		return fail(t.answered.noQuorum(len(l.nodes)))
+	case t.modes.err(l.quorum, kind) != nil:
+		return fail(t.modes.err(l.quorum, kind))
+	case t.votes < l.quorum:
 		return fail(ErrNotAcquired)
-	case !l.confirm(ctx, key, token, attempt, granted, fence, start):
+	case !l.confirm(ctx, t.key, t.token, t.attempt, t.granted, t.fence, t.start):
 		return fail(ErrNotAcquired)
 	}
 	now := time.Now()
-	v := l.validity(ttl, now.Sub(start))
+	v := l.validity(t.ttl, now.Sub(t.start))
 	if v <= 0 {
 		return fail(ErrNotAcquired)
 	}
 	if cerr := ctxErr(ctx); cerr != nil {
 		// The caller is gone: give the holding back at once.
-		l.cleanup(context.WithoutCancel(ctx), l.nodes, resource, token, attempt, ttl, true)
-		return Lock{}, 0, -1, false, fmt.Errorf("lock %q: %w", resource, cerr)
+		l.cleanup(context.WithoutCancel(ctx), l.nodes, t.resource, t.token, t.attempt, t.ttl, true)
+		return Lock{}, 0, -1, false, fmt.Errorf("lock %q: %w", t.resource, cerr)
 	}
-	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence, Slot: slot}, 0, -1, false, nil
+	if len(t.missing) > 0 {
+		// As for Lock (attemptOnce): the holding won a majority without
+		// these nodes; place it there once they can take it, so that it
+		// does not rest on a bare majority until an Extend heals it.
+		form := holdingForm{shared: t.k == 0, permit: t.k > 0, k: t.k, slot: t.slot}
+		l.scheduleHashPlacement(t.resource, t.token, t.attempt, t.fence, t.start.Add(t.ttl), t.missing, t.hint, form)
+	}
+	return Lock{Token: t.token, Validity: v, Expires: now.Add(v), Fence: t.fence, Slot: t.slot}, 0, -1, false, nil
 }
 
 // holdingForm is what Extend learned of a token's holding from the nodes
@@ -331,11 +382,40 @@ func (l *Locker) placeForm(ctx context.Context, form holdingForm, nodes []*node,
 		l.place(ctx, nodes, resource, token, attempt, fence, end, ext)
 		return
 	}
+	l.placeHash(ctx, form, nodes, resource, token, attempt, fence, end)
+}
+
+// placeHash is place for a reader or a permit (form): the place operation
+// of hashLua (qp) on nodes. It returns the nodes where the holding cannot
+// be placed yet (the slot or, for a reader, the resource held by others,
+// or a waiting writer's intent) with the longest time that may last, and
+// the nodes that did not answer.
+func (l *Locker) placeHash(ctx context.Context, form holdingForm, nodes []*node, resource, token, attempt string, fence int64, end time.Time) (held, failed map[*node]bool, wait time.Duration) {
 	left := time.Until(end).Milliseconds()
 	if left < 1 {
-		return
+		return nil, nil, 0
 	}
 	x := strconv.FormatInt(left, 10) + ":" + strconv.Itoa(form.k) + ":" + strconv.Itoa(form.slot) + ":" + strconv.FormatInt(fence, 10)
+	held, failed = make(map[*node]bool), make(map[*node]bool)
 	r := l.call(ctx, opPlace, len(nodes), l.lockPrefix+resource, codeSharedPlace, token, attempt, x)
-	l.fanout(nodes, r, func([]reply) {})
+	l.fanout(nodes, r, func(res []reply) {
+		for i, r := range res {
+			switch {
+			case r.err != nil:
+				failed[nodes[i]] = true
+			case r.val < 0:
+				held[nodes[i]] = true
+				wait = max(wait, time.Duration(-r.val)*time.Millisecond)
+			}
+			// Another mode there (a reply of 0): the holding stays off
+			// that node, as where another token took it.
+		}
+	})
+	if len(held) > 0 {
+		// A waiting writer's intent refuses the holding with no time to
+		// wait for (it ends at a release, or with the writer's ttl): no
+		// sooner than RetryMin, then.
+		wait = max(wait, l.cfg.RetryMin)
+	}
+	return held, failed, wait
 }
