@@ -35,6 +35,9 @@
 #   CLIENTS [50]       redis-benchmark -c
 #   PIPELINES [1 16]   the -P values measured
 #   IDLE_CONNS [10000] idle clients for the memory measurement; 0 skips it
+#   ONE_MASTER         when set, two more targets: a cluster of one master
+#                      serving every slot, directly and through lockproxy
+#                      (what routing costs without the split over masters)
 #   OUT                also write the report to this file
 set -euo pipefail
 
@@ -130,6 +133,17 @@ backend:
 EOF2
 start_proxy proxy_single single.yaml -backend "127.0.0.1:$single"
 start_proxy proxy_cluster cluster.yaml
+if [[ -n "${ONE_MASTER:-}" ]]; then
+	start_redis one --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
+	redis-cli -h 127.0.0.1 -p "$one" CLUSTER ADDSLOTSRANGE 0 16383 >/dev/null
+	for _ in $(seq 400); do
+		redis-cli -h 127.0.0.1 -p "$one" CLUSTER INFO | grep -q '^cluster_state:ok' && break
+		sleep 0.05
+	done
+	sed "s/cluster: \[.*\]/cluster: [127.0.0.1:$one]/" "$tmp/cluster.yaml" >"$tmp/one.yaml"
+	start_proxy proxy_one one.yaml
+	log "one-master cluster :$one, lockproxy→1-master cluster :$proxy_one"
+fi
 log "redis :$single, cluster ${cluster[*]}, lockproxy→redis :$proxy_single, lockproxy→cluster :$proxy_cluster"
 
 targets=(direct lockproxy→redis "direct cluster" lockproxy→cluster)
@@ -142,6 +156,15 @@ declare -A cpu_of=([direct]="${pid_of[$single]}" [lockproxy→redis]="${pid_of[$
 declare -A redis_of=([direct]="${pid_of[$single]}" [lockproxy→redis]="${pid_of[$single]}"
 	["direct cluster"]="${pid_of[$c1]} ${pid_of[$c2]} ${pid_of[$c3]}" [lockproxy→cluster]="${pid_of[$c1]} ${pid_of[$c2]} ${pid_of[$c3]}")
 masters=("$c1" "$c2" "$c3")
+if [[ -n "${ONE_MASTER:-}" ]]; then
+	targets+=("direct 1-master cluster" "lockproxy→1-master cluster")
+	port_of["direct 1-master cluster"]=$one
+	port_of["lockproxy→1-master cluster"]=$proxy_one
+	cpu_of["direct 1-master cluster"]=${pid_of[$one]}
+	cpu_of["lockproxy→1-master cluster"]=${pid_of[$proxy_one]}
+	redis_of["direct 1-master cluster"]=${pid_of[$one]}
+	redis_of["lockproxy→1-master cluster"]=${pid_of[$one]}
+fi
 
 # ticks PID...: user+system clock ticks of the processes, together.
 ticks() {
@@ -262,7 +285,7 @@ report="$tmp/report.md"
 				lo=$(sort -g "$tmp/v" | head -1)
 				hi=$(sort -g "$tmp/v" | tail -1)
 				conns="–"
-				[[ "$t" == *cluster ]] && conns=$(col "$t" "$test" "$P" 8)
+				[[ "$t" == *cluster && "$t" != *1-master* ]] && conns=$(col "$t" "$test" "$P" 8)
 				awk -v t="$t" -v m="$m" -v lo="$lo" -v hi="$hi" -v b="$base" -v p50="$(col "$t" "$test" "$P" 5)" \
 					-v p99="$(col "$t" "$test" "$P" 6)" -v cpu="$(col "$t" "$test" "$P" 7)" -v c="$conns" \
 					'BEGIN {printf "| %s | %.0f | %.0f–%.0f | %.2fx | %s | %s | %s | %s |\n", t, m, lo, hi, m / b, p50, p99, cpu, c}'
@@ -272,13 +295,15 @@ report="$tmp/report.md"
 	echo
 	echo "Where the CPU goes, µs per command (medians over rounds): redis-benchmark (its times, from bash's times builtin),"
 	echo "the proxy, the Redis processes that answer (the one redis-server, or the three masters together), all three;"
-	echo "machine busy is the share of all $(nproc) CPUs busy during the run, any process. Requests/s ≈ CPUs × busy ÷ all"
-	echo "three. **Ceiling** (lockproxy→cluster rows): the ratio to lockproxy→redis that the cluster's masters leave if the"
-	echo "proxy cost no more per command in front of them than in front of one Redis: lockproxy→redis's all three divided by"
-	echo "its redis-benchmark and proxy plus lockproxy→cluster's masters, at the same busy share."
+	echo "CPUs used is what those three used together (requests/s × all three), machine busy the share of all $(nproc) CPUs busy"
+	echo "during the run, any process: where CPUs used is well below $(nproc) × busy, other work on the machine took the rest,"
+	echo "and requests/s say more about it than about the target. **Ceiling** (rows of lockproxy in front of a cluster): the"
+	echo "ratio to lockproxy→redis that the masters' own CPU per command leaves if the proxy cost no more per command in front"
+	echo "of them than in front of one Redis and both got the same CPU: lockproxy→redis's all three divided by its"
+	echo "redis-benchmark and proxy plus the row's Redis."
 	echo
-	echo "| test | target | redis-benchmark | proxy | Redis | all three | machine busy | ceiling |"
-	echo "|---|---|---:|---:|---:|---:|---:|---:|"
+	echo "| test | target | redis-benchmark | proxy | Redis | all three | CPUs used | machine busy | ceiling |"
+	echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
 	for P in $PIPELINES; do
 		for test in SET GET; do
 			sb=$(col lockproxy→redis "$test" "$P" 9)
@@ -286,11 +311,11 @@ report="$tmp/report.md"
 			sr=$(col lockproxy→redis "$test" "$P" 11)
 			for t in "${targets[@]}"; do
 				awk -v x="$test -P $P" -v t="$t" -v b="$(col "$t" "$test" "$P" 9)" -v p="$(col "$t" "$test" "$P" 10)" \
-					-v r="$(col "$t" "$test" "$P" 11)" -v busy="$(col "$t" "$test" "$P" 12)" -v sb="$sb" -v sp="$sp" -v sr="$sr" \
+					-v r="$(col "$t" "$test" "$P" 11)" -v rps="$(col "$t" "$test" "$P" 4)" -v busy="$(col "$t" "$test" "$P" 12)" -v sb="$sb" -v sp="$sp" -v sr="$sr" \
 					'BEGIN {
 						ceil = "–"
-						if (t == "lockproxy→cluster") ceil = sprintf("%.2fx", (sb + sp + sr) / (sb + sp + r))
-						printf "| %s | %s | %.2f | %s | %.2f | %.2f | %.0f%% | %s |\n", x, t, b, t ~ /^lockproxy/ ? sprintf("%.2f", p) : "–", r, b + p + r, busy, ceil
+						if (t ~ /^lockproxy→.*cluster$/) ceil = sprintf("%.2fx", (sb + sp + sr) / (sb + sp + r))
+						printf "| %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f%% | %s |\n", x, t, b, t ~ /^lockproxy/ ? sprintf("%.2f", p) : "–", r, b + p + r, rps * (b + p + r) / 1e6, busy, ceil
 					}'
 			done
 		done
