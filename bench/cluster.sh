@@ -193,10 +193,6 @@ sample_conns() {
 
 hz=$(getconf CLK_TCK)
 
-# machineticks: busy and total time of all CPUs so far, in clock ticks
-# (/proc/stat; busy is all but idle and iowait).
-machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
-
 # bench TARGET TEST P N: one redis-benchmark run; appends a row to $rows:
 # target, test, P, rps, p50, p99, CPU µs/cmd of the target's own processes,
 # most connections on a master, then CPU µs/cmd of redis-benchmark, of the
