@@ -14,7 +14,10 @@
 # lockproxy→redis, redis-benchmark's p50 and p99 latency, the CPU µs per
 # command of the target's own processes (the proxy; the redis-server or the
 # three masters when direct), and the most client connections any master
-# held during the run (INFO clients, less the one that asks).
+# held during the run (INFO clients, less the one that asks). Then where
+# the CPU goes: redis-benchmark's, the proxy's and the answering Redis
+# processes' CPU per command, how busy the machine was, and the ceiling the
+# masters' own cost leaves lockproxy→cluster's ratio.
 #
 # Then the idle cost: bench/idleconns opens IDLE_CONNS clients to a fresh
 # lockproxy→redis and a fresh lockproxy→cluster, each sending one PING and
@@ -32,6 +35,9 @@
 #   CLIENTS [50]       redis-benchmark -c
 #   PIPELINES [1 16]   the -P values measured
 #   IDLE_CONNS [10000] idle clients for the memory measurement; 0 skips it
+#   ONE_MASTER         when set, two more targets: a cluster of one master
+#                      serving every slot, directly and through lockproxy
+#                      (what routing costs without the split over masters)
 #   OUT                also write the report to this file
 set -euo pipefail
 
@@ -127,15 +133,38 @@ backend:
 EOF2
 start_proxy proxy_single single.yaml -backend "127.0.0.1:$single"
 start_proxy proxy_cluster cluster.yaml
+if [[ -n "${ONE_MASTER:-}" ]]; then
+	start_redis one --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
+	redis-cli -h 127.0.0.1 -p "$one" CLUSTER ADDSLOTSRANGE 0 16383 >/dev/null
+	for _ in $(seq 400); do
+		redis-cli -h 127.0.0.1 -p "$one" CLUSTER INFO | grep -q '^cluster_state:ok' && break
+		sleep 0.05
+	done
+	sed "s/cluster: \[.*\]/cluster: [127.0.0.1:$one]/" "$tmp/cluster.yaml" >"$tmp/one.yaml"
+	start_proxy proxy_one one.yaml
+	log "one-master cluster :$one, lockproxy→1-master cluster :$proxy_one"
+fi
 log "redis :$single, cluster ${cluster[*]}, lockproxy→redis :$proxy_single, lockproxy→cluster :$proxy_cluster"
 
 targets=(direct lockproxy→redis "direct cluster" lockproxy→cluster)
 declare -A port_of=([direct]=$single [lockproxy→redis]=$proxy_single ["direct cluster"]=$c1 [lockproxy→cluster]=$proxy_cluster)
 declare -A extra_of=(["direct cluster"]=--cluster)
-# The processes whose CPU a target costs.
+# The processes whose CPU a target costs: its own (the proxy, or the Redis
+# answering directly), and the Redis processes that answer (the backend).
 declare -A cpu_of=([direct]="${pid_of[$single]}" [lockproxy→redis]="${pid_of[$proxy_single]}"
 	["direct cluster"]="${pid_of[$c1]} ${pid_of[$c2]} ${pid_of[$c3]}" [lockproxy→cluster]="${pid_of[$proxy_cluster]}")
+declare -A redis_of=([direct]="${pid_of[$single]}" [lockproxy→redis]="${pid_of[$single]}"
+	["direct cluster"]="${pid_of[$c1]} ${pid_of[$c2]} ${pid_of[$c3]}" [lockproxy→cluster]="${pid_of[$c1]} ${pid_of[$c2]} ${pid_of[$c3]}")
 masters=("$c1" "$c2" "$c3")
+if [[ -n "${ONE_MASTER:-}" ]]; then
+	targets+=("direct 1-master cluster" "lockproxy→1-master cluster")
+	port_of["direct 1-master cluster"]=$one
+	port_of["lockproxy→1-master cluster"]=$proxy_one
+	cpu_of["direct 1-master cluster"]=${pid_of[$one]}
+	cpu_of["lockproxy→1-master cluster"]=${pid_of[$proxy_one]}
+	redis_of["direct 1-master cluster"]=${pid_of[$one]}
+	redis_of["lockproxy→1-master cluster"]=${pid_of[$one]}
+fi
 
 # ticks PID...: user+system clock ticks of the processes, together.
 ticks() {
@@ -165,24 +194,42 @@ sample_conns() {
 hz=$(getconf CLK_TCK)
 
 # bench TARGET TEST P N: one redis-benchmark run; appends a row to $rows:
-# target, test, P, rps, p50, p99, CPU µs/cmd, most connections on a master.
+# target, test, P, rps, p50, p99, CPU µs/cmd of the target's own processes,
+# most connections on a master, then CPU µs/cmd of redis-benchmark, of the
+# proxy (0 when direct) and of the Redis processes that answer, and the
+# share of the machine's CPUs busy during the run (%).
 bench() {
-	local t=$1 test=$2 P=$3 n=$4 before after csv sampler conns="$tmp/conns"
+	local t=$1 test=$2 P=$3 n=$4 before after rbefore rafter busy0 total0 busy1 total1 csv sampler conns="$tmp/conns"
 	: >"$conns"
 	sample_conns "$conns" &
 	sampler=$!
 	# shellcheck disable=SC2086
 	before=$(ticks ${cpu_of[$t]})
 	# shellcheck disable=SC2086
-	csv=$(redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" ${extra_of[$t]:-} -c "$CLIENTS" -P "$P" \
-		-t "$test" -r 100000 -n "$n" --csv)
+	rbefore=$(ticks ${redis_of[$t]})
+	read -r busy0 total0 < <(machineticks)
+	# The subshell's children's times are redis-benchmark's.
+	# shellcheck disable=SC2086
+	csv=$(
+		redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" ${extra_of[$t]:-} -c "$CLIENTS" -P "$P" \
+			-t "$test" -r 100000 -n "$n" --csv
+		times >"$tmp/times"
+	)
 	# shellcheck disable=SC2086
 	after=$(ticks ${cpu_of[$t]})
+	# shellcheck disable=SC2086
+	rafter=$(ticks ${redis_of[$t]})
+	read -r busy1 total1 < <(machineticks)
 	kill "$sampler" 2>/dev/null || true
 	wait "$sampler" 2>/dev/null || true
 	[[ -n "${rows:-}" ]] || return 0
+	# times: "0m0.001s 0m0.002s" for the shell, then the same for its children.
+	local bench_s proxy_ticks=0
+	bench_s=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, k, /[ms]/); print u[1] * 60 + u[2] + k[1] * 60 + k[2] }' "$tmp/times")
+	if [[ $t == lockproxy* ]]; then proxy_ticks=$((after - before)); fi
 	awk -F'"' -v t="$t" -v P="$P" -v n="$n" -v dt="$((after - before))" -v hz="$hz" -v c="$(sort -g "$conns" | tail -1)" \
-		'NR > 1 && $2 != "" {printf "%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\n", t, $2, P, $4, $10, $14, dt / hz * 1e6 / n, c}' <<<"$csv" >>"$rows"
+		-v bs="$bench_s" -v pt="$proxy_ticks" -v rt="$((rafter - rbefore))" -v b="$((busy1 - busy0))" -v tt="$((total1 - total0))" \
+		'NR > 1 && ($2 == "SET" || $2 == "GET") {printf "%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%.2f\t%.0f\n", t, $2, P, $4, $10, $14, dt / hz * 1e6 / n, c, bs * 1e6 / n, pt / hz * 1e6 / n, rt / hz * 1e6 / n, (tt > 0 ? 100 * b / tt : 0)}' <<<"$csv" >>"$rows"
 }
 
 log "warm-up"
@@ -234,10 +281,38 @@ report="$tmp/report.md"
 				lo=$(sort -g "$tmp/v" | head -1)
 				hi=$(sort -g "$tmp/v" | tail -1)
 				conns="–"
-				[[ "$t" == *cluster ]] && conns=$(col "$t" "$test" "$P" 8)
+				[[ "$t" == *cluster && "$t" != *1-master* ]] && conns=$(col "$t" "$test" "$P" 8)
 				awk -v t="$t" -v m="$m" -v lo="$lo" -v hi="$hi" -v b="$base" -v p50="$(col "$t" "$test" "$P" 5)" \
 					-v p99="$(col "$t" "$test" "$P" 6)" -v cpu="$(col "$t" "$test" "$P" 7)" -v c="$conns" \
 					'BEGIN {printf "| %s | %.0f | %.0f–%.0f | %.2fx | %s | %s | %s | %s |\n", t, m, lo, hi, m / b, p50, p99, cpu, c}'
+			done
+		done
+	done
+	echo
+	echo "Where the CPU goes, µs per command (medians over rounds): redis-benchmark (its times, from bash's times builtin),"
+	echo "the proxy, the Redis processes that answer (the one redis-server, or the three masters together), all three;"
+	echo "CPUs used is what those three used together (requests/s × all three), machine busy the share of all $(nproc) CPUs busy"
+	echo "during the run, any process: where CPUs used is well below $(nproc) × busy, other work on the machine took the rest,"
+	echo "and requests/s say more about it than about the target. **Ceiling** (rows of lockproxy in front of a cluster): the"
+	echo "ratio to lockproxy→redis that the masters' own CPU per command leaves if the proxy cost no more per command in front"
+	echo "of them than in front of one Redis and both got the same CPU: lockproxy→redis's all three divided by its"
+	echo "redis-benchmark and proxy plus the row's Redis."
+	echo
+	echo "| test | target | redis-benchmark | proxy | Redis | all three | CPUs used | machine busy | ceiling |"
+	echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+	for P in $PIPELINES; do
+		for test in SET GET; do
+			sb=$(col lockproxy→redis "$test" "$P" 9)
+			sp=$(col lockproxy→redis "$test" "$P" 10)
+			sr=$(col lockproxy→redis "$test" "$P" 11)
+			for t in "${targets[@]}"; do
+				awk -v x="$test -P $P" -v t="$t" -v b="$(col "$t" "$test" "$P" 9)" -v p="$(col "$t" "$test" "$P" 10)" \
+					-v r="$(col "$t" "$test" "$P" 11)" -v rps="$(col "$t" "$test" "$P" 4)" -v busy="$(col "$t" "$test" "$P" 12)" -v sb="$sb" -v sp="$sp" -v sr="$sr" \
+					'BEGIN {
+						ceil = "–"
+						if (t ~ /^lockproxy→.*cluster$/) ceil = sprintf("%.2fx", (sb + sp + sr) / (sb + sp + r))
+						printf "| %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f%% | %s |\n", x, t, b, t ~ /^lockproxy/ ? sprintf("%.2f", p) : "–", r, b + p + r, rps * (b + p + r) / 1e6, busy, ceil
+					}'
 			done
 		done
 	done

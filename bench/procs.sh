@@ -1,6 +1,6 @@
 # Process helpers shared by bench/run.sh, bench/cluster.sh,
 # bench/clientsuite.sh and compat/run.sh: free loopback ports, waiting for
-# PING, making a cluster, stopping processes.
+# PING, making a cluster, stopping processes, reading how busy the CPUs are.
 # Source it after defining log.
 
 used=" " # ports handed out by freeport
@@ -102,3 +102,7 @@ _stop_on_exit() {
 	rm -rf "$tmp"
 	exit "$rc"
 }
+
+# machineticks: busy and total time of all CPUs so far, in clock ticks
+# (/proc/stat; busy is all but idle and iowait).
+machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }

@@ -195,9 +195,6 @@ if ! skipped forward; then
 	# (fields 14 and 15 of /proc/PID/stat; the name, field 2, has no
 	# spaces here).
 	cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-	# machineticks: busy and total time of all CPUs so far, in clock ticks
-	# (/proc/stat; busy is all but idle and iowait).
-	machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
 	# us TIME HZ: TIME (in 1/HZ s) as µs per request of the test ($n).
 	us() { awk -v k="$1" -v hz="$2" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }'; }
 	# awk_median: an awk function, median(s), of the numbers in the
