@@ -24,14 +24,20 @@ import (
 // for company.
 //
 // Each request keeps its own deadline: the earlier of its caller's context
-// deadline and NodeTimeout after the call started. A batch is bounded by the
-// earliest deadline in it, so it never keeps a caller past its deadline, and
-// when a batch times out, every request in it fails with the timeout and is
-// counted (metrics, node up/down) as a timed-out single call would be. A
-// request whose deadline passed while it was queued fails as a timeout
-// without being sent. Requests whose deadline is much later than the
-// earliest one go in a separate batch after it, so that one caller with
-// little time left cannot cut short the round trip of many with plenty.
+// deadline and NodeTimeout after the call started. Every caller stops
+// waiting at its deadline (fanout), and its request then fails with the
+// timeout and is counted (metrics, node up/down) as a timed-out single
+// call would be; the batch itself waits for its reply until the earliest
+// deadline in it or NodeTimeout after it was sent, whichever is later, so
+// that a reply that comes a little late does not cost the connection (see
+// send). A request whose deadline passed while it was queued, or that has
+// less time left than the node's round trip, fails as a timeout without
+// being sent, and such a request needs no cleanup (reply.unsent).
+// Requests whose deadline is much later than the earliest one go in a
+// separate batch after it, so that one caller with little time left cannot
+// cut short the round trip of many with plenty; the keeper's requests,
+// while the node answers, go with the calls' first batch instead of one of
+// their own (sendPending).
 //
 // A node has one batch in flight at a time, and a request whose caller is
 // gone is dropped if it was not sent yet. So the cleanup of an attempt that
@@ -78,6 +84,9 @@ type reply struct {
 	clock    int8
 	rd       clockReading
 	err      error
+	// unsent: the batcher failed the request without sending it (err
+	// says why), so it cannot run on the node, ever: nothing to undo.
+	unsent bool
 	// When the reply was read, and how long before that its call was
 	// sent: the node ran the script within that window (nodeTime).
 	at     time.Time
@@ -255,7 +264,7 @@ func (n *node) submit(q request) {
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
-		q.r.complete(q.i, reply{err: errClosed})
+		q.r.complete(q.i, reply{err: errClosed, unsent: true})
 		return
 	}
 	n.pending = append(n.pending, q)
@@ -316,7 +325,7 @@ func (n *node) shut() {
 	n.pending = nil
 	n.mu.Unlock()
 	for _, req := range q {
-		req.r.complete(req.i, reply{err: errClosed})
+		req.r.complete(req.i, reply{err: errClosed, unsent: true})
 	}
 }
 
@@ -343,13 +352,13 @@ func (l *Locker) sendPending(n *node, q []request) {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
 			// The caller is gone; the node never sees the request.
-			r.complete(req.i, reply{err: err})
+			r.complete(req.i, reply{err: err, unsent: true})
 			continue
 		}
 		if noClock && !r.anytime {
 			// A request without a deadline could run however late it
 			// arrives (late.go).
-			r.complete(req.i, reply{err: clockErr})
+			r.complete(req.i, reply{err: clockErr, unsent: true})
 			continue
 		}
 		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
@@ -357,7 +366,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			// handshake and the call would not fit in the time left. Over
 			// a fast link they fit: the next call tries the node itself.
 			l.observe(r.ctx, n, errReconnecting)
-			r.complete(req.i, reply{err: errReconnecting})
+			r.complete(req.i, reply{err: errReconnecting, unsent: true})
 			continue
 		}
 		if r.deadline.Sub(now) < rttLow {
@@ -366,7 +375,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			// rather than time out on the connection (go-redis closes a
 			// connection that timed out, and a slow link then needs a new
 			// one, a dial and a handshake).
-			r.complete(req.i, reply{err: context.DeadlineExceeded})
+			r.complete(req.i, reply{err: context.DeadlineExceeded, unsent: true})
 			continue
 		}
 		if !now.Before(r.deadline) {
@@ -376,14 +385,49 @@ func (l *Locker) sendPending(n *node, q []request) {
 				// batch: the node did not answer in time.
 				l.observe(r.ctx, n, err)
 			}
-			r.complete(req.i, reply{err: err})
+			r.complete(req.i, reply{err: err, unsent: true})
 			continue
 		}
 		live = append(live, req)
 	}
+	// The keeper's requests (a reading, cleanups to send again) go with the
+	// calls' first batch while the node answers: a batch of their own would
+	// hold the calls that queue meanwhile back by a round trip. While it
+	// does not, they go alone, with the time to dial and shake hands.
+	var along []request
+	if reachable {
+		live, along = splitKeeper(live)
+	}
 	forEachGroup(live, l.cfg.NodeTimeout/2, func(batch []request, deadline time.Time) {
+		if along != nil {
+			batch = append(slices.Clip(batch), along...)
+			along = nil
+		}
 		l.send(n, batch, deadline)
 	})
+}
+
+// splitKeeper returns the calls' requests of q and, when there are both,
+// the keeper's apart. It allocates only then.
+func splitKeeper(q []request) (calls, keeper []request) {
+	k := 0
+	for _, req := range q {
+		if req.r.keeper {
+			k++
+		}
+	}
+	if k == 0 || k == len(q) {
+		return q, nil
+	}
+	calls, keeper = make([]request, 0, len(q)-k), make([]request, 0, k)
+	for _, req := range q {
+		if req.r.keeper {
+			keeper = append(keeper, req)
+		} else {
+			calls = append(calls, req)
+		}
+	}
+	return calls, keeper
 }
 
 // firstReading reads n's clock, which was never read, before the requests
@@ -450,11 +494,21 @@ func forEachGroup(q []request, spread time.Duration, send func(batch []request, 
 	}
 }
 
-// send runs batch on n as one pipeline bounded by deadline and completes
-// every request in it, as opsScript calls of at most maxOps operations
-// each.
+// send runs batch on n as one pipeline and completes every request in it,
+// as opsScript calls of at most maxOps operations each. deadline is the
+// earliest of the requests': their callers stop waiting then (fanout), but
+// the batch waits for its reply until NodeTimeout after it was sent if
+// that is later. A reply that comes a little late then keeps its
+// connection (go-redis closes one that timed out, and over a slow link the
+// next batch would pay a dial and a handshake, and likely time out in its
+// turn), tells that the node answers, and is taken in for the calls that
+// still wait.
 func (l *Locker) send(n *node, batch []request, deadline time.Time) {
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	wait := time.Now().Add(l.cfg.NodeTimeout)
+	if deadline.After(wait) {
+		wait = deadline
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), wait)
 	defer cancel()
 	cmds := n.cmds[:0]
 	args := n.args[:0]

@@ -155,8 +155,9 @@ var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting
 // node that came back would stay unused for up to a second (and the
 // failures never reset while the node stays up). The dial itself is
 // bounded by DialTimeout, which New sets to at most NodeTimeout. A
-// connection made closes with SO_LINGER 0 (see abortOnClose), and the
-// time its dial took is kept on n (see settle).
+// connection made closes with SO_LINGER 0 (see abortOnClose), and, for the
+// batcher's client (n not nil), the time its dial took is kept on n (see
+// settle).
 func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := opt.Dialer
 	if dial == nil {
@@ -168,8 +169,10 @@ func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr
 		if err != nil {
 			return failedConn{err: err, addr: addr}, nil
 		}
-		n.dialTook.Store(int64(time.Since(start)))
-		n.dialed.Store(int64(time.Since(dialClock)))
+		if n != nil {
+			n.dialTook.Store(int64(time.Since(start)))
+			n.dialed.Store(int64(time.Since(dialClock)))
+		}
 		abortOnClose(c)
 		return c, nil
 	}
@@ -206,12 +209,11 @@ func (a failedAddr) Network() string { return "tcp" }
 func (a failedAddr) String() string  { return string(a) }
 
 // settle takes in the outcome of a batch that n's batcher sent with a
-// budget of budget and that took took: its error err (of the first call;
-// the calls of one pipeline share the connection's fate) and, on success,
-// the round trip. A batch that got no answer although it had at least half
-// a NodeTimeout marks the node unreachable and wakes the keeper; one that
-// merely ran out of a budget shortened by queueing says nothing of the
-// node.
+// budget of budget (its earliest deadline; it waited at least NodeTimeout,
+// see send) and that took took: its error err (of the first call; the
+// calls of one pipeline share the connection's fate) and, on success, the
+// round trip. A batch that got no answer marks the node unreachable and
+// wakes the keeper.
 func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 	var rerr redis.Error
 	switch {
@@ -248,7 +250,6 @@ func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
 		} else {
 			n.rttLow.Store(old + (t-old)/8)
 		}
-	case isTimeout(err) && budget < nodeTimeout/2:
 	default:
 		n.reachable.Store(false)
 		n.redialSoon()
