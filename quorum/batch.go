@@ -32,12 +32,12 @@ import (
 // that a reply that comes a little late does not cost the connection (see
 // send). A request whose deadline passed while it was queued, or that has
 // less time left than the node's round trip, fails as a timeout without
-// being sent, and such a request needs no cleanup (reply.unsent).
-// Requests whose deadline is much later than the earliest one go in a
-// separate batch after it, so that one caller with little time left cannot
-// cut short the round trip of many with plenty; the keeper's requests,
-// while the node answers, go with the calls' first batch instead of one of
-// their own (sendPending).
+// being sent, and such a request needs no cleanup (reply.unsent). Every
+// other request queued goes in the next batch, whoever made it: a call's,
+// the watcher's, the keeper's. A batch of background work alone would hold
+// the calls that queue meanwhile back by a round trip; since no deadline
+// cuts a batch short, one caller with little time left cannot cut short
+// the round trip of the others.
 //
 // A node has one batch in flight at a time, and a request whose caller is
 // gone is dropped if it was not sent yet. So the cleanup of an attempt that
@@ -390,44 +390,16 @@ func (l *Locker) sendPending(n *node, q []request) {
 		}
 		live = append(live, req)
 	}
-	// The keeper's requests (a reading, cleanups to send again) go with the
-	// calls' first batch while the node answers: a batch of their own would
-	// hold the calls that queue meanwhile back by a round trip. While it
-	// does not, they go alone, with the time to dial and shake hands.
-	var along []request
-	if reachable {
-		live, along = splitKeeper(live)
+	if len(live) == 0 {
+		return
 	}
-	forEachGroup(live, l.cfg.NodeTimeout/2, func(batch []request, deadline time.Time) {
-		if along != nil {
-			batch = append(slices.Clip(batch), along...)
-			along = nil
-		}
-		l.send(n, batch, deadline)
-	})
-}
-
-// splitKeeper returns the calls' requests of q and, when there are both,
-// the keeper's apart. It allocates only then.
-func splitKeeper(q []request) (calls, keeper []request) {
-	k := 0
-	for _, req := range q {
-		if req.r.keeper {
-			k++
+	latest := live[0].r.deadline
+	for _, req := range live[1:] {
+		if req.r.deadline.After(latest) {
+			latest = req.r.deadline
 		}
 	}
-	if k == 0 || k == len(q) {
-		return q, nil
-	}
-	calls, keeper = make([]request, 0, len(q)-k), make([]request, 0, k)
-	for _, req := range q {
-		if req.r.keeper {
-			keeper = append(keeper, req)
-		} else {
-			calls = append(calls, req)
-		}
-	}
-	return calls, keeper
+	l.send(n, live, latest)
 }
 
 // firstReading reads n's clock, which was never read, before the requests
@@ -461,50 +433,23 @@ func (l *Locker) firstReading(n *node, q []request) error {
 
 var errNoReading = errors.New("quorum: lock node's clock not read yet")
 
-// forEachGroup calls send with the requests of q in groups whose deadlines
-// lie less than spread apart, bounded by the earliest deadline in the
-// group, the most urgent group first. Usually all deadlines are NodeTimeout
-// after calls made within one round trip of each other, and q is one group
-// in its order.
-func forEachGroup(q []request, spread time.Duration, send func(batch []request, deadline time.Time)) {
-	if len(q) == 0 {
-		return
-	}
-	first, last := q[0].r.deadline, q[0].r.deadline
-	for _, req := range q[1:] {
-		if d := req.r.deadline; d.Before(first) {
-			first = d
-		} else if d.After(last) {
-			last = d
-		}
-	}
-	if last.Sub(first) < spread {
-		send(q, first)
-		return
-	}
-	slices.SortStableFunc(q, func(a, b request) int { return a.r.deadline.Compare(b.r.deadline) })
-	for len(q) > 0 {
-		d := q[0].r.deadline
-		j := 1
-		for j < len(q) && q[j].r.deadline.Sub(d) < spread {
-			j++
-		}
-		send(q[:j], d)
-		q = q[j:]
-	}
-}
-
 // send runs batch on n as one pipeline and completes every request in it,
-// as opsScript calls of at most maxOps operations each. deadline is the
-// earliest of the requests': their callers stop waiting then (fanout), but
-// the batch waits for its reply until NodeTimeout after it was sent if
-// that is later. A reply that comes a little late then keeps its
-// connection (go-redis closes one that timed out, and over a slow link the
-// next batch would pay a dial and a handshake, and likely time out in its
-// turn), tells that the node answers, and is taken in for the calls that
-// still wait.
+// as opsScript calls of at most maxOps operations each. The batch waits
+// for its reply until deadline (the latest of its requests'), or until
+// NodeTimeout after it was sent if that is later: keepTimeout while the
+// node has not answered since it last failed to, since the batch may then
+// dial and shake hands first. Each caller stops waiting at its own
+// deadline all the same (fanout). A reply that comes a little late keeps
+// its connection (go-redis closes one that timed out, and over a slow link
+// the next batch would pay a dial and a handshake, and likely time out in
+// its turn), tells that the node answers, and is taken in for the calls
+// that still wait.
 func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	wait := time.Now().Add(l.cfg.NodeTimeout)
+	if !n.reachable.Load() {
+		// It may dial and shake hands first, as the keeper's does.
+		wait = time.Now().Add(l.keepTimeout())
+	}
 	if deadline.After(wait) {
 		wait = deadline
 	}
@@ -536,7 +481,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		i = j
 	}
 	n.exec(ctx, cmds)
-	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout)
+	n.settle(cmds[0].Err(), time.Since(sent), l.cfg.NodeTimeout)
 
 	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
 	// run those calls again with EVAL, which also caches it.
