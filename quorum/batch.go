@@ -220,6 +220,15 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 	}
 	r.armTimer()
 	for i, n := range nodes {
+		if r.op == opCleanup && !r.keeper && !n.reachable.Load() {
+			// The node did not answer its last batch: the cleanup would
+			// wait for its timeout, and keep the call that failed from
+			// returning. The keeper sends it once it reaches the node, or
+			// with its next try (retryCleanups): a cleanup is safe
+			// whenever it arrives (late.go).
+			r.complete(i, reply{err: errReconnecting, unsent: true})
+			continue
+		}
 		n.submit(request{r, i})
 	}
 	var gone error

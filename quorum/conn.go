@@ -25,11 +25,12 @@ import (
 //     itself take three or four round trips, which a node behind a link
 //     whose latency is a good part of NodeTimeout never answers in time: the
 //     call fails, its connection is dropped, and the next call starts over.
-//     While the node does not answer, the keeper's request is bounded by
-//     keepTimeout, not by one call's NodeTimeout, so it establishes a
-//     connection (through the batcher, which the calls' requests use too)
-//     and leaves it in the pool, where the next batch finds it and needs
-//     one round trip.
+//     While the node does not answer, the keeper's request (every batch,
+//     see send) is bounded by keepTimeout, not by one call's NodeTimeout,
+//     so it establishes a connection (through the batcher, which the
+//     calls' requests use too) and leaves it in the pool of the batcher's
+//     own client, where the next batch finds it and needs one round trip;
+//     no other command takes it (New).
 //     A call that fails for want of an answer (a timeout, a refused or
 //     broken connection) marks the node unreachable and wakes the keeper;
 //     until the keeper's request (or a call's) gets an answer, the batcher
@@ -43,10 +44,11 @@ import (
 //     failures the keeper backs off (NodeTimeout/2 doubling, at most
 //     maxKeepBackoff, counted from the start of the try that failed: a
 //     dial that timed out has waited long enough), so a node that answers
-//     again is used within DialTimeout (a dial in flight when the link
-//     healed: a SYN that was dropped is sent again only after a second) +
-//     the reconnection's round trips (connecting, HELLO and the call: New
-//     turns off go-redis's CLIENT SETINFO, one round trip more).
+//     again is used within DialTimeout/5 (a dial in flight when the link
+//     healed: its dropped SYN is sent again only after a second, but the
+//     dials race, see raceDial) + the reconnection's round trips
+//     (connecting, HELLO and the call: New turns off go-redis's CLIENT
+//     SETINFO, one round trip more).
 //   - It reads the node's clock, for the deadlines that requests carry (see
 //     late.go): the node's time as the script read it and the local
 //     (monotonic) time when the batcher read the reply. The time was read
