@@ -225,7 +225,9 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 			// wait for its timeout, and keep the call that failed from
 			// returning. The keeper sends it once it reaches the node, or
 			// with its next try (retryCleanups): a cleanup is safe
-			// whenever it arrives (late.go).
+			// whenever it arrives (late.go). Counted as the batcher
+			// counts a request it fails at once.
+			l.observe(r.ctx, n, errReconnecting)
 			r.complete(i, reply{err: errReconnecting, unsent: true})
 			continue
 		}
