@@ -249,8 +249,8 @@ func (l *Locker) Nodes() int { return len(l.nodes) }
 
 // Close stops the watcher, the keepers, the placements, the notification
 // subscribers and the batchers, waits for them and closes the node clients. Calls still
-// running fail (a batch already sent is awaited, at most NodeTimeout);
-// waiting Lock calls return. Close is idempotent and returns the same
+// running fail (a batch already sent is awaited, at most 3*NodeTimeout, the
+// keeper's bound; see send); waiting Lock calls return. Close is idempotent and returns the same
 // result every time.
 func (l *Locker) Close() error {
 	l.closeOnce.Do(func() {
