@@ -27,10 +27,10 @@ import (
 // deadline and NodeTimeout after the call started. Every caller stops
 // waiting at its deadline (fanout), and its request then fails with the
 // timeout and is counted (metrics, node up/down) as a timed-out single
-// call would be; the batch itself waits for its reply until the earliest
-// deadline in it or NodeTimeout after it was sent, whichever is later, so
-// that a reply that comes a little late does not cost the connection (see
-// send). A request whose deadline passed while it was queued, or that has
+// call would be; the batch itself waits for its reply until the latest
+// deadline in it or NodeTimeout after it was sent (keepTimeout while the
+// node does not answer), whichever is later, so that a reply that comes a
+// little late does not cost the connection (see send). A request whose deadline passed while it was queued, or that has
 // less time left than the node's round trip, fails as a timeout without
 // being sent, and such a request needs no cleanup (reply.unsent). Every
 // other request queued goes in the next batch, whoever made it: a call's,
@@ -382,10 +382,9 @@ func (l *Locker) sendPending(n *node, q []request) {
 		}
 		if r.deadline.Sub(now) < rttLow {
 			// Queued behind a slow batch, it has less time left than the
-			// node's round trip: fail it as a timeout without sending it,
-			// rather than time out on the connection (go-redis closes a
-			// connection that timed out, and a slow link then needs a new
-			// one, a dial and a handshake).
+			// node's round trip: fail it as a timeout without sending it.
+			// Its reply would come after its caller left, and what it did
+			// on the node would need undoing.
 			r.complete(req.i, reply{err: context.DeadlineExceeded, unsent: true})
 			continue
 		}
