@@ -25,8 +25,8 @@ import (
 //     itself take three or four round trips, which a node behind a link
 //     whose latency is a good part of NodeTimeout never answers in time: the
 //     call fails, its connection is dropped, and the next call starts over.
-//     While the node does not answer, the keeper's request (every batch,
-//     see send) is bounded by keepTimeout, not by one call's NodeTimeout,
+//     While the node does not answer, the keeper's request (like every
+//     batch then, see send) is bounded by keepTimeout, not by NodeTimeout,
 //     so it establishes a connection (through the batcher, which the
 //     calls' requests use too) and leaves it in the pool of the batcher's
 //     own client, where the next batch finds it and needs one round trip;
