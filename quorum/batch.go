@@ -123,16 +123,21 @@ type round struct {
 	anytime bool     // the operation is safe whenever it arrives: no deadline
 	keeper  bool     // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
 
-	res  []reply
-	fin  []atomic.Bool // fin[i]: res[i] is written
-	left atomic.Int32
-	done chan struct{} // one value when left reaches zero
+	res []reply
+	fin []atomic.Bool // fin[i]: res[i] is written
+	// counted[i]: the failure of the i-th node's request was counted
+	// (observe), by fanout when its caller left at the deadline or by the
+	// batcher, whichever came first: never both.
+	counted []atomic.Bool
+	left    atomic.Int32
+	done    chan struct{} // one value when left reaches zero
 	// timer fires just after deadline: a request that waits in its node's
 	// queue behind a longer batch (the keeper's) is given up then.
 	timer *time.Timer
 
 	resBuf [smallRound]reply
 	finBuf [smallRound]atomic.Bool
+	cntBuf [smallRound]atomic.Bool
 }
 
 var rounds = sync.Pool{New: func() any { return &round{done: make(chan struct{}, 1)} }}
@@ -143,9 +148,9 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	r := rounds.Get().(*round)
 	r.ctx, r.op = ctx, o
 	if nodes <= smallRound {
-		r.res, r.fin = r.resBuf[:nodes], r.finBuf[:nodes]
+		r.res, r.fin, r.counted = r.resBuf[:nodes], r.finBuf[:nodes], r.cntBuf[:nodes]
 	} else {
-		r.res, r.fin = make([]reply, nodes), make([]atomic.Bool, nodes)
+		r.res, r.fin, r.counted = make([]reply, nodes), make([]atomic.Bool, nodes), make([]atomic.Bool, nodes)
 	}
 	r.start = time.Now()
 	r.deadline = r.start.Add(l.cfg.NodeTimeout)
@@ -183,8 +188,9 @@ func (r *round) free() {
 	clear(r.resBuf[:])
 	for i := range r.finBuf {
 		r.finBuf[i].Store(false)
+		r.cntBuf[i].Store(false)
 	}
-	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
+	r.ctx, r.op, r.res, r.fin, r.counted = nil, nil, nil, nil, nil
 	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
 	r.more = nil
 	rounds.Put(r)
@@ -227,7 +233,7 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 			// with its next try (retryCleanups): a cleanup is safe
 			// whenever it arrives (late.go). Counted as the batcher
 			// counts a request it fails at once.
-			l.observe(r.ctx, n, errReconnecting)
+			l.observeReq(n, request{r, i}, errReconnecting)
 			r.complete(i, reply{err: errReconnecting, unsent: true})
 			continue
 		}
@@ -256,7 +262,7 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 					if gone == context.DeadlineExceeded && !r.keeper {
 						// Still queued behind a slower batch: the node did
 						// not answer in time.
-						l.observe(r.ctx, nodes[i], gone)
+						l.observeReq(nodes[i], request{r, i}, gone)
 					}
 				}
 			}
@@ -376,7 +382,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			// The keeper is reconnecting (conn.go), and a dial, the
 			// handshake and the call would not fit in the time left. Over
 			// a fast link they fit: the next call tries the node itself.
-			l.observe(r.ctx, n, errReconnecting)
+			l.observeReq(n, req, errReconnecting)
 			r.complete(req.i, reply{err: errReconnecting, unsent: true})
 			continue
 		}
@@ -393,7 +399,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			if r.deadline != r.ctxDeadline {
 				// Its NodeTimeout ran out in the queue, behind a slow
 				// batch: the node did not answer in time.
-				l.observe(r.ctx, n, err)
+				l.observeReq(n, req, err)
 			}
 			r.complete(req.i, reply{err: err, unsent: true})
 			continue
@@ -547,6 +553,14 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	n.cmds, n.args = cmds[:0], args[:0]
 }
 
+// observeReq is observe for n's request req: a failure is counted once per
+// request (see round.counted).
+func (l *Locker) observeReq(n *node, req request, err error) {
+	if err == nil || req.r.counted[req.i].CompareAndSwap(false, true) {
+		l.observe(req.r.ctx, n, err)
+	}
+}
+
 // complete records rep as n's answer to req. evicts is whether the node
 // could evict keys when the request was sent.
 func (l *Locker) complete(n *node, req request, rep reply, evicts bool) {
@@ -555,7 +569,7 @@ func (l *Locker) complete(n *node, req request, rep reply, evicts bool) {
 	}
 	if rep.err == nil || !req.r.keeper {
 		// The keeper's failures repeat the calls' (conn.go): not counted.
-		l.observe(req.r.ctx, n, rep.err)
+		l.observeReq(n, req, rep.err)
 	}
 	if rep.err == nil {
 		l.observeState(n, rep.state, rep.clock == clockAhead, req.r.start)
