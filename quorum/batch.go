@@ -24,14 +24,20 @@ import (
 // for company.
 //
 // Each request keeps its own deadline: the earlier of its caller's context
-// deadline and NodeTimeout after the call started. A batch is bounded by the
-// earliest deadline in it, so it never keeps a caller past its deadline, and
-// when a batch times out, every request in it fails with the timeout and is
-// counted (metrics, node up/down) as a timed-out single call would be. A
-// request whose deadline passed while it was queued fails as a timeout
-// without being sent. Requests whose deadline is much later than the
-// earliest one go in a separate batch after it, so that one caller with
-// little time left cannot cut short the round trip of many with plenty.
+// deadline and NodeTimeout after the call started. Every caller stops
+// waiting at its deadline (fanout), and its request then fails with the
+// timeout and is counted (metrics, node up/down) as a timed-out single
+// call would be; the batch itself waits for its reply until the latest
+// deadline in it or NodeTimeout after it was sent (keepTimeout while the
+// node does not answer), whichever is later, so that a reply that comes a
+// little late does not cost the connection (see send). A request whose deadline passed while it was queued, or that has
+// less time left than the node's round trip, fails as a timeout without
+// being sent, and such a request needs no cleanup (reply.unsent). Every
+// other request queued goes in the next batch, whoever made it: a call's,
+// the watcher's, the keeper's. A batch of background work alone would hold
+// the calls that queue meanwhile back by a round trip; since no deadline
+// cuts a batch short, one caller with little time left cannot cut short
+// the round trip of the others.
 //
 // A node has one batch in flight at a time, and a request whose caller is
 // gone is dropped if it was not sent yet. So the cleanup of an attempt that
@@ -78,6 +84,9 @@ type reply struct {
 	clock    int8
 	rd       clockReading
 	err      error
+	// unsent: the batcher failed the request without sending it (err
+	// says why), so it cannot run on the node, ever: nothing to undo.
+	unsent bool
 	// When the reply was read, and how long before that its call was
 	// sent: the node ran the script within that window (nodeTime).
 	at     time.Time
@@ -114,16 +123,21 @@ type round struct {
 	anytime bool     // the operation is safe whenever it arrives: no deadline
 	keeper  bool     // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
 
-	res  []reply
-	fin  []atomic.Bool // fin[i]: res[i] is written
-	left atomic.Int32
-	done chan struct{} // one value when left reaches zero
+	res []reply
+	fin []atomic.Bool // fin[i]: res[i] is written
+	// counted[i]: the failure of the i-th node's request was counted
+	// (observe), by fanout when its caller left at the deadline or by the
+	// batcher, whichever came first: never both.
+	counted []atomic.Bool
+	left    atomic.Int32
+	done    chan struct{} // one value when left reaches zero
 	// timer fires just after deadline: a request that waits in its node's
 	// queue behind a longer batch (the keeper's) is given up then.
 	timer *time.Timer
 
 	resBuf [smallRound]reply
 	finBuf [smallRound]atomic.Bool
+	cntBuf [smallRound]atomic.Bool
 }
 
 var rounds = sync.Pool{New: func() any { return &round{done: make(chan struct{}, 1)} }}
@@ -134,9 +148,9 @@ func (l *Locker) newRound(ctx context.Context, o *op, nodes int) *round {
 	r := rounds.Get().(*round)
 	r.ctx, r.op = ctx, o
 	if nodes <= smallRound {
-		r.res, r.fin = r.resBuf[:nodes], r.finBuf[:nodes]
+		r.res, r.fin, r.counted = r.resBuf[:nodes], r.finBuf[:nodes], r.cntBuf[:nodes]
 	} else {
-		r.res, r.fin = make([]reply, nodes), make([]atomic.Bool, nodes)
+		r.res, r.fin, r.counted = make([]reply, nodes), make([]atomic.Bool, nodes), make([]atomic.Bool, nodes)
 	}
 	r.start = time.Now()
 	r.deadline = r.start.Add(l.cfg.NodeTimeout)
@@ -174,8 +188,9 @@ func (r *round) free() {
 	clear(r.resBuf[:])
 	for i := range r.finBuf {
 		r.finBuf[i].Store(false)
+		r.cntBuf[i].Store(false)
 	}
-	r.ctx, r.op, r.res, r.fin = nil, nil, nil, nil
+	r.ctx, r.op, r.res, r.fin, r.counted = nil, nil, nil, nil, nil
 	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
 	r.more = nil
 	rounds.Put(r)
@@ -211,6 +226,17 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 	}
 	r.armTimer()
 	for i, n := range nodes {
+		if r.op == opCleanup && !r.keeper && !n.reachable.Load() {
+			// The node did not answer its last batch: the cleanup would
+			// wait for its timeout, and keep the call that failed from
+			// returning. The keeper sends it once it reaches the node, or
+			// with its next try (retryCleanups): a cleanup is safe
+			// whenever it arrives (late.go). Counted as the batcher
+			// counts a request it fails at once.
+			l.observeReq(n, request{r, i}, errReconnecting)
+			r.complete(i, reply{err: errReconnecting, unsent: true})
+			continue
+		}
 		n.submit(request{r, i})
 	}
 	l.await(nodes, r, f)
@@ -262,7 +288,7 @@ func (l *Locker) await(nodes []*node, r *round, f func([]reply)) {
 					if gone == context.DeadlineExceeded && !r.keeper {
 						// Still queued behind a slower batch: the node did
 						// not answer in time.
-						l.observe(r.ctx, nodes[i], gone)
+						l.observeReq(nodes[i], request{r, i}, gone)
 					}
 				}
 			}
@@ -281,7 +307,7 @@ func (n *node) submit(q request) {
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
-		q.r.complete(q.i, reply{err: errClosed})
+		q.r.complete(q.i, reply{err: errClosed, unsent: true})
 		return
 	}
 	n.pending = append(n.pending, q)
@@ -364,7 +390,7 @@ func (n *node) shut() {
 	n.pending = nil
 	n.mu.Unlock()
 	for _, req := range q {
-		req.r.complete(req.i, reply{err: errClosed})
+		req.r.complete(req.i, reply{err: errClosed, unsent: true})
 	}
 }
 
@@ -391,30 +417,29 @@ func (l *Locker) sendPending(n *node, q []request) {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
 			// The caller is gone; the node never sees the request.
-			r.complete(req.i, reply{err: err})
+			r.complete(req.i, reply{err: err, unsent: true})
 			continue
 		}
 		if noClock && !r.anytime {
 			// A request without a deadline could run however late it
 			// arrives (late.go).
-			r.complete(req.i, reply{err: clockErr})
+			r.complete(req.i, reply{err: clockErr, unsent: true})
 			continue
 		}
 		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
 			// The keeper is reconnecting (conn.go), and a dial, the
 			// handshake and the call would not fit in the time left. Over
 			// a fast link they fit: the next call tries the node itself.
-			l.observe(r.ctx, n, errReconnecting)
-			r.complete(req.i, reply{err: errReconnecting})
+			l.observeReq(n, req, errReconnecting)
+			r.complete(req.i, reply{err: errReconnecting, unsent: true})
 			continue
 		}
 		if r.deadline.Sub(now) < rttLow {
 			// Queued behind a slow batch, it has less time left than the
-			// node's round trip: fail it as a timeout without sending it,
-			// rather than time out on the connection (go-redis closes a
-			// connection that timed out, and a slow link then needs a new
-			// one, a dial and a handshake).
-			r.complete(req.i, reply{err: context.DeadlineExceeded})
+			// node's round trip: fail it as a timeout without sending it.
+			// Its reply would come after its caller left, and what it did
+			// on the node would need undoing.
+			r.complete(req.i, reply{err: context.DeadlineExceeded, unsent: true})
 			continue
 		}
 		if !now.Before(r.deadline) {
@@ -422,16 +447,23 @@ func (l *Locker) sendPending(n *node, q []request) {
 			if r.deadline != r.ctxDeadline {
 				// Its NodeTimeout ran out in the queue, behind a slow
 				// batch: the node did not answer in time.
-				l.observe(r.ctx, n, err)
+				l.observeReq(n, req, err)
 			}
-			r.complete(req.i, reply{err: err})
+			r.complete(req.i, reply{err: err, unsent: true})
 			continue
 		}
 		live = append(live, req)
 	}
-	forEachGroup(live, l.cfg.NodeTimeout/2, func(batch []request, deadline time.Time) {
-		l.send(n, batch, deadline)
-	})
+	if len(live) == 0 {
+		return
+	}
+	latest := live[0].r.deadline
+	for _, req := range live[1:] {
+		if req.r.deadline.After(latest) {
+			latest = req.r.deadline
+		}
+	}
+	l.send(n, live, latest)
 }
 
 // firstReading reads n's clock, which was never read, before the requests
@@ -465,44 +497,27 @@ func (l *Locker) firstReading(n *node, q []request) error {
 
 var errNoReading = errors.New("quorum: lock node's clock not read yet")
 
-// forEachGroup calls send with the requests of q in groups whose deadlines
-// lie less than spread apart, bounded by the earliest deadline in the
-// group, the most urgent group first. Usually all deadlines are NodeTimeout
-// after calls made within one round trip of each other, and q is one group
-// in its order.
-func forEachGroup(q []request, spread time.Duration, send func(batch []request, deadline time.Time)) {
-	if len(q) == 0 {
-		return
-	}
-	first, last := q[0].r.deadline, q[0].r.deadline
-	for _, req := range q[1:] {
-		if d := req.r.deadline; d.Before(first) {
-			first = d
-		} else if d.After(last) {
-			last = d
-		}
-	}
-	if last.Sub(first) < spread {
-		send(q, first)
-		return
-	}
-	slices.SortStableFunc(q, func(a, b request) int { return a.r.deadline.Compare(b.r.deadline) })
-	for len(q) > 0 {
-		d := q[0].r.deadline
-		j := 1
-		for j < len(q) && q[j].r.deadline.Sub(d) < spread {
-			j++
-		}
-		send(q[:j], d)
-		q = q[j:]
-	}
-}
-
-// send runs batch on n as one pipeline bounded by deadline and completes
-// every request in it, as opsScript calls of at most maxOps operations
-// each.
+// send runs batch on n as one pipeline and completes every request in it,
+// as opsScript calls of at most maxOps operations each. The batch waits
+// for its reply until deadline (the latest of its requests'), or until
+// NodeTimeout after it was sent if that is later: keepTimeout while the
+// node has not answered since it last failed to, since the batch may then
+// dial and shake hands first. Each caller stops waiting at its own
+// deadline all the same (fanout). A reply that comes a little late keeps
+// its connection (go-redis closes one that timed out, and over a slow link
+// the next batch would pay a dial and a handshake, and likely time out in
+// its turn), tells that the node answers, and is taken in for the calls
+// that still wait.
 func (l *Locker) send(n *node, batch []request, deadline time.Time) {
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	wait := time.Now().Add(l.cfg.NodeTimeout)
+	if !n.reachable.Load() {
+		// It may dial and shake hands first, as the keeper's does.
+		wait = time.Now().Add(l.keepTimeout())
+	}
+	if deadline.After(wait) {
+		wait = deadline
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), wait)
 	defer cancel()
 	cmds := n.cmds[:0]
 	args := n.args[:0]
@@ -530,7 +545,7 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		i = j
 	}
 	n.exec(ctx, cmds)
-	n.settle(cmds[0].Err(), time.Since(sent), deadline.Sub(sent), l.cfg.NodeTimeout)
+	n.settle(cmds[0].Err(), time.Since(sent), l.cfg.NodeTimeout)
 
 	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
 	// run those calls again with EVAL, which also caches it.
@@ -586,6 +601,14 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	n.cmds, n.args = cmds[:0], args[:0]
 }
 
+// observeReq is observe for n's request req: a failure is counted once per
+// request (see round.counted).
+func (l *Locker) observeReq(n *node, req request, err error) {
+	if err == nil || req.r.counted[req.i].CompareAndSwap(false, true) {
+		l.observe(req.r.ctx, n, err)
+	}
+}
+
 // complete records rep as n's answer to req. evicts is whether the node
 // could evict keys when the request was sent.
 func (l *Locker) complete(n *node, req request, rep reply, evicts bool) {
@@ -594,7 +617,7 @@ func (l *Locker) complete(n *node, req request, rep reply, evicts bool) {
 	}
 	if rep.err == nil || !req.r.keeper {
 		// The keeper's failures repeat the calls' (conn.go): not counted.
-		l.observe(req.r.ctx, n, rep.err)
+		l.observeReq(n, req, rep.err)
 	}
 	if rep.err == nil {
 		l.observeState(n, rep.state, rep.clock == clockAhead, req.r.start)

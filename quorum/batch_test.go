@@ -10,48 +10,6 @@ import (
 	"time"
 )
 
-func TestForEachGroup(t *testing.T) {
-	const spread = 25 * time.Millisecond
-	tests := []struct {
-		name string
-		give []int   // deadlines, ms after a base time, in queue order
-		want [][]int // the deadlines of each group sent, in order
-	}{
-		{"one", []int{50}, [][]int{{50}}},
-		{"close together keep their order", []int{52, 50, 51}, [][]int{{52, 50, 51}}},
-		{"just under the spread", []int{50, 74}, [][]int{{50, 74}}},
-		{"urgent caller first and alone", []int{50, 51, 10, 52}, [][]int{{10}, {50, 51, 52}}},
-		{"three groups", []int{100, 10, 60, 12, 61}, [][]int{{10, 12}, {60, 61}, {100}}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			base := time.Now()
-			var q []request
-			for _, ms := range tt.give {
-				q = append(q, request{r: &round{deadline: base.Add(time.Duration(ms) * time.Millisecond)}})
-			}
-			var got [][]int
-			forEachGroup(q, spread, func(batch []request, deadline time.Time) {
-				var g []int
-				earliest := batch[0].r.deadline
-				for _, req := range batch {
-					g = append(g, int(req.r.deadline.Sub(base)/time.Millisecond))
-					if req.r.deadline.Before(earliest) {
-						earliest = req.r.deadline
-					}
-				}
-				if !deadline.Equal(earliest) {
-					t.Errorf("group %v bounded by %v, want its earliest deadline", g, deadline.Sub(base))
-				}
-				got = append(got, g)
-			})
-			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
-				t.Errorf("groups %v, want %v", got, tt.want)
-			}
-		})
-	}
-}
-
 // stat returns a field of INFO stats on node i.
 func (c *cluster) stat(tb testing.TB, i int, field string) int {
 	tb.Helper()

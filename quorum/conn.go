@@ -25,11 +25,12 @@ import (
 //     itself take three or four round trips, which a node behind a link
 //     whose latency is a good part of NodeTimeout never answers in time: the
 //     call fails, its connection is dropped, and the next call starts over.
-//     While the node does not answer, the keeper's request is bounded by
-//     keepTimeout, not by one call's NodeTimeout, so it establishes a
-//     connection (through the batcher, which the calls' requests use too)
-//     and leaves it in the pool, where the next batch finds it and needs
-//     one round trip.
+//     While the node does not answer, the keeper's request (like every
+//     batch then, see send) is bounded by keepTimeout, not by NodeTimeout,
+//     so it establishes a connection (through the batcher, which the
+//     calls' requests use too) and leaves it in the pool of the batcher's
+//     own client, where the next batch finds it and needs one round trip;
+//     no other command takes it (New).
 //     A call that fails for want of an answer (a timeout, a refused or
 //     broken connection) marks the node unreachable and wakes the keeper;
 //     until the keeper's request (or a call's) gets an answer, the batcher
@@ -43,10 +44,11 @@ import (
 //     failures the keeper backs off (NodeTimeout/2 doubling, at most
 //     maxKeepBackoff, counted from the start of the try that failed: a
 //     dial that timed out has waited long enough), so a node that answers
-//     again is used within DialTimeout (a dial in flight when the link
-//     healed: a SYN that was dropped is sent again only after a second) +
-//     the reconnection's round trips (connecting, HELLO and the call: New
-//     turns off go-redis's CLIENT SETINFO, one round trip more).
+//     again is used within DialTimeout/5 (a dial in flight when the link
+//     healed: its dropped SYN is sent again only after a second, but the
+//     dials race, see raceDial) + the reconnection's round trips
+//     (connecting, HELLO and the call: New turns off go-redis's CLIENT
+//     SETINFO, one round trip more).
 //   - It reads the node's clock, for the deadlines that requests carry (see
 //     late.go): the node's time as the script read it and the local
 //     (monotonic) time when the batcher read the reply. The time was read
@@ -156,21 +158,33 @@ var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting
 // node that came back would stay unused for up to a second (and the
 // failures never reset while the node stays up). The dial itself is
 // bounded by DialTimeout, which New sets to at most NodeTimeout. A
-// connection made closes with SO_LINGER 0 (see abortOnClose), and the
-// time its dial took is kept on n (see settle).
+// connection made closes with SO_LINGER 0 (see abortOnClose), and, for the
+// batcher's client (n not nil), the time its dial took is kept on n (see
+// settle), and the dial is a race of several (see raceDial), so that the
+// keeper's dial in flight when a link that dropped packets heals does not
+// wait out its DialTimeout.
 func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := opt.Dialer
 	if dial == nil {
 		dial = redis.NewDialer(opt)
 	}
+	step := max(opt.DialTimeout/dialsPerTimeout, time.Millisecond)
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		start := time.Now()
-		c, err := dial(ctx, network, addr)
+		var c net.Conn
+		var err error
+		if n != nil {
+			c, err = raceDial(ctx, dial, network, addr, step)
+		} else {
+			c, err = dial(ctx, network, addr)
+		}
 		if err != nil {
 			return failedConn{err: err, addr: addr}, nil
 		}
-		n.dialTook.Store(int64(time.Since(start)))
-		n.dialed.Store(int64(time.Since(dialClock)))
+		if n != nil {
+			n.dialTook.Store(int64(time.Since(start)))
+			n.dialed.Store(int64(time.Since(dialClock)))
+		}
 		abortOnClose(c)
 		return c, nil
 	}
@@ -178,6 +192,70 @@ func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr
 
 // dialClock is the origin of node.dialed.
 var dialClock = time.Now()
+
+// dialsPerTimeout is how many dials raceDial starts at most, one every
+// DialTimeout/dialsPerTimeout.
+const dialsPerTimeout = 5
+
+// raceDial dials addr with dial, and dials again every step while no dial
+// connected, at most dialsPerTimeout times, until ctx ends; it returns the
+// first connection made and closes the others. Over a link that drops
+// packets a dial's SYN is lost, and the kernel sends it again only after a
+// second: a single dial in flight when the link heals would wait out its
+// whole timeout (DialTimeout, up to NodeTimeout), while one of the later
+// dials' SYNs gets through within step of the heal. A dial that fails for
+// another reason than a timeout (a refused connection: the node is down,
+// its host up) ends the race with its error at once.
+func raceDial(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), network, addr string, step time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	res := make(chan result, dialsPerTimeout)
+	started, ended := 0, 0
+	start := func() {
+		started++
+		go func() {
+			c, err := dial(ctx, network, addr)
+			res <- result{c, err}
+		}()
+	}
+	start()
+	t := time.NewTimer(step)
+	defer t.Stop()
+	var won net.Conn
+	var err, last error
+	for won == nil && err == nil {
+		select {
+		case <-t.C:
+			if ctx.Err() == nil && started < dialsPerTimeout {
+				start()
+				t.Reset(step)
+			} else if ended == started {
+				err = last // every dial failed, and no more start
+			}
+		case r := <-res:
+			ended++
+			switch {
+			case r.err == nil:
+				won = r.c
+			case !isTimeout(r.err) && ctx.Err() == nil, ended == started && (started == dialsPerTimeout || ctx.Err() != nil):
+				err = r.err
+			default:
+				last = r.err
+			}
+		}
+	}
+	cancel()
+	for ; ended < started; ended++ { // the others end with the context
+		if r := <-res; r.err == nil {
+			r.c.Close()
+		}
+	}
+	return won, err
+}
 
 // failedConn is a connection that was never made: every read and write
 // returns the dial's error. go-redis dials in the background and puts a
@@ -206,53 +284,44 @@ type failedAddr string
 func (a failedAddr) Network() string { return "tcp" }
 func (a failedAddr) String() string  { return string(a) }
 
-// settle takes in the outcome of a batch that n's batcher sent with a
-// budget of budget and that took took: its error err (of the first call;
-// the calls of one pipeline share the connection's fate) and, on success,
-// the round trip. A batch that got no answer although it had at least half
-// a NodeTimeout marks the node unreachable and wakes the keeper; one that
-// merely ran out of a budget shortened by queueing says nothing of the
-// node.
-func (n *node) settle(err error, took, budget, nodeTimeout time.Duration) {
+// settle takes in the outcome of a batch that n's batcher sent and that
+// took took: its error err (of the first call; the calls of one pipeline
+// share the connection's fate) and, on an answer, the round trip. A batch
+// that got no answer (it waited at least NodeTimeout, see send) marks the
+// node unreachable and wakes the keeper.
+//
+// The round trip follows a faster sample at once and a slower one by 1/8.
+// A node that did not answer is tried by a call only when three round trips
+// fit, a queued request only when one does, and one slow batch (a pause)
+// must not keep it from being tried. A batch that dialed took the dial,
+// the handshake (HELLO) and the call: two round trips after the dial. The
+// first answer after the node did not answer starts the estimate over:
+// the link may have become slower (a low estimate would send requests that
+// cannot be answered in their time), but at most NodeTimeout/2, since a
+// node that was paused answers when it resumes, and that wait is no round
+// trip (an estimate that high would keep every call's request from being
+// sent, and so from correcting it). The node is marked reachable here,
+// before the batcher looks at the requests that queued behind the batch.
+func (n *node) settle(err error, took, nodeTimeout time.Duration) {
 	var rerr redis.Error
-	switch {
-	case (err == nil || errors.As(err, &rerr)) && budget > nodeTimeout:
-		// The keeper's batch, which may have dialed: no sample, unless the
-		// node did not answer before. Then, if it dialed, the handshake
-		// (HELLO) and the call took the rest, two round trips. A low
-		// estimate would send requests that cannot be answered in their
-		// time: their timeout closes the connection, and the next batch
-		// dials again. Marked reachable here, before the batcher sends the
-		// requests that queued behind it.
-		if !n.reachable.Load() {
-			rtt := took // on a connection that was there
-			if dialed := time.Duration(n.dialed.Load()); dialed > time.Since(dialClock)-took {
-				rtt = (took - time.Duration(n.dialTook.Load())) / 2
-			}
-			// At most NodeTimeout/2: a node that was paused answers the
-			// keeper when it resumes, and that wait is no round trip; an
-			// estimate that high would keep every call's request from
-			// being sent, and so from correcting it.
-			n.rttLow.Store(int64(min(rtt, nodeTimeout/2)))
-			n.reachable.Store(true)
-		}
-	case err == nil || errors.As(err, &rerr):
-		n.reachable.Store(true)
-		// Answered: the round trip, following a faster sample at once and
-		// a slower one by 1/8. A node that did not answer is tried by a
-		// call only when three round trips fit, a queued request only when
-		// one does, and one slow batch (a pause) must not keep it from
-		// being tried.
-		t := int64(took)
-		if old := n.rttLow.Load(); t < old || old == 0 {
-			n.rttLow.Store(t)
-		} else {
-			n.rttLow.Store(old + (t-old)/8)
-		}
-	case isTimeout(err) && budget < nodeTimeout/2:
-	default:
+	if err != nil && !errors.As(err, &rerr) {
 		n.reachable.Store(false)
 		n.redialSoon()
+		return
+	}
+	if dialed := time.Duration(n.dialed.Load()); dialed > time.Since(dialClock)-took {
+		took = (took - time.Duration(n.dialTook.Load())) / 2
+	}
+	t := int64(took)
+	if !n.reachable.Load() {
+		n.rttLow.Store(int64(min(took, nodeTimeout/2)))
+		n.reachable.Store(true)
+		return
+	}
+	if old := n.rttLow.Load(); t < old || old == 0 {
+		n.rttLow.Store(t)
+	} else {
+		n.rttLow.Store(old + (t-old)/8)
 	}
 }
 

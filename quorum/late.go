@@ -48,7 +48,12 @@ package quorum
 //     Cleanups carry no deadline: they are safe whenever they arrive, so a
 //     cleanup that a node did not answer is sent again by the node's keeper
 //     once the node answers (or only times out: a link slower than
-//     NodeTimeout still carries it), until the attempt's ttl has passed.
+//     NodeTimeout still carries it), until the attempt's ttl has passed;
+//     a cleanup for a node that did not answer its last batch is left to
+//     the keeper at once, rather than keep the failed call waiting for
+//     the node's timeout. A request that the batcher failed without
+//     sending it (reply.unsent) never reaches the node: its attempt is not
+//     cleaned up there.
 //
 // Why the deadline is fixed before the request leaves, on the node's clock,
 // and not given as a budget (the time the call had left) that the script
@@ -101,9 +106,11 @@ package quorum
 //
 // Nothing left behind. A request that ran in time on a node whose reply
 // was lost or late leaves the attempt's lock there; the cleanup reaches the
-// node at once, or, when the node did not answer it, as soon as the keeper
-// reaches the node again (at most NodeTimeout + maxKeepBackoff + a
-// reconnection after the node answers). A request that arrives after its
+// node at once, or, when the node did not answer it (or its last batch), as
+// soon as the keeper reaches the node again (at most keepTimeout +
+// maxKeepBackoff + a reconnection after the node answers; the keeper's
+// dials race, so a link that heals is found within DialTimeout/5 of a
+// try). A request that arrives after its
 // cleanup finds the tombstone (free lock) or the lock of others and does
 // nothing; one that arrives after its deadline does nothing. So a resource
 // that a NOQUORUM left is free again as soon as its nodes answer and the

@@ -344,6 +344,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		for i, r := range res {
 			l.tally(&answered, r, fresh, start)
 			switch {
+			case r.err != nil && r.unsent: // it never left: nothing to undo
 			case r.err != nil:
 				owned = append(owned, l.nodes[i]) // it may have run the script
 			case r.val > 0:

@@ -71,11 +71,15 @@ type Locker struct {
 type node struct {
 	index  int
 	addr   string
-	client *redis.Client
-	sub    *redis.PubSub
-	down   atomic.Bool // last call outcome; logged once per change
-	health health      // whether the node kept its data (recovery.go)
-	evicts atomic.Bool // the node may evict keys: its grants do not count
+	client *redis.Client // for the watcher's and the recovery's commands
+	// batches is the batcher's own client: its pool holds the connection
+	// the keeper keeps warm, and no other command takes it or dials beside
+	// it (see conn.go).
+	batches *redis.Client
+	sub     *redis.PubSub
+	down    atomic.Bool // last call outcome; logged once per change
+	health  health      // whether the node kept its data (recovery.go)
+	evicts  atomic.Bool // the node may evict keys: its grants do not count
 	// jumped is set while a reply showed the node's clock ahead (clock.go)
 	// and the watcher has not deleted its marker yet.
 	jumped atomic.Bool
@@ -107,8 +111,11 @@ type node struct {
 	args []any
 }
 
-// New returns a Locker with one go-redis client per entry of nodes and
-// starts, for each node, a goroutine subscribed to release notifications,
+// New returns a Locker with two go-redis clients per entry of nodes (one
+// that only the node's batcher uses, with at most 4 connections, so that
+// the connection the keeper keeps warm is the one the calls find; one for
+// everything else) and starts, for each node, a goroutine subscribed to
+// release notifications,
 // one that sends the node's calls in batches and one that keeps a
 // connection warm and reads the node's clock (conn.go); Close stops them. New does not
 // contact the nodes, so it succeeds while nodes are down.
@@ -208,11 +215,17 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 			redial: make(chan struct{}, 1),
 		}
 		n.reachable.Store(true) // until a call finds otherwise
-		opt.Dialer = dialer(&opt, n)
-		c := redis.NewClient(&opt)
+		direct := opt
+		direct.Dialer = dialer(&opt, nil)
+		c := redis.NewClient(&direct)
 		n.client = c
 		n.sub = c.Subscribe(ctx) // no channel yet: no I/O here
-		n.pipe = c.Pipeline()
+		// One batch is in flight at a time: its connection, and a few
+		// dialed in the background for batches that gave up.
+		opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns = 4, 0, 2
+		opt.Dialer = dialer(&opt, n)
+		n.batches = redis.NewClient(&opt)
+		n.pipe = n.batches.Pipeline()
 		l.nodes = append(l.nodes, n)
 	}
 	for _, n := range l.nodes {
@@ -241,8 +254,8 @@ func (l *Locker) Nodes() int { return len(l.nodes) }
 
 // Close stops the watcher, the keepers, the placements, the notification
 // subscribers and the batchers, waits for them and closes the node clients. Calls still
-// running fail (a batch already sent is awaited, at most NodeTimeout);
-// waiting Lock calls return. Close is idempotent and returns the same
+// running fail (a batch already sent is awaited, at most 3*NodeTimeout, the
+// keeper's bound; see send); waiting Lock calls return. Close is idempotent and returns the same
 // result every time.
 func (l *Locker) Close() error {
 	l.closeOnce.Do(func() {
@@ -258,7 +271,7 @@ func (l *Locker) Close() error {
 		l.batchWG.Wait()
 		var errs []error
 		for _, n := range l.nodes {
-			if err := n.client.Close(); err != nil {
+			if err := errors.Join(n.client.Close(), n.batches.Close()); err != nil {
 				errs = append(errs, fmt.Errorf("close lock node %d (%s): %w", n.index, n.addr, err))
 			}
 		}
