@@ -1,0 +1,59 @@
+package quorum
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestGrantedRiderNotTakenAgain: a reader that a reader ahead of it took
+// along and granted, and that took its grant, is never taken along again
+// in the moment before it leaves the queue: a second round for it would
+// put its holding back on the nodes after its caller released it.
+func TestGrantedRiderNotTakenAgain(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	ctx := ctxT(t)
+	const ttl = 5 * time.Second
+	// The queue as wait builds it: a reader at the head (attempting on its
+	// own) and a reader behind it.
+	head := l.enqueue("doc", "head-token", ttl, nil, true, ctx)
+	l.activate(head, false)
+	rider := l.enqueue("doc", "rider-token", ttl, nil, true, ctx)
+	defer l.leave("doc", head)
+	defer l.leave("doc", rider)
+
+	riders := l.claimReaders("doc", head)
+	if len(riders) != 1 || riders[0] != rider {
+		t.Fatalf("claimed %d riders, want the one behind the head", len(riders))
+	}
+	hl, _, _, err := l.admitReaders(ctx, "doc", head, riders)
+	if err != nil {
+		t.Fatalf("the head's grant: %v", err)
+	}
+	// The rider takes its grant (as wait does), its caller releases it,
+	// and only then does the rider leave the queue.
+	h := <-rider.handed
+	if !h.ok {
+		t.Fatal("the rider was not granted")
+	}
+	mustUnlock(t, l, "doc", h.lk.Token)
+	// Meanwhile the head attempts again (as after a failed attempt).
+	if again := l.claimReaders("doc", head); len(again) > 0 {
+		t.Errorf("the granted rider was taken along again")
+		if _, _, _, err := l.admitReaders(ctx, "doc", head, again); err != nil {
+			t.Fatalf("the head's second round: %v", err)
+		}
+	}
+	for i, a := range c.admin {
+		v, err := a.HExists(context.Background(), "lockproxy:lock:doc", "@rider-token").Result()
+		if err != nil {
+			t.Fatalf("HEXISTS on node %d: %v", i, err)
+		}
+		if v {
+			t.Errorf("node %d holds the released rider's reader", i)
+		}
+	}
+	mustUnlock(t, l, "doc", hl.Token)
+}
