@@ -41,6 +41,10 @@ type placement struct {
 	end             time.Time    // the lock's ttl runs out on the nodes
 	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
+	// dropped: unregistered (dropPlacement, stopPlacements), under
+	// Locker.mu, so that pending is one read and not a search: a node's
+	// keeper list is pruned with it at the cap (deferPlacement).
+	dropped bool
 }
 
 // schedulePlacement places resource's lock of token on nodes once they are
@@ -214,17 +218,13 @@ func (l *Locker) retryPlacements(n *node) {
 
 // pending reports whether p is still registered. l.mu is held.
 func (l *Locker) pending(p *placement) bool {
-	for _, q := range l.placing[p.resource] {
-		if q == p {
-			return true
-		}
-	}
-	return false
+	return !p.dropped
 }
 
 // dropPlacement unregisters p. l.mu is held.
 func (l *Locker) dropPlacement(p *placement) {
 	p.timer.Stop()
+	p.dropped = true
 	ps := l.placing[p.resource]
 	for i, q := range ps {
 		if q == p {
@@ -257,6 +257,7 @@ func (l *Locker) stopPlacements() {
 	for _, ps := range l.placing {
 		for _, p := range ps {
 			p.timer.Stop()
+			p.dropped = true
 		}
 	}
 	clear(l.placing)

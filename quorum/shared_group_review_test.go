@@ -57,3 +57,53 @@ func TestGrantedRiderNotTakenAgain(t *testing.T) {
 	}
 	mustUnlock(t, l, "doc", hl.Token)
 }
+
+// BenchmarkDeferPlacementAtCap: a node that is unreachable keeps the most
+// placements (maxPendingPlacements), all of live readers of one resource;
+// one op is one more reader's placement deferred there, under Locker.mu as
+// startPlacement defers it. Every Locker call waits for that lock.
+func BenchmarkDeferPlacementAtCap(b *testing.B) {
+	c := startCluster(b, 3)
+	l := newLocker(b, c, testConfig())
+	n := l.nodes[2]
+	c.servers[2].Kill() // its keeper never reaches it: nothing runs them
+	end := time.Now().Add(time.Hour)
+	form := &holdingForm{shared: true}
+	add := func() *placement {
+		p := &placement{resource: "doc", token: "t", attempt: "a", form: form, end: end, nodes: []*node{n}}
+		p.timer = time.AfterFunc(time.Hour, func() {})
+		l.mu.Lock()
+		l.placing[p.resource] = append(l.placing[p.resource], p)
+		l.mu.Unlock()
+		return p
+	}
+	for range maxPendingPlacements {
+		p := add()
+		l.mu.Lock()
+		n.deferPlacement(p, l.pending)
+		l.mu.Unlock()
+	}
+	ps := make([]*placement, b.N)
+	for i := range ps {
+		ps[i] = add()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, p := range ps {
+		l.mu.Lock()
+		n.deferPlacement(p, l.pending)
+		l.mu.Unlock()
+	}
+	b.StopTimer()
+	if len(n.placements) != maxPendingPlacements {
+		b.Fatalf("the node keeps %d placements, want %d", len(n.placements), maxPendingPlacements)
+	}
+	l.mu.Lock()
+	for _, ps := range l.placing {
+		for _, p := range ps {
+			p.timer.Stop()
+		}
+	}
+	clear(l.placing)
+	l.mu.Unlock()
+}
