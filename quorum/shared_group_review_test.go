@@ -107,3 +107,44 @@ func BenchmarkDeferPlacementAtCap(b *testing.B) {
 	clear(l.placing)
 	l.mu.Unlock()
 }
+
+// TestRiderGoneWhileTaken: a reader taken along whose caller is gone by the
+// time its round runs is answered once, not granted, and leaves nothing on
+// the nodes; the head is granted all the same.
+func TestRiderGoneWhileTaken(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	ctx := ctxT(t)
+	const ttl = 5 * time.Second
+	head := l.enqueue("doc", "head-token", ttl, nil, true, ctx)
+	l.activate(head, false)
+	rctx, cancel := context.WithCancel(ctx)
+	rider := l.enqueue("doc", "rider-token", ttl, nil, true, rctx)
+	defer l.leave("doc", head)
+	defer l.leave("doc", rider)
+	riders := l.claimReaders("doc", head)
+	if len(riders) != 1 {
+		t.Fatalf("claimed %d riders, want 1", len(riders))
+	}
+	cancel()
+	if handed := l.activate(rider, true); !handed {
+		t.Fatal("the rider stopped waiting but does not wait for the outcome of its round")
+	}
+	hl, _, _, err := l.admitReaders(ctx, "doc", head, riders)
+	if err != nil {
+		t.Fatalf("the head: %v", err)
+	}
+	if h := <-rider.handed; h.ok {
+		t.Errorf("the gone rider was granted %+v", h.lk)
+	}
+	if len(rider.handed) != 0 {
+		t.Error("the rider was answered twice")
+	}
+	for i, a := range c.admin {
+		if v, _ := a.HExists(context.Background(), "lockproxy:lock:doc", "@rider-token").Result(); v {
+			t.Errorf("node %d holds the gone rider's reader", i)
+		}
+	}
+	mustUnlock(t, l, "doc", hl.Token)
+}
