@@ -2,6 +2,8 @@ package quorum
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -147,4 +149,76 @@ func TestRiderGoneWhileTaken(t *testing.T) {
 		}
 	}
 	mustUnlock(t, l, "doc", hl.Token)
+}
+
+// TestStalePlacementKeepsLaterExpiry: a reader's placement that lands on a
+// node after the reader refreshed its holding there (RLock with its token,
+// for a longer ttl) leaves the later expiry. Shortened to the first grant's
+// ttl, the holding would leave that node while the refresh, which counted
+// it, still gives the reader validity; with the first grant's ttl run out
+// on the node the refresh missed as well, a writer could then take both.
+func TestStalePlacementKeepsLaterExpiry(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	const tok = "reader-token"
+	c.servers[2].CutOff()
+	mustRLock(t, l, "doc", 2*time.Second, Options{Token: tok})
+	// The first grant's placement onto node 2 waits for node 2's keeper;
+	// take it from there so that it runs only after the refresh below (as
+	// its timer or the keeper may run it).
+	n := l.nodes[2]
+	var p1 *placement
+	eventually(t, "the placement kept for node 2", func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for _, p := range n.placements {
+			if p.token == tok {
+				p1 = p
+				n.placements = nil
+				return true
+			}
+		}
+		return false
+	})
+	l.mu.Lock()
+	p1.timer.Stop()
+	l.mu.Unlock()
+
+	c.servers[1].CutOff()
+	c.servers[2].Reconnect()
+	eventually(t, "node 2 reachable", func() bool { return n.reachable.Load() })
+	second := mustRLock(t, l, "doc", 30*time.Second, Options{Token: tok})
+	if second.Validity < 20*time.Second {
+		t.Fatalf("the refresh: validity %v", second.Validity)
+	}
+	left := func() time.Duration {
+		v, err := c.admin[2].HGet(context.Background(), "lockproxy:lock:doc", "@"+tok).Result()
+		if err != nil {
+			t.Fatalf("node 2: %v", err)
+		}
+		now, err := c.admin[2].Time(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var exp int64
+		if _, err := fmt.Sscanf(v, "%d|", &exp); err != nil {
+			t.Fatalf("node 2 holds %q: %v", v, err)
+		}
+		return time.Duration(exp-now.UnixMilli()) * time.Millisecond
+	}
+	if d := left(); d < 20*time.Second {
+		t.Fatalf("node 2 holds the refreshed reader for %v", d)
+	}
+	// The first grant's placement runs now.
+	l.retryPlacement(p1)
+	eventually(t, "the first grant's placement on node 2", func() bool {
+		v, _ := c.admin[2].HGet(context.Background(), "lockproxy:lock:doc", "@"+tok).Result()
+		return strings.Contains(v, p1.attempt)
+	})
+	if d := left(); d < 20*time.Second {
+		t.Errorf("after the first grant's placement, node 2 holds the reader for %v, while the refresh gives it a validity of %v", d, second.Validity)
+	}
+	c.servers[1].Reconnect()
+	mustUnlock(t, l, "doc", tok)
 }
