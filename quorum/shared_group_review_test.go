@@ -222,3 +222,32 @@ func TestStalePlacementKeepsLaterExpiry(t *testing.T) {
 	c.servers[1].Reconnect()
 	mustUnlock(t, l, "doc", tok)
 }
+
+// TestPlacementAfterUnlockUndone: a reader's placement already on its way
+// to a node when Unlock released the reader (Unlock drops the placement,
+// but its request may reach the node after the release) does not leave
+// the released reader on that node until the grant's ttl runs out.
+func TestPlacementAfterUnlockUndone(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	rd := mustRLock(t, l, "doc", 30*time.Second, Options{})
+	// The grant's placement onto node 2 (as if node 2 had missed the
+	// round), registered while the reader holds.
+	p := &placement{resource: "doc", token: rd.Token, attempt: "placement-attempt", fence: rd.Fence,
+		form: &holdingForm{shared: true}, end: time.Now().Add(30 * time.Second), nodes: []*node{l.nodes[2]}}
+	l.addPlacement(p, time.Hour)
+	mustUnlock(t, l, "doc", rd.Token)
+	// Its goroutine, started before the Unlock, sends only now.
+	l.mu.Lock()
+	l.startPlacement(p, p.nodes)
+	l.mu.Unlock()
+	has := func() bool {
+		v, _ := c.admin[2].HExists(context.Background(), "lockproxy:lock:doc", "@"+rd.Token).Result()
+		return v
+	}
+	l.bg.Wait() // the placement's goroutine (the only one) is done
+	if has() {
+		t.Error("node 2 holds the reader after its Unlock")
+	}
+}
