@@ -29,7 +29,11 @@ import (
 // not answer: the node's keeper runs it there again each time it reaches
 // the node (retryPlacements), until the holding's ttl ends. An exclusive
 // lock left off such a node is healed by its next Extend, but readers and
-// permits often never extend. Nothing polls a node that is down.
+// permits often never extend. Nothing polls a node that is down. A reader's
+// or permit's placement already on its way when an Unlock through this
+// Locker cancels it is undone where it was sent (by its attempt: a later
+// holding of the token stays), so the released holding does not stay on
+// that node until its ttl runs out.
 
 // placement is a lock still to be placed on some nodes.
 type placement struct {
@@ -41,6 +45,11 @@ type placement struct {
 	end             time.Time    // the lock's ttl runs out on the nodes
 	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
+	// dropped: unregistered (dropPlacement, stopPlacements), under
+	// Locker.mu, so that pending is one read and not a search: a node's
+	// keeper list is pruned with it at the cap (deferPlacement). released:
+	// dropped by an Unlock of the token (cancelPlacement).
+	dropped, released bool
 }
 
 // schedulePlacement places resource's lock of token on nodes once they are
@@ -115,12 +124,12 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 		defer l.bg.Done()
 		var held, failed map[*node]bool
 		var wait time.Duration
+		var reach []*node // the nodes asked, for a reader or a permit
 		if p.form == nil {
 			held, wait = l.place(l.subCtx, nodes, p.resource, p.token, p.attempt, p.fence, p.end, p.ext)
 		} else {
 			// A node known to be unreachable is not asked until its
 			// keeper reaches it again: it counts as failed meanwhile.
-			var reach []*node
 			unreached := make(map[*node]bool)
 			for _, m := range nodes {
 				if m.reachable.Load() {
@@ -137,10 +146,22 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 			}
 		}
 		l.mu.Lock()
-		defer l.mu.Unlock()
 		if !l.pending(p) {
+			released := p.released
+			l.mu.Unlock()
+			if left := time.Until(p.end); released && left > 0 {
+				// An Unlock released the holding while this placement
+				// was on its way: where it may have landed after the
+				// release, it is undone (by its attempt, so a later
+				// holding of the token stays).
+				// A node that did not answer in time may have run it:
+				// its cleanup waits for its keeper if need be.
+				placed := slices.DeleteFunc(reach, func(m *node) bool { return held[m] })
+				l.cleanup(l.subCtx, placed, p.resource, p.token, p.attempt, left, true)
+			}
 			return
 		}
+		defer l.mu.Unlock()
 		// Keep waiting for the nodes still held by another token; a node
 		// that placed the lock is done, and one that failed is left to
 		// Extend, which heals (an exclusive lock), or to its keeper, which
@@ -214,17 +235,13 @@ func (l *Locker) retryPlacements(n *node) {
 
 // pending reports whether p is still registered. l.mu is held.
 func (l *Locker) pending(p *placement) bool {
-	for _, q := range l.placing[p.resource] {
-		if q == p {
-			return true
-		}
-	}
-	return false
+	return !p.dropped
 }
 
 // dropPlacement unregisters p. l.mu is held.
 func (l *Locker) dropPlacement(p *placement) {
 	p.timer.Stop()
+	p.dropped = true
 	ps := l.placing[p.resource]
 	for i, q := range ps {
 		if q == p {
@@ -245,6 +262,7 @@ func (l *Locker) cancelPlacement(resource, token string) {
 	defer l.mu.Unlock()
 	for _, p := range slices.Clone(l.placing[resource]) {
 		if p.token == token {
+			p.released = true
 			l.dropPlacement(p)
 		}
 	}
@@ -257,6 +275,7 @@ func (l *Locker) stopPlacements() {
 	for _, ps := range l.placing {
 		for _, p := range ps {
 			p.timer.Stop()
+			p.dropped = true
 		}
 	}
 	clear(l.placing)

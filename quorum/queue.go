@@ -132,6 +132,12 @@ func (l *Locker) deliver(w *waiter, h handoff) {
 	defer l.mu.Unlock()
 	w.handed <- h // capacity 1, and one handoff at a time
 	w.handing = false
+	if h.ok && w.reader != nil {
+		// A reader granted along with the one ahead of it is done
+		// waiting: taken along again after it took the grant (it may
+		// even have been released by then), it would be granted anew.
+		w.gone = true
+	}
 }
 
 // queuedHash reports whether shared or semaphore waiters are queued for

@@ -208,7 +208,8 @@ end
 -- hacquire takes or refreshes a shared holding (x "<ttl>:0:0") or a
 -- semaphore permit (x "<ttl>:<k>:<slot>", the proposed slot). Codes: q
 -- (acquire), qw (and mark the record for a release notification), qr
--- (only refresh the token's holding). It replies {slot, fence} when the
+-- (only refresh the token's holding), qp (place, see opsScript: a
+-- holding of the token there keeps its expiry when it is the later). It replies {slot, fence} when the
 -- token holds afterwards (a refresh keeps its slot and fence), {free,
 -- -1-ms} when the proposed slot (or, shared, the resource) is taken,
 -- free being a free slot or -1 and ms the time until the first holding
@@ -255,7 +256,12 @@ local function hacquire(key, code, token, x, attempt)
 	local exp = now() + ttl
 	local f, e = hfind(h, token)
 	if f then
-		e.exp, e.att = exp, addAttempt(e.att, attempt)
+		-- A placement (qp) never shortens the holding: one that lands
+		-- after the token refreshed it there carries the earlier ttl.
+		if code ~= 'qp' or exp > e.exp then
+			e.exp = exp
+		end
+		e.att = addAttempt(e.att, attempt)
 		hset(key, h, f, e)
 		if k == 0 then
 			return {0, e.fence}
