@@ -108,8 +108,9 @@ import (
 //	       of the attempt for ttl ms, so that the attempt's acquisition,
 //	       arriving late, does nothing (it fails with LATE).
 //	e      extend: reset the ttl to x ms if the token owns the lock; a
-//	       holding with a count replies {fence, holds, version, 0, fence},
-//	       so that healing carries the count.
+//	       holding with an extension replies {fence, holds, version, 0,
+//	       fence, extension} (holds and version 0 without a count), so
+//	       that healing carries the count and the holder.
 //	p      place: x is "<ttl>:<fence>[;<extension>]"; if the lock is free, take it for the
 //	       token with that fence and ttl and raise the counter to the fence.
 //	       Heals a lock that a majority holds onto a node that lacks it.
@@ -459,10 +460,10 @@ local function extend(key, token, ttl)
 		return 0
 	end
 	redis.call('PEXPIRE', key, ttl)
-	local h, ver = holdsOf(ext)
-	if h then
-		-- The count too, for healing (reentrant.go).
-		return {fence, h, ver, 0, fence}
+	if ext ~= '' then
+		-- The count and the holder too, for healing (reentrant.go).
+		local h, ver = holdsOf(ext)
+		return {fence, h or 0, ver or 0, 0, fence, ext}
 	end
 	return fence
 end
