@@ -256,17 +256,18 @@ local function parse(v, token)
 	if not sep or string.sub(v, sep + 1) ~= token then
 		return nil
 	end
-	local h = string.sub(v, 2, sep - 1)
-	local ext = ''
-	local semi = string.find(h, ';', 1, true)
-	if semi then
-		h, ext = string.sub(h, 1, semi - 1), string.sub(h, semi)
+	-- The header is v from 2 to sep-1, its extension from its first ';'
+	-- on; found in v, so that no copy of the header is made.
+	local last, ext = sep - 1, ''
+	local semi = string.find(v, ';', 2, true)
+	if semi and semi < sep then
+		last, ext = semi - 1, string.sub(v, semi, sep - 1)
 	end
-	local slash = string.find(h, '/', 1, true)
-	if not slash then
-		return tonumber(h), '', ext
+	local slash = string.find(v, '/', 2, true)
+	if not slash or slash > last then
+		return tonumber(string.sub(v, 2, last)), '', ext
 	end
-	return tonumber(string.sub(h, 1, slash - 1)), string.sub(h, slash + 1), ext
+	return tonumber(string.sub(v, 2, slash - 1)), string.sub(v, slash + 1, last), ext
 end
 
 local function value(mark, fence, attempt, token, ext)
@@ -277,8 +278,9 @@ end
 -- stores, or nil for a lock that was never taken with REENTRANT nor
 -- re-entered (one hold).
 local function holdsOf(ext)
-	if ext == '' then
-		return nil -- the plain lock's value: no pattern to match
+	local d = string.byte(ext, 2)
+	if not d or d < 48 or d > 57 then
+		return nil -- no count digit: no pattern to match (a plain lock's value)
 	end
 	local h, ver = string.match(ext, '^;(%d+)%.(%d+)')
 	if not h then
@@ -469,13 +471,19 @@ local function extend(key, token, ttl)
 end
 
 ` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily) + `
+-- width is the number of positions that the operation run last takes: a
+-- group's size (set before anything can fail), 1 for the others.
+local width
 local function run(i)
 	local key, code, token, x, attempt = KEYS[i], ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i - 2], ARGV[5 * i - 1]
+	local c = string.sub(code, 1, 1)
+	if c == 'm' then
+		width = tonumber(string.match(x, ':(%d+)$')) or 1
+	end
 	local deadline = ARGV[5 * i]
 	if deadline ~= '0' and now() > tonumber(deadline) then
 		error({err = 'LATE the request arrived after its deadline'})
 	end
-	local c = string.sub(code, 1, 1)
 	if c == 'a' or c == 'r' then
 		return acquire(key, code, token, x, attempt)
 	elseif c == 'q' then
@@ -521,14 +529,11 @@ local i = 1
 while i <= n do
 	-- A group (code m...) is one unit over its size keys; its members'
 	-- positions in the reply get 0.
-	local width = 1
-	if string.byte(ARGV[5 * i - 4], 1) == 109 then
-		width = tonumber(string.match(ARGV[5 * i - 2], ':(%d+)$')) or 1
-	end
+	width = 1
+	local ok, r = pcall(run, i)
 	for j = i + 1, i + width - 1 do
 		res[j] = 0
 	end
-	local ok, r = pcall(run, i)
 	if ok then
 		res[i] = r
 	else
