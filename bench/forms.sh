@@ -4,14 +4,17 @@
 # MLOCK of 1, 3 and 10 resources; one client and CLIENTS clients; pairs/s
 # and the CPU of the proxy and the nodes per pair). With BASE set to a git
 # revision it first runs the plain LOCK/UNLOCK scenario (lockbench -only
-# uncontended) against a lockproxy built from BASE and one built from the
-# working tree, interleaved, on the same nodes: the A/B of the plain path.
+# plain: pairs/s, and the CPU of the proxy and of the nodes per pair)
+# against a lockproxy built from BASE and one built from the working tree,
+# interleaved, on the same nodes: the A/B of the plain path. The nodes' CPU
+# per pair is the steadier figure on a machine shared with other work.
 #
 # Environment (defaults in brackets):
 #   ROUNDS [3]          interleaved rounds
 #   DURATION [2s]       one lockbench run
 #   CLIENTS [50]        clients of the many-clients runs
 #   BASE                a revision to A/B the plain LOCK path against
+#   AB_ONLY             with BASE: stop after the A/B
 #   OUT                 also write the report to this file
 set -euo pipefail
 
@@ -88,20 +91,27 @@ if [[ -n "$BASE" ]]; then
 	log "A/B of the plain LOCK path: $BASE against the working tree, $ROUNDS rounds"
 	echo "#### Plain LOCK/UNLOCK, $CLIENTS clients: $BASE (A) against the working tree (B), interleaved" | report
 	echo | report
-	echo "| round | A pairs/s | B pairs/s | B/A |" | report
-	echo "|---|---|---|---|" | report
+	echo "| round | A pairs/s | B pairs/s | B/A | A proxy µs/pair | B proxy µs/pair | A nodes µs/pair | B nodes µs/pair | B/A nodes |" | report
+	echo "|---|---|---|---|---|---|---|---|---|" | report
 	for r in $(seq "$ROUNDS"); do
 		order="a b"
 		((r % 2)) || order="b a" # alternate which side runs first
 		for side in $order; do
 			if [[ $side == a ]]; then p=$base pid=$base_pid; else p=$proxy pid=$proxy_pid; fi
-			rate=$(bench -proxy "127.0.0.1:$p" -proxy-pid "$pid" -only uncontended 2>/dev/null |
-				awk -F'|' '/^\| pairs\/s/ {gsub(/ /, "", $3); print $3; exit}')
-			printf -v "rate_$side" '%s' "$rate"
+			# -only plain: the proxy's LOCK+UNLOCK alone, with its and the
+			# nodes' CPU per pair.
+			row=$(bench -proxy "127.0.0.1:$p" -proxy-pid "$pid" -only plain 2>/dev/null | awk -F'|' '
+				/^\| pairs\/s/ {gsub(/ /, "", $3); rate = $3}
+				/^\| CPU µs per pair: lockproxy/ {gsub(/ /, "", $3); proxy = $3}
+				/^\| CPU µs per pair: the lock nodes/ {gsub(/ /, "", $3); nodes = $3}
+				END {print rate, proxy, nodes}')
+			read -r "rate_$side" "proxy_$side" "nodes_$side" <<<"$row"
 		done
-		echo "| $r | $rate_a | $rate_b | $(awk -v a="$rate_a" -v b="$rate_b" 'BEGIN {printf "%.3f", b / a}') |" | report
+		ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", b / a}'; }
+		echo "| $r | $rate_a | $rate_b | $(ratio "$rate_a" "$rate_b") | $proxy_a | $proxy_b | $nodes_a | $nodes_b | $(ratio "$nodes_a" "$nodes_b") |" | report
 	done
 	echo | report
+	[[ -z "${AB_ONLY:-}" ]] || exit 0
 fi
 
 log "lock forms, $ROUNDS rounds"

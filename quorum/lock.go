@@ -717,7 +717,7 @@ func (l *Locker) Extend(ctx context.Context, resource, token string, ttl time.Du
 			// nodes that lack it, so that one more failed node costs it
 			// nothing. Where another token took the node meanwhile, it
 			// stays.
-			l.placeForm(context.WithoutCancel(ctx), form, missing, resource, token, attempt, fence, start.Add(ttl), countExt(counted))
+			l.placeForm(context.WithoutCancel(ctx), form, missing, resource, token, attempt, fence, start.Add(ttl), healExt(counted))
 		}
 		// After the placement: the validity counts from Extend's return.
 		v := l.validity(ttl, time.Since(start))

@@ -45,13 +45,14 @@ type holdState struct {
 	fresh                 bool
 }
 
-// holdOf returns the holding that r reports, if it reports one.
+// holdOf returns the holding that r reports, if it reports one (extend's
+// reply has the extension after it).
 func holdOf(r reply) (holdState, bool) {
-	if len(r.arr) != 5 {
+	if len(r.arr) != 5 && len(r.arr) != 6 {
 		return holdState{}, false
 	}
 	var v [5]int64
-	for i, x := range r.arr {
+	for i, x := range r.arr[:5] {
 		n, ok := x.(int64)
 		if !ok {
 			return holdState{}, false
@@ -450,20 +451,36 @@ func (l *Locker) giveBack(ctx context.Context, resource, token string) {
 	_, _ = l.releaseHold(ctx, resource, token, 0)
 }
 
-// countExt returns the extension that heals a holding whose nodes reported
-// res (Extend's replies): the count of the latest version, "" when none
-// reported a count.
-func countExt(res []reply) string {
-	var last holdState
+// healExt returns the extension that heals a holding whose nodes reported
+// res (Extend's replies): the count of the latest version and the holder,
+// "" when none reported either.
+func healExt(res []reply) string {
+	var (
+		last   holdState
+		holder string // escaped, as stored
+	)
 	for _, r := range res {
-		if h, ok := holdOf(r); ok {
+		if h, ok := holdOf(r); ok && h.holds > 0 {
 			last = later(last, h)
 		}
+		if holder == "" && len(r.arr) == 6 {
+			if ext, ok := r.arr[5].(string); ok {
+				_, holder = extHolder(ext)
+			}
+		}
 	}
-	if last.holds == 0 {
+	f := &form{counted: last.holds > 0, holder: holder}
+	if !f.counted && holder == "" {
 		return ""
 	}
-	return (&form{counted: true}).extWith(last)
+	return f.extWith(last)
+}
+
+// extHolder splits an extension, ";<holds>.<version>;<holder>", into its
+// count and its holder (escaped, as stored).
+func extHolder(ext string) (count, holder string) {
+	count, holder, _ = strings.Cut(strings.TrimPrefix(ext, ";"), ";")
+	return count, holder
 }
 
 // fanoutSettled is fanout to every node with the clock verdicts of the

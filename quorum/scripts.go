@@ -3,6 +3,7 @@ package quorum
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"strings"
 )
 
 // Key layout on every node (every name starts with Config.KeyPrefix):
@@ -51,6 +52,12 @@ import (
 // per redis.call, not per line of Lua: one call for the whole batch, and as
 // few redis.calls per operation as the operation allows, is what keeps the
 // node's CPU per lock low.
+// So is defining few Lua functions per call: every call runs the script's
+// whole chunk, and each function it defines is a closure made anew. Only
+// the functions of a plain LOCK and UNLOCK (acquire, release), of EXTEND
+// and of an attempt's cleanup are defined on every call; the others come in
+// families (hash records, the rarer exclusive operations, the lock forms)
+// that a call defines on its first use of one (lazyFamilies).
 //
 // The call is
 //
@@ -101,8 +108,9 @@ import (
 //	       of the attempt for ttl ms, so that the attempt's acquisition,
 //	       arriving late, does nothing (it fails with LATE).
 //	e      extend: reset the ttl to x ms if the token owns the lock; a
-//	       holding with a count replies {fence, holds, version, 0, fence},
-//	       so that healing carries the count.
+//	       holding with an extension replies {fence, holds, version, 0,
+//	       fence, extension} (holds and version 0 without a count), so
+//	       that healing carries the count and the holder.
 //	p      place: x is "<ttl>:<fence>[;<extension>]"; if the lock is free, take it for the
 //	       token with that fence and ttl and raise the counter to the fence.
 //	       Heals a lock that a majority holds onto a node that lacks it.
@@ -248,17 +256,18 @@ local function parse(v, token)
 	if not sep or string.sub(v, sep + 1) ~= token then
 		return nil
 	end
-	local h = string.sub(v, 2, sep - 1)
-	local ext = ''
-	local semi = string.find(h, ';', 1, true)
-	if semi then
-		h, ext = string.sub(h, 1, semi - 1), string.sub(h, semi)
+	-- The header is v from 2 to sep-1, its extension from its first ';'
+	-- on; found in v, so that no copy of the header is made.
+	local last, ext = sep - 1, ''
+	local semi = string.find(v, ';', 2, true)
+	if semi and semi < sep then
+		last, ext = semi - 1, string.sub(v, semi, sep - 1)
 	end
-	local slash = string.find(h, '/', 1, true)
-	if not slash then
-		return tonumber(h), '', ext
+	local slash = string.find(v, '/', 2, true)
+	if not slash or slash > last then
+		return tonumber(string.sub(v, 2, last)), '', ext
 	end
-	return tonumber(string.sub(h, 1, slash - 1)), string.sub(h, slash + 1), ext
+	return tonumber(string.sub(v, 2, slash - 1)), string.sub(v, slash + 1, last), ext
 end
 
 local function value(mark, fence, attempt, token, ext)
@@ -269,6 +278,10 @@ end
 -- stores, or nil for a lock that was never taken with REENTRANT nor
 -- re-entered (one hold).
 local function holdsOf(ext)
+	local d = string.byte(ext, 2)
+	if not d or d < 48 or d > 57 then
+		return nil -- no count digit: no pattern to match (a plain lock's value)
+	end
 	local h, ver = string.match(ext, '^;(%d+)%.(%d+)')
 	if not h then
 		return nil
@@ -306,7 +319,13 @@ local function addAttempt(att, attempt)
 	end
 	return att .. ',' .. attempt
 end
-` + hashLua + `
+
+-- family returns the functions of a family of operations (see lazyFamilies):
+-- 'hash' (hash records, hashLua), 'exclusive' (the exclusive operations that
+-- a plain LOCK and UNLOCK do not use) or 'forms' (LOCK ... REENTRANT,
+-- LOCKINFO, MLOCK).
+local family
+
 -- refresh resets the ttl of v, a lock that token owns with fence and the
 -- attempts att, and adds attempt to those that rely on it.
 local function refresh(key, v, token, ttl, fence, att, attempt, ext)
@@ -335,7 +354,7 @@ local function acquire(key, code, token, x, attempt)
 		end
 		v = get(v, attempt)
 		if v == nil then
-			local r = hexclusive(key, code, token, ttl, attempt)
+			local r = family('hash').hexclusive(key, code, token, ttl, attempt)
 			if r ~= false then
 				return r
 			end
@@ -349,7 +368,7 @@ local function acquire(key, code, token, x, attempt)
 		end
 	end
 	if v == nil then
-		return hexclusive(key, code, token, ttl, attempt) or -1
+		return family('hash').hexclusive(key, code, token, ttl, attempt) or -1
 	end
 	local f, att, old = parse(v, token)
 	if f then
@@ -375,20 +394,6 @@ local function owned(key, token)
 	return nil
 end
 
-local function raise(key, token, fence)
-	local v, f, att, ext = owned(key, token)
-	if not v then
-		return hraise(key, token, fence)
-	end
-	if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
-		redis.call('SET', counter, fence)
-	end
-	if f < tonumber(fence) then
-		redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token, ext), 'KEEPTTL')
-	end
-	return 1
-end
-
 -- drop deletes the lock whose value is v and, with publish, tells the
 -- waiters that marked it; it returns 1.
 local function drop(key, v, publish, resource)
@@ -402,7 +407,7 @@ end
 local function release(key, code, token, resource)
 	local v, f, _, ext = owned(key, token)
 	if not v then
-		return hrelease(key, token, code ~= 'u', resource)
+		return family('hash').hrelease(key, token, code ~= 'u', resource)
 	end
 	local h, ver = holdsOf(ext)
 	if code == 'ul' then
@@ -430,7 +435,7 @@ local function cleanup(key, code, token, x, attempt)
 		return 0
 	end
 	if v == nil then
-		return hcleanup(key, code, token, ttl, attempt, resource)
+		return family('hash').hcleanup(key, code, token, ttl, attempt, resource)
 	end
 	local f, att, ext = parse(v, token)
 	if not f or att == '*' or not relies(att, attempt) then
@@ -450,19 +455,138 @@ local function extend(key, token, ttl)
 		return -1
 	end
 	if v == nil then
-		return hextend(key, token, ttl)
+		return family('hash').hextend(key, token, ttl)
 	end
 	local fence, _, ext = parse(v, token)
 	if not fence then
 		return 0
 	end
 	redis.call('PEXPIRE', key, ttl)
-	local h, ver = holdsOf(ext)
-	if h then
-		-- The count too, for healing (reentrant.go).
-		return {fence, h, ver, 0, fence}
+	if ext ~= '' then
+		-- The count and the holder too, for healing (reentrant.go).
+		local h, ver = holdsOf(ext)
+		return {fence, h or 0, ver or 0, 0, fence, ext}
 	end
 	return fence
+end
+
+` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily) + `
+-- width is the number of positions that the operation run last takes: a
+-- group's size (set before anything can fail), 1 for the others.
+local width
+local function run(i)
+	local key, code, token, x, attempt = KEYS[i], ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i - 2], ARGV[5 * i - 1]
+	local c = string.sub(code, 1, 1)
+	if c == 'm' then
+		width = tonumber(string.match(x, ':(%d+)$')) or 1
+	end
+	local deadline = ARGV[5 * i]
+	if deadline ~= '0' and now() > tonumber(deadline) then
+		error({err = 'LATE the request arrived after its deadline'})
+	end
+	if c == 'a' or c == 'r' then
+		return acquire(key, code, token, x, attempt)
+	elseif c == 'q' then
+		return family('hash').hacquire(key, code, token, x, attempt)
+	elseif c == 'u' then
+		return release(key, code, token, x)
+	elseif c == 'c' then
+		return cleanup(key, code, token, x, attempt)
+	elseif c == 'e' then
+		return extend(key, token, x)
+	elseif c == 'f' then
+		return family('exclusive').raise(key, token, x)
+	elseif c == 'p' then
+		return family('exclusive').place(key, token, x, attempt)
+	elseif c == 's' then
+		return family('exclusive').status()
+	elseif c == 't' then
+		return now()
+	elseif c == 'h' then
+		return family('exclusive').handoff(key, token, x, attempt)
+	elseif c == 'm' then
+		return family('forms').group(i, code, token, x, attempt)
+	elseif c == 'n' then
+		return family('forms').enter(key, code, token, x, attempt)
+	elseif c == 'k' then
+		return family('forms').sethold(key, token, x)
+	elseif c == 'y' then
+		return family('forms').query(key, token)
+	elseif c == 'v' then
+		return family('forms').view(key, token)
+	elseif c == 'i' then
+		if redis.call('EXISTS', recovery) == 1 then
+			return 0
+		end
+		redis.call('SET', marker, '1')
+		return 1
+	end
+	error({err = 'ERR unknown lock operation ' .. code})
+end
+
+local res = {}
+local i = 1
+while i <= n do
+	-- A group (code m...) is one unit over its size keys; its members'
+	-- positions in the reply get 0.
+	width = 1
+	local ok, r = pcall(run, i)
+	for j = i + 1, i + width - 1 do
+		res[j] = 0
+	end
+	if ok then
+		res[i] = r
+	else
+		-- A Redis error arrives as its text, code first; a Lua error as a
+		-- bare message, which gets the generic code.
+		if type(r) == 'table' then
+			r = r.err
+		end
+		r = tostring(r)
+		if not string.find(r, '^%u+ ') then
+			r = 'ERR ' .. r
+		end
+		res[i] = {err = r}
+	end
+	i = i + width
+end
+if redis.call('EXISTS', marker) == 1 then
+	res[n + 1] = 1
+elseif redis.call('EXISTS', recovery) == 1 then
+	res[n + 1] = -1
+else
+	res[n + 1] = 0
+end
+-- The node's clock (clock.go): its TIME and its offset against the
+-- reference. A node with its marker that reads more than the band below the
+-- caller's lower bound of the reference is moved up to it.
+local clock, band, ref = ARGV[#ARGV - 2], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+local t = now()
+local offset = tonumber(redis.call('GET', clock) or '0') or 0
+if ref and res[n + 1] == 1 and t - offset - ref < -band then
+	offset = t - ref
+	redis.call('SET', clock, string.format('%d', offset))
+end
+res[n + 2] = t
+res[n + 3] = offset
+return res
+`)
+
+// exclusiveFamily holds the exclusive operations that a plain LOCK and UNLOCK
+// do not use: raise (f), place (p), handoff (h) and status (s).
+var exclusiveFamily = luaFamily{"exclusive", `
+local function raise(key, token, fence)
+	local v, f, att, ext = owned(key, token)
+	if not v then
+		return family('hash').hraise(key, token, fence)
+	end
+	if tonumber(redis.call('GET', counter) or '0') < tonumber(fence) then
+		redis.call('SET', counter, fence)
+	end
+	if f < tonumber(fence) then
+		redis.call('SET', key, value(string.sub(v, 1, 1), fence, att, token, ext), 'KEEPTTL')
+	end
+	return 1
 end
 
 local function place(key, token, x, attempt)
@@ -497,12 +621,13 @@ local function handoff(key, token, x, attempt)
 	local released, mark = 0, '0'
 	if v == nil then
 		-- A hash: the last reader hands the lock to the waiting writer.
-		local h = hload(key)
-		local f = h and hfind(h, token)
+		local hr = family('hash')
+		local h = hr.hload(key)
+		local f = h and hr.hfind(h, token)
 		if not f then
 			return {0, held(key)}
 		end
-		hdrop(key, h, f, false, '')
+		hr.hdrop(key, h, f, false, '')
 		if h.n > 0 then
 			return {1, held(key)}
 		end
@@ -535,6 +660,22 @@ local function handoff(key, token, x, attempt)
 	return {released, fence}
 end
 
+local function status()
+	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
+	if not deadline then
+		return -1
+	end
+	return math.max(deadline - now(), 0)
+end
+`, []string{"raise", "place", "handoff", "status"}}
+
+// hashFamily holds the operations on hash records (hashLua), which the
+// exclusive operations reach only in their slow branch.
+var hashFamily = luaFamily{"hash", hashLua, []string{"hload", "hfind", "hdrop", "hexclusive", "hacquire", "hrelease", "hextend", "hraise", "hcleanup"}}
+
+// formsFamily holds the operations that only the lock forms use: LOCK ...
+// REENTRANT (enter, sethold, query), LOCKINFO (view) and MLOCK (group).
+var formsFamily = luaFamily{"forms", `
 -- enter is acquire for LOCK ... REENTRANT: code n, nw, nr or nrw runs
 -- acquire's a, aw, r or rw and replies {g, holds, version, fresh, g}, g
 -- being what acquire replies, holds and version the count stored with the
@@ -622,14 +763,6 @@ local function view(key, token)
 	return {'exclusive', redis.call('PTTL', key), header, mine, owner}
 end
 
-local function status()
-	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
-	if not deadline then
-		return -1
-	end
-	return math.max(deadline - now(), 0)
-end
-
 -- group runs the group acquire (m, mr, mw, mrw) over KEYS[i] .. and the
 -- keys of the group's members.
 local function group(i, code, token, x, attempt)
@@ -645,7 +778,7 @@ local function group(i, code, token, x, attempt)
 		local f = v and parse(v, token)
 		local h -- for a hash record: hexclusive's verdict
 		if v == nil then
-			h = hexclusive(key, 'r', token, ttl, attempt)
+			h = family('hash').hexclusive(key, 'r', token, ttl, attempt)
 		end
 		if f then
 			own = own + 1
@@ -695,104 +828,48 @@ local function group(i, code, token, x, attempt)
 	end
 	return out
 end
+`, []string{"enter", "sethold", "query", "view", "group"}}
 
-local function run(i)
-	local key, code, token, x, attempt = KEYS[i], ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i - 2], ARGV[5 * i - 1]
-	local deadline = ARGV[5 * i]
-	if deadline ~= '0' and now() > tonumber(deadline) then
-		error({err = 'LATE the request arrived after its deadline'})
-	end
-	local c = string.sub(code, 1, 1)
-	if c == 'a' or c == 'r' then
-		return acquire(key, code, token, x, attempt)
-	elseif c == 'q' then
-		return hacquire(key, code, token, x, attempt)
-	elseif c == 'u' then
-		return release(key, code, token, x)
-	elseif c == 'c' then
-		return cleanup(key, code, token, x, attempt)
-	elseif c == 'e' then
-		return extend(key, token, x)
-	elseif c == 'f' then
-		return raise(key, token, x)
-	elseif c == 'p' then
-		return place(key, token, x, attempt)
-	elseif c == 's' then
-		return status()
-	elseif c == 't' then
-		return now()
-	elseif c == 'h' then
-		return handoff(key, token, x, attempt)
-	elseif c == 'm' then
-		return group(i, code, token, x, attempt)
-	elseif c == 'n' then
-		return enter(key, code, token, x, attempt)
-	elseif c == 'k' then
-		return sethold(key, token, x)
-	elseif c == 'y' then
-		return query(key, token)
-	elseif c == 'v' then
-		return view(key, token)
-	elseif c == 'i' then
-		if redis.call('EXISTS', recovery) == 1 then
-			return 0
-		end
-		redis.call('SET', marker, '1')
-		return 1
-	end
-	error({err = 'ERR unknown lock operation ' .. code})
-end
+// luaFamily is a family of opsScript's operations: Lua (body) that defines
+// local functions, of which the ones named by exports are called from
+// outside the family.
+type luaFamily struct {
+	name    string
+	body    string
+	exports []string
+}
 
-local res = {}
-local i = 1
-while i <= n do
-	-- A group (code m...) is one unit over its size keys; its members'
-	-- positions in the reply get 0.
-	local width = 1
-	if string.byte(ARGV[5 * i - 4], 1) == 109 then
-		width = tonumber(string.match(ARGV[5 * i - 2], ':(%d+)$')) or 1
-	end
-	for j = i + 1, i + width - 1 do
-		res[j] = 0
-	end
-	local ok, r = pcall(run, i)
-	if ok then
-		res[i] = r
-	else
-		-- A Redis error arrives as its text, code first; a Lua error as a
-		-- bare message, which gets the generic code.
-		if type(r) == 'table' then
-			r = r.err
-		end
-		r = tostring(r)
-		if not string.find(r, '^%u+ ') then
-			r = 'ERR ' .. r
-		end
-		res[i] = {err = r}
-	end
-	i = i + width
-end
-if redis.call('EXISTS', marker) == 1 then
-	res[n + 1] = 1
-elseif redis.call('EXISTS', recovery) == 1 then
-	res[n + 1] = -1
-else
-	res[n + 1] = 0
-end
--- The node's clock (clock.go): its TIME and its offset against the
--- reference. A node with its marker that reads more than the band below the
--- caller's lower bound of the reference is moved up to it.
-local clock, band, ref = ARGV[#ARGV - 2], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
-local t = now()
-local offset = tonumber(redis.call('GET', clock) or '0') or 0
-if ref and res[n + 1] == 1 and t - offset - ref < -band then
-	offset = t - ref
-	redis.call('SET', clock, string.format('%d', offset))
-end
-res[n + 2] = t
-res[n + 3] = offset
-return res
-`)
+// lazyFamilies returns the Lua that assigns opsScript's function family:
+// family(name) makes the functions of the family name on its first call in
+// a call of the script, and returns a table of its exports. Every call of a
+// script runs its whole chunk, and each Lua function that the chunk
+// defines is a closure made anew, with its upvalues, on every call (and
+// garbage for the node's Lua collector afterwards): the functions of a
+// family that a call does not use cost it nothing but this one closure,
+// whatever the number of families.
+func lazyFamilies(fams ...luaFamily) string {
+	var b strings.Builder
+	b.WriteString("local families = {}\nfamily = function(name)\n\tlocal f = families[name]\n\tif f then\n\t\treturn f\n\tend\n")
+	for i, fam := range fams {
+		if i == 0 {
+			b.WriteString("\tif")
+		} else {
+			b.WriteString("\telseif")
+		}
+		b.WriteString(" name == '" + fam.name + "' then\n\t\tf = (function()\n")
+		b.WriteString(fam.body)
+		b.WriteString("\nreturn {")
+		for j, e := range fam.exports {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(e + " = " + e)
+		}
+		b.WriteString("}\n\t\tend)()\n")
+	}
+	b.WriteString("\tend\n\tfamilies[name] = f\n\treturn f\nend\n")
+	return b.String()
+}
 
 // script is a Lua script and its SHA1, the name EVALSHA runs it by.
 type script struct {

@@ -41,7 +41,7 @@ func TestOpsScriptHolds(t *testing.T) {
 	res = runOps(t, a, scriptOp{"r", "up", "tok", "r"}, scriptOp{"r", "h", "tok", "1000:next"}, scriptOp{"r", "e", "tok", "20000"})
 	eq("release of a counted holding", res[0], []any{int64(0), int64(3), int64(5), int64(0), int64(1)})
 	eq("handoff of a counted holding", res[1], []any{int64(-1), int64(3), int64(5), int64(0), int64(1)})
-	eq("extend of a counted holding", res[2], []any{int64(1), int64(3), int64(5), int64(0), int64(1)})
+	eq("extend of a counted holding", res[2], []any{int64(1), int64(3), int64(5), int64(0), int64(1), ";3.5;w%401"})
 	res = runOpsAt(t, a, "a2", 0, scriptOp{"r", "c", "tok", "1000:r"}, scriptOp{"r", "f", "tok", "7"})
 	eq("cleanup and raise", res, []any{int64(0), int64(1)})
 	eq("value after cleanup and raise", val(), "07/a1;3.5;w%401:tok")
@@ -72,6 +72,12 @@ func TestOpsScriptHolds(t *testing.T) {
 	if got := a.Get(ctx, "lockproxy:lock:s").Val(); !strings.HasSuffix(got, "/a4;;w:next") {
 		t.Fatalf("handed value %q, want the next token's with its extension", got)
 	}
+	// Extend reports a holder without a count too (healing carries it),
+	// and a plain value as a bare fence.
+	res = runOps(t, a, scriptOp{"s", "e", "next", "20000"}, scriptOp{"p", "a", "tok", "10000"}, scriptOp{"p", "e", "tok", "20000"})
+	fence := res[0].([]any)[0]
+	eq("extend of a holding with a holder", res[0], []any{fence, int64(0), int64(0), int64(0), fence, ";;w"})
+	eq("extend of a plain holding", res[2], res[1])
 }
 
 // TestMergeKeepsLaterCount: recovery's merge of two readings of one
