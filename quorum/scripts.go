@@ -181,7 +181,9 @@ import (
 //	qr     as q, but only refresh the token's holding: {-1, -1} without one.
 //	qp     place, for a shared or semaphore holding: x is
 //	       "<ttl>:<k>:<slot>:<fence>"; as q, but a new holding gets that
-//	       fence and the counter is raised to it. Heals a holding that a
+//	       fence and the counter is raised to it, and a holding of the
+//	       token there keeps its expiry when that is the later (a late
+//	       placement never shortens a refresh). Heals a holding that a
 //	       majority holds onto a node that lacks it.
 //
 // Where the key is a hash (shared or semaphore holdings), a, aw, r and rw
