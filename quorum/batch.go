@@ -434,6 +434,15 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: errReconnecting, unsent: true})
 			continue
 		}
+		if r.op == opCleanup && r.anytime {
+			// A cleanup is safe whenever it arrives (late.go), and sent
+			// late it still runs before the requests queued after it: a
+			// retry of the same token must not find the failed attempt's
+			// holding (a reentrant retry would count it as a hold taken
+			// before, settleHolds).
+			live = append(live, req)
+			continue
+		}
 		if r.deadline.Sub(now) < rttLow {
 			// Queued behind a slow batch, it has less time left than the
 			// node's round trip: fail it as a timeout without sending it.

@@ -380,26 +380,75 @@ func (l *Locker) retryCleanups(n *node) {
 	n.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, c := range cs {
-		left := time.Until(c.until).Milliseconds()
-		if left < 1 {
-			continue
+		if r := l.resentCleanup(n, c); r != nil {
+			n.submit(request{r, 0})
+			wg.Go(func() { l.awaitCleanup(n, c, r) })
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			x := strconv.FormatInt(left, 10) + ":" + c.resource
-			r := l.call(l.subCtx, opCleanup, 1, l.lockPrefix+c.resource, codeCleanup, c.token, c.attempt, x)
-			r.anytime, r.keeper = true, true
-			r.deadline = r.start.Add(l.keepTimeout())
-			l.fanout([]*node{n}, r, func(res []reply) {
-				var rerr redis.Error
-				if err := res[0].err; err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
-					n.deferCleanup(c)
-				}
-			})
-		}()
 	}
 	wg.Wait()
+}
+
+// cleanupsFirst queues at each node, ahead of a reentrant attempt of token
+// on resource, the cleanups it keeps for the token's earlier attempts
+// there. A node runs its requests in order, so the attempt cannot find a
+// holding that an earlier attempt of the same call left (its cleanup did
+// not reach the node) and count it as a hold taken before the call
+// (settleHolds). The attempt does not wait for them: each is awaited in a
+// goroutine of its own, which keepTimeout or Close ends.
+func (l *Locker) cleanupsFirst(resource, token string) {
+	for _, n := range l.nodes {
+		for _, c := range n.takeCleanups(resource, token) {
+			if r := l.resentCleanup(n, c); r != nil {
+				n.submit(request{r, 0})
+				go l.awaitCleanup(n, c, r)
+			}
+		}
+	}
+}
+
+// takeCleanups removes and returns n's kept cleanups of token on resource.
+func (n *node) takeCleanups(resource, token string) []pendingCleanup {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []pendingCleanup
+	kept := n.cleanups[:0]
+	for _, c := range n.cleanups {
+		if c.resource == resource && c.token == token {
+			out = append(out, c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(n.cleanups[len(kept):])
+	n.cleanups = kept
+	return out
+}
+
+// resentCleanup returns the keeper's round that sends c again (bounded by
+// keepTimeout, sent also while the calls' requests are not), or nil when
+// c's attempt ended and there is nothing left to undo.
+func (l *Locker) resentCleanup(n *node, c pendingCleanup) *round {
+	left := time.Until(c.until).Milliseconds()
+	if left < 1 {
+		return nil
+	}
+	x := strconv.FormatInt(left, 10) + ":" + c.resource
+	r := l.call(l.subCtx, opCleanup, 1, l.lockPrefix+c.resource, codeCleanup, c.token, c.attempt, x)
+	r.anytime, r.keeper = true, true
+	r.deadline = r.start.Add(l.keepTimeout())
+	r.armTimer()
+	return r
+}
+
+// awaitCleanup waits for r, c sent again to n, and keeps c once more if n
+// did not answer.
+func (l *Locker) awaitCleanup(n *node, c pendingCleanup, r *round) {
+	l.await([]*node{n}, r, func(res []reply) {
+		var rerr redis.Error
+		if err := res[0].err; err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
+			n.deferCleanup(c)
+		}
+	})
 }
 
 // redialSoon makes n's keeper reach the node at once, unless it backs off.

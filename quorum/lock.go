@@ -338,6 +338,9 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if f != nil {
 		code, x = f.code(code), acquireArg(ttl, f)
 	}
+	if f.reentrant() {
+		l.cleanupsFirst(resource, token)
+	}
 	attempt := l.newAttempt()
 	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
