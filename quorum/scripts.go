@@ -347,7 +347,9 @@ local function acquire(key, code, token, x, attempt)
 		end
 	else
 		local fence = redis.call('INCR', counter)
-		local new = value('0', string.format('%d', fence), attempt, token, ext)
+		-- Lua writes a number below 1e14 as its digits (%.14g) without the
+		-- call of string.format that a larger one needs.
+		local new = value('0', fence < 1e14 and fence or string.format('%d', fence), attempt, token, ext)
 		v = redis.pcall('SET', key, new, 'NX', 'PX', ttl, 'GET')
 		if v == false then
 			return fence
@@ -405,20 +407,31 @@ local function drop(key, v, publish, resource)
 end
 
 local function release(key, code, token, resource)
-	local v = get(redis.pcall('GET', key))
-	if v and (code == 'up' or code == 'u') then
-		-- The plain UNLOCK: a value that token owns and that stores no
-		-- count of holds (no digit after its extension's ';') is dropped
+	local v = redis.pcall('GET', key)
+	if v and not v.err and (code == 'up' or code == 'u') then
+		-- The plain UNLOCK of a string (v.err is the string library's, nil;
+		-- no call of type): a value that token owns and that stores no count
+		-- of holds (no digit after its header's first ';') is dropped
 		-- without parsing the rest of it; a count goes the long way below.
-		local sep = string.find(v, ':', 2, true)
-		if not sep or string.sub(v, sep + 1) ~= token then
-			return family('hash').hrelease(key, token, code ~= 'u', resource)
-		end
-		local d = string.find(v, ';%d', 2)
-		if not d or d > sep then
-			return drop(key, v, code ~= 'u', resource)
+		local mark = string.byte(v, 1)
+		if mark ~= 120 then -- not a tombstone (get)
+			local sep = string.find(v, ':', 2, true)
+			if not sep or string.sub(v, sep + 1) ~= token then
+				return family('hash').hrelease(key, token, code ~= 'u', resource)
+			end
+			-- Anchored: one try over the header, where ';%d' unanchored
+			-- would try every position of the value, holder and token too.
+			-- The holder is escaped: no ';' or ':' in it.
+			if not string.find(v, '^[^;:]*;%d') then
+				redis.call('DEL', key)
+				if code == 'up' and mark == 49 then
+					redis.call('PUBLISH', channel, resource)
+				end
+				return 1
+			end
 		end
 	end
+	v = get(v)
 	local f, _, ext
 	if v then
 		f, _, ext = parse(v, token)
@@ -506,7 +519,8 @@ local function run(i)
 		end
 	end
 	local deadline = ARGV[5 * i]
-	if deadline ~= '0' and now() > tonumber(deadline) then
+	-- deadline + 0: Lua's own conversion of the number, no call of tonumber.
+	if deadline ~= '0' and now() > deadline + 0 then
 		error({err = 'LATE the request arrived after its deadline'})
 	end
 	if c == 'a' or c == 'r' then
