@@ -62,11 +62,7 @@ func (b *bench) formScenario(n, clients int) func(time.Duration) (result, error)
 				lat = append(lat, time.Since(t0))
 				acq = append(acq, took)
 			}
-			col.mu.Lock()
-			col.res.ops += len(lat)
-			col.res.lat = append(col.res.lat, lat...)
-			col.res.acquire = append(col.res.acquire, acq...)
-			col.mu.Unlock()
+			col.add(lat, acq)
 		}), nil
 	}
 }

@@ -481,6 +481,16 @@ func (c *collector) err(err error) {
 	c.mu.Unlock()
 }
 
+// add counts a worker's operations, with their latencies and, where the
+// scenario measures them, the acquisition times.
+func (c *collector) add(lat, acquire []time.Duration) {
+	c.mu.Lock()
+	c.res.ops += len(lat)
+	c.res.lat = append(c.res.lat, lat...)
+	c.res.acquire = append(c.res.acquire, acquire...)
+	c.mu.Unlock()
+}
+
 // acquired records that client now holds the contended lock, having asked
 // at asked and got it at got. It runs while the caller holds the lock, so
 // the order of seq is the order of holders.
@@ -580,10 +590,7 @@ func (b *bench) uncontended(c *redis.Client, side string, d time.Duration, f for
 			}
 			lat = append(lat, time.Since(t0))
 		}
-		col.mu.Lock()
-		col.res.ops += len(lat)
-		col.res.lat = append(col.res.lat, lat...)
-		col.mu.Unlock()
+		col.add(lat, nil)
 	})
 	return res, nil
 }
@@ -616,10 +623,7 @@ func (b *bench) redsyncUncontended(d time.Duration) (result, error) {
 			}
 			lat = append(lat, time.Since(t0))
 		}
-		col.mu.Lock()
-		col.res.ops += len(lat)
-		col.res.lat = append(col.res.lat, lat...)
-		col.mu.Unlock()
+		col.add(lat, nil)
 	})
 	return res, nil
 }

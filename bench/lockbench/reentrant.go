@@ -102,10 +102,7 @@ func (b *bench) pairs(d time.Duration, mode string) (result, error) {
 			}
 			lat = append(lat, time.Since(t0))
 		}
-		col.mu.Lock()
-		col.res.ops += len(lat)
-		col.res.lat = append(col.res.lat, lat...)
-		col.mu.Unlock()
+		col.add(lat, nil)
 	})
 	return res, nil
 }
