@@ -45,10 +45,11 @@ type placement struct {
 	end             time.Time    // the lock's ttl runs out on the nodes
 	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
-	// dropped: unregistered (dropPlacement, stopPlacements), under
-	// Locker.mu, so that pending is one read and not a search: a node's
-	// keeper list is pruned with it at the cap (deferPlacement). released:
-	// dropped by an Unlock of the token (cancelPlacement).
+	// dropped: unregistered (dropPlacement, cancelPlacement,
+	// stopPlacements), under Locker.mu, so that pending is one read and
+	// not a search: a node's keeper list is pruned with it at the cap
+	// (deferPlacement). released: dropped by an Unlock of the token
+	// (cancelPlacement).
 	dropped, released bool
 }
 
@@ -67,7 +68,7 @@ func (l *Locker) addPlacement(p *placement, hint time.Duration) {
 	if l.bgClosed {
 		return
 	}
-	l.placing[p.resource] = append(l.placing[p.resource], p)
+	l.register(p)
 	// The typical case is a release that was on its way: it lands within
 	// a node call's timeout. Later on, the place operation says how long
 	// the holder there may keep it.
@@ -88,11 +89,10 @@ func (l *Locker) scheduleHashPlacement(resource, token, attempt string, fence in
 func (l *Locker) placeOn(n *node, resource string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, p := range l.placing[resource] {
-		for _, m := range p.nodes {
-			if m == n {
+	for _, ps := range l.placing[resource] {
+		for _, p := range ps {
+			if slices.Contains(p.nodes, n) {
 				l.startPlacement(p, []*node{n})
-				break
 			}
 		}
 	}
@@ -238,33 +238,57 @@ func (l *Locker) pending(p *placement) bool {
 	return !p.dropped
 }
 
-// dropPlacement unregisters p. l.mu is held.
-func (l *Locker) dropPlacement(p *placement) {
+// register indexes p by its resource and token, so that an Unlock finds
+// the token's placements without a look at the resource's others (a
+// resource may have thousands of readers placed while a node is down).
+// l.mu is held.
+func (l *Locker) register(p *placement) {
+	byToken := l.placing[p.resource]
+	if byToken == nil {
+		byToken = make(map[string][]*placement, 1)
+		l.placing[p.resource] = byToken
+	}
+	byToken[p.token] = append(byToken[p.token], p)
+}
+
+// stop marks p dropped and stops its timer. l.mu is held.
+func (p *placement) stop() {
 	p.timer.Stop()
 	p.dropped = true
-	ps := l.placing[p.resource]
-	for i, q := range ps {
-		if q == p {
-			ps = append(ps[:i], ps[i+1:]...)
-			break
-		}
+}
+
+// dropPlacement unregisters p. l.mu is held.
+func (l *Locker) dropPlacement(p *placement) {
+	p.stop()
+	byToken := l.placing[p.resource]
+	ps := slices.DeleteFunc(byToken[p.token], func(q *placement) bool { return q == p })
+	if len(ps) > 0 {
+		byToken[p.token] = ps
+		return
 	}
-	if len(ps) == 0 {
+	delete(byToken, p.token)
+	if len(byToken) == 0 {
 		delete(l.placing, p.resource)
-	} else {
-		l.placing[p.resource] = ps
 	}
 }
 
-// cancelPlacement drops the placements of resource's lock of token.
+// cancelPlacement drops the placements of resource's lock of token: those
+// of the token alone, whatever the resource's other placements.
 func (l *Locker) cancelPlacement(resource, token string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, p := range slices.Clone(l.placing[resource]) {
-		if p.token == token {
-			p.released = true
-			l.dropPlacement(p)
-		}
+	byToken := l.placing[resource]
+	ps, ok := byToken[token]
+	if !ok {
+		return
+	}
+	for _, p := range ps {
+		p.released = true
+		p.stop()
+	}
+	delete(byToken, token)
+	if len(byToken) == 0 {
+		delete(l.placing, resource)
 	}
 }
 
@@ -272,10 +296,11 @@ func (l *Locker) cancelPlacement(resource, token string) {
 func (l *Locker) stopPlacements() {
 	l.mu.Lock()
 	l.bgClosed = true
-	for _, ps := range l.placing {
-		for _, p := range ps {
-			p.timer.Stop()
-			p.dropped = true
+	for _, byToken := range l.placing {
+		for _, ps := range byToken {
+			for _, p := range ps {
+				p.stop()
+			}
 		}
 	}
 	clear(l.placing)
