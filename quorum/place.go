@@ -3,6 +3,7 @@ package quorum
 import (
 	"context"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -29,11 +30,14 @@ import (
 // not answer: the node's keeper runs it there again each time it reaches
 // the node (retryPlacements), until the holding's ttl ends. An exclusive
 // lock left off such a node is healed by its next Extend, but readers and
-// permits often never extend. Nothing polls a node that is down. A reader's
-// or permit's placement already on its way when an Unlock through this
-// Locker cancels it is undone where it was sent (by its attempt: a later
-// holding of the token stays), so the released holding does not stay on
-// that node until its ttl runs out.
+// permits often never extend. Nothing polls a node that is down, and a
+// node that refuses a reader or a permit for a time it cannot say (a
+// waiting writer's intent) is asked again after a delay that grows while
+// it keeps refusing (placeDelay). A reader's or permit's placement
+// already on its way when an Unlock through this Locker cancels it is
+// undone where it was sent (by its attempt: a later holding of the token
+// stays), so the released holding does not stay on that node until its
+// ttl runs out.
 
 // placement is a lock still to be placed on some nodes.
 type placement struct {
@@ -45,6 +49,7 @@ type placement struct {
 	end             time.Time    // the lock's ttl runs out on the nodes
 	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
+	backoff         time.Duration // after a refusal: the delay's bound (placeDelay)
 	// dropped: unregistered (dropPlacement, cancelPlacement,
 	// stopPlacements), under Locker.mu, so that pending is one read and
 	// not a search: a node's keeper list is pruned with it at the cap
@@ -177,17 +182,49 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 			}
 		}
 		p.nodes = keep
+		if wait == 0 {
+			p.backoff = 0 // no node refused it: the next refusal starts over
+		}
 		switch {
 		case len(keep) == 0 || time.Until(p.end) <= 0:
 			l.dropPlacement(p)
 		case wait > 0:
-			p.timer.Reset(wait + time.Millisecond)
+			p.timer.Reset(l.placeDelay(p, wait) + time.Millisecond)
 		case len(failed) > 0:
 			// Only the keepers try those nodes again; the timer drops
 			// the placement when the holding's ttl ends.
 			p.timer.Reset(time.Until(p.end) + time.Millisecond)
 		}
 	}()
+}
+
+// maxPlaceBackoff bounds the delay between two runs of a reader's or a
+// permit's placement that a node keeps refusing (placeDelay).
+const maxPlaceBackoff = 250 * time.Millisecond
+
+// placeDelay returns how long p waits before it runs again after a node
+// refused it, wait being the longest time the refusing nodes said that
+// may last. An exclusive lock's refusal says the holder's ttl there, after
+// which the node is free: that is the delay. A reader's or a permit's
+// often says nothing that helps: a waiting writer's intent refuses new
+// readers until it ends at a release (published only where a waiter
+// marked the record) or with the writer's ttl, and meanwhile the node's
+// answer is the first of its holdings to expire, 0 when it holds none. So
+// its delay backs off: the bound doubles from RetryMin up to
+// maxPlaceBackoff, or a quarter of the holding's ttl left if less (a
+// holding placed late keeps most of what is left), and the delay is drawn
+// from the bound's upper half (at least RetryMin), so that the placements
+// of many holdings and Lockers do not run in step. It is never shorter
+// than wait. A run that no node refuses starts the bound over. l.mu is
+// held.
+func (l *Locker) placeDelay(p *placement, wait time.Duration) time.Duration {
+	if p.form == nil {
+		return wait
+	}
+	limit := max(min(maxPlaceBackoff, time.Until(p.end)/4), l.cfg.RetryMin)
+	p.backoff = min(max(2*p.backoff, l.cfg.RetryMin), limit)
+	d := max(p.backoff/2+rand.N(p.backoff/2+1), l.cfg.RetryMin)
+	return max(wait, d)
 }
 
 // maxPendingPlacements bounds the placements a node keeps for its keeper

@@ -411,11 +411,7 @@ func (l *Locker) placeHash(ctx context.Context, form holdingForm, nodes []*node,
 			// that node, as where another token took it.
 		}
 	})
-	if len(held) > 0 {
-		// A waiting writer's intent refuses the holding with no time to
-		// wait for (it ends at a release, or with the writer's ttl): no
-		// sooner than RetryMin, then.
-		wait = max(wait, l.cfg.RetryMin)
-	}
+	// A waiting writer's intent refuses the holding with no time to wait
+	// for: the placement backs off (placeDelay).
 	return held, failed, wait
 }
