@@ -252,12 +252,13 @@ func (n *node) deferPlacement(p *placement, pending func(*placement) bool) {
 // retryPlacements runs on n the placements that n did not answer and that
 // still wait for it. n's keeper calls it each time it reaches n, so a
 // reader or a permit granted while n was unreachable reaches n soon after
-// n is back, within the holding's ttl.
+// n is back, within the holding's ttl. Unlike the cleanups that n keeps
+// (retryCleanups), they are not the keeper's requests and the keeper does
+// not wait for them: each runs as a placement (startPlacement), under
+// l.mu since an Unlock may have dropped it meanwhile, and is kept again
+// by that run if n does not answer.
 func (l *Locker) retryPlacements(n *node) {
-	n.mu.Lock()
-	ps := n.placements
-	n.placements = nil
-	n.mu.Unlock()
+	ps := takeAll(n, &n.placements)
 	if len(ps) == 0 {
 		return
 	}
