@@ -97,6 +97,54 @@ func TestPlacementBacksOffBehindIntent(t *testing.T) {
 	mustUnlock(t, l, "doc", rd.Token)
 }
 
+// TestPlaceDelay: the delay after a node refused a reader's or a permit's
+// placement backs off from RetryMin to maxPlaceBackoff (at most a quarter
+// of the holding's ttl left), drawn from the bound's upper half, and is
+// never shorter than the node's own wait; an exclusive lock's is the
+// node's wait.
+func TestPlaceDelay(t *testing.T) {
+	l := &Locker{cfg: DefaultConfig()} // RetryMin 5ms
+	ms := time.Millisecond
+	shared := &holdingForm{shared: true}
+	tests := []struct {
+		name   string
+		form   *holdingForm
+		left   time.Duration // the holding's ttl left
+		wait   time.Duration // what the node said, each time
+		bounds []time.Duration
+		want   time.Duration // the delay, when it is not drawn
+	}{
+		{name: "doubles to the cap", form: shared, left: time.Hour, wait: ms,
+			bounds: []time.Duration{5 * ms, 10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms, maxPlaceBackoff, maxPlaceBackoff}},
+		{name: "a quarter of the ttl left", form: shared, left: 200 * ms, wait: ms,
+			bounds: []time.Duration{5 * ms, 10 * ms, 20 * ms, 40 * ms, 50 * ms, 50 * ms}},
+		{name: "the node's longer wait", form: &holdingForm{permit: true, k: 2}, left: time.Hour, wait: 2 * time.Second,
+			bounds: []time.Duration{5 * ms, 10 * ms}, want: 2 * time.Second},
+		{name: "exclusive: the holder's ttl there", left: time.Hour, wait: 3 * ms,
+			bounds: []time.Duration{0, 0}, want: 3 * ms},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &placement{form: tt.form, end: time.Now().Add(tt.left)}
+			for i, bound := range tt.bounds {
+				d := l.placeDelay(p, tt.wait)
+				// A bound from the ttl left is as of the call: up to a
+				// millisecond below bound.
+				if p.backoff > bound || p.backoff < bound-ms {
+					t.Errorf("refusal %d: bound %v, want %v", i+1, p.backoff, bound)
+				}
+				lo, hi := max(p.backoff/2, l.cfg.RetryMin), p.backoff
+				if tt.want > 0 {
+					lo, hi = tt.want, tt.want
+				}
+				if d < lo || d > hi {
+					t.Errorf("refusal %d: delay %v, want within [%v, %v]", i+1, d, lo, hi)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkUnlockPlacedReaders: readers of one resource granted while a
 // node is down, each with its placement onto that node pending; one op is
 // one reader's Unlock, which drops the reader's placement (readers=N: N
@@ -112,40 +160,27 @@ func BenchmarkUnlockPlacedReaders(b *testing.B) {
 			warm(b, c, l)
 			c.kill(2)
 			ctx := context.Background()
-			grant := func() []Lock {
-				lks := make([]Lock, n)
-				for i := range lks {
+			grant := func() []string {
+				tokens := make([]string, n)
+				for i := range tokens {
 					lk, err := l.RLock(ctx, "doc", time.Minute, Options{})
 					if err != nil {
 						b.Fatalf("RLock: %v", err)
 					}
-					lks[i] = lk
+					tokens[i] = lk.Token
 				}
 				eventually(b, "the placements kept for node 2", func() bool {
 					l.mu.Lock()
 					defer l.mu.Unlock()
 					return placementsOf(l, "doc") == n
 				})
-				return lks
+				return tokens
 			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for done := 0; done < b.N; {
-				b.StopTimer()
-				lks := grant()
-				b.StartTimer()
-				i := 0
-				for ; i < len(lks) && done < b.N; i, done = i+1, done+1 {
-					if err := l.Unlock(ctx, "doc", lks[i].Token); err != nil {
-						b.Fatalf("Unlock: %v", err)
-					}
+			benchEnds(b, grant, func(token string) {
+				if err := l.Unlock(ctx, "doc", token); err != nil {
+					b.Fatalf("Unlock: %v", err)
 				}
-				b.StopTimer()
-				for _, lk := range lks[i:] {
-					mustUnlock(b, l, "doc", lk.Token)
-				}
-				b.StartTimer()
-			}
+			})
 		})
 	}
 }
@@ -161,30 +196,42 @@ func BenchmarkCancelPlacement(b *testing.B) {
 			l := newLocker(b, c, quiet(testConfig()))
 			end := time.Now().Add(time.Hour)
 			form := &holdingForm{shared: true}
-			ps := make([]*placement, n)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for done := 0; done < b.N; {
-				b.StopTimer()
+			register := func() []string {
 				l.mu.Lock()
-				for i := range ps {
-					ps[i] = &placement{resource: "doc", token: "reader-" + strconv.Itoa(i), attempt: "a", form: form, end: end, nodes: l.nodes[2:]}
-					ps[i].timer = time.AfterFunc(time.Hour, func() {})
-					l.register(ps[i])
+				defer l.mu.Unlock()
+				tokens := make([]string, n)
+				for i := range tokens {
+					tokens[i] = "reader-" + strconv.Itoa(i)
+					p := &placement{resource: "doc", token: tokens[i], attempt: "a", form: form, end: end, nodes: l.nodes[2:]}
+					p.timer = time.AfterFunc(time.Hour, func() {})
+					l.register(p)
 				}
-				l.mu.Unlock()
-				b.StartTimer()
-				i := 0
-				for ; i < n && done < b.N; i, done = i+1, done+1 {
-					l.cancelPlacement("doc", ps[i].token)
-				}
-				b.StopTimer()
-				for _, p := range ps[i:] {
-					l.cancelPlacement("doc", p.token)
-				}
-				b.StartTimer()
+				return tokens
 			}
+			benchEnds(b, register, func(token string) { l.cancelPlacement("doc", token) })
 		})
+	}
+}
+
+// benchEnds times b.N calls of end, each ending one holding that start
+// made (untimed, a batch at a time, returning their tokens), in the order
+// made; the holdings of the last batch that b.N leaves are ended untimed.
+func benchEnds(b *testing.B, start func() []string, end func(token string)) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		b.StopTimer()
+		tokens := start()
+		b.StartTimer()
+		i := 0
+		for ; i < len(tokens) && done < b.N; i, done = i+1, done+1 {
+			end(tokens[i])
+		}
+		b.StopTimer()
+		for _, token := range tokens[i:] {
+			end(token)
+		}
+		b.StartTimer()
 	}
 }
 
