@@ -374,18 +374,25 @@ func (n *node) deferCleanup(c pendingCleanup) {
 // cleanup is safe whenever it arrives (see late.go), so it carries no
 // deadline on the node.
 func (l *Locker) retryCleanups(n *node) {
-	n.mu.Lock()
-	cs := n.cleanups
-	n.cleanups = nil
-	n.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, c := range cs {
+	for _, c := range takeAll(n, &n.cleanups) {
 		if r := l.resentCleanup(n, c); r != nil {
 			n.submit(request{r, 0})
 			wg.Go(func() { l.awaitCleanup(n, c, r) })
 		}
 	}
 	wg.Wait()
+}
+
+// takeAll removes and returns all that n keeps in *kept for its keeper to
+// run again (n.cleanups, n.placements). Those left to run again after
+// that are kept anew (deferCleanup, deferPlacement).
+func takeAll[T any](n *node, kept *[]T) []T {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	all := *kept
+	*kept = nil
+	return all
 }
 
 // cleanupsFirst queues at each node, ahead of a reentrant attempt of token

@@ -313,18 +313,13 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	key := l.lockPrefix + resource
 	start := time.Now() // monotonic
 	var (
-		answered   tally // the nodes that gave a usable reply
-		abstained  int   // of those, nodes that granted without a marker: no vote
+		v          roundVotes
 		grantedBuf [smallRound]grant
 		ownedBuf   [smallRound]*node
 		heldBuf    [smallRound]*node
-		granted    = grantedBuf[:0] // every node that granted the lock
-		owned      = ownedBuf[:0]   // nodes where the token may hold the lock
-		held       = heldBuf[:0]    // nodes where another token holds it
-		votes      int              // granted nodes that count
-		fence      int64            // the largest fence of those
-		modes      modeVotes        // counting nodes that found another mode
+		held       = heldBuf[:0] // nodes where another token holds it
 	)
+	v.granted, v.owned = grantedBuf[:0], ownedBuf[:0]
 	code := codeAcquire
 	switch {
 	case refreshOnly && waits:
@@ -345,27 +340,17 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
-			l.tally(&answered, r, fresh, start)
+			l.tally(&v.answered, r, fresh, start)
 			switch {
 			case r.err != nil && r.unsent: // it never left: nothing to undo
 			case r.err != nil:
-				owned = append(owned, l.nodes[i]) // it may have run the script
+				v.owned = append(v.owned, l.nodes[i]) // it may have run the script
 			case r.val > 0:
-				owned = append(owned, l.nodes[i])
-				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
-				g.hold, _ = holdOf(r)
-				granted = append(granted, g)
-				if g.counts {
-					votes++
-					fence = max(fence, r.val)
-				} else {
-					abstained++
-				}
+				hold, _ := holdOf(r)
+				v = v.grant(l.nodes[i], r, fresh, hold)
 			case r.val == 0: // a hash record in another mode (shared.go)
 				held = append(held, l.nodes[i])
-				if counts(r, fresh) {
-					modes.add(r.aux)
-				}
+				v = v.mode(r, fresh)
 			default:
 				// -1-pttl: PTTL is truncated to the millisecond and a key
 				// with 0 left is still alive, so the lock is free at the
@@ -376,25 +361,15 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		}
 	})
 	fail := func(err error) (Lock, time.Duration, bool, error) {
-		again, err := l.failed(ctx, owned, resource, token, attempt, ttl, abstained, start, err)
+		again, err := l.failed(ctx, v.owned, resource, token, attempt, ttl, v.abstained, start, err)
 		return Lock{}, hint, again, err
 	}
-	if answered.nodes-abstained < l.quorum {
-		return fail(answered.noQuorum(len(l.nodes)))
-	}
-	if err := modes.err(l.quorum, modeExclusive); err != nil {
+	if err := l.decide(ctx, &v, key, token, attempt, start, modeExclusive); err != nil {
 		return fail(err)
-	}
-	if votes < l.quorum {
-		return fail(ErrNotAcquired)
-	}
-
-	if !l.confirm(ctx, key, token, attempt, granted, fence, start) {
-		return fail(ErrNotAcquired)
 	}
 	var hs holdState
 	if f.reentrant() {
-		if hs, err = l.settleHolds(ctx, key, token, attempt, granted); err != nil {
+		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted); err != nil {
 			if errors.Is(err, ErrNotHeld) {
 				err = ErrNotAcquired // the lock lost its majority meanwhile
 			}
@@ -402,8 +377,8 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		}
 	}
 	now := time.Now() // Expires counts from the validity's measurement
-	v := l.validity(ttl, now.Sub(start))
-	if v <= 0 {
+	valid := l.validity(ttl, now.Sub(start))
+	if valid <= 0 {
 		return fail(ErrNotAcquired)
 	}
 	if err := ctxErr(ctx); err != nil {
@@ -416,9 +391,68 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		// holder, typically the one whose release woke this waiter and has
 		// not reached them yet: place it there once they are free, so that
 		// it does not rest on a bare majority.
-		l.schedulePlacement(resource, token, attempt, fence, start.Add(ttl), held, hint, f.extWith(hs))
+		l.schedulePlacement(resource, token, attempt, v.fence, start.Add(ttl), held, hint, f.extWith(hs))
 	}
-	return Lock{Token: token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: hs.holds}, 0, false, nil
+	return Lock{Token: token, Validity: valid, Expires: now.Add(valid), Fence: v.fence, Holds: hs.holds}, 0, false, nil
+}
+
+// roundVotes is what the replies of one acquisition round (attemptOnce,
+// hashTry) granted: the counting itself, whichever the holding's form. The
+// replies' other outcomes (another holder, a semaphore's slots) are the
+// caller's.
+type roundVotes struct {
+	answered  tally     // the nodes that gave a usable reply
+	abstained int       // of those, nodes that granted without a marker: no vote
+	granted   []grant   // every node that granted the holding
+	owned     []*node   // nodes where the token may hold it
+	votes     int       // granted nodes that count
+	fence     int64     // the largest fence of those
+	modes     modeVotes // counting nodes that found another mode
+}
+
+// grant returns v with node n's grant r taken in (hold: a reentrant
+// acquisition's count, reentrant.go): a vote when n counts, otherwise an
+// abstention. It takes and returns v by value so that a round's grants
+// can stay in buffers on its caller's stack (attemptOnce): an append
+// stored through a pointer would move them to the heap.
+func (v roundVotes) grant(n *node, r reply, fresh bool, hold holdState) roundVotes {
+	c := counts(r, fresh)
+	v.owned = append(v.owned, n)
+	v.granted = append(v.granted, grant{node: n, fence: r.val, counts: c, hold: hold})
+	if c {
+		v.votes++
+		v.fence = max(v.fence, r.val)
+	} else {
+		v.abstained++
+	}
+	return v
+}
+
+// mode returns v with r, a node's report of another mode (shared.go),
+// taken in when the node counts; by value, as grant.
+func (v roundVotes) mode(r reply, fresh bool) roundVotes {
+	if counts(r, fresh) {
+		v.modes = v.modes.with(r.aux)
+	}
+	return v
+}
+
+// decide returns nil when v's round won the holding of key for token:
+// enough nodes that count answered, no mode error for a request of kind
+// (modeVotes.err), a majority granted and their fences are confirmed.
+// Otherwise it returns why not: a *NoQuorumError, the mode error, or
+// ErrNotAcquired.
+func (l *Locker) decide(ctx context.Context, v *roundVotes, key, token, attempt string, start time.Time, kind int64) error {
+	if v.answered.nodes-v.abstained < l.quorum {
+		return v.answered.noQuorum(len(l.nodes))
+	}
+	if err := v.modes.err(l.quorum, kind); err != nil {
+		return err
+	}
+	if v.votes < l.quorum || !l.confirm(ctx, key, token, attempt, v.granted, v.fence, start) {
+		return ErrNotAcquired
+	}
+	return nil
 }
 
 // failed undoes a failed round of attempt on the nodes where token may

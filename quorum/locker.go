@@ -34,13 +34,13 @@ type Locker struct {
 	bandArg     any    // ClockTolerance/2 in ms, boxed once
 
 	mu       sync.Mutex
-	queues   map[string]*waitQueue   // resources with local waiters only
-	placing  map[string][]*placement // locks still to be placed (place.go)
-	bgClosed bool                    // Close has begun: start no more bg work
-	bg       sync.WaitGroup          // placements running
-	born     time.Time               // New's time, on the monotonic clock
-	clock    *refClock               // the reference clock (clock.go)
-	seenAt   atomic.Int64            // ns after born that some node first had a marker or a recovery; 0: never
+	queues   map[string]*waitQueue              // resources with local waiters only
+	placing  map[string]map[string][]*placement // locks still to be placed, by resource and token (place.go)
+	bgClosed bool                               // Close has begun: start no more bg work
+	bg       sync.WaitGroup                     // placements running
+	born     time.Time                          // New's time, on the monotonic clock
+	clock    *refClock                          // the reference clock (clock.go)
+	seenAt   atomic.Int64                       // ns after born that some node first had a marker or a recovery; 0: never
 
 	initMu   sync.Mutex
 	initN    int           // initFresh calls in flight
@@ -175,7 +175,7 @@ func New(nodes []*redis.Options, cfg Config, logger *zap.Logger) (*Locker, error
 		bandArg:     (cfg.ClockTolerance / 2).Milliseconds(),
 		born:        time.Now(),
 		queues:      make(map[string]*waitQueue),
-		placing:     make(map[string][]*placement),
+		placing:     make(map[string]map[string][]*placement),
 		subCtx:      ctx,
 		subCancel:   cancel,
 		done:        make(chan struct{}),

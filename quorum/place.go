@@ -3,6 +3,7 @@ package quorum
 import (
 	"context"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -29,11 +30,14 @@ import (
 // not answer: the node's keeper runs it there again each time it reaches
 // the node (retryPlacements), until the holding's ttl ends. An exclusive
 // lock left off such a node is healed by its next Extend, but readers and
-// permits often never extend. Nothing polls a node that is down. A reader's
-// or permit's placement already on its way when an Unlock through this
-// Locker cancels it is undone where it was sent (by its attempt: a later
-// holding of the token stays), so the released holding does not stay on
-// that node until its ttl runs out.
+// permits often never extend. Nothing polls a node that is down, and a
+// node that refuses a reader or a permit for a time it cannot say (a
+// waiting writer's intent) is asked again after a delay that grows while
+// it keeps refusing (placeDelay). A reader's or permit's placement
+// already on its way when an Unlock through this Locker cancels it is
+// undone where it was sent (by its attempt: a later holding of the token
+// stays), so the released holding does not stay on that node until its
+// ttl runs out.
 
 // placement is a lock still to be placed on some nodes.
 type placement struct {
@@ -45,10 +49,12 @@ type placement struct {
 	end             time.Time    // the lock's ttl runs out on the nodes
 	nodes           []*node      // where it is still to be placed
 	timer           *time.Timer
-	// dropped: unregistered (dropPlacement, stopPlacements), under
-	// Locker.mu, so that pending is one read and not a search: a node's
-	// keeper list is pruned with it at the cap (deferPlacement). released:
-	// dropped by an Unlock of the token (cancelPlacement).
+	backoff         time.Duration // after a refusal: the delay's bound (placeDelay)
+	// dropped: unregistered (dropPlacement, cancelPlacement,
+	// stopPlacements), under Locker.mu, so that pending is one read and
+	// not a search: a node's keeper list is pruned with it at the cap
+	// (deferPlacement). released: dropped by an Unlock of the token
+	// (cancelPlacement).
 	dropped, released bool
 }
 
@@ -67,7 +73,7 @@ func (l *Locker) addPlacement(p *placement, hint time.Duration) {
 	if l.bgClosed {
 		return
 	}
-	l.placing[p.resource] = append(l.placing[p.resource], p)
+	l.register(p)
 	// The typical case is a release that was on its way: it lands within
 	// a node call's timeout. Later on, the place operation says how long
 	// the holder there may keep it.
@@ -88,11 +94,10 @@ func (l *Locker) scheduleHashPlacement(resource, token, attempt string, fence in
 func (l *Locker) placeOn(n *node, resource string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, p := range l.placing[resource] {
-		for _, m := range p.nodes {
-			if m == n {
+	for _, ps := range l.placing[resource] {
+		for _, p := range ps {
+			if slices.Contains(p.nodes, n) {
 				l.startPlacement(p, []*node{n})
-				break
 			}
 		}
 	}
@@ -177,17 +182,49 @@ func (l *Locker) startPlacement(p *placement, nodes []*node) {
 			}
 		}
 		p.nodes = keep
+		if wait == 0 {
+			p.backoff = 0 // no node refused it: the next refusal starts over
+		}
 		switch {
 		case len(keep) == 0 || time.Until(p.end) <= 0:
 			l.dropPlacement(p)
 		case wait > 0:
-			p.timer.Reset(wait + time.Millisecond)
+			p.timer.Reset(l.placeDelay(p, wait) + time.Millisecond)
 		case len(failed) > 0:
 			// Only the keepers try those nodes again; the timer drops
 			// the placement when the holding's ttl ends.
 			p.timer.Reset(time.Until(p.end) + time.Millisecond)
 		}
 	}()
+}
+
+// maxPlaceBackoff bounds the delay between two runs of a reader's or a
+// permit's placement that a node keeps refusing (placeDelay).
+const maxPlaceBackoff = 250 * time.Millisecond
+
+// placeDelay returns how long p waits before it runs again after a node
+// refused it, wait being the longest time the refusing nodes said that
+// may last. An exclusive lock's refusal says the holder's ttl there, after
+// which the node is free: that is the delay. A reader's or a permit's
+// often says nothing that helps: a waiting writer's intent refuses new
+// readers until it ends at a release (published only where a waiter
+// marked the record) or with the writer's ttl, and meanwhile the node's
+// answer is the first of its holdings to expire, 0 when it holds none. So
+// its delay backs off: the bound doubles from RetryMin up to
+// maxPlaceBackoff, or a quarter of the holding's ttl left if less (a
+// holding placed late keeps most of what is left), and the delay is drawn
+// from the bound's upper half (at least RetryMin), so that the placements
+// of many holdings and Lockers do not run in step. It is never shorter
+// than wait. A run that no node refuses starts the bound over. l.mu is
+// held.
+func (l *Locker) placeDelay(p *placement, wait time.Duration) time.Duration {
+	if p.form == nil {
+		return wait
+	}
+	limit := max(min(maxPlaceBackoff, time.Until(p.end)/4), l.cfg.RetryMin)
+	p.backoff = min(max(2*p.backoff, l.cfg.RetryMin), limit)
+	d := max(p.backoff/2+rand.N(p.backoff/2+1), l.cfg.RetryMin)
+	return max(wait, d)
 }
 
 // maxPendingPlacements bounds the placements a node keeps for its keeper
@@ -215,12 +252,13 @@ func (n *node) deferPlacement(p *placement, pending func(*placement) bool) {
 // retryPlacements runs on n the placements that n did not answer and that
 // still wait for it. n's keeper calls it each time it reaches n, so a
 // reader or a permit granted while n was unreachable reaches n soon after
-// n is back, within the holding's ttl.
+// n is back, within the holding's ttl. Unlike the cleanups that n keeps
+// (retryCleanups), they are not the keeper's requests and the keeper does
+// not wait for them: each runs as a placement (startPlacement), under
+// l.mu since an Unlock may have dropped it meanwhile, and is kept again
+// by that run if n does not answer.
 func (l *Locker) retryPlacements(n *node) {
-	n.mu.Lock()
-	ps := n.placements
-	n.placements = nil
-	n.mu.Unlock()
+	ps := takeAll(n, &n.placements)
 	if len(ps) == 0 {
 		return
 	}
@@ -238,33 +276,57 @@ func (l *Locker) pending(p *placement) bool {
 	return !p.dropped
 }
 
-// dropPlacement unregisters p. l.mu is held.
-func (l *Locker) dropPlacement(p *placement) {
+// register indexes p by its resource and token, so that an Unlock finds
+// the token's placements without a look at the resource's others (a
+// resource may have thousands of readers placed while a node is down).
+// l.mu is held.
+func (l *Locker) register(p *placement) {
+	byToken := l.placing[p.resource]
+	if byToken == nil {
+		byToken = make(map[string][]*placement, 1)
+		l.placing[p.resource] = byToken
+	}
+	byToken[p.token] = append(byToken[p.token], p)
+}
+
+// stop marks p dropped and stops its timer. l.mu is held.
+func (p *placement) stop() {
 	p.timer.Stop()
 	p.dropped = true
-	ps := l.placing[p.resource]
-	for i, q := range ps {
-		if q == p {
-			ps = append(ps[:i], ps[i+1:]...)
-			break
-		}
+}
+
+// dropPlacement unregisters p. l.mu is held.
+func (l *Locker) dropPlacement(p *placement) {
+	p.stop()
+	byToken := l.placing[p.resource]
+	ps := slices.DeleteFunc(byToken[p.token], func(q *placement) bool { return q == p })
+	if len(ps) > 0 {
+		byToken[p.token] = ps
+		return
 	}
-	if len(ps) == 0 {
+	delete(byToken, p.token)
+	if len(byToken) == 0 {
 		delete(l.placing, p.resource)
-	} else {
-		l.placing[p.resource] = ps
 	}
 }
 
-// cancelPlacement drops the placements of resource's lock of token.
+// cancelPlacement drops the placements of resource's lock of token: those
+// of the token alone, whatever the resource's other placements.
 func (l *Locker) cancelPlacement(resource, token string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, p := range slices.Clone(l.placing[resource]) {
-		if p.token == token {
-			p.released = true
-			l.dropPlacement(p)
-		}
+	byToken := l.placing[resource]
+	ps, ok := byToken[token]
+	if !ok {
+		return
+	}
+	for _, p := range ps {
+		p.released = true
+		p.stop()
+	}
+	delete(byToken, token)
+	if len(byToken) == 0 {
+		delete(l.placing, resource)
 	}
 }
 
@@ -272,10 +334,11 @@ func (l *Locker) cancelPlacement(resource, token string) {
 func (l *Locker) stopPlacements() {
 	l.mu.Lock()
 	l.bgClosed = true
-	for _, ps := range l.placing {
-		for _, p := range ps {
-			p.timer.Stop()
-			p.dropped = true
+	for _, byToken := range l.placing {
+		for _, ps := range byToken {
+			for _, p := range ps {
+				p.stop()
+			}
 		}
 	}
 	clear(l.placing)

@@ -54,14 +54,19 @@ type modeVotes []struct {
 	n    int
 }
 
-func (m *modeVotes) add(code int64) {
-	for i := range *m {
-		if (*m)[i].code == code {
-			(*m)[i].n++
-			return
+func (m *modeVotes) add(code int64) { *m = m.with(code) }
+
+// with returns m with one more node that reported code. Unlike add, it
+// stores through no pointer, so that a caller's votes can stay on its
+// stack (roundVotes).
+func (m modeVotes) with(code int64) modeVotes {
+	for i := range m {
+		if m[i].code == code {
+			m[i].n++
+			return m
 		}
 	}
-	*m = append(*m, struct {
+	return append(m, struct {
 		code int64
 		n    int
 	}{code, 1})
@@ -236,17 +241,11 @@ type hashTry struct {
 	start    time.Time
 	r        *round // nil once run
 
-	answered  tally       // the nodes that gave a usable reply
-	abstained int         // of those, nodes that granted without a marker: no vote
-	granted   []grant     // nodes that granted the proposed slot
-	owned     []*node     // nodes where the token may hold
-	missing   []*node     // nodes that did not grant: placed on after a grant
-	votes     int         // granted nodes that count
-	fence     int64       // the largest fence of those
-	modes     modeVotes   // counting nodes that found another mode
-	mine      int         // a slot the token holds on some node, or -1
-	free      map[int]int // free slots, by the nodes reporting them
-	hint      time.Duration
+	roundVotes             // granted: the nodes that granted the proposed slot
+	missing    []*node     // nodes that did not grant: placed on after a grant
+	mine       int         // a slot the token holds on some node, or -1
+	free       map[int]int // free slots, by the nodes reporting them
+	hint       time.Duration
 
 	grantedBuf [smallRound]grant
 	ownedBuf   [smallRound]*node
@@ -278,20 +277,10 @@ func (t *hashTry) count(res []reply, fresh bool) {
 			t.owned = append(t.owned, l.nodes[i]) // the token's own permit, refreshed
 			t.mine = int(r.aux)
 		case r.val > 0:
-			t.owned = append(t.owned, l.nodes[i])
-			g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, fresh)}
-			t.granted = append(t.granted, g)
-			if g.counts {
-				t.votes++
-				t.fence = max(t.fence, r.val)
-			} else {
-				t.abstained++
-			}
+			t.roundVotes = t.grant(l.nodes[i], r, fresh, holdState{})
 			continue
 		case r.val == 0:
-			if counts(r, fresh) {
-				t.modes.add(r.aux)
-			}
+			t.roundVotes = t.mode(r, fresh)
 		case r.val == -1 && t.code == codeSharedRefresh:
 		default:
 			t.hint = max(t.hint, time.Duration(-r.val)*time.Millisecond)
@@ -325,15 +314,8 @@ func (t *hashTry) finish() (lk Lock, hint time.Duration, next int, again bool, e
 	if t.k == 0 {
 		kind = modeShared
 	}
-	switch {
-	case t.answered.nodes-t.abstained < l.quorum:
-		return fail(t.answered.noQuorum(len(l.nodes)))
-	case t.modes.err(l.quorum, kind) != nil:
-		return fail(t.modes.err(l.quorum, kind))
-	case t.votes < l.quorum:
-		return fail(ErrNotAcquired)
-	case !l.confirm(ctx, t.key, t.token, t.attempt, t.granted, t.fence, t.start):
-		return fail(ErrNotAcquired)
+	if err := l.decide(ctx, &t.roundVotes, t.key, t.token, t.attempt, t.start, kind); err != nil {
+		return fail(err)
 	}
 	now := time.Now()
 	v := l.validity(t.ttl, now.Sub(t.start))
@@ -411,11 +393,7 @@ func (l *Locker) placeHash(ctx context.Context, form holdingForm, nodes []*node,
 			// that node, as where another token took it.
 		}
 	})
-	if len(held) > 0 {
-		// A waiting writer's intent refuses the holding with no time to
-		// wait for (it ends at a release, or with the writer's ttl): no
-		// sooner than RetryMin, then.
-		wait = max(wait, l.cfg.RetryMin)
-	}
+	// A waiting writer's intent refuses the holding with no time to wait
+	// for: the placement backs off (placeDelay).
 	return held, failed, wait
 }

@@ -75,7 +75,7 @@ func BenchmarkDeferPlacementAtCap(b *testing.B) {
 		p := &placement{resource: "doc", token: "t", attempt: "a", form: form, end: end, nodes: []*node{n}}
 		p.timer = time.AfterFunc(time.Hour, func() {})
 		l.mu.Lock()
-		l.placing[p.resource] = append(l.placing[p.resource], p)
+		l.register(p)
 		l.mu.Unlock()
 		return p
 	}
@@ -101,9 +101,11 @@ func BenchmarkDeferPlacementAtCap(b *testing.B) {
 		b.Fatalf("the node keeps %d placements, want %d", len(n.placements), maxPendingPlacements)
 	}
 	l.mu.Lock()
-	for _, ps := range l.placing {
-		for _, p := range ps {
-			p.timer.Stop()
+	for _, byToken := range l.placing {
+		for _, ps := range byToken {
+			for _, p := range ps {
+				p.timer.Stop()
+			}
 		}
 	}
 	clear(l.placing)
