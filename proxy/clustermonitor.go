@@ -33,7 +33,7 @@ func (s *session) monitorCall(m *slotMap) call {
 	if cs.monitoring() {
 		return localCall(nil) // Redis ignores it, without a reply
 	}
-	s.runCluster()
+	s.settleCluster()
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
 	st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
@@ -70,8 +70,7 @@ func (s *session) monitorCall(m *slotMap) call {
 	cs.monitors = conns
 	cs.mu.Unlock()
 	cs.monitorOn = true
-	s.writeReply(replyOK)
-	s.w.flush()
+	s.w.write(replyOK)
 	for _, be := range conns {
 		s.wg.Add(1)
 		cs.monWG.Add(1)

@@ -74,6 +74,7 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		// cluster side of the client is reset too.
 		cs.dropAll()
 		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.stateChanged()
 		cs.txn, cs.watch = nil, nil
 		return nil, true
 	case "auth", "hello":
@@ -114,7 +115,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	cs := s.cl
 	// The commands routed before it are answered first: a HELLO among
 	// them sets the protocol the new connection is brought to.
-	s.runCluster()
+	s.settleCluster()
 	m, err := cs.r.current(s.ctx)
 	if err != nil {
 		s.p.m.unavailable.Add(1)
@@ -177,5 +178,6 @@ func (s *session) adoptPinned() {
 		return
 	}
 	cs.auth, cs.hello, cs.name, cs.resp3 = st.auth, st.hello, st.name, resp3
+	cs.stateChanged()
 	cs.dropAll()
 }

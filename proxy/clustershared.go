@@ -29,31 +29,72 @@ import (
 // ASK), within BackendConfig.ClusterRetry, and its reply takes the same
 // place. A command that may change who the masters let in (CONFIG SET
 // requirepass, ACL SETUSER ...) starts a new generation of shared
-// connections for the clients that connect after it (router.accessChanged). Every other command goes through route.go's batch on the
-// client's own connections, after the replies owed on the shared ones
-// (session.settleShared).
+// connections for the clients that connect after it
+// (router.accessChanged). Every other command goes on the client's own
+// connections (clustercall.go), after the replies owed on the shared ones
+// (session.settleCluster); its replies take their place in the same
+// replyOrder.
 
-// replyOrder is the place of each reply a cluster client is owed on the
-// shared connections. Its methods are safe for concurrent use: the
-// forwarder takes tickets, the shared readers put replies in place.
+// replyOrder is the place of each reply a cluster client is owed, on the
+// shared connections or its own. Its methods are safe for concurrent use:
+// the forwarder takes tickets, the connections' readers put replies in
+// place.
 type replyOrder struct {
 	mu    sync.Mutex
+	cond  sync.Cond // signalled when every reply owed has been written, or the client went
 	slots []orderSlot
 	head  int    // the first reply not written yet
 	first uint64 // the ticket of slots[0]; tickets start at 1
+	// closed: the client has gone; nobody waits for its replies.
+	closed bool
 }
 
-// orderSlot is one command sent on a shared connection.
+// orderSlot is one reply owed: to a command sent, or the proxy's own.
 type orderSlot struct {
 	raw      []byte // the command, to send again when redirected
 	slot     int
 	arrived  bool
 	reply    []byte    // the reply, when it came before one ahead of it
 	deadline time.Time // for the redirections, from the first one
+	ticketOpts
+}
+
+// ticketOpts is what a ticket's reply is for, besides the client.
+type ticketOpts struct {
+	// own: sent on the client's own connection (clustercall.go), where
+	// a redirection is sent again.
+	own bool
+	// stay: inside a transaction, where a redirection cannot be followed:
+	// the client gets replyMovedInTxn instead.
+	stay bool
+	// replace, when set, is what the client gets instead of the reply.
+	replace []byte
+	// g, when set, takes the reply as its part gi: the reply is one of a
+	// call's parts, not the client's.
+	g  *gather
+	gi int
+}
+
+// gather collects the replies of a call's parts (clustercall.go). Its
+// fields are guarded by the replyOrder's mu until done is closed.
+type gather struct {
+	replies [][]byte
+	left    int
+	ticket  uint64 // the call's own place in the order
+	// transform, when set, makes the call's reply from its parts' replies
+	// and is run by whoever puts the last part; failed records whether
+	// that reply is an error. Without it the forwarder makes the reply.
+	transform func(replies [][]byte) ([]byte, bool)
+	failed    bool
+	done      chan struct{} // closed when every part has come
+}
+
+func newGather(n int) *gather {
+	return &gather{replies: make([][]byte, n), left: n, done: make(chan struct{})}
 }
 
 // add takes the next ticket, for raw (copied) to slot.
-func (o *replyOrder) add(raw []byte, slot int) uint64 {
+func (o *replyOrder) add(raw []byte, slot int, opts ticketOpts) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.head == len(o.slots) {
@@ -72,6 +113,7 @@ func (o *replyOrder) add(raw []byte, slot int) uint64 {
 	sl := &o.slots[n]
 	sl.raw = append(sl.raw[:0], raw...)
 	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
+	sl.ticketOpts = opts
 	return o.first + uint64(n)
 }
 
@@ -84,11 +126,12 @@ func (o *replyOrder) drop(ticket uint64) {
 	}
 }
 
-// ahead reports whether ticket's reply is the next to write.
+// ahead reports whether ticket's reply is the next to write, as it is.
 func (o *replyOrder) ahead(ticket uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.first+uint64(o.head) == ticket
+	i := int(ticket - o.first)
+	return i == o.head && i < len(o.slots) && o.slots[i].g == nil && o.slots[i].replace == nil
 }
 
 // put records that ticket's reply came: written to w already when written
@@ -102,15 +145,46 @@ func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWri
 		return // not owed (the order was reset)
 	}
 	sl := &o.slots[i]
+	if sl.arrived {
+		return
+	}
 	sl.arrived = true
-	if written {
+	switch {
+	case written:
 		o.head++
-	} else {
+	case sl.g != nil:
+		o.gathered(sl.g, sl.gi, reply)
+	case sl.replace != nil:
+		sl.reply = append(sl.reply[:0], sl.replace...)
+	default:
 		sl.reply = append(sl.reply[:0], reply...)
 	}
 	for o.head < len(o.slots) && o.slots[o.head].arrived {
 		w.Write(o.slots[o.head].reply)
 		o.head++
+	}
+	if o.head == len(o.slots) {
+		o.cond.Broadcast()
+	}
+}
+
+// gathered keeps reply as part i of g; the last part makes the call's
+// reply when g has a transform. o.mu is held.
+func (o *replyOrder) gathered(g *gather, i int, reply []byte) {
+	g.replies[i] = append([]byte(nil), reply...)
+	if g.left--; g.left > 0 {
+		return
+	}
+	defer close(g.done) // after failed is set: the forwarder reads it then
+	if g.transform == nil {
+		return
+	}
+	b, failed := g.transform(g.replies)
+	g.failed = failed
+	if j := int(g.ticket - o.first); j >= o.head && j < len(o.slots) {
+		sl := &o.slots[j]
+		sl.arrived = true
+		sl.reply = append(sl.reply[:0], b...)
 	}
 }
 
@@ -121,20 +195,38 @@ func (o *replyOrder) drained() bool {
 	return o.head == len(o.slots)
 }
 
-// command returns ticket's command and slot, and the time its
+// wait waits until every reply owed has been written to the sink, or the
+// client has gone.
+func (o *replyOrder) wait() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for o.head < len(o.slots) && !o.closed {
+		o.cond.Wait()
+	}
+}
+
+// close wakes whoever waits: the client has gone.
+func (o *replyOrder) close() {
+	o.mu.Lock()
+	o.closed = true
+	o.cond.Broadcast()
+	o.mu.Unlock()
+}
+
+// command returns ticket's command, slot and options, and the time its
 // redirections must end by.
-func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, deadline time.Time, ok bool) {
+func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, opts ticketOpts, deadline time.Time, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	i := int(ticket - o.first)
 	if i < o.head || i >= len(o.slots) {
-		return nil, 0, time.Time{}, false
+		return nil, 0, ticketOpts{}, time.Time{}, false
 	}
 	sl := &o.slots[i]
 	if sl.deadline.IsZero() {
 		sl.deadline = time.Now().Add(retry)
 	}
-	return append([]byte(nil), sl.raw...), sl.slot, sl.deadline, true
+	return append([]byte(nil), sl.raw...), sl.slot, sl.ticketOpts, sl.deadline, true
 }
 
 // sharedList returns the shared connections to the masters.
@@ -291,11 +383,11 @@ func changesAccess(name []byte, args [][]byte) bool {
 
 // routeShared sends c on the shared connection to its master; it reports
 // false, having sent nothing, when that connection cannot be had (the
-// batch then tries the client's own, and waits for the cluster).
+// call then tries the client's own, and waits for the cluster).
 func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	cs := s.cl
-	if len(cs.batch) > 0 {
-		s.runCluster() // the replies before it come first
+	if cs.ownUsed {
+		s.settleCluster() // the replies on the client's own connections come first
 	}
 	var sh *shared
 	for _, c2 := range cs.sharedConns {
@@ -308,7 +400,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx, cs.access)
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
-	ticket := cs.order.add(c.one.raw, c.one.slot)
+	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{})
 	e := classify(name, cmd)
 	if err := sh.queue(s, ticket, nil, c.one.raw, &e); err != nil {
 		cs.order.drop(ticket)
@@ -319,16 +411,6 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	s.p.m.forwarded.Add(1)
 	sh.grp.forwarded.Add(1)
 	return true
-}
-
-// settleCluster waits, when the client sent commands on the masters'
-// shared connections, until their replies have been written to it: what
-// goes on its own connections next must not pass them.
-func (s *session) settleCluster() {
-	if s.cl.sharedUsed {
-		s.cl.sharedUsed = false
-		s.settleShared()
-	}
 }
 
 // markShared notes that sh has a command of the client's to write.
@@ -342,10 +424,10 @@ func (s *session) markShared(sh *shared) {
 	s.dirty = append(s.dirty, sh)
 }
 
-// sharedReply reads the reply to ticket from r, on a shared connection,
-// and puts it in its place in the client's replies. answered is false when
-// the reply was a redirection: the command is sent again, and its reply
-// comes later.
+// sharedReply reads the reply to ticket from r, on a shared connection or
+// one of the client's own, and puts it in its place in the client's
+// replies. answered is false when the reply was a redirection: the command
+// is sent again, and its reply comes later.
 func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *replyInfo) (answered bool, err error) {
 	o := &s.cl.order
 	b, err := r.Peek(1)
@@ -370,46 +452,64 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	if err != nil {
 		return false, err
 	}
+	reply := sink.buf
 	if ri.typ == '-' {
 		if kind, target := redirected(sink.buf); kind != redirNone {
-			s.p.sharedWG.Add(1)
-			go s.redirectShared(ticket, kind, target)
-			return false, nil
+			if !o.stays(ticket) {
+				s.p.sharedWG.Add(1)
+				go s.redirectShared(ticket, kind, target)
+				return false, nil
+			}
+			reply = replyMovedInTxn
 		}
 	}
-	o.put(ticket, false, sink.buf, &s.w)
+	o.put(ticket, false, reply, &s.w)
 	if cap(sink.buf) > 64<<10 {
 		sink.buf = nil
 	}
 	return true, nil
 }
 
+// stays reports whether a redirection of ticket's command must not be
+// followed (inside a transaction).
+func (o *replyOrder) stays(ticket uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	return i >= o.head && i < len(o.slots) && o.slots[i].stay
+}
+
 // answerShared gives the client reply, an error of the proxy's own, for
-// the command with ticket on a shared connection.
-func (s *session) answerShared(ticket uint64, reply []byte) {
+// the command with ticket on a shared connection, or on one of a cluster
+// client's own when own is set (whose replies its replyQueue does not
+// count).
+func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
 	if s.cl != nil {
 		s.cl.order.put(ticket, false, reply, &s.w)
 	} else {
 		s.sink().Write(reply)
 	}
-	s.replied(&replyInfo{typ: '-'})
+	if !own {
+		s.replied(&replyInfo{typ: '-'})
+	}
 	s.pushOut()
 }
 
 // redirectShared sends the command with ticket again where a redirection
-// says, on that master's shared connection. It runs on a goroutine of its
-// own (counted in sharedWG), as it may wait for the slot map.
+// says, on that master's shared connection, or the client's own
+// connection to it when it came on one. It runs on a goroutine of its own
+// (counted in sharedWG), as it may wait for the slot map.
 func (s *session) redirectShared(ticket uint64, kind redirection, target string) {
 	defer s.p.sharedWG.Done()
 	defer s.recoverPanic()
 	cs := s.cl
 	r := cs.r
-	raw, slot, deadline, ok := cs.order.command(ticket, s.p.cfg.Backend.ClusterRetry)
+	raw, slot, opts, deadline, ok := cs.order.command(ticket, s.p.cfg.Backend.ClusterRetry)
 	if !ok {
 		return
 	}
 	if time.Now().After(deadline) || s.ctx.Err() != nil {
-		s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}))
+		s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}), opts.own)
 		return
 	}
 	addr := target
@@ -424,15 +524,20 @@ func (s *session) redirectShared(ticket uint64, kind redirection, target string)
 	case redirWait:
 		p := part{slot: slot}
 		if !s.again(&p, deadline) || p.addr == "" {
-			s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}))
+			s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}), opts.own)
 			return
 		}
 		addr = p.addr
 	}
-	sh := r.sharedConn(addr, cs.sharedIdx, cs.access)
+	var sh *shared
+	if opts.own {
+		sh = cs.ownConn(s, addr)
+	} else {
+		sh = r.sharedConn(addr, cs.sharedIdx, cs.access)
+	}
 	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
 		s.p.m.unavailable.Add(1)
-		s.answerShared(ticket, errorReply(&BackendError{Err: err}))
+		s.answerShared(ticket, errorReply(&BackendError{Err: err}), opts.own)
 		return
 	}
 	sh.flush()

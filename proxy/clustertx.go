@@ -1,7 +1,5 @@
 package proxy
 
-import "time"
-
 // What a lost connection does to a transaction or WATCH in front of a
 // Redis Cluster, as it does to one Redis (connState.doomed): a MULTI is
 // tied to the connection it was sent on, and so are the keys a WATCH
@@ -133,14 +131,4 @@ func (s *session) txUnsent(p *part) {
 	} else {
 		p.tx.txn.failed = true
 	}
-}
-
-// replaced answers p with p.tx.reply, after reading and dropping the reply
-// to what was sent in its place, if anything was.
-func (s *session) replaced(p *part, deadline time.Time) {
-	if p.be != nil {
-		var ri replyInfo
-		s.readReply(p, s.w.discard, &ri, deadline, false)
-	}
-	s.writeReply(p.tx.reply)
 }

@@ -56,9 +56,12 @@
 // back in its client's order, however many masters a pipeline goes to,
 // and redirections followed on the shared connections. Everything else
 // goes on connections of the client's own (one per master), after the
-// replies owed on the shared ones: route.go splits and merges the
-// multi-key commands that may cross slots, fans keyless ones out, and
-// follows MOVED and ASK;
+// replies owed on the shared ones; each is a shared connection with one
+// client (clustercall.go), so its commands are batched and its replies
+// read and put in the client's order by the same machinery, and the
+// forwarder reads no backend connection. route.go splits the multi-key
+// commands that may cross slots and fans keyless ones out; the replies of
+// their parts are merged by the reader that puts the last one in place;
 // cluster.go keeps the slot map and the COMMAND table; clustertx.go ties
 // a transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served by

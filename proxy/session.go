@@ -54,9 +54,7 @@ type backend struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	dead bool // guarded by the session's replyQueue, or by shared.mu on a shared connection
-	// queued: written to in the cluster batch being sent, not flushed yet.
-	queued bool
-	done   chan struct{}
+	done chan struct{}
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }
@@ -118,7 +116,7 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	if p.router != nil {
 		s.cl = newClusterSession(p.router)
 	}
-	s.w.init(nc, &p.sharedWG, s.sh != nil || (s.cl != nil && p.cfg.Backend.SharedConnections > 0))
+	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)
 	return s
 }
 
@@ -128,8 +126,8 @@ func (s *session) handle(cmd redcon.Command) {
 		return
 	}
 	if s.cl != nil && s.cl.blocking {
-		// The batch so far may block: it runs on a goroutine of its own,
-		// and this command waits behind it.
+		// A command sent may block: waiting for its reply runs on a
+		// goroutine of its own, and this command waits behind it.
 		s.startCluster()
 		if s.q.hold(cmd) {
 			return
@@ -172,9 +170,10 @@ func (s *session) endBatch() {
 	s.flush()
 }
 
-// startCluster runs the cluster batch on a goroutine of its own, as a
-// local command that may wait runs (see runLocal): redcon's goroutine goes
-// on reading the client, holding back its commands, and sees it hang up
+// startCluster waits for the replies the client is owed in front of a
+// cluster, one of which may block, on a goroutine of its own, as a local
+// command that may wait runs (see runLocal): redcon's goroutine goes on
+// reading the client, holding back its commands, and sees it hang up
 // while a blocking command waits.
 func (s *session) startCluster() {
 	s.q.startLocal()
@@ -182,7 +181,8 @@ func (s *session) startCluster() {
 	go func() {
 		defer s.wg.Done()
 		defer s.recoverPanic()
-		s.runCluster()
+		s.flush()
+		s.settleCluster()
 		s.drainBacklog()
 	}()
 }
@@ -290,7 +290,7 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		}
 		// To the client's pub/sub connection, as to one Redis, after
 		// the replies of the commands routed before it.
-		s.runCluster()
+		s.settleCluster()
 	}
 	return s.forwardBackend(name, cmd)
 }
@@ -381,7 +381,7 @@ func (s *session) reauth() {
 // flush sends what the forwarder has written to the backend.
 func (s *session) flush() {
 	if s.cl != nil {
-		s.runCluster()
+		s.finishCalls()
 	}
 	if s.sharedOut {
 		s.flushShared()
@@ -416,6 +416,12 @@ func (s *session) settleShared() {
 // shared connections.
 func (s *session) flushShared() {
 	s.sharedOut = false
+	s.flushDirty()
+}
+
+// flushDirty writes, or has the readers write, what the client queued on
+// shared connections and, in front of a cluster, its own.
+func (s *session) flushDirty() {
 	if s.sh != nil {
 		s.sh.flush()
 	}
@@ -431,6 +437,9 @@ func (s *session) flushShared() {
 // client, so that what the forwarder writes next comes after them.
 func (s *session) drainShared() {
 	s.q.waitEmpty()
+	if s.cl != nil {
+		s.cl.order.wait()
+	}
 	s.w.drain()
 }
 
@@ -560,6 +569,9 @@ func (s *session) backendLost(be *backend, cause error) {
 // before it has reached the client.
 func (s *session) answer(it localItem) {
 	s.p.m.local.Add(1)
+	if s.cl != nil {
+		s.cl.order.wait() // the replies routed before it
+	}
 	t, ok := s.q.waitTurn()
 	if !ok {
 		return
