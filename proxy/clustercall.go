@@ -21,11 +21,12 @@ import (
 // slot, a fan-out to every master, SCAN's cursor, the proxy's own joins)
 // takes one ticket for the client's reply and one per part, whose reply
 // is gathered rather than written; the last part to come makes the
-// client's reply (gather.transform) in the call's place. Only the calls
-// that send more commands to make their reply (RANDOMKEY, SORT with BY or
-// GET patterns), and those whose outcome the forwarder learns from (AUTH,
-// HELLO, CLIENT SETNAME, a transaction moved to its keys' master), are
-// waited for by the forwarder (finishCalls).
+// client's reply (gather.transform, call.result) in the call's place, and
+// runs the call's learn. Only the calls that send more commands to make
+// their reply (RANDOMKEY, SORT with BY or GET patterns) are completed by
+// the forwarder, which waits for them (ask); and, as for one Redis, the
+// forwarder waits for the reply of a command that sets connection state
+// (AUTH, HELLO, CLIENT SETNAME) or may block before it goes on.
 //
 // A redirection on a client's own connection is followed there too
 // (session.redirectShared), on its own connection to the node named,
@@ -40,14 +41,6 @@ import (
 // goes on the other kind, the replies owed on the first kind are waited
 // for (settleCluster), as a blocking command's reply is before the next
 // command leaves.
-
-// waitCall is a call whose reply the forwarder completes: it waits for
-// its parts, makes its reply when the gather has no transform, and runs
-// its learn.
-type waitCall struct {
-	c *call
-	g *gather
-}
 
 // ownConn returns the client's own connection to addr, made on first use.
 func (cs *clusterSession) ownConn(s *session, addr string) *shared {
@@ -111,20 +104,28 @@ func (s *session) sendCall(c *call) {
 	*cc = *c
 	c = cc
 	g := newGather(c.count())
-	g.ticket = cs.order.add(nil, noSlot, ticketOpts{})
+	ticket := cs.order.add(nil, noSlot, ticketOpts{})
 	if !c.alone {
-		g.transform = c.result
+		g.ticket, g.transform = ticket, c.result
 	}
 	for i := range c.count() {
 		p := c.part(i)
 		s.sendPart(p, ticketOpts{own: true, stay: inTxn(p), g: g, gi: i}, deadline)
 	}
-	if c.alone || c.learn != nil {
-		cs.waits = append(cs.waits, waitCall{c: c, g: g})
+	if !c.alone {
+		return
 	}
-	if c.alone {
-		s.finishCalls() // it sends more: nothing after it may be on its way
+	// Making its reply sends more (SORT's patterns): the forwarder makes
+	// it before it goes on.
+	s.flushDirty()
+	select {
+	case <-g.done:
+	case <-s.ctx.Done():
+		return // the client has gone
 	}
+	reply, _ := c.result(g.replies)
+	cs.order.put(ticket, false, reply, &s.w)
+	s.pushOut()
 }
 
 // inTxn reports whether p is a command of a transaction, where a
@@ -132,16 +133,23 @@ func (s *session) sendCall(c *call) {
 func inTxn(p *part) bool { return p.tx != nil && p.tx.txn != nil }
 
 // result makes the client's reply to a call of several parts, or of one
-// whose reply is rewritten, from the replies of its parts, and reports whether
-// it is an error.
+// whose reply is rewritten or learned from, from the replies of its
+// parts, runs its learn, and reports whether the reply is an error.
 func (c *call) result(replies [][]byte) ([]byte, bool) {
+	var reply []byte
+	var failed bool
 	switch c.kind {
 	case callScan:
-		return rewriteScan(replies[0], c.scan, c.n), isError(replies[0])
+		reply, failed = rewriteScan(replies[0], c.scan, c.n), isError(replies[0])
 	case callPlain:
-		return replies[0], isError(replies[0])
+		reply, failed = replies[0], isError(replies[0])
+	default:
+		reply, failed = merge(c, replies)
 	}
-	return merge(c, replies)
+	if c.learn != nil {
+		c.learn(failed)
+	}
+	return reply, failed
 }
 
 // sendPart queues p on the client's own connection to its master, its
@@ -214,45 +222,12 @@ func (s *session) place(reply []byte, opts ticketOpts) {
 	s.pushOut()
 }
 
-// finishCalls sends what is queued on the client's connections and
-// completes the calls that wait for the forwarder, in order.
-func (s *session) finishCalls() {
-	cs := s.cl
-	if len(cs.waits) == 0 {
-		return
-	}
-	s.flushDirty()
-	for i := 0; i < len(cs.waits); i++ {
-		wc := cs.waits[i]
-		select {
-		case <-wc.g.done:
-		case <-s.ctx.Done():
-			clear(cs.waits)
-			cs.waits = cs.waits[:0]
-			return
-		}
-		failed := wc.g.failed
-		if wc.g.transform == nil {
-			var reply []byte
-			reply, failed = wc.c.result(wc.g.replies) // SORT's patterns send more here
-			cs.order.put(wc.g.ticket, false, reply, &s.w)
-			s.pushOut()
-		}
-		if wc.c.learn != nil {
-			wc.c.learn(failed)
-		}
-	}
-	clear(cs.waits)
-	cs.waits = cs.waits[:0]
-}
-
 // settleCluster sends what the client queued and waits until every reply
 // it is owed has been written to it: what the forwarder sends next (on
 // another kind of connection, after a blocking command, or to its pub/sub
 // connection) must not pass them.
 func (s *session) settleCluster() {
 	cs := s.cl
-	s.finishCalls()
 	if s.sharedOut {
 		s.flushShared()
 	}

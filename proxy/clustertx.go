@@ -104,15 +104,15 @@ func (s *session) txConn(p *part, be *backend) bool {
 		case txWatch:
 			x.reply = replyWatchInMulti
 		default:
-			t.failed = true
+			t.failed.Store(true)
 			x.reply = replyTxnLost
 		}
 		return false
-	case x.role == txExec && (t.failed || t.watchLost):
+	case x.role == txExec && (t.failed.Load() || t.watchLost):
 		// The transaction is queued on be: throw it away.
 		p.raw = cmdDiscard
 		x.reply = replyExecAbort
-		if !t.failed {
+		if !t.failed.Load() {
 			x.reply = replyNull2
 			if s.cl.resp3 {
 				x.reply = replyNull3
@@ -129,6 +129,6 @@ func (s *session) txUnsent(p *part) {
 	if w := p.tx.watch; w != nil {
 		w.lost = true
 	} else {
-		p.tx.txn.failed = true
+		p.tx.txn.failed.Store(true)
 	}
 }

@@ -71,7 +71,10 @@ type call struct {
 	one   part
 	parts []part // several parts; one is unused then
 	reply []byte // callLocal
-	// learn, when set, sees whether the reply was an error.
+	// learn, when set, sees whether the reply was an error. It runs
+	// where the reply is made, on a connection's reader (clustercall.go):
+	// what it sets is the forwarder's only when the forwarder waits for
+	// the call's reply before it reads it (AUTH, HELLO, CLIENT SETNAME).
 	learn func(failed bool)
 	scan  int // callScan: the master index in the cursor
 	// fold, when set, makes the reply of a callMerge from its parts'
@@ -116,8 +119,6 @@ type clusterSession struct {
 	// blocking: a command that may block was sent; what follows waits
 	// for its reply (session.handle).
 	blocking bool
-	// waits are the calls the forwarder completes (clustercall.go).
-	waits []waitCall
 
 	// The place of every reply the client is owed, the shared
 	// connections used so far, and the index of the client's connection
@@ -160,8 +161,10 @@ type pin struct {
 // whether a command was refused (EXEC then aborts).
 type txnState struct {
 	pin
-	early  [][]byte
-	failed bool
+	early [][]byte
+	// failed is set by the forwarder, or by the reader that makes the
+	// reply of the call moving the transaction (inTxn's learn).
+	failed atomic.Bool
 	// watched is the client's WATCH when MULTI came; watchLost, that the
 	// MULTI went on another connection than it (clustertx.go).
 	watched   *pin
@@ -483,7 +486,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	switch string(name) {
 	case "exec", "discard":
 		cs.txn, cs.watch = nil, nil
-		if t.failed && string(name) == "exec" {
+		if t.failed.Load() && string(name) == "exec" {
 			c := call{kind: callSkip, one: part{slot: plain.one.slot, addr: t.addr, raw: cmdDiscard}}
 			c.reply = replyExecAbort
 			return c
@@ -493,7 +496,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	keys, err := cs.r.keys(s.ctx, cs.keys[:0], name, cmd.Args)
 	cs.keys = keys
 	if err != nil {
-		t.failed = true
+		t.failed.Store(true)
 		s.p.m.unavailable.Add(1)
 		return localCall(errorReply(&BackendError{Err: err}))
 	}
@@ -506,7 +509,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	slot := keySlot(keys[0])
 	for _, k := range keys[1:] {
 		if keySlot(k) != slot {
-			t.failed = true
+			t.failed.Store(true)
 			return localCall(replyCrossSlot)
 		}
 	}
@@ -527,7 +530,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 			c.parts = append(c.parts, part{slot: slot, addr: addr, raw: cmd.Raw})
 			c.learn = func(failed bool) {
 				if failed {
-					t.failed = true
+					t.failed.Store(true)
 				}
 			}
 			t.addr = addr
@@ -538,7 +541,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 		plain.one.slot = slot
 		return plain
 	case slot != t.slot:
-		t.failed = true
+		t.failed.Store(true)
 		return localCall(replyCrossSlot)
 	}
 	return plain

@@ -380,9 +380,6 @@ func (s *session) reauth() {
 
 // flush sends what the forwarder has written to the backend.
 func (s *session) flush() {
-	if s.cl != nil {
-		s.finishCalls()
-	}
 	if s.sharedOut {
 		s.flushShared()
 		if !s.w.pushed() {
@@ -609,7 +606,7 @@ func (s *session) answer(it localItem) {
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {
 		if s.cl != nil && s.cl.txn != nil {
-			s.cl.txn.failed = true
+			s.cl.txn.failed.Store(true)
 		} else {
 			s.q.refused()
 		}
