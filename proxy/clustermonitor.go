@@ -36,7 +36,7 @@ func (s *session) monitorCall(m *slotMap) call {
 	s.settleCluster()
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
-	st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
+	st := cs.st.replay
 	var conns []*backend
 	fail := func(err error) call {
 		for _, be := range conns {

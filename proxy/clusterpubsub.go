@@ -73,7 +73,7 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
 		cs.dropAll()
-		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.st = clientState{}
 		cs.stateChanged()
 		cs.txn, cs.watch = nil, nil
 		return nil, true
@@ -146,7 +146,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	if s.be != nil {
 		s.unpin()
 	}
-	s.q.adopt(replayState{auth: cs.auth, hello: cs.hello, name: cs.name}, cs.resp3)
+	s.q.adopt(cs.st)
 	s.pinAddr = target
 	return nil, true
 }
@@ -173,11 +173,12 @@ func (s *session) unpin() {
 // connections are closed, to be opened again in the new state.
 func (s *session) adoptPinned() {
 	cs := s.cl
-	st, resp3 := s.q.replay(), s.q.resp3()
-	if bytes.Equal(st.auth, cs.auth) && bytes.Equal(st.hello, cs.hello) && bytes.Equal(st.name, cs.name) && resp3 == cs.resp3 {
+	st := s.q.client()
+	if bytes.Equal(st.replay.auth, cs.st.replay.auth) && bytes.Equal(st.replay.hello, cs.st.replay.hello) &&
+		bytes.Equal(st.replay.name, cs.st.replay.name) && st.resp3() == cs.st.resp3() {
 		return
 	}
-	cs.auth, cs.hello, cs.name, cs.resp3 = st.auth, st.hello, st.name, resp3
+	cs.st = st
 	cs.stateChanged()
 	cs.dropAll()
 }

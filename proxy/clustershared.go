@@ -355,7 +355,7 @@ func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
 	}
 	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
 		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
-		cs.auth == nil && cs.hello == nil && cs.name == nil && !cs.monitorOn && s.be == nil &&
+		cs.st.replay.empty() && !cs.monitorOn && s.be == nil &&
 		stateless(name) && !blockingCommand(name)
 }
 
@@ -456,8 +456,7 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	if ri.typ == '-' {
 		if kind, target := redirected(sink.buf); kind != redirNone {
 			if !o.stays(ticket) {
-				s.p.sharedWG.Add(1)
-				go s.redirectShared(ticket, kind, target)
+				s.redirect(redirect{ticket, kind, target})
 				return false, nil
 			}
 			reply = replyMovedInTxn
@@ -495,12 +494,55 @@ func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
 	s.pushOut()
 }
 
+// redirect is a redirection to follow.
+type redirect struct {
+	ticket uint64
+	kind   redirection
+	target string
+}
+
+// redirect has d followed after the redirections of the client's that
+// came before it, on a goroutine of the client's (counted in sharedWG),
+// as it may wait for the slot map: two commands of a pipeline redirected
+// to the same node reach it in the client's order.
+func (s *session) redirect(d redirect) {
+	cs := s.cl
+	cs.redirMu.Lock()
+	defer cs.redirMu.Unlock()
+	cs.redirs = append(cs.redirs, d)
+	if len(cs.redirs) == 1 {
+		s.p.sharedWG.Add(1)
+		go s.redirecting()
+	}
+}
+
+// redirecting follows the client's redirections in turn until none is
+// left.
+func (s *session) redirecting() {
+	defer s.p.sharedWG.Done()
+	cs := s.cl
+	for {
+		cs.redirMu.Lock()
+		d := cs.redirs[0]
+		cs.redirMu.Unlock()
+		s.redirectShared(d.ticket, d.kind, d.target)
+		cs.redirMu.Lock()
+		cs.redirs = cs.redirs[1:]
+		left := len(cs.redirs)
+		if left == 0 {
+			cs.redirs = nil
+		}
+		cs.redirMu.Unlock()
+		if left == 0 {
+			return
+		}
+	}
+}
+
 // redirectShared sends the command with ticket again where a redirection
 // says, on that master's shared connection, or the client's own
-// connection to it when it came on one. It runs on a goroutine of its own
-// (counted in sharedWG), as it may wait for the slot map.
+// connection to it when it came on one.
 func (s *session) redirectShared(ticket uint64, kind redirection, target string) {
-	defer s.p.sharedWG.Done()
 	defer s.recoverPanic()
 	cs := s.cl
 	r := cs.r

@@ -105,7 +105,7 @@ func (s *session) sortCall(m *slotMap, name []byte, args [][]byte) (call, bool) 
 		command3("SMEMBERS", key), command3("ZRANGE", key, "0", "-1")} {
 		c.parts = append(c.parts, part{slot: sl, addr: addr, raw: raw})
 	}
-	resp3 := s.cl.resp3
+	resp3 := s.cl.st.resp3()
 	c.fold = func(replies [][]byte) ([]byte, bool) {
 		b := s.sortReply(m, &o, replies, resp3)
 		return b, isError(b)

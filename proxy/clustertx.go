@@ -114,7 +114,7 @@ func (s *session) txConn(p *part, be *backend) bool {
 		x.reply = replyExecAbort
 		if !t.failed.Load() {
 			x.reply = replyNull2
-			if s.cl.resp3 {
+			if s.cl.st.resp3() {
 				x.reply = replyNull3
 			}
 		}

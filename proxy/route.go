@@ -116,6 +116,11 @@ type clusterSession struct {
 	// monitorOn: the client is in MONITOR mode; the forwarder's own.
 	monitorOn bool
 
+	// redirs are the redirections waiting to be followed, in the order
+	// they came (session.redirect); the first is being followed.
+	redirMu sync.Mutex
+	redirs  []redirect
+
 	// blocking: a command that may block was sent; what follows waits
 	// for its reply (session.handle).
 	blocking bool
@@ -134,9 +139,8 @@ type clusterSession struct {
 	// The state the client set, sent to every new connection: the
 	// forwarder's, and state, the copy its connections are dialled with
 	// (stateChanged).
-	auth, hello, name []byte
-	resp3             bool
-	state             atomic.Pointer[replayState]
+	st    clientState
+	state atomic.Pointer[replayState]
 
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
@@ -193,7 +197,8 @@ func (cs *clusterSession) replay() replayState {
 // stateChanged makes the state the client set the one its connections
 // are dialled in from now on.
 func (cs *clusterSession) stateChanged() {
-	cs.state.Store(&replayState{auth: cs.auth, hello: cs.hello, name: cs.name})
+	st := cs.st.replay
+	cs.state.Store(&st)
 }
 
 // close closes every connection; it runs when the client has gone.
@@ -379,7 +384,7 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 	case "reset":
 		s.settleCluster()
 		cs.dropAll()
-		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.st = clientState{}
 		cs.stateChanged()
 		cs.txn, cs.watch = nil, nil
 		return localCall(replyReset), true
@@ -453,25 +458,18 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
 	}
+	k := entryAuth
+	switch kind {
+	case "hello":
+		k = entryHello
+	case "client":
+		k = entrySetName
+	}
 	c.learn = func(failed bool) {
-		if failed {
-			return
+		if !failed {
+			cs.st.learn(k, raw, proto)
+			cs.stateChanged()
 		}
-		switch kind {
-		case "auth":
-			cs.auth = raw
-		case "hello":
-			// Its AUTH and SETNAME are replayed apart (replayState.learnHello).
-			st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
-			st.learnHello(raw)
-			cs.auth, cs.hello, cs.name = st.auth, st.hello, st.name
-			if proto == 2 || proto == 3 {
-				cs.resp3 = proto == 3
-			}
-		default:
-			cs.name = raw
-		}
-		cs.stateChanged()
 	}
 	return c
 }

@@ -574,7 +574,7 @@ func (s *session) answer(it localItem) {
 		return
 	}
 	if s.cl != nil && s.be == nil {
-		t.multi, t.resp3 = s.cl.txn != nil, s.cl.resp3
+		t.multi, t.resp3 = s.cl.txn != nil, s.cl.st.resp3()
 	}
 	reply := it.reply
 	if reply == nil {
@@ -597,7 +597,7 @@ func (s *session) answer(it localItem) {
 			if s.cl != nil {
 				// In front of a cluster the name is the client's
 				// own state, replayed on each of its connections.
-				name = s.cl.name
+				name = s.cl.st.replay.name
 			}
 			s.identify(name)
 			s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
