@@ -133,7 +133,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 		target = m.master(slot)
 	}
 	if s.be != nil && !s.q.dead(s.be) {
-		if !shard || s.pinAddr == target {
+		if !shard || s.cl.pinAddr == target {
 			return nil, true
 		}
 		// A shard channel of another node: the client may move there
@@ -147,7 +147,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 		s.unpin()
 	}
 	s.q.adopt(cs.st)
-	s.pinAddr = target
+	s.cl.pinAddr = target
 	return nil, true
 }
 

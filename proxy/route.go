@@ -142,6 +142,10 @@ type clusterSession struct {
 	st    clientState
 	state atomic.Pointer[replayState]
 
+	// pinAddr is the node of the client's pub/sub connection (session.be;
+	// clusterpubsub.go).
+	pinAddr string
+
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
 	last  string
@@ -282,6 +286,43 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	if state {
 		s.settleCluster()
 	}
+}
+
+// forward is the cluster's upstream.forward: a command goes to the
+// client's pub/sub connection when it is pinned (clusterpubsub.go), and
+// is routed by its keys otherwise.
+func (cs *clusterSession) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
+	if string(name) == "quit" {
+		return localItem{reply: replyOK, quit: true}, false, false
+	}
+	if s.be != nil || subscription(name) {
+		// The pub/sub connection's replies must not pass the others.
+		s.settleCluster()
+	}
+	reply, pinned := s.clusterPubsub(name, cmd)
+	switch {
+	case reply != nil:
+		return localItem{reply: reply}, false, false
+	case !pinned:
+		s.route(name, cmd)
+		return localItem{}, true, false
+	}
+	// To the client's pub/sub connection, as to one Redis, after the
+	// replies of the commands routed before it.
+	s.settleCluster()
+	return localItem{}, false, true
+}
+
+// dial is the cluster's upstream.dial: the client's pub/sub connection,
+// to the node it is pinned to.
+func (cs *clusterSession) dial(s *session, st replayState) (*backend, error) {
+	be, err := s.p.dialAddr(s.ctx, cs.pinAddr, st)
+	if err != nil {
+		// The node may have failed: the next subscription asks the
+		// cluster again.
+		cs.r.reload(s.ctx, cs.r.gen.Load())
+	}
+	return be, err
 }
 
 // setsState reports whether a command sets connection state that every

@@ -101,8 +101,10 @@ type session struct {
 	// used only where loc is.
 	cmdCtx    context.Context
 	cmdCancel context.CancelFunc
-	cl        *clusterSession // set when the backend is a Redis Cluster
-	pinAddr   string          // the cluster node of the client's pub/sub connection (be)
+	// up says where commands go; cl is it when the backend is a Redis
+	// Cluster, used directly by the cluster*.go files.
+	up upstream
+	cl *clusterSession
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -113,8 +115,10 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.q.init(p.m)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
+	s.up = single{}
 	if p.router != nil {
 		s.cl = newClusterSession(p.router)
+		s.up = s.cl
 	}
 	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)
 	return s
@@ -271,58 +275,18 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 			return localItem{reply: errorReply(err), silent: s.q.silent()}, false
 		}
 	}
-	if s.cl != nil {
-		if string(name) == "quit" {
-			return localItem{reply: replyOK, quit: true}, false
-		}
-		if s.be != nil || subscription(name) {
-			// The pub/sub connection's replies must not pass the
-			// shared connections'.
-			s.settleCluster()
-		}
-		reply, pinned := s.clusterPubsub(name, cmd)
-		switch {
-		case reply != nil:
-			return localItem{reply: reply}, false
-		case !pinned:
-			s.route(name, cmd)
-			return localItem{}, true
-		}
-		// To the client's pub/sub connection, as to one Redis, after
-		// the replies of the commands routed before it.
-		s.settleCluster()
+	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
+		return it, forwarded
 	}
 	return s.forwardBackend(name, cmd)
 }
 
-// forwardBackend is forward's last part: cmd goes to the backend, on the
-// shared connection or the client's own. A function of its own so that
-// its frame is not on the stack while a cluster client's command is
-// routed (see planState).
+// forwardBackend is forward's last part: cmd goes to the backend on the
+// client's dedicated connection. A function of its own so that its frame
+// is not on the stack while a cluster client's command is routed (see
+// planState).
 func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bool) {
 	e := classify(name, cmd)
-	if s.sh != nil && !s.dedicated {
-		// CLIENT is not stateless: a client still on its shared
-		// connection has every reply on.
-		if e.kind == entryQuit {
-			// A client without a connection of its own has nothing to
-			// close on the backend: the proxy answers QUIT as Redis does.
-			return localItem{reply: replyOK, silent: s.q.silent(), quit: true}, false
-		}
-		if stateless(name) {
-			if err := s.sh.send(s, e, cmd.Raw); err != nil {
-				s.p.m.unavailable.Add(1)
-				return localItem{reply: errorReply(&BackendError{Err: err})}, false
-			}
-			s.sharedOut = true
-			s.p.m.forwarded.Add(1)
-			return localItem{}, true
-		}
-		// Replies on the shared connection come first; from now on the
-		// client's commands go to a connection of its own.
-		s.settleShared()
-		s.dedicated = true
-	}
 	for {
 		doomed, err := s.connect(&e)
 		if doomed != nil {
@@ -457,16 +421,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 	if doomed := s.q.doomed(e); doomed != nil {
 		return doomed, nil
 	}
-	var be *backend
-	if s.cl != nil {
-		if be, err = s.p.dialAddr(s.ctx, s.pinAddr, s.q.replay()); err != nil {
-			// The node may have failed: the next subscription asks
-			// the cluster again.
-			s.cl.r.reload(s.ctx, s.cl.r.gen.Load())
-		}
-	} else {
-		be, err = s.p.dedicated(s.ctx, s.q.replay())
-	}
+	be, err := s.up.dial(s, s.q.replay())
 	if err != nil {
 		return nil, err
 	}
