@@ -614,7 +614,11 @@ func (s *session) commandContext() context.Context {
 // for them). redcon closes the connection next.
 func (s *session) protocolError(err error) {
 	s.p.m.protocolErrors.Add(1)
+	start := time.Now()
 	s.q.waitIdle(time.Second)
+	if s.cl != nil {
+		s.cl.order.waitFor(time.Second - time.Since(start))
+	}
 	s.w.write([]byte("-ERR " + err.Error() + "\r\n"))
 }
 

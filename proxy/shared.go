@@ -10,6 +10,16 @@ import (
 	"go.uber.org/zap"
 )
 
+// Batching. shared.go and order.go own how commands leave and replies
+// come back on the backend connections the proxy writes and reads for
+// many commands at a time: the shared connections to one Redis, to each
+// master of a cluster, and a cluster client's own connections (groups of
+// one, clustercall.go). A command is queued with the client it answers
+// (and, in front of a cluster, its ticket in the client's replyOrder,
+// order.go), written with what queued meanwhile in one write, and its
+// reply is read by the connection's reader and put in the client's order.
+// Where a command goes is the upstream's (upstream.go, clusterroute.go).
+
 // shared is one backend connection that carries the stateless commands of
 // many clients. Commands are appended to one write buffer. A client writes
 // the buffer itself only when the connection is idle (no command waiting for

@@ -7,7 +7,7 @@ import "github.com/tidwall/redcon"
 // dedicated one, carries it, and how the dedicated one is dialled. Its two
 // kinds are one Redis, or the primary a Sentinel names (single), and a
 // Redis Cluster (clusterSession, whose slot map routes each command; see
-// route.go). Both hand their commands to the same machinery: the shared
+// clusterroute.go). Both hand their commands to the same machinery: the shared
 // connections of shared.go, and the dedicated connection the session
 // keeps (session.forwardBackend, readBackend). Only the session's
 // forwarder calls it.

@@ -12,13 +12,25 @@ import (
 	"github.com/tidwall/redcon"
 )
 
-// A client of a Redis Cluster behind the proxy (BackendConfig.Cluster):
-// each command is routed (route) to the master of its keys' slot, split
-// per slot, or fanned out, and sent on a shared connection to the master
-// (clustershared.go) or the client's own (clustercall.go). A reply that
-// redirects (MOVED, ASK) or says the slot is not served yet (TRYAGAIN,
-// CLUSTERDOWN) is never the client's: the command is sent again where the
-// cluster says, within BackendConfig.ClusterRetry.
+// Cluster routing. The cluster*.go files own where the commands of a
+// client of a Redis Cluster (BackendConfig.Cluster) go, and none of how
+// they travel: cluster.go keeps the slot map and the COMMAND table (the
+// router); this file plans each command (route, plan): to the master of
+// its keys' slot, split per slot, fanned out to every master, SCAN's
+// cursor over the masters, a transaction tied to one master;
+// clusterfan.go, clusteracllog.go, clusterslowlog.go and
+// clustershardinfo.go plan the commands about the whole server;
+// clusterjoin.go, clusterlcs.go, clusterhll.go and clustersort.go the
+// reads the proxy computes from keys in several slots; clustertx.go ties
+// a transaction or WATCH to its connection; clusterpubsub.go and
+// clustermonitor.go serve the clients pinned to nodes. A plan is a call
+// of parts, each to one master, with what makes the client's reply from
+// theirs; clustershared.go and clustercall.go hand the parts to the
+// batching of shared.go and order.go, on the masters' shared connections
+// or the client's own. A reply that redirects (MOVED, ASK) or says the
+// slot is not served yet (TRYAGAIN, CLUSTERDOWN) is never the client's:
+// the command is sent again where the cluster says, within
+// BackendConfig.ClusterRetry.
 
 var (
 	replyCrossSlot   = []byte("-CROSSSLOT Keys in request don't hash to the same slot\r\n")
