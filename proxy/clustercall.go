@@ -98,11 +98,16 @@ func (s *session) sendCall(c *call) {
 		s.sendPart(&c.one, opts, deadline)
 		return
 	}
+	s.sendParts(c, deadline)
+}
+
+// sendParts sends the parts of a call whose reply is made from theirs.
+func (s *session) sendParts(src *call, deadline time.Time) {
+	cs := s.cl
 	// A copy of its own: the readers make its reply after the forwarder
-	// has moved on, and c stays on the caller's stack.
-	cc := new(call)
-	*cc = *c
-	c = cc
+	// has moved on, and src stays on the caller's stack.
+	c := new(call)
+	*c = *src
 	g := newGather(c.count())
 	ticket := cs.order.add(nil, noSlot, ticketOpts{})
 	if !c.alone {

@@ -90,6 +90,7 @@ type session struct {
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
 	replica bool
+	nb      [24]byte // the name of the command being forwarded, lowered
 	be      *backend
 	authed  bool // under proxy authentication
 	loc     Local
@@ -249,8 +250,10 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		s.p.m.forwarded.Add(1)
 		return localItem{}, true
 	}
-	var nb [24]byte
-	name := lower(&nb, cmd.Args[0])
+	// The name is lowered into the session's buffer: on the stack it
+	// would move to the heap at every command, as it is passed on to
+	// the upstream through an interface.
+	name := lower(&s.nb, cmd.Args[0])
 	if s.p.auth != nil {
 		var reply, rewritten []byte
 		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
