@@ -186,18 +186,8 @@ func (o *replyOrder) wait() {
 // waitFor is wait, for d at most.
 func (o *replyOrder) waitFor(d time.Duration) {
 	o.mu.Lock()
-	timedOut := false
-	t := time.AfterFunc(d, func() {
-		o.mu.Lock()
-		timedOut = true
-		o.cond.Broadcast()
-		o.mu.Unlock()
-	})
-	for o.head < len(o.slots) && !o.closed && !timedOut {
-		o.cond.Wait()
-	}
+	condWait(&o.cond, d, func() bool { return o.head == len(o.slots) || o.closed })
 	o.mu.Unlock()
-	t.Stop()
 }
 
 // close wakes whoever waits: the client has gone.

@@ -297,17 +297,23 @@ func (q *replyQueue) waitEmpty() {
 // d has passed.
 func (q *replyQueue) waitIdle(d time.Duration) {
 	q.mu.Lock()
+	condWait(&q.cond, d, func() bool { return (q.head == len(q.fifo) && !q.busy) || q.closed })
+	q.mu.Unlock()
+}
+
+// condWait waits on c, whose lock is held, until done reports true or d
+// has passed.
+func condWait(c *sync.Cond, d time.Duration, done func() bool) {
 	timedOut := false
 	t := time.AfterFunc(d, func() {
-		q.mu.Lock()
+		c.L.Lock()
 		timedOut = true
-		q.cond.Broadcast()
-		q.mu.Unlock()
+		c.Broadcast()
+		c.L.Unlock()
 	})
-	for (q.head < len(q.fifo) || q.busy) && !q.closed && !timedOut {
-		q.cond.Wait()
+	for !done() && !timedOut {
+		c.Wait()
 	}
-	q.mu.Unlock()
 	t.Stop()
 }
 
