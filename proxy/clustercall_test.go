@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bufio"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -154,5 +156,50 @@ func TestClusterBlockingOrder(t *testing.T) {
 				t.Fatalf("replies %q (%v), want %q", got, err, want)
 			}
 		})
+	}
+}
+
+// TestClusterTLSClient: a client on TLS, whose replies the connections'
+// readers do not write to its socket themselves, gets its replies from
+// the shared connections and its own, merged ones and a blocking one
+// included, in order.
+func TestClusterTLSClient(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	certs := redistest.NewCerts(t)
+	cert, err := tls.LoadX509KeyPair(certs.ServerCert, certs.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	})
+	flushCluster(t, c)
+	nc, err := tls.Dial("tcp", addr, certs.ClientTLS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	a := &client{tb: t, c: nc, r: bufio.NewReaderSize(nc, 64<<10)}
+	k0, k1, k2 := keyOn(0, "t"), keyOn(1, "t"), keyOn(2, "t")
+	steps := []struct {
+		cmds [][]string
+		want string
+	}{
+		// On the shared connections, then split over the client's own.
+		{[][]string{args("SET " + k0 + " a"), args("SET " + k1 + " b"), args("MGET " + k0 + " " + k1 + " " + k2), args("GET " + k1)},
+			"+OK\r\n+OK\r\n*3\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n$1\r\nb\r\n"},
+		// On its own connections only, a blocking command among them.
+		{[][]string{args("CLIENT SETNAME tls"), args("RPUSH " + k2 + " x"), args("BLPOP " + k2 + " 1"), args("DBSIZE"), args("GET " + k0)},
+			fmt.Sprintf("+OK\r\n:1\r\n*2\r\n$%d\r\n%s\r\n$1\r\nx\r\n:2\r\n$1\r\na\r\n", len(k2), k2)},
+		// On its own connections, nothing to wait for but the replies.
+		{[][]string{args("GET " + k1), args("MGET " + k2 + " " + k0), args("DBSIZE")},
+			"$1\r\nb\r\n*2\r\n$-1\r\n$1\r\na\r\n:2\r\n"},
+	}
+	for _, st := range steps {
+		a.send(encode(st.cmds...))
+		if got, err := a.tryRead(len(st.cmds), 5*time.Second); err != nil || string(got) != st.want {
+			t.Fatalf("%q: %q (%v), want %q", st.cmds, got, err, st.want)
+		}
 	}
 }
