@@ -26,8 +26,8 @@ var (
 	cmdMonitor           = []byte("*1\r\n$7\r\nMONITOR\r\n")
 )
 
-// monitorCall starts MONITOR on every master; the calls before it in the
-// batch are answered first.
+// monitorCall starts MONITOR on every master; the commands before it are
+// answered first.
 func (s *session) monitorCall(m *slotMap) call {
 	cs := s.cl
 	if cs.monitoring() {

@@ -26,9 +26,10 @@ import (
 // commands other than the connection state ones go through the cluster
 // routing, and in RESP2 a command with keys gets Redis's error for a
 // subscribed client (the node would answer MOVED for a key it does not
-// serve). Replies keep their order across the two paths: the cluster
-// batch is run to its end before a command goes to the pinned node, and
-// the pinned node has answered everything before a command is routed.
+// serve). Replies keep their order across the two paths: the replies to
+// the routed commands are written before a command goes to the pinned
+// node (session.settleCluster), and the pinned node has answered
+// everything before a command is routed.
 // Once the client has no subscription left, the pinned connection is
 // closed and the state it learned (HELLO, AUTH, CLIENT SETNAME) is the
 // cluster session's again.

@@ -75,7 +75,8 @@ type part struct {
 	tx   *txPart // set when it belongs to a transaction or WATCH (clustertx.go)
 }
 
-// call is one client command in a batch.
+// call is one client command, as routed: its parts and how its reply is
+// made from theirs.
 type call struct {
 	kind  callKind
 	op    mergeOp
@@ -269,8 +270,8 @@ func splitCommand(name []byte) (mergeOp, bool) {
 	return 0, false
 }
 
-// route adds cmd to the batch, or returns the proxy's own reply when the
-// cluster cannot take it.
+// route sends cmd where the slot map says, or gives it the proxy's own
+// reply in its place when the cluster cannot take it.
 func (s *session) route(name []byte, cmd redcon.Command) {
 	cs := s.cl
 	if cs.blocking {

@@ -216,9 +216,9 @@ func (s *session) runLocal(it localItem) {
 	s.drainBacklog()
 }
 
-// drainBacklog handles the commands held back while a local command (or a
-// cluster batch) ran, until none is left, and hands forwarding back to
-// redcon's goroutine.
+// drainBacklog handles the commands held back while a local command ran
+// (or the wait for a cluster client's replies), until none is left, and
+// hands forwarding back to redcon's goroutine.
 func (s *session) drainBacklog() {
 	for {
 		batch := s.q.next()
