@@ -217,9 +217,6 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 	return fmt.Errorf("cluster shards: %w", errors.Join(errs...))
 }
 
-// forwarded counts a command sent to the master at addr.
-func (r *router) forwarded(addr string) { r.counter(addr).Add(1) }
-
 // counter returns the count of commands sent to the master at addr.
 func (r *router) counter(addr string) *atomic.Uint64 {
 	v, ok := r.perMaster.Load(addr)

@@ -24,7 +24,7 @@ import (
 //     REWRITE, ACL SETUSER, DELUSER, LOAD and SAVE, SLOWLOG RESET, LATENCY
 //     RESET (the sum), CLIENT PAUSE and UNPAUSE, SAVE, BGSAVE and
 //     BGREWRITEAOF, SCRIPT KILL and FUNCTION KILL (+OK from the master
-//     running the script, else the first NOTBUSY) (and, in route.go,
+//     running the script, else the first NOTBUSY) (and, in clusterroute.go,
 //     FLUSHALL, FLUSHDB, SCRIPT LOAD/FLUSH, FUNCTION LOAD/DELETE/FLUSH/RESTORE);
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
 //     newest first) and LEN (their number), each fanned command's entry

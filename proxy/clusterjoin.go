@@ -92,7 +92,7 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 	if !ok {
 		return call{}, false
 	}
-	j := &join{kind: kind, agg: 's', resp3: s.cl.resp3}
+	j := &join{kind: kind, agg: 's', resp3: s.cl.st.resp3()}
 	var rest [][]byte
 	switch kind {
 	case joinSInter, joinSUnion, joinSDiff:

@@ -26,7 +26,7 @@ var (
 
 // lcsCall plans LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN].
 func (s *session) lcsCall(m *slotMap, args [][]byte) call {
-	resp3 := s.cl.resp3
+	resp3 := s.cl.st.resp3()
 	var getLen, getIdx, withLen bool
 	var minLen int64
 	for i := 3; i < len(args); i++ {

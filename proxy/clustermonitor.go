@@ -26,17 +26,17 @@ var (
 	cmdMonitor           = []byte("*1\r\n$7\r\nMONITOR\r\n")
 )
 
-// monitorCall starts MONITOR on every master; the calls before it in the
-// batch are answered first.
+// monitorCall starts MONITOR on every master; the commands before it are
+// answered first.
 func (s *session) monitorCall(m *slotMap) call {
 	cs := s.cl
 	if cs.monitoring() {
 		return localCall(nil) // Redis ignores it, without a reply
 	}
-	s.runCluster()
+	s.settleCluster()
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
-	st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
+	st := cs.st.replay
 	var conns []*backend
 	fail := func(err error) call {
 		for _, be := range conns {
@@ -70,8 +70,7 @@ func (s *session) monitorCall(m *slotMap) call {
 	cs.monitors = conns
 	cs.mu.Unlock()
 	cs.monitorOn = true
-	s.writeReply(replyOK)
-	s.w.flush()
+	s.w.write(replyOK)
 	for _, be := range conns {
 		s.wg.Add(1)
 		cs.monWG.Add(1)

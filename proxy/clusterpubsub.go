@@ -26,9 +26,10 @@ import (
 // commands other than the connection state ones go through the cluster
 // routing, and in RESP2 a command with keys gets Redis's error for a
 // subscribed client (the node would answer MOVED for a key it does not
-// serve). Replies keep their order across the two paths: the cluster
-// batch is run to its end before a command goes to the pinned node, and
-// the pinned node has answered everything before a command is routed.
+// serve). Replies keep their order across the two paths: the replies to
+// the routed commands are written before a command goes to the pinned
+// node (session.settleCluster), and the pinned node has answered
+// everything before a command is routed.
 // Once the client has no subscription left, the pinned connection is
 // closed and the state it learned (HELLO, AUTH, CLIENT SETNAME) is the
 // cluster session's again.
@@ -73,7 +74,8 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
 		cs.dropAll()
-		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.st = clientState{}
+		cs.stateChanged()
 		cs.txn, cs.watch = nil, nil
 		return nil, true
 	case "auth", "hello":
@@ -114,7 +116,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	cs := s.cl
 	// The commands routed before it are answered first: a HELLO among
 	// them sets the protocol the new connection is brought to.
-	s.runCluster()
+	s.settleCluster()
 	m, err := cs.r.current(s.ctx)
 	if err != nil {
 		s.p.m.unavailable.Add(1)
@@ -132,7 +134,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 		target = m.master(slot)
 	}
 	if s.be != nil && !s.q.dead(s.be) {
-		if !shard || s.pinAddr == target {
+		if !shard || s.cl.pinAddr == target {
 			return nil, true
 		}
 		// A shard channel of another node: the client may move there
@@ -145,8 +147,8 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	if s.be != nil {
 		s.unpin()
 	}
-	s.q.adopt(replayState{auth: cs.auth, hello: cs.hello, name: cs.name}, cs.resp3)
-	s.pinAddr = target
+	s.q.adopt(cs.st)
+	s.cl.pinAddr = target
 	return nil, true
 }
 
@@ -172,10 +174,12 @@ func (s *session) unpin() {
 // connections are closed, to be opened again in the new state.
 func (s *session) adoptPinned() {
 	cs := s.cl
-	st, resp3 := s.q.replay(), s.q.resp3()
-	if bytes.Equal(st.auth, cs.auth) && bytes.Equal(st.hello, cs.hello) && bytes.Equal(st.name, cs.name) && resp3 == cs.resp3 {
+	st := s.q.client()
+	if bytes.Equal(st.replay.auth, cs.st.replay.auth) && bytes.Equal(st.replay.hello, cs.st.replay.hello) &&
+		bytes.Equal(st.replay.name, cs.st.replay.name) && st.resp3() == cs.st.resp3() {
 		return
 	}
-	cs.auth, cs.hello, cs.name, cs.resp3 = st.auth, st.hello, st.name, resp3
+	cs.st = st
+	cs.stateChanged()
 	cs.dropAll()
 }

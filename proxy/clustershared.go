@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"sync"
 	"time"
 
 	"github.com/tidwall/redcon"
@@ -29,113 +28,11 @@ import (
 // ASK), within BackendConfig.ClusterRetry, and its reply takes the same
 // place. A command that may change who the masters let in (CONFIG SET
 // requirepass, ACL SETUSER ...) starts a new generation of shared
-// connections for the clients that connect after it (router.accessChanged). Every other command goes through route.go's batch on the
-// client's own connections, after the replies owed on the shared ones
-// (session.settleShared).
-
-// replyOrder is the place of each reply a cluster client is owed on the
-// shared connections. Its methods are safe for concurrent use: the
-// forwarder takes tickets, the shared readers put replies in place.
-type replyOrder struct {
-	mu    sync.Mutex
-	slots []orderSlot
-	head  int    // the first reply not written yet
-	first uint64 // the ticket of slots[0]; tickets start at 1
-}
-
-// orderSlot is one command sent on a shared connection.
-type orderSlot struct {
-	raw      []byte // the command, to send again when redirected
-	slot     int
-	arrived  bool
-	reply    []byte    // the reply, when it came before one ahead of it
-	deadline time.Time // for the redirections, from the first one
-}
-
-// add takes the next ticket, for raw (copied) to slot.
-func (o *replyOrder) add(raw []byte, slot int) uint64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.head == len(o.slots) {
-		o.first += uint64(len(o.slots))
-		o.slots, o.head = o.slots[:0], 0
-		if o.first == 0 {
-			o.first = 1
-		}
-	}
-	n := len(o.slots)
-	if n < cap(o.slots) {
-		o.slots = o.slots[:n+1] // keep the buffers of an earlier use
-	} else {
-		o.slots = append(o.slots, orderSlot{})
-	}
-	sl := &o.slots[n]
-	sl.raw = append(sl.raw[:0], raw...)
-	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
-	return o.first + uint64(n)
-}
-
-// drop gives back the last ticket, whose command could not be sent.
-func (o *replyOrder) drop(ticket uint64) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if n := len(o.slots); n > o.head && o.first+uint64(n-1) == ticket {
-		o.slots = o.slots[:n-1]
-	}
-}
-
-// ahead reports whether ticket's reply is the next to write.
-func (o *replyOrder) ahead(ticket uint64) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.first+uint64(o.head) == ticket
-}
-
-// put records that ticket's reply came: written to w already when written
-// is set, else reply, written once the replies ahead of it have been. It
-// writes every reply that waited behind it.
-func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWriter) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	i := int(ticket - o.first)
-	if i < o.head || i >= len(o.slots) {
-		return // not owed (the order was reset)
-	}
-	sl := &o.slots[i]
-	sl.arrived = true
-	if written {
-		o.head++
-	} else {
-		sl.reply = append(sl.reply[:0], reply...)
-	}
-	for o.head < len(o.slots) && o.slots[o.head].arrived {
-		w.Write(o.slots[o.head].reply)
-		o.head++
-	}
-}
-
-// drained reports whether every reply owed has been written to the sink.
-func (o *replyOrder) drained() bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.head == len(o.slots)
-}
-
-// command returns ticket's command and slot, and the time its
-// redirections must end by.
-func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, deadline time.Time, ok bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	i := int(ticket - o.first)
-	if i < o.head || i >= len(o.slots) {
-		return nil, 0, time.Time{}, false
-	}
-	sl := &o.slots[i]
-	if sl.deadline.IsZero() {
-		sl.deadline = time.Now().Add(retry)
-	}
-	return append([]byte(nil), sl.raw...), sl.slot, sl.deadline, true
-}
+// connections for the clients that connect after it
+// (router.accessChanged). Every other command goes on the client's own
+// connections (clustercall.go), after the replies owed on the shared ones
+// (session.settleCluster); its replies take their place in the same
+// replyOrder.
 
 // sharedList returns the shared connections to the masters.
 func (r *router) sharedList() []*shared {
@@ -263,7 +160,7 @@ func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
 	}
 	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
 		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
-		cs.auth == nil && cs.hello == nil && cs.name == nil && !cs.monitorOn && s.be == nil &&
+		cs.st.replay.empty() && !cs.monitorOn && s.be == nil &&
 		stateless(name) && !blockingCommand(name)
 }
 
@@ -291,11 +188,11 @@ func changesAccess(name []byte, args [][]byte) bool {
 
 // routeShared sends c on the shared connection to its master; it reports
 // false, having sent nothing, when that connection cannot be had (the
-// batch then tries the client's own, and waits for the cluster).
+// call then tries the client's own, and waits for the cluster).
 func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	cs := s.cl
-	if len(cs.batch) > 0 {
-		s.runCluster() // the replies before it come first
+	if cs.ownUsed {
+		s.settleCluster() // the replies on the client's own connections come first
 	}
 	var sh *shared
 	for _, c2 := range cs.sharedConns {
@@ -308,7 +205,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx, cs.access)
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
-	ticket := cs.order.add(c.one.raw, c.one.slot)
+	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{})
 	e := classify(name, cmd)
 	if err := sh.queue(s, ticket, nil, c.one.raw, &e); err != nil {
 		cs.order.drop(ticket)
@@ -319,16 +216,6 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	s.p.m.forwarded.Add(1)
 	sh.grp.forwarded.Add(1)
 	return true
-}
-
-// settleCluster waits, when the client sent commands on the masters'
-// shared connections, until their replies have been written to it: what
-// goes on its own connections next must not pass them.
-func (s *session) settleCluster() {
-	if s.cl.sharedUsed {
-		s.cl.sharedUsed = false
-		s.settleShared()
-	}
 }
 
 // markShared notes that sh has a command of the client's to write.
@@ -342,10 +229,10 @@ func (s *session) markShared(sh *shared) {
 	s.dirty = append(s.dirty, sh)
 }
 
-// sharedReply reads the reply to ticket from r, on a shared connection,
-// and puts it in its place in the client's replies. answered is false when
-// the reply was a redirection: the command is sent again, and its reply
-// comes later.
+// sharedReply reads the reply to ticket from r, on a shared connection or
+// one of the client's own, and puts it in its place in the client's
+// replies. answered is false when the reply was a redirection: the command
+// is sent again, and its reply comes later.
 func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *replyInfo) (answered bool, err error) {
 	o := &s.cl.order
 	b, err := r.Peek(1)
@@ -370,46 +257,106 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	if err != nil {
 		return false, err
 	}
+	reply := sink.buf
 	if ri.typ == '-' {
 		if kind, target := redirected(sink.buf); kind != redirNone {
-			s.p.sharedWG.Add(1)
-			go s.redirectShared(ticket, kind, target)
-			return false, nil
+			if !o.stays(ticket) {
+				s.redirect(redirect{ticket, kind, target})
+				return false, nil
+			}
+			reply = replyMovedInTxn
 		}
 	}
-	o.put(ticket, false, sink.buf, &s.w)
+	o.put(ticket, false, reply, &s.w)
 	if cap(sink.buf) > 64<<10 {
 		sink.buf = nil
 	}
 	return true, nil
 }
 
+// stays reports whether a redirection of ticket's command must not be
+// followed (inside a transaction).
+func (o *replyOrder) stays(ticket uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	return i >= o.head && i < len(o.slots) && o.slots[i].stay
+}
+
 // answerShared gives the client reply, an error of the proxy's own, for
-// the command with ticket on a shared connection.
-func (s *session) answerShared(ticket uint64, reply []byte) {
+// the command with ticket on a shared connection, or on one of a cluster
+// client's own when own is set (whose replies its replyQueue does not
+// count).
+func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
 	if s.cl != nil {
 		s.cl.order.put(ticket, false, reply, &s.w)
 	} else {
 		s.sink().Write(reply)
 	}
-	s.replied(&replyInfo{typ: '-'})
+	if !own {
+		s.replied(&replyInfo{typ: '-'})
+	}
 	s.pushOut()
 }
 
-// redirectShared sends the command with ticket again where a redirection
-// says, on that master's shared connection. It runs on a goroutine of its
-// own (counted in sharedWG), as it may wait for the slot map.
-func (s *session) redirectShared(ticket uint64, kind redirection, target string) {
+// redirect is a redirection to follow.
+type redirect struct {
+	ticket uint64
+	kind   redirection
+	target string
+}
+
+// redirect has d followed after the redirections of the client's that
+// came before it, on a goroutine of the client's (counted in sharedWG),
+// as it may wait for the slot map: two commands of a pipeline redirected
+// to the same node reach it in the client's order.
+func (s *session) redirect(d redirect) {
+	cs := s.cl
+	cs.redirMu.Lock()
+	defer cs.redirMu.Unlock()
+	cs.redirs = append(cs.redirs, d)
+	if len(cs.redirs) == 1 {
+		s.p.sharedWG.Add(1)
+		go s.redirecting()
+	}
+}
+
+// redirecting follows the client's redirections in turn until none is
+// left.
+func (s *session) redirecting() {
 	defer s.p.sharedWG.Done()
+	cs := s.cl
+	for {
+		cs.redirMu.Lock()
+		d := cs.redirs[0]
+		cs.redirMu.Unlock()
+		s.redirectShared(d.ticket, d.kind, d.target)
+		cs.redirMu.Lock()
+		cs.redirs = cs.redirs[1:]
+		left := len(cs.redirs)
+		if left == 0 {
+			cs.redirs = nil
+		}
+		cs.redirMu.Unlock()
+		if left == 0 {
+			return
+		}
+	}
+}
+
+// redirectShared sends the command with ticket again where a redirection
+// says, on that master's shared connection, or the client's own
+// connection to it when it came on one.
+func (s *session) redirectShared(ticket uint64, kind redirection, target string) {
 	defer s.recoverPanic()
 	cs := s.cl
 	r := cs.r
-	raw, slot, deadline, ok := cs.order.command(ticket, s.p.cfg.Backend.ClusterRetry)
+	raw, slot, opts, deadline, ok := cs.order.command(ticket, s.p.cfg.Backend.ClusterRetry)
 	if !ok {
 		return
 	}
 	if time.Now().After(deadline) || s.ctx.Err() != nil {
-		s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}))
+		s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}), opts.own)
 		return
 	}
 	addr := target
@@ -424,15 +371,20 @@ func (s *session) redirectShared(ticket uint64, kind redirection, target string)
 	case redirWait:
 		p := part{slot: slot}
 		if !s.again(&p, deadline) || p.addr == "" {
-			s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}))
+			s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}), opts.own)
 			return
 		}
 		addr = p.addr
 	}
-	sh := r.sharedConn(addr, cs.sharedIdx, cs.access)
+	var sh *shared
+	if opts.own {
+		sh = cs.ownConn(s, addr)
+	} else {
+		sh = r.sharedConn(addr, cs.sharedIdx, cs.access)
+	}
 	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
 		s.p.m.unavailable.Add(1)
-		s.answerShared(ticket, errorReply(&BackendError{Err: err}))
+		s.answerShared(ticket, errorReply(&BackendError{Err: err}), opts.own)
 		return
 	}
 	sh.flush()

@@ -2,12 +2,10 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/tidwall/redcon"
 )
@@ -107,7 +105,7 @@ func (s *session) sortCall(m *slotMap, name []byte, args [][]byte) (call, bool) 
 		command3("SMEMBERS", key), command3("ZRANGE", key, "0", "-1")} {
 		c.parts = append(c.parts, part{slot: sl, addr: addr, raw: raw})
 	}
-	resp3 := s.cl.resp3
+	resp3 := s.cl.st.resp3()
 	c.fold = func(replies [][]byte) ([]byte, bool) {
 		b := s.sortReply(m, &o, replies, resp3)
 		return b, isError(b)
@@ -344,9 +342,7 @@ func (s *session) lookup(m *slotMap, reqs []lookup) ([][]byte, []byte) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
 	parts := make([]part, len(reqs))
-	var dirty []*backend
 	for i, l := range reqs {
 		sl := keySlot(l.key)
 		raw := command3("GET", l.key)
@@ -356,26 +352,16 @@ func (s *session) lookup(m *slotMap, reqs []lookup) ([][]byte, []byte) {
 			raw = redcon.AppendBulk(redcon.AppendBulk(raw, l.key), l.field)
 		}
 		parts[i] = part{slot: sl, addr: m.master(sl), raw: raw}
-		if be := s.sendPart(&parts[i], deadline); be != nil && !be.queued {
-			be.queued = true
-			dirty = append(dirty, be)
-		}
 	}
-	for _, be := range dirty {
-		be.queued = false
-		s.flushBackend(be)
+	replies := s.ask(parts)
+	if replies == nil {
+		return nil, replyConnLost // the client has gone
 	}
 	vals := make([][]byte, len(reqs))
 	var failed []byte
-	for i := range parts {
-		b, err := s.capture(&parts[i], deadline)
+	for i, b := range replies {
 		switch {
-		case err != nil && failed == nil:
-			failed = replyConnLost
-			if !errors.Is(err, errLost) && !errors.Is(err, errMidReply) {
-				failed = errorReply(&BackendError{Err: err})
-			}
-		case err != nil || failed != nil:
+		case failed != nil:
 		case bytes.HasPrefix(b, []byte("-WRONGTYPE")):
 		case isError(b):
 			failed = append([]byte(nil), b...)

@@ -1,7 +1,5 @@
 package proxy
 
-import "time"
-
 // What a lost connection does to a transaction or WATCH in front of a
 // Redis Cluster, as it does to one Redis (connState.doomed): a MULTI is
 // tied to the connection it was sent on, and so are the keys a WATCH
@@ -106,17 +104,17 @@ func (s *session) txConn(p *part, be *backend) bool {
 		case txWatch:
 			x.reply = replyWatchInMulti
 		default:
-			t.failed = true
+			t.failed.Store(true)
 			x.reply = replyTxnLost
 		}
 		return false
-	case x.role == txExec && (t.failed || t.watchLost):
+	case x.role == txExec && (t.failed.Load() || t.watchLost):
 		// The transaction is queued on be: throw it away.
 		p.raw = cmdDiscard
 		x.reply = replyExecAbort
-		if !t.failed {
+		if !t.failed.Load() {
 			x.reply = replyNull2
-			if s.cl.resp3 {
+			if s.cl.st.resp3() {
 				x.reply = replyNull3
 			}
 		}
@@ -131,16 +129,6 @@ func (s *session) txUnsent(p *part) {
 	if w := p.tx.watch; w != nil {
 		w.lost = true
 	} else {
-		p.tx.txn.failed = true
+		p.tx.txn.failed.Store(true)
 	}
-}
-
-// replaced answers p with p.tx.reply, after reading and dropping the reply
-// to what was sent in its place, if anything was.
-func (s *session) replaced(p *part, deadline time.Time) {
-	if p.be != nil {
-		var ri replyInfo
-		s.readReply(p, s.w.discard, &ri, deadline, false)
-	}
-	s.writeReply(p.tx.reply)
 }

@@ -21,7 +21,7 @@
 // client in one go is written to the backend in one go. A fifo of the
 // commands in flight keeps the proxy's own replies in their place in the
 // stream, and recognises pub/sub and MONITOR traffic that answers no
-// request. session.forward is where a command's connection is chosen.
+// request. session.forward asks the upstream where each command goes.
 //
 // SYNC and PSYNC (with the REPLCONF before them) go over the client's
 // dedicated connection like any command, but what answers them is the
@@ -46,33 +46,47 @@
 // WATCHed on it make the next EXEC abort with a null reply (state.go,
 // connState.doomed; clustertx.go for a cluster).
 //
-// With a Redis Cluster behind it (BackendConfig.Cluster), route.go routes
-// each command by the slot of its keys to the master serving it. The
-// stateless one-slot commands of clients that have set no connection
-// state go on the master's shared connections, the machinery above per
-// master (clustershared.go): batched and in arrival order at each master
-// (commands on different masters hold different keys, so each master's
-// connections batch without waiting for the others'), each reply put
-// back in its client's order, however many masters a pipeline goes to,
-// and redirections followed on the shared connections. Everything else
-// goes on connections of the client's own (one per master), after the
-// replies owed on the shared ones: route.go splits and merges the
-// multi-key commands that may cross slots, fans keyless ones out, and
-// follows MOVED and ASK;
-// cluster.go keeps the slot map and the COMMAND table; clustertx.go ties
-// a transaction or WATCH to the connection it was sent on. A client that
-// subscribes is pinned to one connection of its own to one node, served by
-// the single-Redis machinery above (clusterpubsub.go): the master of slot 0
-// for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH), that of the
-// channels' slot for SSUBSCRIBE. While it is pinned, each command waits for
-// the node's replies before it, so that the two paths keep the client's
-// order. MONITOR opens a connection of the client's own to every master
-// and copies their lines (clustermonitor.go). The commands about the
-// whole server are applied to, or merged from, every master
-// (clusterfan.go), and the set, sorted-set, LCS and PFCOUNT reads of keys
-// in several slots, and SORT with BY/GET patterns, are computed by the
-// proxy from each key's value (clusterjoin.go, clusterlcs.go,
-// clusterhll.go, clustersort.go).
+// Where a command goes is the upstream's (upstream.go), which the
+// session asks for each command; both kinds hand what they send to the
+// same machinery: the batching of shared.go, and the session's dedicated
+// connection (readBackend), which a cluster client has only for pub/sub.
+// With one Redis, or the primary a Sentinel names (sentinel.go), the
+// upstream is single: the rules above. With a Redis
+// Cluster behind it (BackendConfig.Cluster), it is the client's
+// clusterSession, which routes each command by the slot of its keys to
+// the master serving it (clusterroute.go and the other cluster*.go files:
+// the routing, in one place). The stateless one-slot commands of clients
+// that have set no connection state go on the master's shared
+// connections, the machinery above per master (clustershared.go): batched
+// and in arrival order at each master (commands on different masters hold
+// different keys, so each master's connections batch without waiting for
+// the others'). Everything else goes on connections of the client's own,
+// one per master, each a shared connection with one client
+// (clustercall.go): its commands are batched and its replies read by the
+// same machinery, and the forwarder reads no backend connection. Each
+// reply takes a ticket in the client's replyOrder (order.go) and is put
+// back in the client's order, however many masters a pipeline goes to.
+// The multi-key commands that may cross slots are split per slot, keyless
+// ones fanned out, and the replies of their parts merged by the reader
+// that puts the last one in place; only RANDOMKEY and SORT with BY or GET
+// patterns, which send more from what comes back, have the forwarder wait.
+// Redirections (MOVED, ASK, TRYAGAIN) are followed on the same kind of
+// connection, one after the other in the order they came, except inside
+// a transaction. Before a client's command goes on the other kind of
+// connection, to its pub/sub connection, or after a command that sets
+// connection state or may block, the replies it is owed are waited for,
+// so that Redis runs its commands in its order. clustertx.go ties a
+// transaction or WATCH to the connection it was sent on. A client that
+// subscribes is pinned to one connection of its own to one node, served
+// by the single-Redis machinery above (clusterpubsub.go): the master of
+// slot 0 for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH),
+// that of the channels' slot for SSUBSCRIBE. MONITOR opens a connection
+// of the client's own to every master and copies their lines
+// (clustermonitor.go). The commands about the whole server are applied
+// to, or merged from, every master (clusterfan.go), and the set,
+// sorted-set, LCS and PFCOUNT reads of keys in several slots, and SORT
+// with BY/GET patterns, are computed by the proxy from each key's value
+// (clusterjoin.go, clusterlcs.go, clusterhll.go, clustersort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (limits.go): what Redis skips
@@ -94,15 +108,20 @@
 //   - state.go: connState, the connection-state machine (transaction,
 //     CLIENT REPLY, protocol, subscriptions, MONITOR, replication, what to
 //     replay). It sees every command sent and every reply frame; it has no
-//     locks, the replyQueue drives it under its own.
+//     locks, the replyQueue drives it under its own. What a client set
+//     that every connection replays (clientState) is learned there, by
+//     one Redis's connState and a cluster client's session alike.
 //   - writer.go: clientWriter, the client's socket: buffered replies, the
 //     sink the shared readers fill, and the non-blocking write path.
 //
-// sentinel.go finds the backend through Redis Sentinel when configured:
+// upstream.go is where a session's commands go (the interface and its
+// single-Redis kind); shared.go and order.go are the batching, in one
+// place: the connections that carry many commands at a time and the order
+// of a cluster client's replies. sentinel.go finds the backend through
+// Redis Sentinel when configured:
 // a follower tracks the primary and owns every backend connection dialled
 // to it, closing them all when the primary changes (dial asks it for the
-// address). shared.go is the backend connections shared by clients,
-// spare.go the dedicated ones kept ready, reply.go copies one reply,
+// address). spare.go keeps dedicated connections ready, reply.go copies one reply,
 // limits.go checks requests, auth.go answers AUTH, guard.go keeps
 // forwarded commands off the lock state, and command.go answers INFO
 // lockproxy and COMMAND. Files outside a part call its methods only.
@@ -110,7 +129,8 @@
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
 // with a clientWriter lock, nor a writer lock with shared.mu;
-// replyOrder.mu (clustershared.go) is taken with none of these held and
-// takes only clientWriter.sinkMu; follower.mu
+// replyOrder.mu (order.go) is taken with none of these held and takes
+// only clientWriter.sinkMu; clusterSession.mu and redirMu are leaves;
+// follower.mu
 // is a leaf, taken under any of them and holding none.
 package proxy

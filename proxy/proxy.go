@@ -106,9 +106,10 @@ type BackendConfig struct {
 	Sentinel SentinelConfig
 	// Cluster, instead of Addr, is the seed addresses of a Redis Cluster:
 	// each command goes to the master serving its keys' slot (see
-	// route.go). The credentials, TLS and timeouts below apply to every
-	// node. SharedConnections and SpareConnections do not: each client
-	// has a connection of its own to each master it uses.
+	// clusterroute.go). The credentials, TLS and timeouts below apply to
+	// every node, and SharedConnections to each master (clustershared.go);
+	// SpareConnections does not: a client's own connection to a master is
+	// dialled at its first command there that cannot share one.
 	Cluster []string
 	// ClusterRetry bounds how long a command waits for a Redis Cluster to
 	// serve its slot: redirections, a failover, a master that cannot be

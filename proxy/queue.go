@@ -216,6 +216,13 @@ func (q *replyQueue) replay() replayState {
 	return q.st.replay
 }
 
+// client returns what the client set on its connection.
+func (q *replyQueue) client() clientState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.clientState
+}
+
 // pubsub reports whether the client is subscribed, as the replies so far
 // tell, and whether it speaks RESP3.
 func (q *replyQueue) pubsub() (subscribed, resp3 bool) {
@@ -224,22 +231,14 @@ func (q *replyQueue) pubsub() (subscribed, resp3 bool) {
 	return q.st.subscribed(), q.st.proto == 3
 }
 
-// resp3 reports whether the client speaks RESP3 on its connection.
-func (q *replyQueue) resp3() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.st.proto == 3
-}
-
 // adopt brings the connection state to what the client set elsewhere (on
 // its cluster connections), before a new connection is dialed with it.
-func (q *replyQueue) adopt(st replayState, resp3 bool) {
+func (q *replyQueue) adopt(st clientState) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.st.replay = st
-	q.st.proto = 2
-	if resp3 {
-		q.st.proto = 3
+	q.st.clientState = st
+	if !st.resp3() {
+		q.st.proto = 2
 	}
 }
 
@@ -298,17 +297,23 @@ func (q *replyQueue) waitEmpty() {
 // d has passed.
 func (q *replyQueue) waitIdle(d time.Duration) {
 	q.mu.Lock()
+	condWait(&q.cond, d, func() bool { return (q.head == len(q.fifo) && !q.busy) || q.closed })
+	q.mu.Unlock()
+}
+
+// condWait waits on c, whose lock is held, until done reports true or d
+// has passed.
+func condWait(c *sync.Cond, d time.Duration, done func() bool) {
 	timedOut := false
 	t := time.AfterFunc(d, func() {
-		q.mu.Lock()
+		c.L.Lock()
 		timedOut = true
-		q.cond.Broadcast()
-		q.mu.Unlock()
+		c.Broadcast()
+		c.L.Unlock()
 	})
-	for (q.head < len(q.fifo) || q.busy) && !q.closed && !timedOut {
-		q.cond.Wait()
+	for !done() && !timedOut {
+		c.Wait()
 	}
-	q.mu.Unlock()
 	t.Stop()
 }
 

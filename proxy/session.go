@@ -54,9 +54,7 @@ type backend struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	dead bool // guarded by the session's replyQueue, or by shared.mu on a shared connection
-	// queued: written to in the cluster batch being sent, not flushed yet.
-	queued bool
-	done   chan struct{}
+	done chan struct{}
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }
@@ -92,6 +90,7 @@ type session struct {
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
 	replica bool
+	nb      [24]byte // the name of the command being forwarded, lowered
 	be      *backend
 	authed  bool // under proxy authentication
 	loc     Local
@@ -103,8 +102,10 @@ type session struct {
 	// used only where loc is.
 	cmdCtx    context.Context
 	cmdCancel context.CancelFunc
-	cl        *clusterSession // set when the backend is a Redis Cluster
-	pinAddr   string          // the cluster node of the client's pub/sub connection (be)
+	// up says where commands go; cl is it when the backend is a Redis
+	// Cluster, used directly by the cluster*.go files.
+	up upstream
+	cl *clusterSession
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -115,10 +116,12 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.q.init(p.m)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
+	s.up = single{}
 	if p.router != nil {
 		s.cl = newClusterSession(p.router)
+		s.up = s.cl
 	}
-	s.w.init(nc, &p.sharedWG, s.sh != nil || (s.cl != nil && p.cfg.Backend.SharedConnections > 0))
+	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)
 	return s
 }
 
@@ -128,8 +131,8 @@ func (s *session) handle(cmd redcon.Command) {
 		return
 	}
 	if s.cl != nil && s.cl.blocking {
-		// The batch so far may block: it runs on a goroutine of its own,
-		// and this command waits behind it.
+		// A command sent may block: waiting for its reply runs on a
+		// goroutine of its own, and this command waits behind it.
 		s.startCluster()
 		if s.q.hold(cmd) {
 			return
@@ -172,9 +175,10 @@ func (s *session) endBatch() {
 	s.flush()
 }
 
-// startCluster runs the cluster batch on a goroutine of its own, as a
-// local command that may wait runs (see runLocal): redcon's goroutine goes
-// on reading the client, holding back its commands, and sees it hang up
+// startCluster waits for the replies the client is owed in front of a
+// cluster, one of which may block, on a goroutine of its own, as a local
+// command that may wait runs (see runLocal): redcon's goroutine goes on
+// reading the client, holding back its commands, and sees it hang up
 // while a blocking command waits.
 func (s *session) startCluster() {
 	s.q.startLocal()
@@ -182,7 +186,8 @@ func (s *session) startCluster() {
 	go func() {
 		defer s.wg.Done()
 		defer s.recoverPanic()
-		s.runCluster()
+		s.flush()
+		s.settleCluster()
 		s.drainBacklog()
 	}()
 }
@@ -211,9 +216,9 @@ func (s *session) runLocal(it localItem) {
 	s.drainBacklog()
 }
 
-// drainBacklog handles the commands held back while a local command (or a
-// cluster batch) ran, until none is left, and hands forwarding back to
-// redcon's goroutine.
+// drainBacklog handles the commands held back while a local command ran
+// (or the wait for a cluster client's replies), until none is left, and
+// hands forwarding back to redcon's goroutine.
 func (s *session) drainBacklog() {
 	for {
 		batch := s.q.next()
@@ -245,8 +250,10 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		s.p.m.forwarded.Add(1)
 		return localItem{}, true
 	}
-	var nb [24]byte
-	name := lower(&nb, cmd.Args[0])
+	// The name is lowered into the session's buffer: on the stack it
+	// would move to the heap at every command, as it is passed on to
+	// the upstream through an interface.
+	name := lower(&s.nb, cmd.Args[0])
 	if s.p.auth != nil {
 		var reply, rewritten []byte
 		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
@@ -271,58 +278,18 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 			return localItem{reply: errorReply(err), silent: s.q.silent()}, false
 		}
 	}
-	if s.cl != nil {
-		if string(name) == "quit" {
-			return localItem{reply: replyOK, quit: true}, false
-		}
-		if s.be != nil || subscription(name) {
-			// The pub/sub connection's replies must not pass the
-			// shared connections'.
-			s.settleCluster()
-		}
-		reply, pinned := s.clusterPubsub(name, cmd)
-		switch {
-		case reply != nil:
-			return localItem{reply: reply}, false
-		case !pinned:
-			s.route(name, cmd)
-			return localItem{}, true
-		}
-		// To the client's pub/sub connection, as to one Redis, after
-		// the replies of the commands routed before it.
-		s.runCluster()
+	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
+		return it, forwarded
 	}
 	return s.forwardBackend(name, cmd)
 }
 
-// forwardBackend is forward's last part: cmd goes to the backend, on the
-// shared connection or the client's own. A function of its own so that
-// its frame is not on the stack while a cluster client's command is
-// routed (see planState).
+// forwardBackend is forward's last part: cmd goes to the backend on the
+// client's dedicated connection. A function of its own so that its frame
+// is not on the stack while a cluster client's command is routed (see
+// planState).
 func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bool) {
 	e := classify(name, cmd)
-	if s.sh != nil && !s.dedicated {
-		// CLIENT is not stateless: a client still on its shared
-		// connection has every reply on.
-		if e.kind == entryQuit {
-			// A client without a connection of its own has nothing to
-			// close on the backend: the proxy answers QUIT as Redis does.
-			return localItem{reply: replyOK, silent: s.q.silent(), quit: true}, false
-		}
-		if stateless(name) {
-			if err := s.sh.send(s, e, cmd.Raw); err != nil {
-				s.p.m.unavailable.Add(1)
-				return localItem{reply: errorReply(&BackendError{Err: err})}, false
-			}
-			s.sharedOut = true
-			s.p.m.forwarded.Add(1)
-			return localItem{}, true
-		}
-		// Replies on the shared connection come first; from now on the
-		// client's commands go to a connection of its own.
-		s.settleShared()
-		s.dedicated = true
-	}
 	for {
 		doomed, err := s.connect(&e)
 		if doomed != nil {
@@ -380,9 +347,6 @@ func (s *session) reauth() {
 
 // flush sends what the forwarder has written to the backend.
 func (s *session) flush() {
-	if s.cl != nil {
-		s.runCluster()
-	}
 	if s.sharedOut {
 		s.flushShared()
 		if !s.w.pushed() {
@@ -416,6 +380,12 @@ func (s *session) settleShared() {
 // shared connections.
 func (s *session) flushShared() {
 	s.sharedOut = false
+	s.flushDirty()
+}
+
+// flushDirty writes, or has the readers write, what the client queued on
+// shared connections and, in front of a cluster, its own.
+func (s *session) flushDirty() {
 	if s.sh != nil {
 		s.sh.flush()
 	}
@@ -431,6 +401,9 @@ func (s *session) flushShared() {
 // client, so that what the forwarder writes next comes after them.
 func (s *session) drainShared() {
 	s.q.waitEmpty()
+	if s.cl != nil {
+		s.cl.order.wait()
+	}
 	s.w.drain()
 }
 
@@ -451,16 +424,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 	if doomed := s.q.doomed(e); doomed != nil {
 		return doomed, nil
 	}
-	var be *backend
-	if s.cl != nil {
-		if be, err = s.p.dialAddr(s.ctx, s.pinAddr, s.q.replay()); err != nil {
-			// The node may have failed: the next subscription asks
-			// the cluster again.
-			s.cl.r.reload(s.ctx, s.cl.r.gen.Load())
-		}
-	} else {
-		be, err = s.p.dedicated(s.ctx, s.q.replay())
-	}
+	be, err := s.up.dial(s, s.q.replay())
 	if err != nil {
 		return nil, err
 	}
@@ -560,12 +524,15 @@ func (s *session) backendLost(be *backend, cause error) {
 // before it has reached the client.
 func (s *session) answer(it localItem) {
 	s.p.m.local.Add(1)
+	if s.cl != nil {
+		s.cl.order.wait() // the replies routed before it
+	}
 	t, ok := s.q.waitTurn()
 	if !ok {
 		return
 	}
 	if s.cl != nil && s.be == nil {
-		t.multi, t.resp3 = s.cl.txn != nil, s.cl.resp3
+		t.multi, t.resp3 = s.cl.txn != nil, s.cl.st.resp3()
 	}
 	reply := it.reply
 	if reply == nil {
@@ -588,7 +555,7 @@ func (s *session) answer(it localItem) {
 			if s.cl != nil {
 				// In front of a cluster the name is the client's
 				// own state, replayed on each of its connections.
-				name = s.cl.name
+				name = s.cl.st.replay.name
 			}
 			s.identify(name)
 			s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
@@ -597,7 +564,7 @@ func (s *session) answer(it localItem) {
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {
 		if s.cl != nil && s.cl.txn != nil {
-			s.cl.txn.failed = true
+			s.cl.txn.failed.Store(true)
 		} else {
 			s.q.refused()
 		}
@@ -650,7 +617,11 @@ func (s *session) commandContext() context.Context {
 // for them). redcon closes the connection next.
 func (s *session) protocolError(err error) {
 	s.p.m.protocolErrors.Add(1)
+	start := time.Now()
 	s.q.waitIdle(time.Second)
+	if s.cl != nil {
+		s.cl.order.waitFor(time.Second - time.Since(start))
+	}
 	s.w.write([]byte("-ERR " + err.Error() + "\r\n"))
 }
 

@@ -2,12 +2,23 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 )
+
+// Batching. shared.go and order.go own how commands leave and replies
+// come back on the backend connections the proxy writes and reads for
+// many commands at a time: the shared connections to one Redis, to each
+// master of a cluster, and a cluster client's own connections (groups of
+// one, clustercall.go). A command is queued with the client it answers
+// (and, in front of a cluster, its ticket in the client's replyOrder,
+// order.go), written with what queued meanwhile in one write, and its
+// reply is read by the connection's reader and put in the client's order.
+// Where a command goes is the upstream's (upstream.go, clusterroute.go).
 
 // shared is one backend connection that carries the stateless commands of
 // many clients. Commands are appended to one write buffer. A client writes
@@ -54,8 +65,15 @@ type shared struct {
 	wrote   sync.Cond
 	waiters int
 	// retired: the connection served an earlier access generation whose
-	// clients are gone (router.retire); it is never dialed again.
+	// clients are gone (router.retire), or the client it was its own
+	// connection of has gone; it is never dialed again.
 	retired bool
+	// own is set on a cluster client's own connection to a master (a
+	// group of one, clustercall.go): it is dialled under ctx, the
+	// client's, in the client's connection state, and its replies are
+	// not counted in the client's replyQueue.
+	own *clusterSession
+	ctx context.Context
 }
 
 // sharedGroup is the shared connections to one server: the backend, or
@@ -117,41 +135,78 @@ func (sh *shared) queue(s *session, ticket uint64, pre, raw []byte, e *entry) er
 			return err
 		}
 	}
-	if len(sh.wbuf) == 0 {
-		sh.since.Store(sh.p.batches.Add(1))
-		sh.grp.queued.Add(1)
-	}
-	q := sh.be.pending
 	if pre != nil {
-		sh.wbuf = append(sh.wbuf, pre...)
-		sh.wn++
-		q.sessions = append(q.sessions, nil)
-		q.tickets = append(q.tickets, 0)
+		sh.push(nil, 0, pre)
 	}
-	sh.wbuf = append(sh.wbuf, raw...)
-	sh.wn++
-	q.sessions = append(q.sessions, s)
-	q.tickets = append(q.tickets, ticket)
+	sh.push(s, ticket, raw)
 	if e != nil {
 		s.sendShared(*e)
 	}
 	return nil
 }
 
+// push appends raw, whose reply is s's with ticket, to what waits to be
+// written; sh.mu is held and the connection live.
+func (sh *shared) push(s *session, ticket uint64, raw []byte) {
+	if len(sh.wbuf) == 0 {
+		sh.since.Store(sh.p.batches.Add(1))
+		sh.grp.queued.Add(1)
+	}
+	sh.wbuf = append(sh.wbuf, raw...)
+	sh.wn++
+	q := sh.be.pending
+	q.sessions = append(q.sessions, s)
+	q.tickets = append(q.tickets, ticket)
+}
+
+// ready returns the live connection, dialing it when there is none.
+func (sh *shared) ready() (*backend, error) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.be == nil || sh.be.dead {
+		if sh.retired {
+			return nil, errClusterClosed
+		}
+		if err := sh.connect(); err != nil {
+			return nil, err
+		}
+	}
+	return sh.be, nil
+}
+
+// queueOn queues raw for s with ticket, as queue does, if be, which ready
+// returned, is still the live connection; it reports false otherwise.
+func (sh *shared) queueOn(be *backend, s *session, ticket uint64, raw []byte) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.be != be || be.dead {
+		return false
+	}
+	sh.push(s, ticket, raw)
+	return true
+}
+
 // connect dials a new shared connection; sh.mu is held.
 func (sh *shared) connect() error {
 	p := sh.p
-	if err := p.backoff.check(); err != nil {
-		return err
-	}
 	var be *backend
 	var err error
-	if sh.addr != "" {
-		be, err = p.dialAddr(p.root, sh.addr, replayState{})
-	} else {
-		be, err = p.dial(p.root, replayState{})
+	switch {
+	case sh.own != nil:
+		// The client's own: a failure is the client's, and it retries
+		// as the cluster says (session.again), not after a backoff.
+		be, err = p.dialAddr(sh.ctx, sh.addr, sh.own.replay())
+	default:
+		if err := p.backoff.check(); err != nil {
+			return err
+		}
+		if sh.addr != "" {
+			be, err = p.dialAddr(p.root, sh.addr, replayState{})
+		} else {
+			be, err = p.dial(p.root, replayState{})
+		}
+		p.backoff.record(err)
 	}
-	p.backoff.record(err)
 	if err != nil {
 		return err
 	}
@@ -171,6 +226,14 @@ func (sh *shared) connect() error {
 // flush writes what is buffered if the connection is idle. Otherwise the
 // reader writes it once the replies in flight have been handed out.
 func (sh *shared) flush() {
+	if sh.own != nil {
+		// One client's: its commands go out as the client's batch ends,
+		// after what waits on the shared connections (see shared).
+		sh.p.writeQueued()
+		sh.mu.Lock()
+		sh.write()
+		return
+	}
 	sh.mu.Lock()
 	if sh.out > 0 {
 		sh.mu.Unlock()
@@ -332,13 +395,13 @@ func (sh *shared) read(be *backend) {
 		}
 		idle := be.r.Buffered() == 0 // the reader would wait for more next
 		sh.p.checkReply(&ri)
-		if s != nil && answered {
+		if s != nil && answered && sh.own == nil {
 			s.replied(&ri)
 		}
 		// Before waiting for more, send what queued up meanwhile, and do
 		// it before writing to the client, so that Redis works on it while
 		// the replies go out.
-		if idle {
+		if idle && sh.own == nil {
 			sh.mu.Lock()
 			if sh.be == be && len(sh.wbuf) > 0 {
 				sh.writeInOrder()
@@ -361,7 +424,9 @@ func (sh *shared) read(be *backend) {
 // and cut, whose reply was cut short, is disconnected.
 func (sh *shared) fail(be *backend, cut *session) {
 	be.nc.Close()
-	sh.p.backendTrouble()
+	if sh.own == nil {
+		sh.p.backendTrouble()
+	}
 	sh.mu.Lock()
 	be.dead = true
 	q := be.pending
@@ -370,14 +435,16 @@ func (sh *shared) fail(be *backend, cut *session) {
 	sh.mu.Unlock()
 	if cut != nil {
 		cut.disconnect()
-		cut.replied(&replyInfo{typ: '-'})
+		if sh.own == nil {
+			cut.replied(&replyInfo{typ: '-'})
+		}
 	}
 	for i, s := range waiting {
 		if s == nil {
 			continue // an ASKING
 		}
 		sh.p.m.connLost.Add(1)
-		s.answerShared(tickets[i], replyConnLost)
+		s.answerShared(tickets[i], replyConnLost, sh.own != nil)
 	}
 }
 

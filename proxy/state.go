@@ -118,6 +118,44 @@ func (r *replayState) piece(k entryKind) *[]byte {
 	return nil
 }
 
+// empty reports whether the client set nothing to replay.
+func (r *replayState) empty() bool {
+	return r.auth == nil && r.hello == nil && r.name == nil && r.db == nil && r.noEvict == nil && r.noTouch == nil
+}
+
+// clientState is what a client set on its connection that every backend
+// connection it uses must carry: the commands a new one replays, and the
+// protocol. A client of one Redis learns it from the replies on its
+// dedicated connection (connState), a client of a cluster from the
+// replies to the commands it sends on all of its own (clusterSession);
+// both learn it here. The zero value is RESP2 with nothing to replay.
+type clientState struct {
+	replay replayState
+	// proto is the protocol HELLO set (3, or 2; 0 before any HELLO).
+	proto int64
+}
+
+// learn records that a command of kind k, raw, succeeded; arg is a
+// HELLO's protocol version. It reports whether the command sets state
+// that is replayed.
+func (c *clientState) learn(k entryKind, raw []byte, arg int64) bool {
+	if piece := c.replay.piece(k); piece != nil {
+		*piece = raw
+		return true
+	}
+	if k != entryHello {
+		return false
+	}
+	c.replay.learnHello(raw)
+	if arg == 2 || arg == 3 {
+		c.proto = arg
+	}
+	return true
+}
+
+// resp3 reports whether the client speaks RESP3.
+func (c *clientState) resp3() bool { return c.proto == 3 }
+
 // learnHello records a HELLO that succeeded: the protocol it set, and the
 // user and name when it set them too.
 func (r *replayState) learnHello(raw []byte) {
@@ -269,8 +307,8 @@ const (
 // one goroutine at a time. The session's replyQueue owns it and calls it
 // with its own lock held, so the machine sees one ordered stream of events.
 type connState struct {
-	// proto is the protocol HELLO set (2 or 3).
-	proto int64
+	// The state a new connection replays, and the protocol.
+	clientState
 	// Subscriptions, as the backend's confirmations count them.
 	nChan, nPat, nShard int64
 	monitor             bool
@@ -307,10 +345,9 @@ type connState struct {
 	// connection owed cannot be had, so the client is disconnected.
 	tracking bool
 	mode     replyMode
-	replay   replayState
 }
 
-func newConnState() connState { return connState{proto: 2} }
+func newConnState() connState { return connState{clientState: clientState{proto: 2}} }
 
 // sent records that e is sent to the backend, and reports whether a reply
 // will come for it. An EXEC of a transaction the proxy refused a command
@@ -471,23 +508,13 @@ func (c *connState) replied(ri *replyInfo, head *entry) outcome {
 		return unsolicited
 	}
 	ok := ri.typ != '-' && ri.typ != '!'
-	if ok {
-		if piece := c.replay.piece(head.kind); piece != nil {
-			*piece = head.raw
-			return answered
-		}
+	if ok && c.learn(head.kind, head.raw, head.arg) {
+		return answered
 	}
 	switch head.kind {
 	case entryTracking:
 		if ok {
 			c.tracking = head.mode == replyOn
-		}
-	case entryHello:
-		if ok {
-			c.replay.learnHello(head.raw)
-			if head.arg == 2 || head.arg == 3 {
-				c.proto = head.arg
-			}
 		}
 	case entryMonitor:
 		c.monitor = c.monitor || ok

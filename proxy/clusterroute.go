@@ -1,28 +1,36 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/redcon"
 )
 
-// A client of a Redis Cluster behind the proxy (BackendConfig.Cluster) has
-// a backend connection of its own to each master it uses. The commands of
-// one read from the client are routed (route), written to their masters'
-// connections, one write per master, and their replies are then read in
-// the client's order and copied to it (run): replies from several masters
-// come back in the order of the requests, as from one Redis. A reply that
-// redirects (MOVED, ASK) or says the slot is not served yet (TRYAGAIN,
-// CLUSTERDOWN) is never the client's: the command is sent again where the
-// cluster says, on a second connection of the client's own to that node,
-// within BackendConfig.ClusterRetry.
+// Cluster routing. The cluster*.go files own where the commands of a
+// client of a Redis Cluster (BackendConfig.Cluster) go, and none of how
+// they travel: cluster.go keeps the slot map and the COMMAND table (the
+// router); this file plans each command (route, plan): to the master of
+// its keys' slot, split per slot, fanned out to every master, SCAN's
+// cursor over the masters, a transaction tied to one master;
+// clusterfan.go, clusteracllog.go, clusterslowlog.go and
+// clustershardinfo.go plan the commands about the whole server;
+// clusterjoin.go, clusterlcs.go, clusterhll.go and clustersort.go the
+// reads the proxy computes from keys in several slots; clustertx.go ties
+// a transaction or WATCH to its connection; clusterpubsub.go and
+// clustermonitor.go serve the clients pinned to nodes. A plan is a call
+// of parts, each to one master, with what makes the client's reply from
+// theirs; clustershared.go and clustercall.go hand the parts to the
+// batching of shared.go and order.go, on the masters' shared connections
+// or the client's own. A reply that redirects (MOVED, ASK) or says the
+// slot is not served yet (TRYAGAIN, CLUSTERDOWN) is never the client's:
+// the command is sent again where the cluster says, within
+// BackendConfig.ClusterRetry.
 
 var (
 	replyCrossSlot   = []byte("-CROSSSLOT Keys in request don't hash to the same slot\r\n")
@@ -62,13 +70,13 @@ type part struct {
 	slot int    // for routing again after a failover; every master's first slot for a keyless part
 	addr string // the master it was sent to
 	raw  []byte
-	pos  []int    // opArray: the client's positions of this part's keys
-	be   *backend // the connection it was sent on; nil when it could not be
-	err  error    // why it could not be sent
-	tx   *txPart  // set when it belongs to a transaction or WATCH (clustertx.go)
+	pos  []int   // opArray: the client's positions of this part's keys
+	err  error   // why it could not be sent
+	tx   *txPart // set when it belongs to a transaction or WATCH (clustertx.go)
 }
 
-// call is one client command in a batch.
+// call is one client command, as routed: its parts and how its reply is
+// made from theirs.
 type call struct {
 	kind  callKind
 	op    mergeOp
@@ -76,16 +84,18 @@ type call struct {
 	one   part
 	parts []part // several parts; one is unused then
 	reply []byte // callLocal
-	// learn, when set, sees whether the reply was an error.
+	// learn, when set, sees whether the reply was an error. It runs
+	// where the reply is made, on a connection's reader (clustercall.go):
+	// what it sets is the forwarder's only when the forwarder waits for
+	// the call's reply before it reads it (AUTH, HELLO, CLIENT SETNAME).
 	learn func(failed bool)
 	scan  int // callScan: the master index in the cursor
 	// fold, when set, makes the reply of a callMerge from its parts'
 	// replies, errors included, and reports whether it is an error (see
 	// clusterfan.go, clusterjoin.go).
 	fold func(replies [][]byte) ([]byte, bool)
-	// alone: making the reply sends more commands (RANDOMKEY, SORT with
-	// patterns), so the call ends its batch: no later command's reply may
-	// be on its way on the connections it uses.
+	// alone: making the reply sends more commands (SORT with patterns):
+	// the forwarder makes it before it goes on (finishCalls).
 	alone bool
 }
 
@@ -104,13 +114,13 @@ func (c *call) part(i int) *part {
 }
 
 // clusterSession is one client's part of the cluster: its connections and
-// the connection state it set. Only the forwarder uses it, except close.
+// the connection state it set. Only the forwarder uses it, except close,
+// own (also under mu) and replay.
 type clusterSession struct {
 	r *router
 
-	mu     sync.Mutex // guards conns, side, monitors and closed against close
-	conns  map[string]*backend
-	side   map[string]*backend // for commands sent again elsewhere
+	mu     sync.Mutex         // guards own, monitors and closed against close
+	own    map[string]*shared // the client's own connection to each master (clustercall.go)
 	closed bool
 	// monitors are the MONITOR connections, one per master, while the
 	// client monitors (clustermonitor.go).
@@ -119,29 +129,41 @@ type clusterSession struct {
 	// monitorOn: the client is in MONITOR mode; the forwarder's own.
 	monitorOn bool
 
-	batch    []call
-	blocking bool // the batch holds a command that may block
+	// redirs are the redirections waiting to be followed, in the order
+	// they came (session.redirect); the first is being followed.
+	redirMu sync.Mutex
+	redirs  []redirect
 
-	// The commands on the masters' shared connections (clustershared.go):
-	// the place of their replies, the connections used so far, and the
-	// index of the client's connection at every master.
+	// blocking: a command that may block was sent; what follows waits
+	// for its reply (session.handle).
+	blocking bool
+
+	// The place of every reply the client is owed, the shared
+	// connections used so far, and the index of the client's connection
+	// at every master.
 	order       replyOrder
 	sharedConns []*shared // one per master, found by its addr
 	sharedIdx   uint64
 	access      uint64 // the access generation of its shared connections
-	sharedUsed  bool   // replies may be owed on them (see session.settleCluster)
+	// sharedUsed, ownUsed: replies may be owed on the shared connections,
+	// on the client's own (see session.settleCluster).
+	sharedUsed, ownUsed bool
 
-	// The state the client set, sent to every new connection.
-	auth, hello, name []byte
-	resp3             bool
+	// The state the client set, sent to every new connection: the
+	// forwarder's, and state, the copy its connections are dialled with
+	// (stateChanged).
+	st    clientState
+	state atomic.Pointer[replayState]
+
+	// pinAddr is the node of the client's pub/sub connection (session.be;
+	// clusterpubsub.go).
+	pinAddr string
 
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
 	last  string
 
 	keys [][]byte
-	capW *bufio.Writer
-	capB bytes.Buffer
 }
 
 // pin is a master and slot a transaction or WATCH is tied to.
@@ -160,8 +182,10 @@ type pin struct {
 // whether a command was refused (EXEC then aborts).
 type txnState struct {
 	pin
-	early  [][]byte
-	failed bool
+	early [][]byte
+	// failed is set by the forwarder, or by the reader that makes the
+	// reply of the call moving the transaction (inTxn's learn).
+	failed atomic.Bool
 	// watched is the client's WATCH when MULTI came; watchLost, that the
 	// MULTI went on another connection than it (clustertx.go).
 	watched   *pin
@@ -169,89 +193,56 @@ type txnState struct {
 }
 
 func newClusterSession(r *router) *clusterSession {
-	// The maps and the capture buffer are made on first use: most
-	// clients use only the shared connections, and an idle one nothing.
+	// The map is made on first use: most clients use only the shared
+	// connections, and an idle one nothing.
 	cs := &clusterSession{r: r}
+	cs.order.cond.L = &cs.order.mu
 	cs.sharedIdx = r.p.nextShared.Add(1)
 	cs.access = r.joined()
 	return cs
+}
+
+// replay returns the connection state the client's own connections are
+// dialled in. It is safe for concurrent use.
+func (cs *clusterSession) replay() replayState {
+	if st := cs.state.Load(); st != nil {
+		return *st
+	}
+	return replayState{}
+}
+
+// stateChanged makes the state the client set the one its connections
+// are dialled in from now on.
+func (cs *clusterSession) stateChanged() {
+	st := cs.st.replay
+	cs.state.Store(&st)
 }
 
 // close closes every connection; it runs when the client has gone.
 func (cs *clusterSession) close() {
 	cs.r.left(cs.access)
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
 	cs.closed = true
 	cs.stopMonitor()
-	for _, m := range []map[string]*backend{cs.conns, cs.side} {
-		for _, be := range m {
-			be.nc.Close()
-		}
+	own := cs.own
+	cs.own = nil
+	cs.mu.Unlock()
+	for _, sh := range own {
+		sh.retire()
 	}
+	cs.order.close()
 }
 
-// dropAll closes every connection (after RESET, whose state is gone).
+// dropAll closes the client's own connections (after RESET, whose state
+// is gone); the replies owed on them have been written.
 func (cs *clusterSession) dropAll() {
 	cs.endMonitor()
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for _, m := range []map[string]*backend{cs.conns, cs.side} {
-		for a, be := range m {
-			be.nc.Close()
-			delete(m, a)
-		}
-	}
-}
-
-// conn returns the client's connection to addr in *m (made on first
-// use), dialing it.
-func (cs *clusterSession) conn(s *session, m *map[string]*backend, addr string) (*backend, error) {
-	cs.mu.Lock()
-	be := (*m)[addr]
-	closed := cs.closed
+	own := cs.own
+	cs.own = nil
 	cs.mu.Unlock()
-	if closed {
-		return nil, errClusterClosed
-	}
-	// A connection written to in the batch being sent owes replies, which
-	// may be arriving already: it is in use, and open would take their
-	// bytes for the sign of a connection the node closed.
-	if be != nil && !be.dead && (be.queued || be.r.Buffered() > 0 || open(be)) {
-		return be, nil
-	}
-	be, err := s.p.dialAddr(s.ctx, addr, replayState{auth: cs.auth, hello: cs.hello, name: cs.name})
-	if err != nil {
-		return nil, err
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.closed {
-		be.nc.Close()
-		return nil, errClusterClosed
-	}
-	if old := (*m)[addr]; old != nil {
-		old.nc.Close()
-	}
-	if *m == nil {
-		*m = map[string]*backend{}
-	}
-	(*m)[addr] = be
-	return be, nil
-}
-
-// lost marks be dead and forgets it.
-func (cs *clusterSession) lost(be *backend) {
-	be.dead = true
-	be.nc.Close()
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for _, m := range []map[string]*backend{cs.conns, cs.side} {
-		for a, b := range m {
-			if b == be {
-				delete(m, a)
-			}
-		}
+	for _, sh := range own {
+		sh.retire()
 	}
 }
 
@@ -279,10 +270,14 @@ func splitCommand(name []byte) (mergeOp, bool) {
 	return 0, false
 }
 
-// route adds cmd to the batch, or returns the proxy's own reply when the
-// cluster cannot take it.
+// route sends cmd where the slot map says, or gives it the proxy's own
+// reply in its place when the cluster cannot take it.
 func (s *session) route(name []byte, cmd redcon.Command) {
 	cs := s.cl
+	if cs.blocking {
+		// Held back behind a command that may block (see handle).
+		s.settleCluster()
+	}
 	if blockingCommand(name) {
 		cs.blocking = true
 	}
@@ -292,7 +287,7 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 		// opened after it replays it: what came before it must have
 		// opened its connections, and what follows must open them
 		// knowing whether it succeeded.
-		s.runCluster()
+		s.settleCluster()
 	}
 	txn, watch := cs.txn, cs.watch
 	c := s.plan(name, cmd)
@@ -300,10 +295,47 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 	if s.sharesCluster(name, cmd.Args, &c) && s.routeShared(name, cmd, &c) {
 		return
 	}
-	cs.batch = append(cs.batch, c)
-	if state || c.alone || c.kind == callRandom {
-		s.runCluster()
+	s.sendCall(&c)
+	if state {
+		s.settleCluster()
 	}
+}
+
+// forward is the cluster's upstream.forward: a command goes to the
+// client's pub/sub connection when it is pinned (clusterpubsub.go), and
+// is routed by its keys otherwise.
+func (cs *clusterSession) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
+	if string(name) == "quit" {
+		return localItem{reply: replyOK, quit: true}, false, false
+	}
+	if s.be != nil || subscription(name) {
+		// The pub/sub connection's replies must not pass the others.
+		s.settleCluster()
+	}
+	reply, pinned := s.clusterPubsub(name, cmd)
+	switch {
+	case reply != nil:
+		return localItem{reply: reply}, false, false
+	case !pinned:
+		s.route(name, cmd)
+		return localItem{}, true, false
+	}
+	// To the client's pub/sub connection, as to one Redis, after the
+	// replies of the commands routed before it.
+	s.settleCluster()
+	return localItem{}, false, true
+}
+
+// dial is the cluster's upstream.dial: the client's pub/sub connection,
+// to the node it is pinned to.
+func (cs *clusterSession) dial(s *session, st replayState) (*backend, error) {
+	be, err := s.p.dialAddr(s.ctx, cs.pinAddr, st)
+	if err != nil {
+		// The node may have failed: the next subscription asks the
+		// cluster again.
+		cs.r.reload(s.ctx, cs.r.gen.Load())
+	}
+	return be, err
 }
 
 // setsState reports whether a command sets connection state that every
@@ -404,8 +436,10 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 	case "sync", "psync", "replconf":
 		return localCall(unsupported(string(name))), true
 	case "reset":
+		s.settleCluster()
 		cs.dropAll()
-		cs.auth, cs.hello, cs.name, cs.resp3 = nil, nil, nil, false
+		cs.st = clientState{}
+		cs.stateChanged()
 		cs.txn, cs.watch = nil, nil
 		return localCall(replyReset), true
 	case "quit":
@@ -464,13 +498,11 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	def := m.master(m.first[0])
 	c := call{kind: callMerge, op: opFirst}
 	c.parts = append(c.parts, part{slot: m.first[0], addr: def, raw: cmd.Raw})
-	cs.mu.Lock()
-	for a := range cs.conns {
+	for _, a := range cs.ownAddrs() {
 		if a != def {
 			c.parts = append(c.parts, part{slot: noSlot, addr: a, raw: cmd.Raw})
 		}
 	}
-	cs.mu.Unlock()
 	raw := cmd.Raw
 	kind := string(name) // learn outlives the caller's buffer
 	if kind == "hello" {
@@ -480,23 +512,17 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
 	}
+	k := entryAuth
+	switch kind {
+	case "hello":
+		k = entryHello
+	case "client":
+		k = entrySetName
+	}
 	c.learn = func(failed bool) {
-		if failed {
-			return
-		}
-		switch kind {
-		case "auth":
-			cs.auth = raw
-		case "hello":
-			// Its AUTH and SETNAME are replayed apart (replayState.learnHello).
-			st := replayState{auth: cs.auth, hello: cs.hello, name: cs.name}
-			st.learnHello(raw)
-			cs.auth, cs.hello, cs.name = st.auth, st.hello, st.name
-			if proto == 2 || proto == 3 {
-				cs.resp3 = proto == 3
-			}
-		default:
-			cs.name = raw
+		if !failed {
+			cs.st.learn(k, raw, proto)
+			cs.stateChanged()
 		}
 	}
 	return c
@@ -512,7 +538,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	switch string(name) {
 	case "exec", "discard":
 		cs.txn, cs.watch = nil, nil
-		if t.failed && string(name) == "exec" {
+		if t.failed.Load() && string(name) == "exec" {
 			c := call{kind: callSkip, one: part{slot: plain.one.slot, addr: t.addr, raw: cmdDiscard}}
 			c.reply = replyExecAbort
 			return c
@@ -522,7 +548,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	keys, err := cs.r.keys(s.ctx, cs.keys[:0], name, cmd.Args)
 	cs.keys = keys
 	if err != nil {
-		t.failed = true
+		t.failed.Store(true)
 		s.p.m.unavailable.Add(1)
 		return localCall(errorReply(&BackendError{Err: err}))
 	}
@@ -535,7 +561,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 	slot := keySlot(keys[0])
 	for _, k := range keys[1:] {
 		if keySlot(k) != slot {
-			t.failed = true
+			t.failed.Store(true)
 			return localCall(replyCrossSlot)
 		}
 	}
@@ -556,7 +582,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 			c.parts = append(c.parts, part{slot: slot, addr: addr, raw: cmd.Raw})
 			c.learn = func(failed bool) {
 				if failed {
-					t.failed = true
+					t.failed.Store(true)
 				}
 			}
 			t.addr = addr
@@ -567,7 +593,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 		plain.one.slot = slot
 		return plain
 	case slot != t.slot:
-		t.failed = true
+		t.failed.Store(true)
 		return localCall(replyCrossSlot)
 	}
 	return plain
@@ -715,80 +741,6 @@ func (s *session) split(m *slotMap, name []byte, op mergeOp, args [][]byte) call
 	return c
 }
 
-// runCluster sends the batch's commands, one write per connection, then
-// copies or merges the replies to the client in the batch's order.
-func (s *session) runCluster() {
-	cs := s.cl
-	if len(cs.batch) == 0 {
-		return
-	}
-	// The replies owed on the shared connections come first, and what
-	// waits on them was sent before.
-	s.settleCluster()
-	s.p.writeQueued()
-	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
-	var dirty []*backend
-	for i := range cs.batch {
-		c := &cs.batch[i]
-		if c.kind == callLocal || c.kind == callRandom {
-			continue
-		}
-		for j := range c.count() {
-			if be := s.sendPart(c.part(j), deadline); be != nil && !be.queued {
-				be.queued = true
-				dirty = append(dirty, be)
-			}
-		}
-	}
-	for _, be := range dirty {
-		be.queued = false
-		s.flushBackend(be)
-	}
-	for i := range cs.batch {
-		if !s.replyTo(&cs.batch[i], deadline) {
-			break // the client's stream is broken: it is being closed
-		}
-	}
-	s.w.flush()
-	clear(cs.batch)
-	cs.batch = cs.batch[:0]
-	cs.blocking = false
-}
-
-func (s *session) flushBackend(be *backend) {
-	be.nc.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.WriteTimeout))
-	if err := be.w.Flush(); err != nil {
-		be.nc.Close() // reading its replies fails: connection lost
-	}
-}
-
-// sendPart writes p to its master's connection (unflushed) and returns
-// the connection; when the master cannot be reached, it waits for the
-// cluster to name another one, until deadline.
-func (s *session) sendPart(p *part, deadline time.Time) *backend {
-	cs := s.cl
-	for {
-		be, err := cs.conn(s, &cs.conns, p.addr)
-		if err == nil && p.tx != nil && !s.txConn(p, be) {
-			return nil
-		}
-		if err == nil {
-			be.w.Write(p.raw)
-			p.be = be
-			s.p.m.forwarded.Add(1)
-			cs.r.forwarded(p.addr)
-			return be
-		}
-		if refused(err) || !s.again(p, deadline) {
-			p.err = err
-			if p.tx != nil {
-				s.txUnsent(p)
-			}
-			return nil
-		}
-	}
-}
-
 // refused reports whether a dial failed because the node refused the
 // client's state (its AUTH, say): the error is the client's at once, as
 // waiting for the cluster cannot change the node's answer.
@@ -820,136 +772,6 @@ func (s *session) again(p *part, deadline time.Time) bool {
 	return true
 }
 
-// errLost reports that the connection broke before any of the reply was
-// copied.
-var errLost = errors.New("proxy: connection lost")
-
-// replyTo writes the client's reply to c. It reports false when the
-// client's stream broke mid-reply; the client is then disconnected.
-func (s *session) replyTo(c *call, deadline time.Time) bool {
-	cs := s.cl
-	var ri replyInfo
-	switch c.kind {
-	case callLocal:
-		s.writeReply(c.reply)
-		return true
-	case callPlain:
-		p := &c.one
-		if p.tx != nil && p.tx.reply != nil {
-			s.replaced(p, deadline)
-			return true
-		}
-		if p.be == nil {
-			s.unavailable(p.err)
-			return true
-		}
-		if p.be.r.Buffered() == 0 {
-			s.w.flush() // what came before must not wait for a reply that may block
-		}
-		w := s.w.lockOutput()
-		err := s.readReply(p, w, &ri, deadline, cs.txn == nil)
-		s.w.unlock()
-		if !s.replyError(err) {
-			return false
-		}
-		if c.learn != nil {
-			c.learn(err != nil || ri.typ == '-')
-		}
-		return true
-	case callSkip:
-		if p := &c.one; p.be != nil {
-			s.readReply(p, s.w.discard, &ri, deadline, false)
-		}
-		s.writeReply(c.reply)
-		return true
-	case callScan:
-		b, err := s.capture(&c.one, deadline)
-		if err != nil {
-			return s.replyError(err)
-		}
-		s.writeReply(rewriteScan(b, c.scan, c.n))
-		return true
-	case callRandom:
-		return s.randomKey(c, deadline)
-	}
-	// callMerge
-	replies := make([][]byte, c.count())
-	for i := range replies {
-		b, err := s.capture(c.part(i), deadline)
-		if errors.Is(err, errMidReply) {
-			return s.replyError(err)
-		}
-		if err != nil {
-			b = replyConnLost
-			if !errors.Is(err, errLost) {
-				b = errorReply(&BackendError{Err: err})
-			}
-		}
-		replies[i] = append([]byte(nil), b...)
-	}
-	reply, failed := merge(c, replies)
-	if c.learn != nil {
-		c.learn(failed)
-	}
-	s.writeReply(reply)
-	return true
-}
-
-// capture reads p's reply into the session's capture buffer and returns it
-// (valid until the next capture).
-func (s *session) capture(p *part, deadline time.Time) ([]byte, error) {
-	cs := s.cl
-	if p.be == nil {
-		return errorReply(&BackendError{Err: p.err}), nil
-	}
-	cs.capB.Reset()
-	if cs.capW == nil {
-		cs.capW = bufio.NewWriter(&cs.capB)
-	}
-	cs.capW.Reset(&cs.capB)
-	var ri replyInfo
-	err := s.readReply(p, cs.capW, &ri, deadline, cs.txn == nil)
-	cs.capW.Flush()
-	if errors.Is(err, errMidReply) {
-		err = errLost // nothing reached the client yet
-	}
-	return cs.capB.Bytes(), err
-}
-
-// replyError answers a reply that could not be read; it reports false
-// when the client must be disconnected.
-func (s *session) replyError(err error) bool {
-	switch {
-	case err == nil:
-		return true
-	case errors.Is(err, errMidReply):
-		s.nc.Close()
-		return false
-	case errors.Is(err, errLost):
-		s.p.m.connLost.Add(1)
-		s.writeReply(replyConnLost)
-	default:
-		s.unavailable(err)
-	}
-	return true
-}
-
-func (s *session) unavailable(err error) {
-	if err == nil {
-		err = errRetriesSpent
-	}
-	s.p.m.unavailable.Add(1)
-	s.writeReply(errorReply(&BackendError{Err: err}))
-}
-
-// writeReply appends a whole reply to the client's output (flushed at the
-// end of the batch, or before a reply that may block).
-func (s *session) writeReply(b []byte) {
-	w := s.w.lockOutput()
-	w.Write(b)
-	s.w.unlock()
-}
-
 // redirection is what an error reply asks of the proxy.
 type redirection uint8
 
@@ -978,87 +800,6 @@ func redirected(line []byte) (redirection, string) {
 		return redirNone, ""
 	}
 	return kind, string(f[2])
-}
-
-// readReply copies the reply to p from its connection to w. A redirection
-// is followed (when follow is set; inside a transaction it cannot be)
-// until the cluster answers or deadline passes; the client never sees it.
-func (s *session) readReply(p *part, w *bufio.Writer, ri *replyInfo, deadline time.Time, follow bool) error {
-	cs := s.cl
-	be := p.be
-	for {
-		b, err := be.r.Peek(1)
-		if err != nil {
-			cs.lost(be)
-			return errLost
-		}
-		if b[0] != '-' {
-			return copyReply(w, be.r, ri)
-		}
-		line, err := be.r.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			// Longer than any redirection: an ordinary error.
-			w.Write(line)
-			ri.typ = '-'
-			return copyLine(w, be.r, nil)
-		}
-		if err != nil {
-			cs.lost(be)
-			return errLost
-		}
-		kind, target := redirected(line)
-		if kind == redirNone {
-			ri.typ = '-'
-			_, err := w.Write(line)
-			return err
-		}
-		if !follow {
-			ri.typ = '-'
-			_, err := w.Write(replyMovedInTxn)
-			return err
-		}
-		if time.Now().After(deadline) {
-			return errRetriesSpent
-		}
-		switch kind {
-		case redirMoved:
-			cs.r.moved.Add(1)
-			cs.r.reload(s.ctx, cs.r.gen.Load())
-			p.addr = target
-		case redirAsk:
-			cs.r.asked.Add(1)
-		case redirWait:
-			if !s.again(p, deadline) {
-				return errRetriesSpent
-			}
-		}
-		addr := p.addr
-		if kind == redirAsk {
-			addr = target
-		}
-		for {
-			be, err = cs.conn(s, &cs.side, addr)
-			if err == nil {
-				break
-			}
-			if kind == redirAsk || refused(err) || !s.again(p, deadline) {
-				return err
-			}
-			addr = p.addr
-		}
-		if kind == redirAsk {
-			be.w.Write(cmdAsking)
-		}
-		be.w.Write(p.raw)
-		s.flushBackend(be)
-		if kind == redirAsk {
-			var skip replyInfo
-			if err := copyReply(s.w.discard, be.r, &skip); err != nil {
-				cs.lost(be)
-				return errLost
-			}
-		}
-	}
 }
 
 // merge makes the client's reply from the replies of c's parts, and
@@ -1213,35 +954,4 @@ func rewriteScan(b []byte, idx, n int) []byte {
 	out := redcon.AppendArray(nil, 2)
 	out = redcon.AppendBulkString(out, strconv.FormatUint(next, 10))
 	return append(out, b[4+k:]...)
-}
-
-// randomKey asks the masters in a random order until one has a key.
-func (s *session) randomKey(c *call, deadline time.Time) bool {
-	cs := s.cl
-	m, err := cs.r.current(s.ctx)
-	if err != nil {
-		s.unavailable(err)
-		return true
-	}
-	var last []byte
-	for _, i := range rand.Perm(len(m.masters)) {
-		p := part{slot: m.first[i], addr: m.masters[i], raw: c.one.raw}
-		be := s.sendPart(&p, deadline)
-		if be == nil {
-			s.unavailable(p.err)
-			return true
-		}
-		s.flushBackend(be)
-		b, err := s.capture(&p, deadline)
-		if err != nil {
-			return s.replyError(err)
-		}
-		if !bytes.Equal(b, []byte("$-1\r\n")) && !bytes.Equal(b, []byte("_\r\n")) {
-			s.writeReply(b)
-			return true
-		}
-		last = append(last[:0], b...)
-	}
-	s.writeReply(last)
-	return true
 }

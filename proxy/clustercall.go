@@ -1,0 +1,292 @@
+package proxy
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"time"
+)
+
+// Sending a cluster client's calls on its own connections. A client of a
+// Redis Cluster has, besides the masters' shared connections
+// (clustershared.go), a connection of its own to each master it sends a
+// command to that cannot share one (in a transaction, after AUTH, a
+// blocking command, a command split per slot, ...). Each is a shared
+// (shared.go) with one client: a group of one, dialled in the client's
+// connection state, its commands batched by shared.write and its replies
+// read by shared.read into the client's replyOrder, as on the shared
+// connections. So the forwarder never reads a backend connection: it
+// takes a ticket per reply and goes on.
+//
+// A call whose reply is made from several parts (a command split per
+// slot, a fan-out to every master, SCAN's cursor, the proxy's own joins)
+// takes one ticket for the client's reply and one per part, whose reply
+// is gathered rather than written; the last part to come makes the
+// client's reply (gather.transform, call.result) in the call's place, and
+// runs the call's learn. Only the calls that send more commands to make
+// their reply (RANDOMKEY, SORT with BY or GET patterns) are completed by
+// the forwarder, which waits for them (ask); and, as for one Redis, the
+// forwarder waits for the reply of a command that sets connection state
+// (AUTH, HELLO, CLIENT SETNAME) or may block before it goes on.
+//
+// A redirection on a client's own connection is followed there too
+// (session.redirectShared), on its own connection to the node named,
+// except inside a transaction, where the command's reply becomes
+// replyMovedInTxn. A lost connection answers what was pending on it with
+// replyConnLost (shared.fail); the next command dials again, in the
+// client's state, and clustertx.go keeps a transaction or WATCH tied to
+// the connection it went on.
+//
+// Within one client, its commands on the shared connections and on its
+// own ones go to different connections of the same masters: before one
+// goes on the other kind, the replies owed on the first kind are waited
+// for (settleCluster), as a blocking command's reply is before the next
+// command leaves.
+
+// ownConn returns the client's own connection to addr, made on first use.
+func (cs *clusterSession) ownConn(s *session, addr string) *shared {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if sh := cs.own[addr]; sh != nil {
+		return sh
+	}
+	g := newSharedGroup(s.p, addr, 1)
+	g.forwarded = cs.r.counter(addr)
+	sh := g.list[0]
+	sh.own, sh.ctx = cs, s.ctx
+	sh.retired = cs.closed
+	if cs.own == nil {
+		cs.own = map[string]*shared{}
+	}
+	cs.own[addr] = sh
+	return sh
+}
+
+// ownAddrs returns the masters the client has a connection of its own to.
+func (cs *clusterSession) ownAddrs() []string {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	addrs := make([]string, 0, len(cs.own))
+	for a := range cs.own {
+		addrs = append(addrs, a)
+	}
+	return addrs
+}
+
+// sendCall sends c's parts on the client's own connections and takes the
+// place of its reply in the client's order.
+func (s *session) sendCall(c *call) {
+	cs := s.cl
+	if c.kind == callLocal {
+		if c.reply != nil {
+			s.place(c.reply, ticketOpts{})
+		}
+		return
+	}
+	if cs.sharedUsed {
+		s.settleCluster() // the replies on the shared connections come first
+	}
+	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	switch {
+	case c.kind == callRandom:
+		s.randomKey(c)
+		return
+	case (c.kind == callPlain || c.kind == callSkip) && c.learn == nil:
+		opts := ticketOpts{own: true, stay: inTxn(&c.one)}
+		if c.kind == callSkip {
+			opts.replace = c.reply
+		}
+		s.sendPart(&c.one, opts, deadline)
+		return
+	}
+	s.sendParts(c, deadline)
+}
+
+// sendParts sends the parts of a call whose reply is made from theirs.
+func (s *session) sendParts(src *call, deadline time.Time) {
+	cs := s.cl
+	// A copy of its own: the readers make its reply after the forwarder
+	// has moved on, and src stays on the caller's stack.
+	c := new(call)
+	*c = *src
+	g := newGather(c.count())
+	ticket := cs.order.add(nil, noSlot, ticketOpts{})
+	if !c.alone {
+		g.ticket, g.transform = ticket, c.result
+	}
+	for i := range c.count() {
+		p := c.part(i)
+		s.sendPart(p, ticketOpts{own: true, stay: inTxn(p), g: g, gi: i}, deadline)
+	}
+	if !c.alone {
+		return
+	}
+	// Making its reply sends more (SORT's patterns): the forwarder makes
+	// it before it goes on.
+	s.flushDirty()
+	select {
+	case <-g.done:
+	case <-s.ctx.Done():
+		return // the client has gone
+	}
+	reply, _ := c.result(g.replies)
+	cs.order.put(ticket, false, reply, &s.w)
+	s.pushOut()
+}
+
+// inTxn reports whether p is a command of a transaction, where a
+// redirection cannot be followed.
+func inTxn(p *part) bool { return p.tx != nil && p.tx.txn != nil }
+
+// result makes the client's reply to a call of several parts, or of one
+// whose reply is rewritten or learned from, from the replies of its
+// parts, runs its learn, and reports whether the reply is an error.
+func (c *call) result(replies [][]byte) ([]byte, bool) {
+	var reply []byte
+	var failed bool
+	switch c.kind {
+	case callScan:
+		reply, failed = rewriteScan(replies[0], c.scan, c.n), isError(replies[0])
+	case callPlain:
+		reply, failed = replies[0], isError(replies[0])
+	default:
+		reply, failed = merge(c, replies)
+	}
+	if c.learn != nil {
+		c.learn(failed)
+	}
+	return reply, failed
+}
+
+// sendPart queues p on the client's own connection to its master, its
+// reply taking a ticket with opts. When the master cannot be reached, it
+// waits for the cluster to name another one, until deadline; then, or
+// when p's transaction must not go on that connection (txConn), the ticket
+// gets the proxy's own reply.
+func (s *session) sendPart(p *part, opts ticketOpts, deadline time.Time) {
+	cs := s.cl
+	for {
+		sh := cs.ownConn(s, p.addr)
+		be, err := sh.ready()
+		if err != nil {
+			if refused(err) || !s.again(p, deadline) {
+				p.err = err
+				if p.tx != nil {
+					s.txUnsent(p)
+				}
+				s.unsent(p, opts)
+				return
+			}
+			continue
+		}
+		if p.tx != nil && !s.txConn(p, be) {
+			s.unsent(p, opts)
+			return
+		}
+		if p.tx != nil && p.tx.reply != nil {
+			opts.replace = p.tx.reply // sent as DISCARD (txConn)
+		}
+		t := cs.order.add(p.raw, p.slot, opts)
+		if !sh.queueOn(be, s, t, p.raw) {
+			cs.order.drop(t) // lost meanwhile: ready dials again
+			continue
+		}
+		s.markShared(sh)
+		cs.ownUsed = true
+		s.p.m.forwarded.Add(1)
+		sh.grp.forwarded.Add(1)
+		return
+	}
+}
+
+// unsent gives p, which was not sent, its reply: the one its transaction
+// gives (txConn), or the error that kept it from its master.
+func (s *session) unsent(p *part, opts ticketOpts) {
+	var reply []byte
+	switch {
+	case opts.g != nil:
+		reply = errorReply(&BackendError{Err: p.err})
+	case p.tx != nil && p.tx.reply != nil:
+		reply = p.tx.reply
+	default:
+		err := p.err
+		if err == nil {
+			err = errRetriesSpent
+		}
+		s.p.m.unavailable.Add(1)
+		reply = errorReply(&BackendError{Err: err})
+	}
+	opts.replace = nil
+	s.place(reply, opts)
+}
+
+// place takes a ticket with opts and puts reply, the proxy's own, in it.
+func (s *session) place(reply []byte, opts ticketOpts) {
+	o := &s.cl.order
+	o.put(o.add(nil, noSlot, opts), false, reply, &s.w)
+	s.sharedOut = true // a client whose replies are not pushed writes them in flush
+	s.pushOut()
+}
+
+// settleCluster sends what the client queued and waits until every reply
+// it is owed has been written to it: what the forwarder sends next (on
+// another kind of connection, after a blocking command, or to its pub/sub
+// connection) must not pass them.
+func (s *session) settleCluster() {
+	cs := s.cl
+	if s.sharedOut {
+		s.flushShared()
+	}
+	if cs.sharedUsed {
+		s.q.waitEmpty()
+	}
+	cs.order.wait()
+	s.w.drain()
+	cs.sharedUsed, cs.ownUsed, cs.blocking = false, false, false
+}
+
+// ask sends parts on the client's own connections and returns their
+// replies, or nil when the client has gone. The forwarder waits for them:
+// RANDOMKEY and SORT's patterns decide what to send next from them.
+func (s *session) ask(parts []part) [][]byte {
+	g := newGather(len(parts))
+	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	for i := range parts {
+		s.sendPart(&parts[i], ticketOpts{own: true, g: g, gi: i}, deadline)
+	}
+	s.flushDirty()
+	select {
+	case <-g.done:
+		return g.replies
+	case <-s.ctx.Done():
+		return nil
+	}
+}
+
+// randomKey asks the masters in a random order until one has a key.
+func (s *session) randomKey(c *call) {
+	cs := s.cl
+	ticket := cs.order.add(nil, noSlot, ticketOpts{})
+	answer := func(b []byte) {
+		cs.order.put(ticket, false, b, &s.w)
+		s.pushOut()
+	}
+	m, err := cs.r.current(s.ctx)
+	if err != nil {
+		s.p.m.unavailable.Add(1)
+		answer(errorReply(&BackendError{Err: err}))
+		return
+	}
+	var last []byte
+	for _, i := range rand.Perm(len(m.masters)) {
+		r := s.ask([]part{{slot: m.first[i], addr: m.masters[i], raw: c.one.raw}})
+		if r == nil {
+			return // the client has gone
+		}
+		if b := r[0]; !bytes.Equal(b, []byte("$-1\r\n")) && !bytes.Equal(b, []byte("_\r\n")) {
+			answer(b)
+			return
+		}
+		last = r[0]
+	}
+	answer(last)
+}

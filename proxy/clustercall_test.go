@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// TestClusterMergeOutOfOrder: the parts of calls merged from several
+// masters come back in any order when one master is slow; each client's
+// reply is made when its last part comes, and every reply keeps its place
+// in the client's order, behind and ahead of plain replies.
+func TestClusterMergeOutOfOrder(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	flushCluster(t, c)
+	a := dial(t, addr)
+	k0, k1, k2 := keyOn(0, "o"), keyOn(1, "o"), keyOn(2, "o")
+	// CLIENT SETNAME puts every command on the client's own connections,
+	// which the first MGET opens.
+	a.do(args("CLIENT SETNAME merger"))
+	if got := string(a.do(args("MSET " + k0 + " v0 " + k1 + " v1 " + k2 + " v2"))); got != "+OK\r\n" {
+		t.Fatalf("MSET: %q", got)
+	}
+	// Master 0 sleeps: the parts sent to it are answered after those of
+	// masters 1 and 2.
+	slow, err := net.Dial("tcp", c.Nodes[0].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 400000 " +
+		"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
+	if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	cmds := [][]string{
+		args("MGET " + k2 + " " + k0 + " " + k1),
+		args("GET " + k1),
+		args("DBSIZE"),
+		args("EXISTS " + k1 + " " + k0 + " nokey"),
+		args("MGET " + k1 + " " + k2),
+		args("GET " + k0),
+	}
+	want := "*3\r\n$2\r\nv2\r\n$2\r\nv0\r\n$2\r\nv1\r\n" +
+		"$2\r\nv1\r\n" +
+		":3\r\n" +
+		":2\r\n" +
+		"*2\r\n$2\r\nv1\r\n$2\r\nv2\r\n" +
+		"$2\r\nv0\r\n"
+	start := time.Now()
+	a.send(encode(cmds...))
+	got, err := a.tryRead(len(cmds), 5*time.Second)
+	if err != nil || string(got) != want {
+		t.Fatalf("replies %q (%v), want %q", got, err, want)
+	}
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Errorf("answered in %v: master 0 did not hold its parts back", took)
+	}
+}
+
+// TestClusterOwnRedirect: on a client's own connections, an ASK and a
+// MOVED are followed on the client's own connection to the node named (it
+// carries the client's name), and inside a transaction a redirection is
+// answered as the proxy's TRYAGAIN, never followed, and EXEC aborts.
+func TestClusterOwnRedirect(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	flushCluster(t, c)
+	from, to := c.Nodes[0], c.Nodes[1]
+	idFrom, idTo := nodeID(t, from), nodeID(t, to)
+	k := keyOn(0, "r")
+	slot := strconv.Itoa(keySlot([]byte(k)))
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME mover"))
+	if got := string(a.do(args("SET " + k + " v"))); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	must := func(s *redistest.Server, cmd string) {
+		t.Helper()
+		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+			t.Fatalf("%s: %q", cmd, got)
+		}
+	}
+	// The slot is being migrated and k has left: the old master asks.
+	must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
+	must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
+	must(from, "MIGRATE 127.0.0.1 "+strconv.Itoa(to.Port())+" "+k+" 0 5000")
+	asked := p.router.asked.Load()
+	if got := string(a.do(args("GET " + k))); got != "$1\r\nv\r\n" {
+		t.Fatalf("GET during the migration: %q", got)
+	}
+	if p.router.asked.Load() == asked {
+		t.Errorf("no ASK followed")
+	}
+	// The slot has moved: the old master redirects for good.
+	for _, n := range c.Nodes[:c.Masters] {
+		must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+	}
+	// Inside a transaction the redirection is not followed.
+	txn := a.do(args("MULTI"), args("SET "+k+" w"), args("EXEC"))
+	if want := "+OK\r\n" + string(replyMovedInTxn) + string(replyExecAbort); string(txn) != want {
+		t.Errorf("transaction: %q, want %q", txn, want)
+	}
+	moved := p.router.moved.Load()
+	if got := string(a.do(args("SET "+k+" x"), args("GET "+k))); got != "+OK\r\n$1\r\nx\r\n" {
+		t.Fatalf("after the move: %q", got)
+	}
+	if p.router.moved.Load() == moved {
+		t.Errorf("no MOVED followed")
+	}
+	// Both went on connections of the client's own to the new master.
+	list := string(dial(t, to.Addr).do(args("CLIENT LIST")))
+	if n := strings.Count(list, " name=mover "); n != 1 {
+		t.Errorf("the new master holds %d connections named mover, want 1:\n%s", n, list)
+	}
+	if got := string(dial(t, to.Addr).do(args("GET " + k))); got != "$1\r\nx\r\n" {
+		t.Errorf("k on the new master: %q", got)
+	}
+}
+
+// TestClusterBlockingOrder: a command that follows a blocking one, in the
+// same pipeline, to another master, runs after the blocking one returns,
+// as one Redis runs a client's commands; on the shared connections or the
+// client's own.
+func TestClusterBlockingOrder(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	for _, first := range [][]string{nil, args("CLIENT SETNAME blocker")} {
+		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
+			flushCluster(t, c)
+			a := dial(t, addr)
+			if first != nil {
+				a.do(first)
+			}
+			q, b := keyOn(0, "q"), keyOn(1, "b")
+			cmds := [][]string{args("BLPOP " + q + " 5"), args("SET " + b + " x"), args("GET " + b)}
+			a.send(encode(cmds...))
+			time.Sleep(300 * time.Millisecond)
+			if got := string(dial(t, c.Nodes[1].Addr).do(args("EXISTS " + b))); got != ":0\r\n" {
+				t.Fatalf("the SET ran while the BLPOP before it waited: EXISTS %q", got)
+			}
+			if got := string(dial(t, c.Nodes[0].Addr).do(args("LPUSH " + q + " e"))); got != ":1\r\n" {
+				t.Fatalf("LPUSH: %q", got)
+			}
+			want := fmt.Sprintf("*2\r\n$%d\r\n%s\r\n$1\r\ne\r\n+OK\r\n$1\r\nx\r\n", len(q), q)
+			if got, err := a.tryRead(len(cmds), 5*time.Second); err != nil || string(got) != want {
+				t.Fatalf("replies %q (%v), want %q", got, err, want)
+			}
+		})
+	}
+}
+
+// TestClusterTLSClient: a client on TLS, whose replies the connections'
+// readers do not write to its socket themselves, gets its replies from
+// the shared connections and its own, merged ones and a blocking one
+// included, in order.
+func TestClusterTLSClient(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	certs := redistest.NewCerts(t)
+	cert, err := tls.LoadX509KeyPair(certs.ServerCert, certs.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	})
+	flushCluster(t, c)
+	nc, err := tls.Dial("tcp", addr, certs.ClientTLS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	a := &client{tb: t, c: nc, r: bufio.NewReaderSize(nc, 64<<10)}
+	k0, k1, k2 := keyOn(0, "t"), keyOn(1, "t"), keyOn(2, "t")
+	steps := []struct {
+		cmds [][]string
+		want string
+	}{
+		// On the shared connections, then split over the client's own.
+		{[][]string{args("SET " + k0 + " a"), args("SET " + k1 + " b"), args("MGET " + k0 + " " + k1 + " " + k2), args("GET " + k1)},
+			"+OK\r\n+OK\r\n*3\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n$1\r\nb\r\n"},
+		// On its own connections only, a blocking command among them.
+		{[][]string{args("CLIENT SETNAME tls"), args("RPUSH " + k2 + " x"), args("BLPOP " + k2 + " 1"), args("DBSIZE"), args("GET " + k0)},
+			fmt.Sprintf("+OK\r\n:1\r\n*2\r\n$%d\r\n%s\r\n$1\r\nx\r\n:2\r\n$1\r\na\r\n", len(k2), k2)},
+		// On its own connections, nothing to wait for but the replies.
+		{[][]string{args("GET " + k1), args("MGET " + k2 + " " + k0), args("DBSIZE")},
+			"$1\r\nb\r\n*2\r\n$-1\r\n$1\r\na\r\n:2\r\n"},
+	}
+	for _, st := range steps {
+		a.send(encode(st.cmds...))
+		if got, err := a.tryRead(len(st.cmds), 5*time.Second); err != nil || string(got) != st.want {
+			t.Fatalf("%q: %q (%v), want %q", st.cmds, got, err, st.want)
+		}
+	}
+}

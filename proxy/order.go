@@ -1,0 +1,215 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+)
+
+// The order of a cluster client's replies. The client's commands go to
+// several masters, whose replies come back in any order; each reply takes
+// a ticket in the client's replyOrder when its command is queued, and the
+// connections' readers put the replies in place: a reply that comes
+// before the ones ahead of it waits until they have been written. A call
+// made of several parts gathers their replies (gather) and the last one
+// makes the client's reply in the call's place.
+
+// replyOrder is the place of each reply a cluster client is owed, on the
+// shared connections or its own. Its methods are safe for concurrent use:
+// the forwarder takes tickets, the connections' readers put replies in
+// place.
+type replyOrder struct {
+	mu    sync.Mutex
+	cond  sync.Cond // signalled when every reply owed has been written, or the client went
+	slots []orderSlot
+	head  int    // the first reply not written yet
+	first uint64 // the ticket of slots[0]; tickets start at 1
+	// closed: the client has gone; nobody waits for its replies.
+	closed bool
+}
+
+// orderSlot is one reply owed: to a command sent, or the proxy's own.
+type orderSlot struct {
+	raw      []byte // the command, to send again when redirected
+	slot     int
+	arrived  bool
+	reply    []byte    // the reply, when it came before one ahead of it
+	deadline time.Time // for the redirections, from the first one
+	ticketOpts
+}
+
+// ticketOpts is what a ticket's reply is for, besides the client.
+type ticketOpts struct {
+	// own: sent on the client's own connection (clustercall.go), where
+	// a redirection is sent again.
+	own bool
+	// stay: inside a transaction, where a redirection cannot be followed:
+	// the client gets replyMovedInTxn instead.
+	stay bool
+	// replace, when set, is what the client gets instead of the reply.
+	replace []byte
+	// g, when set, takes the reply as its part gi: the reply is one of a
+	// call's parts, not the client's.
+	g  *gather
+	gi int
+}
+
+// gather collects the replies of a call's parts (clustercall.go). Its
+// fields are guarded by the replyOrder's mu until done is closed.
+type gather struct {
+	replies [][]byte
+	left    int
+	ticket  uint64 // the call's own place in the order
+	// transform, when set, makes the call's reply from its parts' replies
+	// and is run by whoever puts the last part; failed records whether
+	// that reply is an error. Without it the forwarder makes the reply.
+	transform func(replies [][]byte) ([]byte, bool)
+	failed    bool
+	done      chan struct{} // closed when every part has come
+}
+
+func newGather(n int) *gather {
+	return &gather{replies: make([][]byte, n), left: n, done: make(chan struct{})}
+}
+
+// add takes the next ticket, for raw (copied) to slot.
+func (o *replyOrder) add(raw []byte, slot int, opts ticketOpts) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.head == len(o.slots) {
+		o.first += uint64(len(o.slots))
+		o.slots, o.head = o.slots[:0], 0
+		if o.first == 0 {
+			o.first = 1
+		}
+	}
+	n := len(o.slots)
+	if n < cap(o.slots) {
+		o.slots = o.slots[:n+1] // keep the buffers of an earlier use
+	} else {
+		o.slots = append(o.slots, orderSlot{})
+	}
+	sl := &o.slots[n]
+	sl.raw = append(sl.raw[:0], raw...)
+	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
+	sl.ticketOpts = opts
+	return o.first + uint64(n)
+}
+
+// drop gives back the last ticket, whose command could not be sent.
+func (o *replyOrder) drop(ticket uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n := len(o.slots); n > o.head && o.first+uint64(n-1) == ticket {
+		o.slots = o.slots[:n-1]
+	}
+}
+
+// ahead reports whether ticket's reply is the next to write, as it is.
+func (o *replyOrder) ahead(ticket uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	return i == o.head && i < len(o.slots) && o.slots[i].g == nil && o.slots[i].replace == nil
+}
+
+// put records that ticket's reply came: written to w already when written
+// is set, else reply, written once the replies ahead of it have been. It
+// writes every reply that waited behind it.
+func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWriter) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	if i < o.head || i >= len(o.slots) {
+		return // not owed (the order was reset)
+	}
+	sl := &o.slots[i]
+	if sl.arrived {
+		return
+	}
+	sl.arrived = true
+	switch {
+	case written:
+		o.head++
+	case sl.g != nil:
+		o.gathered(sl.g, sl.gi, reply)
+	case sl.replace != nil:
+		sl.reply = append(sl.reply[:0], sl.replace...)
+	default:
+		sl.reply = append(sl.reply[:0], reply...)
+	}
+	for o.head < len(o.slots) && o.slots[o.head].arrived {
+		w.Write(o.slots[o.head].reply)
+		o.head++
+	}
+	if o.head == len(o.slots) {
+		o.cond.Broadcast()
+	}
+}
+
+// gathered keeps reply as part i of g; the last part makes the call's
+// reply when g has a transform. o.mu is held.
+func (o *replyOrder) gathered(g *gather, i int, reply []byte) {
+	g.replies[i] = append([]byte(nil), reply...)
+	if g.left--; g.left > 0 {
+		return
+	}
+	defer close(g.done) // after failed is set: the forwarder reads it then
+	if g.transform == nil {
+		return
+	}
+	b, failed := g.transform(g.replies)
+	g.failed = failed
+	if j := int(g.ticket - o.first); j >= o.head && j < len(o.slots) {
+		sl := &o.slots[j]
+		sl.arrived = true
+		sl.reply = append(sl.reply[:0], b...)
+	}
+}
+
+// drained reports whether every reply owed has been written to the sink.
+func (o *replyOrder) drained() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.head == len(o.slots)
+}
+
+// wait waits until every reply owed has been written to the sink, or the
+// client has gone.
+func (o *replyOrder) wait() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for o.head < len(o.slots) && !o.closed {
+		o.cond.Wait()
+	}
+}
+
+// waitFor is wait, for d at most.
+func (o *replyOrder) waitFor(d time.Duration) {
+	o.mu.Lock()
+	condWait(&o.cond, d, func() bool { return o.head == len(o.slots) || o.closed })
+	o.mu.Unlock()
+}
+
+// close wakes whoever waits: the client has gone.
+func (o *replyOrder) close() {
+	o.mu.Lock()
+	o.closed = true
+	o.cond.Broadcast()
+	o.mu.Unlock()
+}
+
+// command returns ticket's command, slot and options, and the time its
+// redirections must end by.
+func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, opts ticketOpts, deadline time.Time, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	if i < o.head || i >= len(o.slots) {
+		return nil, 0, ticketOpts{}, time.Time{}, false
+	}
+	sl := &o.slots[i]
+	if sl.deadline.IsZero() {
+		sl.deadline = time.Now().Add(retry)
+	}
+	return append([]byte(nil), sl.raw...), sl.slot, sl.ticketOpts, sl.deadline, true
+}

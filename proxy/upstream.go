@@ -1,0 +1,65 @@
+package proxy
+
+import "github.com/tidwall/redcon"
+
+// upstream is what a session asks where each command goes, by the kind of
+// backend behind the proxy: which connection, other than the client's
+// dedicated one, carries it, and how the dedicated one is dialled. Its two
+// kinds are one Redis, or the primary a Sentinel names (single), and a
+// Redis Cluster (clusterSession, whose slot map routes each command; see
+// clusterroute.go). Both hand their commands to the same machinery: the shared
+// connections of shared.go, and the dedicated connection the session
+// keeps (session.forwardBackend, readBackend). Only the session's
+// forwarder calls it.
+type upstream interface {
+	// forward sends cmd on the connection it goes to and reports
+	// forwarded; or returns it, the proxy's own reply in cmd's place; or
+	// reports dedicated: cmd goes on the client's dedicated connection,
+	// after the replies owed on the others.
+	forward(s *session, name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
+	// dial dials the client's dedicated connection in the state st.
+	dial(s *session, st replayState) (*backend, error)
+}
+
+var (
+	_ upstream = single{}
+	_ upstream = (*clusterSession)(nil)
+)
+
+// single is one Redis behind the proxy, or the primary a Sentinel names
+// (Proxy.dial follows it). A client's stateless commands go on its shared
+// connection (session.sh) until its first other command; from then on,
+// all of them go on its dedicated connection.
+type single struct{}
+
+func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
+	if s.sh == nil || s.dedicated {
+		return localItem{}, false, true
+	}
+	e := classify(name, cmd)
+	// CLIENT is not stateless: a client still on its shared connection
+	// has every reply on.
+	if e.kind == entryQuit {
+		// A client without a connection of its own has nothing to close
+		// on the backend: the proxy answers QUIT as Redis does.
+		return localItem{reply: replyOK, silent: s.q.silent(), quit: true}, false, false
+	}
+	if stateless(name) {
+		if err := s.sh.send(s, e, cmd.Raw); err != nil {
+			s.p.m.unavailable.Add(1)
+			return localItem{reply: errorReply(&BackendError{Err: err})}, false, false
+		}
+		s.sharedOut = true
+		s.p.m.forwarded.Add(1)
+		return localItem{}, true, false
+	}
+	// Replies on the shared connection come first; from now on the
+	// client's commands go to a connection of its own.
+	s.settleShared()
+	s.dedicated = true
+	return localItem{}, false, true
+}
+
+func (single) dial(s *session, st replayState) (*backend, error) {
+	return s.p.dedicated(s.ctx, st)
+}
