@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -202,4 +203,58 @@ func TestClusterTLSClient(t *testing.T) {
 			t.Fatalf("%q: %q (%v), want %q", st.cmds, got, err, st.want)
 		}
 	}
+}
+
+// ownReaders counts the goroutines reading a shared connection.
+func ownReaders() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "proxy.(*shared).read(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// TestClusterOwnIdle: a client whose commands went on connections of its
+// own to every master keeps no goroutine reading them once it is owed
+// nothing, as before those connections were read by the shared
+// machinery; and its next commands, and a connection a master closed
+// meanwhile, are served as before.
+func TestClusterOwnIdle(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	flushCluster(t, c)
+	base := ownReaders()
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME idler"))
+	k0, k1, k2 := keyOn(0, "i"), keyOn(1, "i"), keyOn(2, "i")
+	if got := string(a.do(args("MSET " + k0 + " v0 " + k1 + " v1 " + k2 + " v2"))); got != "+OK\r\n" {
+		t.Fatalf("MSET: %q", got)
+	}
+	eventually(t, "no reader left on the idle client's connections", func() bool { return ownReaders() <= base })
+	// A master closes the client's connection while it is idle: the next
+	// command dials again, in the client's state.
+	kill, err := net.Dial("tcp", c.Nodes[1].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kill.Close()
+	if _, err := kill.Write(encode(args("CLIENT KILL TYPE normal SKIPME yes"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(kill).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	want := "*3\r\n$2\r\nv0\r\n$2\r\nv1\r\n$2\r\nv2\r\n"
+	for range 2 {
+		if got := string(a.do(args("MGET " + k0 + " " + k1 + " " + k2))); got != want {
+			t.Fatalf("MGET: %q, want %q", got, want)
+		}
+	}
+	if got := string(a.do(args("CLIENT GETNAME"))); got != "$5\r\nidler\r\n" {
+		t.Fatalf("CLIENT GETNAME: %q", got)
+	}
+	eventually(t, "no reader left after more commands", func() bool { return ownReaders() <= base })
 }
