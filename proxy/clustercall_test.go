@@ -258,3 +258,65 @@ func TestClusterOwnIdle(t *testing.T) {
 	}
 	eventually(t, "no reader left after more commands", func() bool { return ownReaders() <= base })
 }
+
+// TestClusterMovedOrder: a client's command routed by a slot map newer
+// than the one its earlier commands went by runs after them, as one Redis
+// runs a client's commands in order: a SET sent to the old master of its
+// key, redirected from there (MOVED) only after the map was read again
+// for another client, is followed by the client's GET of the key sent to
+// the new master, which sees the value. On the shared connections and on
+// the client's own.
+func TestClusterMovedOrder(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	from, to := c.Nodes[2], c.Nodes[1]
+	idTo := nodeID(t, to)
+	must := func(s *redistest.Server, cmd string) {
+		t.Helper()
+		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+			t.Fatalf("%s: %q", cmd, got)
+		}
+	}
+	for i, first := range [][]string{nil, args("CLIENT SETNAME mover")} {
+		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
+			flushCluster(t, c)
+			a, b := dial(t, addr), dial(t, addr)
+			if first != nil {
+				a.do(first)
+			}
+			// k moves from `from` to `to`, and so does k2 from `other`,
+			// without the proxy reading the map again.
+			k, k2 := keyOn(2, fmt.Sprintf("m%d-", i)), keyOn(0, fmt.Sprintf("m%d-", i))
+			a.do(args("PING"))
+			for _, key := range []string{k, k2} {
+				slot := strconv.Itoa(keySlot([]byte(key)))
+				for _, n := range c.Nodes[:c.Masters] {
+					must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+				}
+			}
+			// `from` is busy: the SET waits there, and its MOVED comes
+			// after b's MOVED from `other` made the proxy read the map.
+			slow, err := net.Dial("tcp", from.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer slow.Close()
+			spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 600000 " +
+				"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
+			if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			a.send(encode(args("SET " + k + " v")))
+			time.Sleep(50 * time.Millisecond)
+			if got := string(b.do(args("GET " + k2))); got != "$-1\r\n" {
+				t.Fatalf("GET k2: %q", got)
+			}
+			a.send(encode(args("GET " + k)))
+			got, err := a.tryRead(2, 5*time.Second)
+			if want := "+OK\r\n$1\r\nv\r\n"; err != nil || string(got) != want {
+				t.Fatalf("SET then GET: %q (%v), want %q", got, err, want)
+			}
+		})
+	}
+}
