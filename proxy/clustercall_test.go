@@ -320,3 +320,38 @@ func TestClusterMovedOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterGoneWithPartsInFlight: a client that hangs up while the
+// parts of a merged call wait on a busy master and a blocking command
+// waits behind them leaves nothing behind: its session, its connections
+// to the masters and their readers all end.
+func TestClusterGoneWithPartsInFlight(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	flushCluster(t, c)
+	base := ownReaders()
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME leaver"))
+	slow, err := net.Dial("tcp", c.Nodes[0].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 400000 " +
+		"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
+	if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	k0, k1, k2 := keyOn(0, "g"), keyOn(1, "g"), keyOn(2, "g")
+	a.send(encode(args("MGET "+k0+" "+k1+" "+k2), args("BLPOP "+keyOn(1, "q")+" 0")))
+	time.Sleep(100 * time.Millisecond)
+	a.c.Close()
+	eventually(t, "the session gone", func() bool { return len(p.sessionsNow()) == 0 && p.clients.Load() == 0 })
+	eventually(t, "no reader left", func() bool { return ownReaders() <= base })
+	for _, n := range c.Nodes[:c.Masters] {
+		eventually(t, "no connection of the client's left on "+n.Addr, func() bool {
+			return !strings.Contains(string(dial(t, n.Addr).do(args("CLIENT LIST"))), " name=leaver ")
+		})
+	}
+}
