@@ -355,3 +355,50 @@ func TestClusterGoneWithPartsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterPartCutShort: a master that dies in the middle of the reply
+// to one part of a merged call, which the proxy was gathering and had
+// written nothing of to the client, costs the client the call's
+// connection-lost error, as it costs the other commands on their way to
+// that master, and not its connection.
+func TestClusterPartCutShort(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	flushCluster(t, c)
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME cutter"))
+	k0, k1 := keyOn(0, "c"), keyOn(1, "c")
+	big := strings.Repeat("x", 48<<20)
+	if got := string(dial(t, c.Nodes[1].Addr).do([]string{"SET", k1, big})); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	if got := string(a.do(args("EXISTS " + k1))); got != ":1\r\n" { // opens the connection to the master
+		t.Fatalf("EXISTS: %q", got)
+	}
+	a.send(encode(args("MGET " + k0 + " " + k1)))
+	// Stopped while it sends the value, then killed: the proxy has read
+	// part of it.
+	ctl := dial(t, c.Nodes[1].Addr)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		sending := false
+		for _, l := range strings.Split(string(ctl.do(args("CLIENT LIST"))), "\n") {
+			sending = sending || (strings.Contains(l, " name=cutter ") && strings.Contains(l, " cmd=mget ") && !strings.Contains(l, " omem=0 "))
+		}
+		if sending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the master never sent the value")
+		}
+	}
+	c.Nodes[1].Pause()
+	time.Sleep(100 * time.Millisecond)
+	c.Nodes[1].Kill()
+	got, err := a.tryRead(1, 5*time.Second)
+	if err != nil || string(got) != string(replyConnLost) {
+		t.Fatalf("MGET: %q (%v), want %q", trunc(got), err, replyConnLost)
+	}
+	if got := string(a.do(args("GET " + k0))); got != "$-1\r\n" {
+		t.Fatalf("GET after: %q", got)
+	}
+}

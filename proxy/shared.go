@@ -424,6 +424,16 @@ func (sh *shared) read(be *backend) {
 			err = copyReply(w, be.r, &ri)
 			w.Flush()
 		}
+		if err != nil && s != nil && s.cl != nil && !answered {
+			// Nothing of the reply reached the client (it was gathered
+			// as a part, or waited behind replies ahead of it): it gets
+			// the error the commands behind it on be get, and keeps its
+			// connection.
+			sh.p.m.connLost.Add(1)
+			s.answerShared(ticket, replyConnLost, sh.own != nil)
+			sh.fail(be, nil)
+			return
+		}
 		if err != nil {
 			sh.fail(be, s)
 			return
