@@ -27,6 +27,7 @@ type slotMap struct {
 	masters []string         // addresses, in the order of their first slot
 	first   []int            // each master's first slot
 	owner   [numSlots]uint16 // index into masters; unowned when >= len(masters)
+	gen     uint64           // the reading that made it (router.gen)
 }
 
 // master returns the address of the master serving slot, or "".
@@ -209,6 +210,7 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 			errs = append(errs, fmt.Errorf("%s: no slots assigned", addr))
 			continue
 		}
+		m.gen = r.gen.Load() + 1 // readings are serialised by refresh
 		r.slots.Store(m)
 		r.gen.Add(1)
 		r.refreshes.Add(1)

@@ -15,7 +15,12 @@ import (
 // connection state, its commands batched by shared.write and its replies
 // read by shared.read into the client's replyOrder, as on the shared
 // connections. So the forwarder never reads a backend connection: it
-// takes a ticket per reply and goes on.
+// takes a ticket per reply and goes on. Unlike a shared connection's,
+// the reader of one of the client's own runs only while replies are owed
+// on it (shared.reading): an idle client keeps a connection per master it
+// used, but no goroutine or buffer to read it, and a connection the node
+// closed meanwhile is found when the next command is about to go on it
+// (shared.ready).
 //
 // A call whose reply is made from several parts (a command split per
 // slot, a fan-out to every master, SCAN's cursor, the proxy's own joins)

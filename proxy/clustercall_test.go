@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -201,5 +202,203 @@ func TestClusterTLSClient(t *testing.T) {
 		if got, err := a.tryRead(len(st.cmds), 5*time.Second); err != nil || string(got) != st.want {
 			t.Fatalf("%q: %q (%v), want %q", st.cmds, got, err, st.want)
 		}
+	}
+}
+
+// ownReaders counts the goroutines reading a shared connection.
+func ownReaders() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "proxy.(*shared).read(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// TestClusterOwnIdle: a client whose commands went on connections of its
+// own to every master keeps no goroutine reading them once it is owed
+// nothing, as before those connections were read by the shared
+// machinery; and its next commands, and a connection a master closed
+// meanwhile, are served as before.
+func TestClusterOwnIdle(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	flushCluster(t, c)
+	base := ownReaders()
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME idler"))
+	k0, k1, k2 := keyOn(0, "i"), keyOn(1, "i"), keyOn(2, "i")
+	if got := string(a.do(args("MSET " + k0 + " v0 " + k1 + " v1 " + k2 + " v2"))); got != "+OK\r\n" {
+		t.Fatalf("MSET: %q", got)
+	}
+	eventually(t, "no reader left on the idle client's connections", func() bool { return ownReaders() <= base })
+	// A master closes the client's connection while it is idle: the next
+	// command dials again, in the client's state.
+	kill, err := net.Dial("tcp", c.Nodes[1].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kill.Close()
+	if _, err := kill.Write(encode(args("CLIENT KILL TYPE normal SKIPME yes"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(kill).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	want := "*3\r\n$2\r\nv0\r\n$2\r\nv1\r\n$2\r\nv2\r\n"
+	for range 2 {
+		if got := string(a.do(args("MGET " + k0 + " " + k1 + " " + k2))); got != want {
+			t.Fatalf("MGET: %q, want %q", got, want)
+		}
+	}
+	if got := string(a.do(args("CLIENT GETNAME"))); got != "$5\r\nidler\r\n" {
+		t.Fatalf("CLIENT GETNAME: %q", got)
+	}
+	eventually(t, "no reader left after more commands", func() bool { return ownReaders() <= base })
+}
+
+// TestClusterMovedOrder: a client's command routed by a slot map newer
+// than the one its earlier commands went by runs after them, as one Redis
+// runs a client's commands in order: a SET sent to the old master of its
+// key, redirected from there (MOVED) only after the map was read again
+// for another client, is followed by the client's GET of the key sent to
+// the new master, which sees the value. On the shared connections and on
+// the client's own.
+func TestClusterMovedOrder(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	from, to := c.Nodes[2], c.Nodes[1]
+	idTo := nodeID(t, to)
+	must := func(s *redistest.Server, cmd string) {
+		t.Helper()
+		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+			t.Fatalf("%s: %q", cmd, got)
+		}
+	}
+	for i, first := range [][]string{nil, args("CLIENT SETNAME mover")} {
+		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
+			flushCluster(t, c)
+			a, b := dial(t, addr), dial(t, addr)
+			if first != nil {
+				a.do(first)
+			}
+			// k moves from `from` to `to`, and so does k2 from `other`,
+			// without the proxy reading the map again.
+			k, k2 := keyOn(2, fmt.Sprintf("m%d-", i)), keyOn(0, fmt.Sprintf("m%d-", i))
+			a.do(args("PING"))
+			for _, key := range []string{k, k2} {
+				slot := strconv.Itoa(keySlot([]byte(key)))
+				for _, n := range c.Nodes[:c.Masters] {
+					must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+				}
+			}
+			// `from` is busy: the SET waits there, and its MOVED comes
+			// after b's MOVED from `other` made the proxy read the map.
+			slow, err := net.Dial("tcp", from.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer slow.Close()
+			spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 600000 " +
+				"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
+			if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			a.send(encode(args("SET " + k + " v")))
+			time.Sleep(50 * time.Millisecond)
+			if got := string(b.do(args("GET " + k2))); got != "$-1\r\n" {
+				t.Fatalf("GET k2: %q", got)
+			}
+			a.send(encode(args("GET " + k)))
+			got, err := a.tryRead(2, 5*time.Second)
+			if want := "+OK\r\n$1\r\nv\r\n"; err != nil || string(got) != want {
+				t.Fatalf("SET then GET: %q (%v), want %q", got, err, want)
+			}
+		})
+	}
+}
+
+// TestClusterGoneWithPartsInFlight: a client that hangs up while the
+// parts of a merged call wait on a busy master and a blocking command
+// waits behind them leaves nothing behind: its session, its connections
+// to the masters and their readers all end.
+func TestClusterGoneWithPartsInFlight(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	flushCluster(t, c)
+	base := ownReaders()
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME leaver"))
+	slow, err := net.Dial("tcp", c.Nodes[0].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 400000 " +
+		"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
+	if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	k0, k1, k2 := keyOn(0, "g"), keyOn(1, "g"), keyOn(2, "g")
+	a.send(encode(args("MGET "+k0+" "+k1+" "+k2), args("BLPOP "+keyOn(1, "q")+" 0")))
+	time.Sleep(100 * time.Millisecond)
+	a.c.Close()
+	eventually(t, "the session gone", func() bool { return len(p.sessionsNow()) == 0 && p.clients.Load() == 0 })
+	eventually(t, "no reader left", func() bool { return ownReaders() <= base })
+	for _, n := range c.Nodes[:c.Masters] {
+		eventually(t, "no connection of the client's left on "+n.Addr, func() bool {
+			return !strings.Contains(string(dial(t, n.Addr).do(args("CLIENT LIST"))), " name=leaver ")
+		})
+	}
+}
+
+// TestClusterPartCutShort: a master that dies in the middle of the reply
+// to one part of a merged call, which the proxy was gathering and had
+// written nothing of to the client, costs the client the call's
+// connection-lost error, as it costs the other commands on their way to
+// that master, and not its connection.
+func TestClusterPartCutShort(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	flushCluster(t, c)
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME cutter"))
+	k0, k1 := keyOn(0, "c"), keyOn(1, "c")
+	big := strings.Repeat("x", 48<<20)
+	if got := string(dial(t, c.Nodes[1].Addr).do([]string{"SET", k1, big})); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	if got := string(a.do(args("EXISTS " + k1))); got != ":1\r\n" { // opens the connection to the master
+		t.Fatalf("EXISTS: %q", got)
+	}
+	a.send(encode(args("MGET " + k0 + " " + k1)))
+	// Stopped while it sends the value, then killed: the proxy has read
+	// part of it.
+	ctl := dial(t, c.Nodes[1].Addr)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		sending := false
+		for _, l := range strings.Split(string(ctl.do(args("CLIENT LIST"))), "\n") {
+			sending = sending || (strings.Contains(l, " name=cutter ") && strings.Contains(l, " cmd=mget ") && !strings.Contains(l, " omem=0 "))
+		}
+		if sending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the master never sent the value")
+		}
+	}
+	c.Nodes[1].Pause()
+	time.Sleep(100 * time.Millisecond)
+	c.Nodes[1].Kill()
+	got, err := a.tryRead(1, 5*time.Second)
+	if err != nil || string(got) != string(replyConnLost) {
+		t.Fatalf("MGET: %q (%v), want %q", trunc(got), err, replyConnLost)
+	}
+	if got := string(a.do(args("GET " + k0))); got != "$-1\r\n" {
+		t.Fatalf("GET after: %q", got)
 	}
 }

@@ -148,6 +148,9 @@ type clusterSession struct {
 	// sharedUsed, ownUsed: replies may be owed on the shared connections,
 	// on the client's own (see session.settleCluster).
 	sharedUsed, ownUsed bool
+	// mapGen is the slot map reading the client's last command was
+	// routed by (see plan).
+	mapGen uint64
 
 	// The state the client set, sent to every new connection: the
 	// forwarder's, and state, the copy its connections are dialled with
@@ -367,6 +370,18 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	if err != nil {
 		s.p.m.unavailable.Add(1)
 		return localCall(errorReply(&BackendError{Err: err}))
+	}
+	if m.gen != cs.mapGen {
+		// The map changed since the client's commands in flight were
+		// routed: one may be redirected from its old master to where
+		// this one goes, and must reach it first, as one Redis runs a
+		// client's commands in order. They are answered before this
+		// one leaves (a redirection among them may read the map again).
+		if cs.mapGen != 0 {
+			s.settleCluster()
+			m = cs.r.slots.Load()
+		}
+		cs.mapGen = m.gen
 	}
 	if c, ok := s.planState(m, name, cmd); ok {
 		return c

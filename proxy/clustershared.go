@@ -232,7 +232,8 @@ func (s *session) markShared(sh *shared) {
 // sharedReply reads the reply to ticket from r, on a shared connection or
 // one of the client's own, and puts it in its place in the client's
 // replies. answered is false when the reply was a redirection: the command
-// is sent again, and its reply comes later.
+// is sent again, and its reply comes later; with err, it is false when
+// nothing of the reply reached the client.
 func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *replyInfo) (answered bool, err error) {
 	o := &s.cl.order
 	b, err := r.Peek(1)

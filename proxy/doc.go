@@ -63,7 +63,8 @@
 // the others'). Everything else goes on connections of the client's own,
 // one per master, each a shared connection with one client
 // (clustercall.go): its commands are batched and its replies read by the
-// same machinery, and the forwarder reads no backend connection. Each
+// same machinery (read only while replies are owed on it), and the
+// forwarder reads no backend connection. Each
 // reply takes a ticket in the client's replyOrder (order.go) and is put
 // back in the client's order, however many masters a pipeline goes to.
 // The multi-key commands that may cross slots are split per slot, keyless
@@ -73,9 +74,11 @@
 // Redirections (MOVED, ASK, TRYAGAIN) are followed on the same kind of
 // connection, one after the other in the order they came, except inside
 // a transaction. Before a client's command goes on the other kind of
-// connection, to its pub/sub connection, or after a command that sets
-// connection state or may block, the replies it is owed are waited for,
-// so that Redis runs its commands in its order. clustertx.go ties a
+// connection, to its pub/sub connection, when it is routed by a newer
+// slot map than the client's commands in flight (one of them may be
+// redirected to where it goes), or after a command that sets connection
+// state or may block, the replies it is owed are waited for, so that
+// Redis runs its commands in its order. clustertx.go ties a
 // transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served
 // by the single-Redis machinery above (clusterpubsub.go): the master of

@@ -74,6 +74,10 @@ type shared struct {
 	// not counted in the client's replyQueue.
 	own *clusterSession
 	ctx context.Context
+	// reading: a goroutine reads be. On a client's own connection it
+	// runs only while replies are owed there (push starts it, read ends
+	// it), so an idle client keeps no goroutine or buffer per master.
+	reading bool
 }
 
 // sharedGroup is the shared connections to one server: the backend, or
@@ -157,12 +161,41 @@ func (sh *shared) push(s *session, ticket uint64, raw []byte) {
 	q := sh.be.pending
 	q.sessions = append(q.sessions, s)
 	q.tickets = append(q.tickets, ticket)
+	if !sh.reading {
+		sh.startReader()
+	}
+}
+
+// startReader starts the goroutine that reads sh.be; sh.mu is held.
+func (sh *shared) startReader() {
+	sh.reading = true
+	sh.p.sharedWG.Add(1)
+	go sh.read(sh.be)
+}
+
+// stopIdle reports whether the reader of a client's own connection ends
+// now that no reply is owed on be (the next command starts another).
+func (sh *shared) stopIdle(be *backend) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.be != be || len(be.pending.sessions) > 0 || be.r.Buffered() > 0 {
+		return false
+	}
+	sh.reading = false
+	return true
 }
 
 // ready returns the live connection, dialing it when there is none.
 func (sh *shared) ready() (*backend, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if be := sh.be; be != nil && !be.dead && !sh.reading && !open(be) {
+		// Closed while idle, with no reader to notice (the node's
+		// timeout, CLIENT KILL, a restart): dial again, as for a
+		// connection found lost.
+		be.nc.Close()
+		be.dead = true
+	}
 	if sh.be == nil || sh.be.dead {
 		if sh.retired {
 			return nil, errClusterClosed
@@ -218,8 +251,10 @@ func (sh *shared) connect() error {
 		sh.grp.queued.Add(-1)
 	}
 	sh.wbuf, sh.wn, sh.out = sh.wbuf[:0], 0, 0
-	p.sharedWG.Add(1)
-	go sh.read(be)
+	sh.reading = false
+	if sh.own == nil {
+		sh.startReader() // a client's own starts reading with its first command
+	}
 	return nil
 }
 
@@ -389,6 +424,16 @@ func (sh *shared) read(be *backend) {
 			err = copyReply(w, be.r, &ri)
 			w.Flush()
 		}
+		if err != nil && s != nil && s.cl != nil && !answered {
+			// Nothing of the reply reached the client (it was gathered
+			// as a part, or waited behind replies ahead of it): it gets
+			// the error the commands behind it on be get, and keeps its
+			// connection.
+			sh.p.m.connLost.Add(1)
+			s.answerShared(ticket, replyConnLost, sh.own != nil)
+			sh.fail(be, nil)
+			return
+		}
 		if err != nil {
 			sh.fail(be, s)
 			return
@@ -417,6 +462,9 @@ func (sh *shared) read(be *backend) {
 		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.drained()) {
 			s.pushOut()
 		}
+		if sh.own != nil && idle && sh.stopIdle(be) {
+			return
+		}
 	}
 }
 
@@ -429,6 +477,9 @@ func (sh *shared) fail(be *backend, cut *session) {
 	}
 	sh.mu.Lock()
 	be.dead = true
+	if sh.be == be {
+		sh.reading = false
+	}
 	q := be.pending
 	waiting, tickets := q.sessions[q.head:], q.tickets[q.head:]
 	q.sessions, q.tickets, q.head = nil, nil, 0
