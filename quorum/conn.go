@@ -53,9 +53,9 @@ import (
 //     maxKeepBackoff, counted from the start of the try that failed: a
 //     dial that timed out has waited long enough), so a node that answers
 //     again is used within maxKeepBackoff when it had refused, and within
-//     DialTimeout/5 when its link dropped packets (a dial in flight when the link
-//     healed: its dropped SYN is sent again only after a second, but the
-//     dials race, see raceDial) + the reconnection's round trips
+//     DialTimeout/5 when its link dropped packets (a dial in flight when
+//     the link healed: its dropped SYN is sent again only after a second,
+//     but the dials race, see raceDial) + the reconnection's round trips
 //     (connecting, HELLO and the call: New turns off go-redis's CLIENT
 //     SETINFO, one round trip more).
 //   - It reads the node's clock, for the deadlines that requests carry (see
@@ -169,7 +169,8 @@ var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting
 // bounded by DialTimeout, which New sets to at most NodeTimeout. A
 // connection made closes with SO_LINGER 0 (see abortOnClose), and, for the
 // batcher's client (n not nil), the time its dial took is kept on n (see
-// settle), as is when a dial failed other than by a timeout (refusedAt),
+// settle), as is when a dial failed other than by a timeout or a
+// cancellation (refusedAt),
 // and the dial is a race of several (see raceDial), so that the keeper's
 // dial in flight when a link that dropped packets heals does not wait out
 // its DialTimeout.
@@ -189,7 +190,7 @@ func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr
 			c, err = dial(ctx, network, addr)
 		}
 		if err != nil {
-			if n != nil && !isTimeout(err) {
+			if n != nil && !isTimeout(err) && !errors.Is(err, context.Canceled) {
 				n.refusedAt.Store(int64(time.Since(dialClock)))
 			}
 			return failedConn{err: err, addr: addr}, nil

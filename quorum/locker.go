@@ -134,12 +134,12 @@ type node struct {
 // and WriteTimeout at most 3*cfg.NodeTimeout (the keeper's bound, see
 // conn.go; every call is bounded by its context's deadline, at most
 // NodeTimeout). The Dialer is wrapped so that go-redis never sees a dial
-// fail (see dialer). While a node does not answer over a slow link, or
-// refused the last connection (it is down), its calls fail at once without
-// a dial and only its keeper reaches out to it (conn.go): a node that comes
-// back is used by the next call after the keeper reached it, at most
-// 100ms (the keeper's longest backoff) and a reconnection after it answers. An unset Protocol
-// becomes 2 (RESP2): the scripts' replies are the same in both, and RESP3
+// fail (see dialer). While a node refused the last connection (it is
+// down), or does not answer over a link too slow for a call to dial it,
+// its calls fail at once without a dial and only its keeper reaches out to
+// it (conn.go): a node that comes back is used by the next call after the
+// keeper reached it, at most 100ms (the keeper's longest backoff) and a
+// reconnection after it answers. An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in both, and RESP3
 // makes go-redis look for push notifications before every reply it reads,
 // which costs CPU on every call.
 //
