@@ -122,6 +122,7 @@ type round struct {
 	more    []string // a group's keys after key (mlock.go); nil otherwise
 	anytime bool     // the operation is safe whenever it arrives: no deadline
 	keeper  bool     // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
+	probe   bool     // a check of the nodes (Locker.probe): sent to a node known to be down too
 
 	res []reply
 	fin []atomic.Bool // fin[i]: res[i] is written
@@ -191,7 +192,7 @@ func (r *round) free() {
 		r.cntBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin, r.counted = nil, nil, nil, nil, nil
-	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
+	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper, r.probe = "", nil, "", nil, "", false, false, false
 	r.more = nil
 	rounds.Put(r)
 }
@@ -237,15 +238,16 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 
 // skips reports whether r's request is failed at once instead of being
 // queued at n (failUnsent). The keeper's requests never are. The others
-// are while n refused its last connection: only the keeper dials a node
-// known to be down (conn.go), so that a call pays no dial and allocates no
-// connection for it. A cleanup also is while n did not answer its last
+// are while n refused its last connection: only the keeper and the checks
+// of the nodes (probe: the watcher's, every ProbeInterval, and Ready) dial
+// a node known to be down (conn.go), so that a call pays no dial and
+// allocates no connection for it. A cleanup also is while n did not answer its last
 // batch: it would wait for its timeout, and keep the call that failed from
 // returning. The keeper sends the cleanups that the caller keeps for it
 // (deferCleanup) once it reaches the node, or with its next try
 // (retryCleanups): a cleanup is safe whenever it arrives (late.go).
 func (n *node) skips(r *round) bool {
-	return !r.keeper && (n.refused.Load() || r.op == opCleanup && !n.reachable.Load())
+	return !r.keeper && (n.refused.Load() && !r.probe || r.op == opCleanup && !n.reachable.Load())
 }
 
 // failUnsent fails req, which n never sees, as errReconnecting, counted
@@ -449,7 +451,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: clockErr, unsent: true})
 			continue
 		}
-		if !reachable && !r.keeper && (refused || 3*rttLow >= r.deadline.Sub(now)) {
+		if !reachable && !r.keeper && (refused && !r.probe || 3*rttLow >= r.deadline.Sub(now)) {
 			// The keeper is reconnecting (conn.go), and the node refused
 			// its last connection (queued before that was known: see
 			// skips), or a dial, the handshake and the call would not fit

@@ -8,7 +8,8 @@ import (
 
 // TestKilledNodeNotDialed: while a node that was killed is known down (its
 // host refused a connection), Lock and Unlock over the two others succeed
-// without dialing it: only its keeper does, at most once per backoff. Once
+// without dialing it: only its keeper does, at most once per backoff, and
+// the watcher's checks, once per ProbeInterval. Once
 // it runs again, the next calls use it within the keeper's bound
 // (maxKeepBackoff and a reconnection; the bound asserted has room for a
 // loaded machine, the figure is logged).
@@ -35,11 +36,12 @@ func TestKilledNodeNotDialed(t *testing.T) {
 	}
 	took := time.Since(start)
 	dials := int(n.batches.PoolStats().Misses - misses)
-	// The keeper's tries: one per backoff (at least NodeTimeout/2 or
-	// maxKeepBackoff, the shorter), one more at each end.
-	keeper := int(took/min(cfg.NodeTimeout/2, maxKeepBackoff)) + 2
-	if dials > keeper {
-		t.Errorf("%d Lock+Unlock pairs with node 2 killed took %v and dialed it %d times, want at most %d (the keeper's tries alone)", calls, took.Round(time.Millisecond), dials, keeper)
+	// The keeper's tries, one per backoff (at least NodeTimeout/2 or
+	// maxKeepBackoff, the shorter), and the watcher's checks, one per
+	// ProbeInterval; one more of each at each end.
+	background := int(took/min(cfg.NodeTimeout/2, maxKeepBackoff)) + int(took/cfg.ProbeInterval) + 4
+	if dials > background {
+		t.Errorf("%d Lock+Unlock pairs with node 2 killed took %v and dialed it %d times, want at most %d (the keeper's and the watcher's tries alone)", calls, took.Round(time.Millisecond), dials, background)
 	}
 
 	c.restart(2)
