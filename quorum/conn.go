@@ -398,12 +398,14 @@ func (n *node) deferCleanup(c pendingCleanup) {
 // deadline on the node.
 func (l *Locker) retryCleanups(n *node) {
 	var wg sync.WaitGroup
+	n.resend.Lock() // see node.resend
 	for _, c := range takeAll(n, &n.cleanups) {
 		if r := l.resentCleanup(n, c); r != nil {
 			n.submit(request{r, 0})
 			wg.Go(func() { l.awaitCleanup(n, c, r) })
 		}
 	}
+	n.resend.Unlock()
 	wg.Wait()
 }
 
@@ -427,12 +429,14 @@ func takeAll[T any](n *node, kept *[]T) []T {
 // goroutine of its own, which keepTimeout or Close ends.
 func (l *Locker) cleanupsFirst(resource, token string) {
 	for _, n := range l.nodes {
+		n.resend.Lock() // see node.resend
 		for _, c := range n.takeCleanups(resource, token) {
 			if r := l.resentCleanup(n, c); r != nil {
 				n.submit(request{r, 0})
 				go l.awaitCleanup(n, c, r)
 			}
 		}
+		n.resend.Unlock()
 	}
 }
 

@@ -93,6 +93,13 @@ type node struct {
 	pending  []request
 	closed   bool             // the batcher stopped; requests fail at once
 	cleanups []pendingCleanup // cleanups to send again (conn.go)
+	// resend is held while kept cleanups are taken and queued again (by
+	// the keeper, retryCleanups, or ahead of a reentrant attempt,
+	// cleanupsFirst): a reentrant attempt queued after cleanupsFirst then
+	// finds every cleanup of its token's earlier attempts queued ahead of
+	// it, also those that the keeper took just before (reconnecting to a
+	// node that was down, when it holds many).
+	resend sync.Mutex
 	// placements the node did not answer, to run again (place.go)
 	placements []*placement
 
