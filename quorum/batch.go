@@ -122,6 +122,7 @@ type round struct {
 	more    []string // a group's keys after key (mlock.go); nil otherwise
 	anytime bool     // the operation is safe whenever it arrives: no deadline
 	keeper  bool     // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
+	probe   bool     // a check of the nodes (Locker.probe): sent to a node known to be down too
 
 	res []reply
 	fin []atomic.Bool // fin[i]: res[i] is written
@@ -191,7 +192,7 @@ func (r *round) free() {
 		r.cntBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin, r.counted = nil, nil, nil, nil, nil
-	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper = "", nil, "", nil, "", false, false
+	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper, r.probe = "", nil, "", nil, "", false, false, false
 	r.more = nil
 	rounds.Put(r)
 }
@@ -226,20 +227,36 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 	}
 	r.armTimer()
 	for i, n := range nodes {
-		if r.op == opCleanup && !r.keeper && !n.reachable.Load() {
-			// The node did not answer its last batch: the cleanup would
-			// wait for its timeout, and keep the call that failed from
-			// returning. The keeper sends it once it reaches the node, or
-			// with its next try (retryCleanups): a cleanup is safe
-			// whenever it arrives (late.go). Counted as the batcher
-			// counts a request it fails at once.
-			l.observeReq(n, request{r, i}, errReconnecting)
-			r.complete(i, reply{err: errReconnecting, unsent: true})
+		if n.skips(r) {
+			l.failUnsent(n, request{r, i})
 			continue
 		}
 		n.submit(request{r, i})
 	}
 	l.await(nodes, r, f)
+}
+
+// skips reports whether r's request is failed at once instead of being
+// queued at n (failUnsent). The keeper's requests never are. The others
+// are while n refused its last connection: only the keeper and the checks
+// of the nodes (probe: the watcher's, every ProbeInterval, and Ready) dial
+// a node known to be down (conn.go), so that a call pays no dial and
+// allocates no connection for it. A cleanup also is while n did not answer its last
+// batch: it would wait for its timeout, and keep the call that failed from
+// returning. The keeper sends the cleanups that the caller keeps for it
+// (deferCleanup) once it reaches the node, or with its next try
+// (retryCleanups): a cleanup is safe whenever it arrives (late.go).
+func (n *node) skips(r *round) bool {
+	return !r.keeper && (n.refused.Load() && !r.probe || r.op == opCleanup && !n.reachable.Load())
+}
+
+// failUnsent fails req, which n never sees, as errReconnecting, counted
+// as the batcher counts a request that it fails without sending it. The
+// request cannot run on the node, ever: it needs no cleanup
+// (reply.unsent), and a node skipped is a node that did not grant.
+func (l *Locker) failUnsent(n *node, req request) {
+	l.observeReq(n, req, errReconnecting)
+	req.r.complete(req.i, reply{err: errReconnecting, unsent: true})
 }
 
 // fanoutAll is fanout of several rounds over the same nodes at once: each
@@ -250,12 +267,19 @@ func (l *Locker) fanoutAll(nodes []*node, rs []*round, f func(j int, res []reply
 	for _, r := range rs {
 		r.armTimer()
 	}
-	reqs := make([]request, len(rs))
+	reqs := make([]request, 0, len(rs))
 	for i, n := range nodes {
-		for j, r := range rs {
-			reqs[j] = request{r, i}
+		reqs = reqs[:0]
+		for _, r := range rs {
+			if n.skips(r) {
+				l.failUnsent(n, request{r, i})
+			} else {
+				reqs = append(reqs, request{r, i})
+			}
 		}
-		n.submitAll(reqs)
+		if len(reqs) > 0 {
+			n.submitAll(reqs)
+		}
 	}
 	for j, r := range rs {
 		l.await(nodes, r, func(res []reply) { f(j, res) })
@@ -413,6 +437,7 @@ func (l *Locker) sendPending(n *node, q []request) {
 	// node's round trip is left; one that did not always is (the bound:
 	// half a NodeTimeout), so a high estimate cannot keep the node unused.
 	reachable, rttLow := n.reachable.Load(), time.Duration(n.rttLow.Load())
+	refused := n.refused.Load()
 	for _, req := range q {
 		r := req.r
 		if err := r.ctx.Err(); err != nil {
@@ -426,12 +451,13 @@ func (l *Locker) sendPending(n *node, q []request) {
 			r.complete(req.i, reply{err: clockErr, unsent: true})
 			continue
 		}
-		if !reachable && !r.keeper && 3*rttLow >= r.deadline.Sub(now) {
-			// The keeper is reconnecting (conn.go), and a dial, the
-			// handshake and the call would not fit in the time left. Over
-			// a fast link they fit: the next call tries the node itself.
-			l.observeReq(n, req, errReconnecting)
-			r.complete(req.i, reply{err: errReconnecting, unsent: true})
+		if !reachable && !r.keeper && (refused && !r.probe || 3*rttLow >= r.deadline.Sub(now)) {
+			// The keeper is reconnecting (conn.go), and the node refused
+			// its last connection (queued before that was known: see
+			// skips), or a dial, the handshake and the call would not fit
+			// in the time left. Over a fast link to a node that did not
+			// refuse they fit: the next call tries the node itself.
+			l.failUnsent(n, req)
 			continue
 		}
 		if r.op == opCleanup && r.anytime {

@@ -38,15 +38,24 @@ import (
 //     dial, shake hands and get an answer in the time they have left
 //     (three of the node's round trips): a node behind a slow link does
 //     not lose every call to a handshake, while over a fast link the next
-//     call tries the node itself. The batch that gets the keeper's answer
+//     call tries the node itself, unless the node is known to be down:
+//     when the failure was a dial that the node's host refused (nothing
+//     listens: a node killed or shut down), every call's request fails at
+//     once, before it is queued (node.skips), and only the keeper dials,
+//     so that a minority of nodes down costs a call neither a dial nor a
+//     connection's buffers, and a node skipped is a node that did not
+//     grant (a request never sent needs no cleanup; the cleanups that
+//     calls keep for it go out with the keeper's next try, see
+//     retryCleanups). The batch that gets the keeper's answer
 //     marks the node reachable before the batcher looks at the requests
 //     that queued behind it, so those go out at once. After its own
 //     failures the keeper backs off (NodeTimeout/2 doubling, at most
 //     maxKeepBackoff, counted from the start of the try that failed: a
 //     dial that timed out has waited long enough), so a node that answers
-//     again is used within DialTimeout/5 (a dial in flight when the link
-//     healed: its dropped SYN is sent again only after a second, but the
-//     dials race, see raceDial) + the reconnection's round trips
+//     again is used within maxKeepBackoff when it had refused, and within
+//     DialTimeout/5 when its link dropped packets (a dial in flight when
+//     the link healed: its dropped SYN is sent again only after a second,
+//     but the dials race, see raceDial) + the reconnection's round trips
 //     (connecting, HELLO and the call: New turns off go-redis's CLIENT
 //     SETINFO, one round trip more).
 //   - It reads the node's clock, for the deadlines that requests carry (see
@@ -160,9 +169,11 @@ var errReconnecting = errors.New("quorum: lock node did not answer; reconnecting
 // bounded by DialTimeout, which New sets to at most NodeTimeout. A
 // connection made closes with SO_LINGER 0 (see abortOnClose), and, for the
 // batcher's client (n not nil), the time its dial took is kept on n (see
-// settle), and the dial is a race of several (see raceDial), so that the
-// keeper's dial in flight when a link that dropped packets heals does not
-// wait out its DialTimeout.
+// settle), as is when a dial failed other than by a timeout or a
+// cancellation (refusedAt),
+// and the dial is a race of several (see raceDial), so that the keeper's
+// dial in flight when a link that dropped packets heals does not wait out
+// its DialTimeout.
 func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := opt.Dialer
 	if dial == nil {
@@ -179,6 +190,9 @@ func dialer(opt *redis.Options, n *node) func(ctx context.Context, network, addr
 			c, err = dial(ctx, network, addr)
 		}
 		if err != nil {
+			if n != nil && !isTimeout(err) && !errors.Is(err, context.Canceled) {
+				n.refusedAt.Store(int64(time.Since(dialClock)))
+			}
 			return failedConn{err: err, addr: addr}, nil
 		}
 		if n != nil {
@@ -305,10 +319,19 @@ func (a failedAddr) String() string  { return string(a) }
 func (n *node) settle(err error, took, nodeTimeout time.Duration) {
 	var rerr redis.Error
 	if err != nil && !errors.As(err, &rerr) {
+		// A dial of the batch failed without a timeout: the node's host
+		// refused the connection (nothing listens on the port, or the
+		// socket file is gone). The node is down, not slow, and a call
+		// that dials it only fails the same way after paying for the
+		// dial (see node.skips). A dial that timed out (a link that
+		// drops packets, a host gone) does not tell: the node may be
+		// behind a slow link.
+		n.refused.Store(time.Duration(n.refusedAt.Load()) > time.Since(dialClock)-took)
 		n.reachable.Store(false)
 		n.redialSoon()
 		return
 	}
+	n.refused.Store(false)
 	if dialed := time.Duration(n.dialed.Load()); dialed > time.Since(dialClock)-took {
 		took = (took - time.Duration(n.dialTook.Load())) / 2
 	}
@@ -375,12 +398,14 @@ func (n *node) deferCleanup(c pendingCleanup) {
 // deadline on the node.
 func (l *Locker) retryCleanups(n *node) {
 	var wg sync.WaitGroup
+	n.resend.Lock() // see node.resend
 	for _, c := range takeAll(n, &n.cleanups) {
 		if r := l.resentCleanup(n, c); r != nil {
 			n.submit(request{r, 0})
 			wg.Go(func() { l.awaitCleanup(n, c, r) })
 		}
 	}
+	n.resend.Unlock()
 	wg.Wait()
 }
 
@@ -404,12 +429,14 @@ func takeAll[T any](n *node, kept *[]T) []T {
 // goroutine of its own, which keepTimeout or Close ends.
 func (l *Locker) cleanupsFirst(resource, token string) {
 	for _, n := range l.nodes {
+		n.resend.Lock() // see node.resend
 		for _, c := range n.takeCleanups(resource, token) {
 			if r := l.resentCleanup(n, c); r != nil {
 				n.submit(request{r, 0})
 				go l.awaitCleanup(n, c, r)
 			}
 		}
+		n.resend.Unlock()
 	}
 }
 

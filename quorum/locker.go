@@ -93,6 +93,13 @@ type node struct {
 	pending  []request
 	closed   bool             // the batcher stopped; requests fail at once
 	cleanups []pendingCleanup // cleanups to send again (conn.go)
+	// resend is held while kept cleanups are taken and queued again (by
+	// the keeper, retryCleanups, or ahead of a reentrant attempt,
+	// cleanupsFirst): a reentrant attempt queued after cleanupsFirst then
+	// finds every cleanup of its token's earlier attempts queued ahead of
+	// it, also those that the keeper took just before (reconnecting to a
+	// node that was down, when it holds many).
+	resend sync.Mutex
 	// placements the node did not answer, to run again (place.go)
 	placements []*placement
 
@@ -101,9 +108,14 @@ type node struct {
 	clock     atomic.Pointer[nodeClock]
 	redial    chan struct{} // capacity 1
 	reachable atomic.Bool   // no batch went unanswered since the last answer
-	rttLow    atomic.Int64  // round trip of a batch, ns, quick to fall (conn.go)
-	dialed    atomic.Int64  // when the last dial ended, ns after dialClock's birth
-	dialTook  atomic.Int64  // how long it took, ns
+	// refused: the last batch could not connect (the node's host refused
+	// the connection): until a batch is answered, only the keeper's
+	// requests go to the node (conn.go).
+	refused   atomic.Bool
+	rttLow    atomic.Int64 // round trip of a batch, ns, quick to fall (conn.go)
+	dialed    atomic.Int64 // when the last dial ended, ns after dialClock's birth
+	dialTook  atomic.Int64 // how long it took, ns
+	refusedAt atomic.Int64 // when a dial last failed other than by a timeout, as dialed
 
 	// Used by the batcher only: its pipeline, and buffers send reuses.
 	pipe redis.Pipeliner
@@ -129,10 +141,12 @@ type node struct {
 // and WriteTimeout at most 3*cfg.NodeTimeout (the keeper's bound, see
 // conn.go; every call is bounded by its context's deadline, at most
 // NodeTimeout). The Dialer is wrapped so that go-redis never sees a dial
-// fail (see dialer). While a node does not answer, its calls fail at once
-// and only its keeper reaches out to it (conn.go): a node that comes back
-// is used by the next call after the keeper reached it. An unset Protocol
-// becomes 2 (RESP2): the scripts' replies are the same in both, and RESP3
+// fail (see dialer). While a node refused the last connection (it is
+// down), or does not answer over a link too slow for a call to dial it,
+// its calls fail at once without a dial and only its keeper reaches out to
+// it (conn.go): a node that comes back is used by the next call after the
+// keeper reached it, at most 100ms (the keeper's longest backoff) and a
+// reconnection after it answers. An unset Protocol becomes 2 (RESP2): the scripts' replies are the same in both, and RESP3
 // makes go-redis look for push notifications before every reply it reads,
 // which costs CPU on every call.
 //

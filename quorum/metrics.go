@@ -241,9 +241,11 @@ func (l *Locker) Ready(ctx context.Context) error {
 }
 
 // countFailure counts a failed call to n that its caller's context did not
-// cut short, as a timeout or as an error.
+// cut short, as a timeout or as an error. errReconnecting, every call's
+// while a node is down (node.skips), is an error, known without searching
+// its chain for a timeout (which allocates).
 func (n *node) countFailure(err error) {
-	if isTimeout(err) {
+	if !errors.Is(err, errReconnecting) && isTimeout(err) {
 		n.timeoutCount.Add(1)
 	} else {
 		n.errorCount.Add(1)

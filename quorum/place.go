@@ -31,9 +31,10 @@ import (
 // the node (retryPlacements), until the holding's ttl ends. An exclusive
 // lock left off such a node is healed by its next Extend, but readers and
 // permits often never extend. Nothing polls a node that is down, and a
-// node that refuses a reader or a permit for a time it cannot say (a
-// waiting writer's intent) is asked again after a delay that grows while
-// it keeps refusing (placeDelay). A reader's or permit's placement
+// node that refuses a reader or a permit is asked again after the time it
+// said the refusal may last (a waiting writer's intent: the time the
+// intent has left), or after a delay that grows while it keeps refusing,
+// whichever is longer (placeDelay). A reader's or permit's placement
 // already on its way when an Unlock through this Locker cancels it is
 // undone where it was sent (by its attempt: a later holding of the token
 // stays), so the released holding does not stay on that node until its
@@ -206,10 +207,11 @@ const maxPlaceBackoff = 250 * time.Millisecond
 // refused it, wait being the longest time the refusing nodes said that
 // may last. An exclusive lock's refusal says the holder's ttl there, after
 // which the node is free: that is the delay. A reader's or a permit's
-// often says nothing that helps: a waiting writer's intent refuses new
-// readers until it ends at a release (published only where a waiter
-// marked the record) or with the writer's ttl, and meanwhile the node's
-// answer is the first of its holdings to expire, 0 when it holds none. So
+// often says little that helps: a waiting writer's intent refuses new
+// readers until it ends with the writer's ttl (the node's answer: the
+// intent's remaining time), but a writer that still waits renews it with
+// each of its attempts, and a slot of a semaphore is free when the first
+// holding there expires (the answer) only if no other permit takes it. So
 // its delay backs off: the bound doubles from RetryMin up to
 // maxPlaceBackoff, or a quarter of the holding's ttl left if less (a
 // holding placed late keeps most of what is left), and the delay is drawn

@@ -489,11 +489,14 @@ func (l *Locker) watch() {
 }
 
 // probe asks every node for its state and the time left until its
-// recovery's deadline, in parallel, each bounded by NodeTimeout.
+// recovery's deadline, in parallel, each bounded by NodeTimeout; a node
+// known to be down too (the calls do not dial it, see node.skips), so
+// that the watcher's checks and Ready find a node that is back.
 func (l *Locker) probe(ctx context.Context) []reply {
 	out := make([]reply, len(l.nodes))
 	start := time.Now()
 	r := l.call(ctx, opStatus, len(l.nodes), l.markerArg.(string), codeStatus, "", "", 0)
+	r.probe = true // a node known to be down is asked too: it may be back
 	l.fanout(l.nodes, r, func(res []reply) { copy(out, res) })
 	l.settleClock(l.nodes, out, start)
 	for i, n := range l.nodes {

@@ -251,8 +251,12 @@ func TestRecoveryByDeadline(t *testing.T) {
 	mustUnlock(t, l, "R", mustLock(t, l, "R", time.Second, Options{}).Token)
 }
 
-// TestNodeBackUsedAtOnce: a node that was down is used by the next call
-// after it came back, however many dials failed meanwhile.
+// TestNodeBackUsedAtOnce: a node that was down is reached again by its
+// keeper within its longest backoff (maxKeepBackoff) and a reconnection
+// after it came back, however many dials failed meanwhile (go-redis,
+// counting failed dials, would try it only once a second), and used by
+// the next call after that. The calls do not dial a node known to be down
+// (node.skips), so the keeper's reconnection is what brings it back.
 func TestNodeBackUsedAtOnce(t *testing.T) {
 	c := startClusterArgs(t, 3, "--appendonly", "yes", "--appendfsync", "always")
 	l := newLocker(t, c, testConfig())
@@ -262,6 +266,14 @@ func TestNodeBackUsedAtOnce(t *testing.T) {
 		mustUnlock(t, l, "r", mustLock(t, l, "r", time.Second, Options{}).Token)
 	}
 	c.restart(0) // with its data
+	back := time.Now()
+	eventually(t, "node 0 reached by its keeper", func() bool { return l.nodes[0].reachable.Load() })
+	const bound = 500 * time.Millisecond // maxKeepBackoff and a reconnection, with room for a loaded machine
+	if took := time.Since(back); took > bound {
+		t.Errorf("node 0 reached %v after it came back, want within %v", took.Round(time.Millisecond), bound)
+	} else {
+		t.Logf("node 0 reached %v after it came back", took.Round(time.Millisecond))
+	}
 	c.servers[1].Pause()
 	defer c.servers[1].Resume()
 	if _, err := l.Lock(ctxT(t), "r", time.Second, Options{}); err != nil {

@@ -393,7 +393,8 @@ func (l *Locker) placeHash(ctx context.Context, form holdingForm, nodes []*node,
 			// that node, as where another token took it.
 		}
 	})
-	// A waiting writer's intent refuses the holding with no time to wait
-	// for: the placement backs off (placeDelay).
+	// A waiting writer's intent refuses a reader for the time it has left,
+	// which a writer still waiting renews: the placement backs off
+	// (placeDelay), never for less than that time.
 	return held, failed, wait
 }

@@ -212,8 +212,11 @@ end
 -- holding of the token there keeps its expiry when it is the later). It replies {slot, fence} when the
 -- token holds afterwards (a refresh keeps its slot and fence), {free,
 -- -1-ms} when the proposed slot (or, shared, the resource) is taken,
--- free being a free slot or -1 and ms the time until the first holding
--- expires, {-1, -1} when qr found no holding of the token, and {code, 0}
+-- free being a free slot or -1 and ms the time until the refusal may end:
+-- until the first holding expires for a permit, until a waiting writer's
+-- intent ends for a reader (which the intent alone refuses, however soon
+-- or late the readers there expire), {-1, -1} when qr found no holding
+-- of the token, and {code, 0}
 -- for another mode (-1 exclusive, -2 shared, k > 1 a semaphore of k, -3
 -- RLOCK by the exclusive holder's token).
 local function hacquire(key, code, token, x, attempt)
@@ -290,6 +293,9 @@ local function hacquire(key, code, token, x, attempt)
 					break
 				end
 			end
+		end
+		if k == 0 then
+			return {free, -1 - math.max(h.intent - now(), 0)}
 		end
 		return {free, -1 - hremaining(h, false)}
 	end
