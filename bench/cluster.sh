@@ -76,7 +76,9 @@ declare -A pid_of # port -> process id
 start_redis() {
 	local var=$1 port dir
 	shift
-	freeport port 20000 12000 bus # a cluster node also takes port+10000
+	# A cluster node also takes port+10000: below 32768, where the kernel
+	# picks no client ports, so that no connection takes it meanwhile.
+	freeport port 20000 2700 bus
 	dir="$tmp/redis-$port"
 	mkdir -p "$dir"
 	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
