@@ -32,17 +32,7 @@ func TestClusterMergeOutOfOrder(t *testing.T) {
 	}
 	// Master 0 sleeps: the parts sent to it are answered after those of
 	// masters 1 and 2.
-	slow, err := net.Dial("tcp", c.Nodes[0].Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
-	spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 400000 " +
-		"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
-	if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
+	busyNode(t, c.Nodes[0].Addr, 400*time.Millisecond)
 	cmds := [][]string{
 		args("MGET " + k2 + " " + k0 + " " + k1),
 		args("GET " + k1),
@@ -296,17 +286,7 @@ func TestClusterMovedOrder(t *testing.T) {
 			}
 			// `from` is busy: the SET waits there, and its MOVED comes
 			// after b's MOVED from `other` made the proxy read the map.
-			slow, err := net.Dial("tcp", from.Addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer slow.Close()
-			spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 600000 " +
-				"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
-			if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(50 * time.Millisecond)
+			busyNode(t, from.Addr, 600*time.Millisecond)
 			a.send(encode(args("SET " + k + " v")))
 			time.Sleep(50 * time.Millisecond)
 			if got := string(b.do(args("GET " + k2))); got != "$-1\r\n" {
@@ -332,17 +312,7 @@ func TestClusterGoneWithPartsInFlight(t *testing.T) {
 	base := ownReaders()
 	a := dial(t, addr)
 	a.do(args("CLIENT SETNAME leaver"))
-	slow, err := net.Dial("tcp", c.Nodes[0].Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
-	spin := "local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + 400000 " +
-		"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end"
-	if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
+	busyNode(t, c.Nodes[0].Addr, 400*time.Millisecond)
 	k0, k1, k2 := keyOn(0, "g"), keyOn(1, "g"), keyOn(2, "g")
 	a.send(encode(args("MGET "+k0+" "+k1+" "+k2), args("BLPOP "+keyOn(1, "q")+" 0")))
 	time.Sleep(100 * time.Millisecond)
@@ -401,4 +371,22 @@ func TestClusterPartCutShort(t *testing.T) {
 	if got := string(a.do(args("GET " + k0))); got != "$-1\r\n" {
 		t.Fatalf("GET after: %q", got)
 	}
+}
+
+// busyNode keeps the Redis at addr busy for d with a script that spins, on
+// a connection of the test's own, and returns once the script runs: the
+// commands sent there meanwhile are answered after it.
+func busyNode(t *testing.T, addr string, d time.Duration) {
+	t.Helper()
+	slow, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slow.Close() })
+	spin := fmt.Sprintf("local s = redis.call('TIME') local e = s[1]*1000000 + s[2] + %d "+
+		"while true do local n = redis.call('TIME') if n[1]*1000000 + n[2] >= e then return 1 end end", d.Microseconds())
+	if _, err := slow.Write(encode([]string{"EVAL", spin, "0"})); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
 }
