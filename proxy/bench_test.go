@@ -158,3 +158,37 @@ func BenchmarkGuardCheck(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkClusterOwn sends GETs through the proxy in front of a cluster
+// of three masters from a client that set its name, so that its commands
+// go on connections of its own (clustercall.go), one command or a
+// pipeline of 16 per round trip.
+func BenchmarkClusterOwn(b *testing.B) {
+	c := redistest.StartCluster(b, 3, 0)
+	addr, _ := startClusterProxy(b, c)
+	for _, depth := range []int{1, 16} {
+		b.Run("GET/pipeline="+strconv.Itoa(depth), func(b *testing.B) {
+			bc := newBenchConn(b, addr, forwardCases[0], depth)
+			name := encode([]string{"CLIENT", "SETNAME", "own"})
+			if _, err := bc.c.Write(name); err != nil {
+				b.Fatal(err)
+			}
+			ok := make([]byte, len("+OK\r\n"))
+			if _, err := io.ReadFull(bc.c, ok); err != nil || string(ok) != "+OK\r\n" {
+				b.Fatalf("CLIENT SETNAME: %q, %v", ok, err)
+			}
+			bc.want = bytes.Repeat([]byte("$-1\r\n"), depth)
+			bc.reply = make([]byte, len(bc.want))
+			if err := bc.roundTrip(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := bc.roundTrip(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -384,8 +384,9 @@ func (sh *shared) read(be *backend) {
 		}
 	}()
 	var ri replyInfo
-	sink := &sinkWriter{}
-	w := bufio.NewWriterSize(sink, 4096)
+	rb := readerPool.Get().(*readerBufs)
+	defer rb.release()
+	sink, w := &rb.sink, rb.w
 	for {
 		if _, err := be.r.Peek(1); err != nil {
 			sh.fail(be, nil)
@@ -514,6 +515,33 @@ func (sh *shared) close() {
 	if sh.be != nil {
 		sh.be.nc.Close()
 	}
+}
+
+// readerBufs is a reader's output buffer and the sink it writes through.
+// A cluster client's own connection starts a reader for each batch it
+// sends and ends it once nothing is owed (shared.stopIdle), so the buffers
+// come from a pool: neither a 4 KB buffer per batch nor one kept per idle
+// client and master.
+type readerBufs struct {
+	sink sinkWriter
+	w    *bufio.Writer
+}
+
+var readerPool = sync.Pool{New: func() any {
+	rb := &readerBufs{}
+	rb.w = bufio.NewWriterSize(&rb.sink, 4096)
+	return rb
+}}
+
+// release gives rb back to the pool, emptied.
+func (rb *readerBufs) release() {
+	buf := rb.sink.buf[:0]
+	if cap(buf) > 64<<10 {
+		buf = nil
+	}
+	rb.sink = sinkWriter{buf: buf}
+	rb.w.Reset(&rb.sink)
+	readerPool.Put(rb)
 }
 
 // sinkWriter appends to the sink of the client whose reply is copied, or,
