@@ -62,3 +62,49 @@ func TestKilledNodeNotDialed(t *testing.T) {
 	t.Logf("%d Lock+Unlock pairs with node 2 killed in %v dialed it %d times; restarted, it held a lock %v later",
 		calls, took.Round(time.Millisecond), dials, counted.Round(time.Millisecond))
 }
+
+// TestNeverReachedNodeDown: a node that the Locker could not reach from its
+// start (cut off before New: its clock was never read) is reported down by
+// Status once a call needed it; once it is let in again, Status says up,
+// and once its keeper has read its clock, the next calls use it.
+func TestNeverReachedNodeDown(t *testing.T) {
+	c := startCluster(t, 3)
+	first := newLocker(t, c, testConfig())
+	warm(t, c, first) // the nodes' markers
+	first.Close()
+	c.servers[0].CutOff()
+	defer c.servers[0].Reconnect()
+	l := newLocker(t, c, testConfig())
+	eventually(t, "a lock over nodes 1 and 2", func() bool {
+		lk, err := l.Lock(ctxT(t), "never", time.Minute, Options{})
+		if err != nil {
+			return false
+		}
+		mustUnlock(t, l, "never", lk.Token)
+		return true
+	})
+	if st := l.Status()[0]; st.State != NodeDown {
+		t.Fatalf("node 0, cut off since the Locker started, has status %+v, want down", st)
+	}
+	c.servers[0].Reconnect()
+	eventually(t, "node 0 up again", func() bool { return l.Status()[0].State == NodeUp })
+	waitUsable(t, l, 0)
+	lk := mustLock(t, l, "back", time.Minute, Options{})
+	if c.pttl(t, 0, "back") <= 0 {
+		t.Errorf("node 0 reported up, and the next Lock did not reach it")
+	}
+	mustUnlock(t, l, "back", lk.Token)
+}
+
+// waitUsable waits until l's calls send their requests to node i: the node
+// is up, its batcher reached it, and its clock was read (a request carries
+// a deadline on it). Status says up as soon as any check got an answer,
+// the watcher's included, while the batcher's keeper reaches the node
+// within its backoff (conn.go).
+func waitUsable(tb testing.TB, l *Locker, i int) {
+	tb.Helper()
+	n := l.nodes[i]
+	eventually(tb, fmt.Sprintf("node %d used by calls", i), func() bool {
+		return l.Status()[i].State == NodeUp && n.reachable.Load() && !n.refused.Load() && n.clock.Load() != nil
+	})
+}
