@@ -317,8 +317,7 @@ func (a failedAddr) String() string  { return string(a) }
 // sent, and so from correcting it). The node is marked reachable here,
 // before the batcher looks at the requests that queued behind the batch.
 func (n *node) settle(err error, took, nodeTimeout time.Duration) {
-	var rerr redis.Error
-	if err != nil && !errors.As(err, &rerr) {
+	if err != nil && !isErrorReply(err) {
 		// A dial of the batch failed without a timeout: the node's host
 		// refused the connection (nothing listens on the port, or the
 		// socket file is gone). The node is down, not slow, and a call
@@ -478,11 +477,18 @@ func (l *Locker) resentCleanup(n *node, c pendingCleanup) *round {
 // did not answer.
 func (l *Locker) awaitCleanup(n *node, c pendingCleanup, r *round) {
 	l.await([]*node{n}, r, func(res []reply) {
-		var rerr redis.Error
-		if err := res[0].err; err != nil && !errors.As(err, &rerr) && l.subCtx.Err() == nil {
+		if err := res[0].err; err != nil && !isErrorReply(err) && l.subCtx.Err() == nil {
 			n.deferCleanup(c)
 		}
 	})
+}
+
+// isErrorReply reports whether err is the node's answer (an error reply),
+// not the want of one. A function of its own: the target errors.As needs
+// escapes, and the callers on the hot path call it only for an error.
+func isErrorReply(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
 }
 
 // redialSoon makes n's keeper reach the node at once, unless it backs off.

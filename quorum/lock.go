@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 )
 
 // Options are the optional parts of a Lock call. The zero value makes one
@@ -577,11 +576,10 @@ func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, at
 	r.anytime = true
 	l.fanout(nodes, r, func(res []reply) {
 		for i, r := range res {
-			var rerr redis.Error
 			switch {
 			case r.err == nil && r.val == 1:
 				deleted++
-			case r.err != nil && !errors.As(r.err, &rerr):
+			case r.err != nil && !isErrorReply(r.err):
 				// No answer: the attempt may still have run there, or run
 				// later. The keeper sends the cleanup again once the node
 				// answers (conn.go).
