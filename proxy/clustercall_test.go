@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -389,4 +390,96 @@ func busyNode(t *testing.T, addr string, d time.Duration) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
+}
+
+// TestClusterFanAfterRedirect: a command about the whole keyspace that
+// follows, in the same pipeline, a write the cluster redirects runs after
+// the write at its new master, as one Redis runs a client's commands in
+// order: DBSIZE, KEYS, SCAN, RANDOMKEY and INFO count a key that an ASK
+// sent to the master importing its slot, FLUSHALL removes the key a split
+// MSET sent there, and KEYS sees the key a MOVED sent to the slot's new
+// master. The old master is busy, so its redirection comes long after the
+// fan-out would have reached the new one. On the shared connections and
+// on the client's own.
+func TestClusterFanAfterRedirect(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	from, to := c.Nodes[1], c.Nodes[0]
+	idFrom, idTo := nodeID(t, from), nodeID(t, to)
+	must := func(s *redistest.Server, cmd string) {
+		t.Helper()
+		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+			t.Fatalf("%s: %q", cmd, got)
+		}
+	}
+	// pipeline sends cmds while `from` is busy and requires want.
+	pipeline := func(t *testing.T, a *client, want string, cmds ...[]string) {
+		t.Helper()
+		busyNode(t, from.Addr, 300*time.Millisecond)
+		a.send(encode(cmds...))
+		if got, err := a.tryRead(len(cmds), 5*time.Second); err != nil || string(got) != want {
+			t.Fatalf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
+		}
+	}
+	bulk := func(s string) string { return fmt.Sprintf("$%d\r\n%s\r\n", len(s), s) }
+	for i, first := range [][]string{nil, args("CLIENT SETNAME fanner")} {
+		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
+			flushCluster(t, c)
+			a := dial(t, addr)
+			if first != nil {
+				a.do(first)
+			}
+			k := keyOn(1, fmt.Sprintf("f%d-", i))
+			slot := strconv.Itoa(keySlot([]byte(k)))
+
+			// The slot is being migrated from `from` to `to`: `from`
+			// answers a write of a new key with ASK.
+			must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
+			must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
+			asked := p.router.asked.Load()
+			// SCAN starts on the first master, `to`: its cursor then
+			// goes on to the second.
+			busyNode(t, from.Addr, 300*time.Millisecond)
+			cmds := [][]string{args("SET " + k + " v"), args("DBSIZE"), args("KEYS *"), args("SCAN 0 COUNT 1000"), args("RANDOMKEY"), args("INFO keyspace")}
+			a.send(encode(cmds...))
+			want := "+OK\r\n:1\r\n*1\r\n" + bulk(k) + "*2\r\n$1\r\n1\r\n*1\r\n" + bulk(k) + bulk(k)
+			if got, err := a.tryRead(len(cmds)-1, 5*time.Second); err != nil || string(got) != want {
+				t.Fatalf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
+			}
+			if got, err := a.tryRead(1, 5*time.Second); err != nil || !strings.Contains(string(got), "db0:keys=1,") {
+				t.Fatalf("INFO keyspace: %q (%v), want db0:keys=1", got, err)
+			}
+			if p.router.asked.Load() == asked {
+				t.Fatalf("the SET was not asked to go elsewhere")
+			}
+
+			// A split MSET whose part is asked elsewhere, then FLUSHALL:
+			// nothing is left.
+			k2, k3 := "{"+k+"}2", keyOn(2, fmt.Sprintf("f%d-", i))
+			pipeline(t, a, "+OK\r\n+OK\r\n", args("MSET "+k2+" v "+k3+" v"), args("FLUSHALL"))
+			for _, n := range c.Nodes[:c.Masters] {
+				if got := string(dial(t, n.Addr).do(args("DBSIZE"))); got != ":0\r\n" {
+					t.Errorf("DBSIZE on %s after FLUSHALL: %q", n.Addr, got)
+				}
+			}
+			must(to, "CLUSTER SETSLOT "+slot+" STABLE")
+			must(from, "CLUSTER SETSLOT "+slot+" STABLE")
+
+			// The slot moves to `to` without the proxy knowing: the SET
+			// goes to `from`, which answers MOVED.
+			for _, n := range c.Nodes[:c.Masters] {
+				must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+			}
+			moved := p.router.moved.Load()
+			pipeline(t, a, "+OK\r\n*1\r\n"+bulk(k), args("SET "+k+" v"), args("KEYS *"))
+			if p.router.moved.Load() == moved {
+				t.Fatalf("the SET was not moved")
+			}
+			flushCluster(t, c)
+			for _, n := range c.Nodes[:c.Masters] {
+				must(n, "CLUSTER SETSLOT "+slot+" NODE "+idFrom)
+			}
+			p.router.reload(context.Background(), p.router.gen.Load())
+		})
+	}
 }
