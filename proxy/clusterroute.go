@@ -623,14 +623,39 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 // stack's size for as long as the client stays idle, and they doubled it
 // (8 KB against 4 KB for a client of one Redis). A case added to either
 // function must be added here.
+//
+// These commands are about the whole server or its keyspace, and are not
+// routed by a slot: they go to masters (every master, SCAN's, RANDOMKEY's,
+// WAIT's) where a command of the client's still in flight may yet be
+// redirected to, and would run there before it (DBSIZE not counting a
+// key an ASK sends to the master importing its slot, FLUSHALL leaving
+// it). So the replies the client is owed are waited for first, as for a
+// command routed by a newer slot map (plan); a client owed nothing pays
+// nothing.
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
 	switch string(name) {
 	case "readonly", "readwrite", "info", "save", "bgsave", "bgrewriteaof", "config", "acl", "client",
 		"script", "function", "pubsub", "latency", "slowlog", // serverWide
 		"dbsize", "keys", "flushall", "flushdb", "scan", "randomkey", "wait", "waitaof": // keylessSpecial
-		return s.keylessSpecial(m, name, cmd)
+		return s.keylessSpecial(s.settleOwed(m), name, cmd)
 	}
 	return call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
+}
+
+// settleOwed waits for the replies the client is owed, when there are any
+// (settleCluster), and returns the slot map to route by after them: a
+// redirection among them may have read it again.
+func (s *session) settleOwed(m *slotMap) *slotMap {
+	cs := s.cl
+	if (!cs.sharedUsed && !cs.ownUsed) || cs.order.drained() {
+		return m
+	}
+	s.settleCluster()
+	if n := cs.r.slots.Load(); n != nil {
+		m = n
+		cs.mapGen = m.gen
+	}
+	return m
 }
 
 // keylessSpecial routes the keyless commands keyless names.
