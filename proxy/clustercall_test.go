@@ -483,3 +483,55 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterWaitAfterRedirect: WAIT waits for the replicas of the master
+// that ran the client's last write, also when an ASK sent that write to
+// another master than the slot map names: there, the replica that does
+// not answer makes WAIT time out with 0, and WAIT counts it once it is
+// back, as one Redis would.
+func TestClusterWaitAfterRedirect(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	addr, p := startClusterProxy(t, c)
+	from, to := c.Nodes[1], c.Nodes[0]
+	idFrom, idTo := nodeID(t, from), nodeID(t, to)
+	must := func(s *redistest.Server, cmd string) {
+		t.Helper()
+		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+			t.Fatalf("%s: %q", cmd, got)
+		}
+	}
+	// The replica of `to`.
+	var replica *redistest.Server
+	repl := string(dial(t, to.Addr).do(args("INFO replication")))
+	for _, n := range c.Nodes[c.Masters:] {
+		if strings.Contains(repl, ",port="+strconv.Itoa(n.Port())+",") {
+			replica = n
+		}
+	}
+	if replica == nil {
+		t.Fatalf("no replica of %s among the nodes: %q", to.Addr, repl)
+	}
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME waiter"))
+	k := keyOn(1, "w")
+	slot := strconv.Itoa(keySlot([]byte(k)))
+	must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
+	must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
+	t.Cleanup(func() {
+		must(to, "CLUSTER SETSLOT "+slot+" STABLE")
+		must(from, "CLUSTER SETSLOT "+slot+" STABLE")
+	})
+	replica.Pause()
+	asked := p.router.asked.Load()
+	if got := string(a.do(args("SET "+k+" v"), args("WAIT 1 300"))); got != "+OK\r\n:0\r\n" {
+		replica.Resume()
+		t.Fatalf("SET, WAIT while the replica of the master that took the write is stopped: %q, want +OK and 0", got)
+	}
+	replica.Resume()
+	if p.router.asked.Load() == asked {
+		t.Fatalf("the SET was not asked to go elsewhere")
+	}
+	if got := string(a.do(args("WAIT 1 5000"))); got != ":1\r\n" {
+		t.Fatalf("WAIT once the replica is back: %q", got)
+	}
+}
