@@ -73,6 +73,7 @@ type part struct {
 	pos  []int   // opArray: the client's positions of this part's keys
 	err  error   // why it could not be sent
 	tx   *txPart // set when it belongs to a transaction or WATCH (clustertx.go)
+	seq  uint32  // the clusterSession.lastSeq of a command WAIT may wait for, else 0
 }
 
 // call is one client command, as routed: its parts and how its reply is
@@ -164,7 +165,14 @@ type clusterSession struct {
 
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
-	last  string
+	// last is the master the client's last command with keys in one slot
+	// was routed to, whose replicas WAIT waits for; lastSeq numbers those
+	// commands (part.seq). movedSeq and movedTo, under redirMu, are the
+	// number of the last of them a redirection sent elsewhere, and where.
+	last     string
+	lastSeq  uint32
+	movedSeq uint32
+	movedTo  string
 
 	keys [][]byte
 }
@@ -421,7 +429,10 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	}
 	if !cross {
 		cs.last = m.master(slot)
-		return call{kind: callPlain, one: part{slot: slot, addr: cs.last, raw: cmd.Raw}}
+		if cs.lastSeq++; cs.lastSeq == 0 {
+			cs.lastSeq = 1
+		}
+		return call{kind: callPlain, one: part{slot: slot, addr: cs.last, raw: cmd.Raw, seq: cs.lastSeq}}
 	}
 	if c, ok := s.crossRead(m, name, args); ok {
 		return c
@@ -695,9 +706,16 @@ func (s *session) keylessSpecial(m *slotMap, name []byte, cmd redcon.Command) ca
 		return c
 	case "wait", "waitaof":
 		// The replicas to wait for are those of the master the client
-		// last wrote to with a key.
-		if s.cl.last != "" {
-			def.one.addr = s.cl.last
+		// last wrote to with a key: where a redirection sent it, if one
+		// did (keyless waited for it).
+		cs := s.cl
+		if cs.last != "" {
+			def.one.addr = cs.last
+			cs.redirMu.Lock()
+			if cs.movedSeq == cs.lastSeq {
+				def.one.addr = cs.movedTo
+			}
+			cs.redirMu.Unlock()
 			def.one.slot = noSlot
 		}
 	}
