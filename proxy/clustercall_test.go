@@ -396,8 +396,9 @@ func busyNode(t *testing.T, addr string, d time.Duration) {
 // follows, in the same pipeline, a write the cluster redirects runs after
 // the write at its new master, as one Redis runs a client's commands in
 // order: DBSIZE, KEYS, SCAN, RANDOMKEY and INFO count a key that an ASK
-// sent to the master importing its slot, FLUSHALL removes the key a split
-// MSET sent there, and KEYS sees the key a MOVED sent to the slot's new
+// sent to the master importing its slot, FUNCTION DELETE leaves the
+// function to an FCALL sent there, FLUSHALL removes the key a split MSET
+// sent there, and KEYS sees the key a MOVED sent to the slot's new
 // master. The old master is busy, so its redirection comes long after the
 // fan-out would have reached the new one. On the shared connections and
 // on the client's own.
@@ -418,7 +419,7 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 		busyNode(t, from.Addr, 300*time.Millisecond)
 		a.send(encode(cmds...))
 		if got, err := a.tryRead(len(cmds), 5*time.Second); err != nil || string(got) != want {
-			t.Fatalf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
+			t.Errorf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
 		}
 	}
 	bulk := func(s string) string { return fmt.Sprintf("$%d\r\n%s\r\n", len(s), s) }
@@ -444,14 +445,22 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 			a.send(encode(cmds...))
 			want := "+OK\r\n:1\r\n*1\r\n" + bulk(k) + "*2\r\n$1\r\n1\r\n*1\r\n" + bulk(k) + bulk(k)
 			if got, err := a.tryRead(len(cmds)-1, 5*time.Second); err != nil || string(got) != want {
-				t.Fatalf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
+				t.Errorf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
 			}
 			if got, err := a.tryRead(1, 5*time.Second); err != nil || !strings.Contains(string(got), "db0:keys=1,") {
-				t.Fatalf("INFO keyspace: %q (%v), want db0:keys=1", got, err)
+				t.Errorf("INFO keyspace: %q (%v), want db0:keys=1", got, err)
 			}
 			if p.router.asked.Load() == asked {
 				t.Fatalf("the SET was not asked to go elsewhere")
 			}
+
+			// A function call asked elsewhere, then FUNCTION DELETE: the
+			// call finds its function.
+			lib := "#!lua name=fanlib\nredis.register_function('fanset', function(keys, args) return redis.call('SET', keys[1], args[1]) end)"
+			if got := string(a.do([]string{"FUNCTION", "LOAD", lib})); got != "$6\r\nfanlib\r\n" {
+				t.Fatalf("FUNCTION LOAD: %q", got)
+			}
+			pipeline(t, a, "+OK\r\n+OK\r\n", args("FCALL fanset 1 {"+k+"}4 v"), args("FUNCTION DELETE fanlib"))
 
 			// A split MSET whose part is asked elsewhere, then FLUSHALL:
 			// nothing is left.
