@@ -45,7 +45,8 @@ import (
 // own ones go to different connections of the same masters: before one
 // goes on the other kind, the replies owed on the first kind are waited
 // for (settleCluster), as a blocking command's reply is before the next
-// command leaves.
+// command leaves, and a command routed by no slot (session.keyless) waits
+// for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
 func (cs *clusterSession) ownConn(s *session, addr string) *shared {
