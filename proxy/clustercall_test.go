@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -542,5 +543,52 @@ func TestClusterWaitAfterRedirect(t *testing.T) {
 	}
 	if got := string(a.do(args("WAIT 1 5000"))); got != ":1\r\n" {
 		t.Fatalf("WAIT once the replica is back: %q", got)
+	}
+}
+
+// BenchmarkClusterKeyless sends, through the proxy in front of a cluster
+// of three masters, from a client on the shared connections and from one
+// on connections of its own (after CLIENT SETNAME): a pipeline of 16 GETs
+// (the common path), a DBSIZE alone (fanned out with no reply owed, which
+// waits for nothing), and a GET followed by a DBSIZE in one write (the
+// DBSIZE waits for the GET's reply, as a redirection of it could send it
+// to where the DBSIZE goes). One op is one round trip.
+func BenchmarkClusterKeyless(b *testing.B) {
+	c := redistest.StartCluster(b, 3, 0)
+	addr, _ := startClusterProxy(b, c)
+	get := []string{"GET", keyOn(0, "bench")}
+	cases := []struct {
+		name  string
+		cmds  [][]string
+		reply string
+	}{
+		{"GET/pipeline=16", slices.Repeat([][]string{get}, 16), strings.Repeat("$-1\r\n", 16)},
+		{"DBSIZE", [][]string{{"DBSIZE"}}, ":0\r\n"},
+		{"GET+DBSIZE", [][]string{get, {"DBSIZE"}}, "$-1\r\n:0\r\n"},
+	}
+	for _, first := range []string{"shared", "own"} {
+		for _, tc := range cases {
+			b.Run(first+"/"+tc.name, func(b *testing.B) {
+				bc := &benchConn{c: dial(b, addr).c, req: encode(tc.cmds...), want: []byte(tc.reply)}
+				bc.c.SetDeadline(time.Now().Add(5 * time.Minute))
+				if first == "own" {
+					bc.req = append(encode([]string{"CLIENT", "SETNAME", "own"}), bc.req...)
+					bc.want = append([]byte("+OK\r\n"), bc.want...)
+				}
+				bc.reply = make([]byte, len(bc.want))
+				if err := bc.roundTrip(); err != nil {
+					b.Fatal(err)
+				}
+				bc.req, bc.want = encode(tc.cmds...), []byte(tc.reply)
+				bc.reply = bc.reply[:len(bc.want)]
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if err := bc.roundTrip(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
