@@ -69,7 +69,7 @@ func TestClusterOwnRedirect(t *testing.T) {
 	addr, p := startClusterProxy(t, c)
 	flushCluster(t, c)
 	from, to := c.Nodes[0], c.Nodes[1]
-	idFrom, idTo := nodeID(t, from), nodeID(t, to)
+	idTo := nodeID(t, to)
 	k := keyOn(0, "r")
 	slot := strconv.Itoa(keySlot([]byte(k)))
 	a := dial(t, addr)
@@ -77,16 +77,9 @@ func TestClusterOwnRedirect(t *testing.T) {
 	if got := string(a.do(args("SET " + k + " v"))); got != "+OK\r\n" {
 		t.Fatalf("SET: %q", got)
 	}
-	must := func(s *redistest.Server, cmd string) {
-		t.Helper()
-		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
-			t.Fatalf("%s: %q", cmd, got)
-		}
-	}
 	// The slot is being migrated and k has left: the old master asks.
-	must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
-	must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
-	must(from, "MIGRATE 127.0.0.1 "+strconv.Itoa(to.Port())+" "+k+" 0 5000")
+	startMigrating(t, from, to, slot)
+	mustOK(t, from, "MIGRATE 127.0.0.1 "+strconv.Itoa(to.Port())+" "+k+" 0 5000")
 	asked := p.router.asked.Load()
 	if got := string(a.do(args("GET " + k))); got != "$1\r\nv\r\n" {
 		t.Fatalf("GET during the migration: %q", got)
@@ -96,7 +89,7 @@ func TestClusterOwnRedirect(t *testing.T) {
 	}
 	// The slot has moved: the old master redirects for good.
 	for _, n := range c.Nodes[:c.Masters] {
-		must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+		mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 	}
 	// Inside a transaction the redirection is not followed.
 	txn := a.do(args("MULTI"), args("SET "+k+" w"), args("EXEC"))
@@ -263,12 +256,6 @@ func TestClusterMovedOrder(t *testing.T) {
 	addr, _ := startClusterProxy(t, c)
 	from, to := c.Nodes[2], c.Nodes[1]
 	idTo := nodeID(t, to)
-	must := func(s *redistest.Server, cmd string) {
-		t.Helper()
-		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
-			t.Fatalf("%s: %q", cmd, got)
-		}
-	}
 	for i, first := range [][]string{nil, args("CLIENT SETNAME mover")} {
 		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
 			flushCluster(t, c)
@@ -283,7 +270,7 @@ func TestClusterMovedOrder(t *testing.T) {
 			for _, key := range []string{k, k2} {
 				slot := strconv.Itoa(keySlot([]byte(key)))
 				for _, n := range c.Nodes[:c.Masters] {
-					must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+					mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 				}
 			}
 			// `from` is busy: the SET waits there, and its MOVED comes
@@ -408,12 +395,6 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 	addr, p := startClusterProxy(t, c)
 	from, to := c.Nodes[1], c.Nodes[0]
 	idFrom, idTo := nodeID(t, from), nodeID(t, to)
-	must := func(s *redistest.Server, cmd string) {
-		t.Helper()
-		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
-			t.Fatalf("%s: %q", cmd, got)
-		}
-	}
 	// pipeline sends cmds while `from` is busy and requires want.
 	pipeline := func(t *testing.T, a *client, want string, cmds ...[]string) {
 		t.Helper()
@@ -436,8 +417,7 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 
 			// The slot is being migrated from `from` to `to`: `from`
 			// answers a write of a new key with ASK.
-			must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
-			must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
+			startMigrating(t, from, to, slot)
 			asked := p.router.asked.Load()
 			// SCAN starts on the first master, `to`: its cursor then
 			// goes on to the second.
@@ -472,13 +452,13 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 					t.Errorf("DBSIZE on %s after FLUSHALL: %q", n.Addr, got)
 				}
 			}
-			must(to, "CLUSTER SETSLOT "+slot+" STABLE")
-			must(from, "CLUSTER SETSLOT "+slot+" STABLE")
+			mustOK(t, to, "CLUSTER SETSLOT "+slot+" STABLE")
+			mustOK(t, from, "CLUSTER SETSLOT "+slot+" STABLE")
 
 			// The slot moves to `to` without the proxy knowing: the SET
 			// goes to `from`, which answers MOVED.
 			for _, n := range c.Nodes[:c.Masters] {
-				must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+				mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 			}
 			moved := p.router.moved.Load()
 			pipeline(t, a, "+OK\r\n*1\r\n"+bulk(k), args("SET "+k+" v"), args("KEYS *"))
@@ -487,7 +467,7 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 			}
 			flushCluster(t, c)
 			for _, n := range c.Nodes[:c.Masters] {
-				must(n, "CLUSTER SETSLOT "+slot+" NODE "+idFrom)
+				mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idFrom)
 			}
 			p.router.reload(context.Background(), p.router.gen.Load())
 		})
@@ -503,13 +483,6 @@ func TestClusterWaitAfterRedirect(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	addr, p := startClusterProxy(t, c)
 	from, to := c.Nodes[1], c.Nodes[0]
-	idFrom, idTo := nodeID(t, from), nodeID(t, to)
-	must := func(s *redistest.Server, cmd string) {
-		t.Helper()
-		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
-			t.Fatalf("%s: %q", cmd, got)
-		}
-	}
 	// The replica of `to`.
 	var replica *redistest.Server
 	repl := string(dial(t, to.Addr).do(args("INFO replication")))
@@ -525,11 +498,10 @@ func TestClusterWaitAfterRedirect(t *testing.T) {
 	a.do(args("CLIENT SETNAME waiter"))
 	k := keyOn(1, "w")
 	slot := strconv.Itoa(keySlot([]byte(k)))
-	must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
-	must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
+	startMigrating(t, from, to, slot)
 	t.Cleanup(func() {
-		must(to, "CLUSTER SETSLOT "+slot+" STABLE")
-		must(from, "CLUSTER SETSLOT "+slot+" STABLE")
+		mustOK(t, to, "CLUSTER SETSLOT "+slot+" STABLE")
+		mustOK(t, from, "CLUSTER SETSLOT "+slot+" STABLE")
 	})
 	replica.Pause()
 	asked := p.router.asked.Load()
@@ -591,4 +563,21 @@ func BenchmarkClusterKeyless(b *testing.B) {
 			})
 		}
 	}
+}
+
+// mustOK sends cmd to s and requires +OK.
+func mustOK(t *testing.T, s *redistest.Server, cmd string) {
+	t.Helper()
+	if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+		t.Fatalf("%s: %q", cmd, got)
+	}
+}
+
+// startMigrating starts moving slot from `from` to `to`, without moving
+// a key: `from` answers a command on a key it does not hold with ASK, and
+// `to` takes it after ASKING.
+func startMigrating(t *testing.T, from, to *redistest.Server, slot string) {
+	t.Helper()
+	mustOK(t, to, "CLUSTER SETSLOT "+slot+" IMPORTING "+nodeID(t, from))
+	mustOK(t, from, "CLUSTER SETSLOT "+slot+" MIGRATING "+nodeID(t, to))
 }
