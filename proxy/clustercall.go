@@ -97,7 +97,7 @@ func (s *session) sendCall(c *call) {
 		s.randomKey(c)
 		return
 	case (c.kind == callPlain || c.kind == callSkip) && c.learn == nil:
-		opts := ticketOpts{own: true, stay: inTxn(&c.one), seq: c.one.seq}
+		opts := ticketOpts{own: true, stay: inTxn(&c.one), seq: c.seq}
 		if c.kind == callSkip {
 			opts.replace = c.reply
 		}

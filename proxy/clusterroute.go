@@ -73,14 +73,16 @@ type part struct {
 	pos  []int   // opArray: the client's positions of this part's keys
 	err  error   // why it could not be sent
 	tx   *txPart // set when it belongs to a transaction or WATCH (clustertx.go)
-	seq  uint32  // the clusterSession.lastSeq of a command WAIT may wait for, else 0
 }
 
 // call is one client command, as routed: its parts and how its reply is
 // made from theirs.
 type call struct {
-	kind  callKind
-	op    mergeOp
+	kind callKind
+	op   mergeOp
+	// seq is the clusterSession.lastSeq of a command with keys in one
+	// slot, whose master WAIT waits for; else 0.
+	seq   uint32
 	n     int // opArray: the number of keys
 	one   part
 	parts []part // several parts; one is unused then
@@ -167,7 +169,7 @@ type clusterSession struct {
 	watch *pin // the node and slot of the keys WATCHed, nil when none
 	// last is the master the client's last command with keys in one slot
 	// was routed to, whose replicas WAIT waits for; lastSeq numbers those
-	// commands (part.seq). movedSeq and movedTo, under redirMu, are the
+	// commands (call.seq). movedSeq and movedTo, under redirMu, are the
 	// number of the last of them a redirection sent elsewhere, and where.
 	last     string
 	lastSeq  uint32
@@ -432,7 +434,7 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		if cs.lastSeq++; cs.lastSeq == 0 {
 			cs.lastSeq = 1
 		}
-		return call{kind: callPlain, one: part{slot: slot, addr: cs.last, raw: cmd.Raw, seq: cs.lastSeq}}
+		return call{kind: callPlain, seq: cs.lastSeq, one: part{slot: slot, addr: cs.last, raw: cmd.Raw}}
 	}
 	if c, ok := s.crossRead(m, name, args); ok {
 		return c

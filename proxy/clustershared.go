@@ -205,7 +205,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx, cs.access)
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
-	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{seq: c.one.seq})
+	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{seq: c.seq})
 	e := classify(name, cmd)
 	if err := sh.queue(s, ticket, nil, c.one.raw, &e); err != nil {
 		cs.order.drop(ticket)
