@@ -84,8 +84,8 @@
 // it goes, or after a command that sets connection state or may block,
 // the replies it is owed are waited for, so that Redis runs its commands
 // in its order; a client owed none waits for nothing. WAIT goes to the
-// master that ran the client's last command with keys, where a
-// redirection sent it. One reordering is left: a command the cluster
+// master that ran the client's last command with keys in one slot, where
+// a redirection sent it. One reordering is left: a command the cluster
 // answers TRYAGAIN (a multi-key command whose keys a migration has split
 // between two masters) is sent again after a pause, and a later command
 // of the same pipeline on a key the old master still holds has run there
