@@ -85,7 +85,10 @@
 // the replies it is owed are waited for, so that Redis runs its commands
 // in its order; a client owed none waits for nothing. WAIT goes to the
 // master that ran the client's last command with keys in one slot, where
-// a redirection sent it. One reordering is left: a command the cluster
+// a redirection sent it, on a connection of the client's own: for a
+// client whose writes went on the shared connections, that connection
+// carried none of them, and WAIT answers at once with the replicas
+// connected rather than those that have its writes. One reordering is left: a command the cluster
 // answers TRYAGAIN (a multi-key command whose keys a migration has split
 // between two masters) is sent again after a pause, and a later command
 // of the same pipeline on a key the old master still holds has run there
