@@ -45,7 +45,8 @@ import (
 // own ones go to different connections of the same masters: before one
 // goes on the other kind, the replies owed on the first kind are waited
 // for (settleCluster), as a blocking command's reply is before the next
-// command leaves.
+// command leaves, and a command routed by no slot (session.keyless) waits
+// for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
 func (cs *clusterSession) ownConn(s *session, addr string) *shared {
@@ -96,7 +97,7 @@ func (s *session) sendCall(c *call) {
 		s.randomKey(c)
 		return
 	case (c.kind == callPlain || c.kind == callSkip) && c.learn == nil:
-		opts := ticketOpts{own: true, stay: inTxn(&c.one)}
+		opts := ticketOpts{own: true, stay: inTxn(&c.one), seq: c.seq}
 		if c.kind == callSkip {
 			opts.replace = c.reply
 		}

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,7 +69,7 @@ func TestClusterOwnRedirect(t *testing.T) {
 	addr, p := startClusterProxy(t, c)
 	flushCluster(t, c)
 	from, to := c.Nodes[0], c.Nodes[1]
-	idFrom, idTo := nodeID(t, from), nodeID(t, to)
+	idTo := nodeID(t, to)
 	k := keyOn(0, "r")
 	slot := strconv.Itoa(keySlot([]byte(k)))
 	a := dial(t, addr)
@@ -75,16 +77,9 @@ func TestClusterOwnRedirect(t *testing.T) {
 	if got := string(a.do(args("SET " + k + " v"))); got != "+OK\r\n" {
 		t.Fatalf("SET: %q", got)
 	}
-	must := func(s *redistest.Server, cmd string) {
-		t.Helper()
-		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
-			t.Fatalf("%s: %q", cmd, got)
-		}
-	}
 	// The slot is being migrated and k has left: the old master asks.
-	must(to, "CLUSTER SETSLOT "+slot+" IMPORTING "+idFrom)
-	must(from, "CLUSTER SETSLOT "+slot+" MIGRATING "+idTo)
-	must(from, "MIGRATE 127.0.0.1 "+strconv.Itoa(to.Port())+" "+k+" 0 5000")
+	startMigrating(t, from, to, slot)
+	mustOK(t, from, "MIGRATE 127.0.0.1 "+strconv.Itoa(to.Port())+" "+k+" 0 5000")
 	asked := p.router.asked.Load()
 	if got := string(a.do(args("GET " + k))); got != "$1\r\nv\r\n" {
 		t.Fatalf("GET during the migration: %q", got)
@@ -94,7 +89,7 @@ func TestClusterOwnRedirect(t *testing.T) {
 	}
 	// The slot has moved: the old master redirects for good.
 	for _, n := range c.Nodes[:c.Masters] {
-		must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+		mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 	}
 	// Inside a transaction the redirection is not followed.
 	txn := a.do(args("MULTI"), args("SET "+k+" w"), args("EXEC"))
@@ -261,12 +256,6 @@ func TestClusterMovedOrder(t *testing.T) {
 	addr, _ := startClusterProxy(t, c)
 	from, to := c.Nodes[2], c.Nodes[1]
 	idTo := nodeID(t, to)
-	must := func(s *redistest.Server, cmd string) {
-		t.Helper()
-		if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
-			t.Fatalf("%s: %q", cmd, got)
-		}
-	}
 	for i, first := range [][]string{nil, args("CLIENT SETNAME mover")} {
 		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
 			flushCluster(t, c)
@@ -281,7 +270,7 @@ func TestClusterMovedOrder(t *testing.T) {
 			for _, key := range []string{k, k2} {
 				slot := strconv.Itoa(keySlot([]byte(key)))
 				for _, n := range c.Nodes[:c.Masters] {
-					must(n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+					mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 				}
 			}
 			// `from` is busy: the SET waits there, and its MOVED comes
@@ -389,4 +378,206 @@ func busyNode(t *testing.T, addr string, d time.Duration) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
+}
+
+// TestClusterFanAfterRedirect: a command about the whole keyspace that
+// follows, in the same pipeline, a write the cluster redirects runs after
+// the write at its new master, as one Redis runs a client's commands in
+// order: DBSIZE, KEYS, SCAN, RANDOMKEY and INFO count a key that an ASK
+// sent to the master importing its slot, FUNCTION DELETE leaves the
+// function to an FCALL sent there, FLUSHALL removes the key a split MSET
+// sent there, and KEYS sees the key a MOVED sent to the slot's new
+// master. The old master is busy, so its redirection comes long after the
+// fan-out would have reached the new one. On the shared connections and
+// on the client's own.
+func TestClusterFanAfterRedirect(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	from, to := c.Nodes[1], c.Nodes[0]
+	idFrom, idTo := nodeID(t, from), nodeID(t, to)
+	// pipeline sends cmds while `from` is busy and requires want.
+	pipeline := func(t *testing.T, a *client, want string, cmds ...[]string) {
+		t.Helper()
+		busyNode(t, from.Addr, 300*time.Millisecond)
+		a.send(encode(cmds...))
+		if got, err := a.tryRead(len(cmds), 5*time.Second); err != nil || string(got) != want {
+			t.Errorf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
+		}
+	}
+	bulk := func(s string) string { return fmt.Sprintf("$%d\r\n%s\r\n", len(s), s) }
+	for i, first := range [][]string{nil, args("CLIENT SETNAME fanner")} {
+		t.Run(fmt.Sprintf("%q", first), func(t *testing.T) {
+			flushCluster(t, c)
+			a := dial(t, addr)
+			if first != nil {
+				a.do(first)
+			}
+			k := keyOn(1, fmt.Sprintf("f%d-", i))
+			slot := strconv.Itoa(keySlot([]byte(k)))
+
+			// The slot is being migrated from `from` to `to`: `from`
+			// answers a write of a new key with ASK.
+			startMigrating(t, from, to, slot)
+			asked := p.router.asked.Load()
+			// SCAN starts on the first master, `to`: its cursor then
+			// goes on to the second.
+			busyNode(t, from.Addr, 300*time.Millisecond)
+			cmds := [][]string{args("SET " + k + " v"), args("DBSIZE"), args("KEYS *"), args("SCAN 0 COUNT 1000"), args("RANDOMKEY"), args("INFO keyspace")}
+			a.send(encode(cmds...))
+			want := "+OK\r\n:1\r\n*1\r\n" + bulk(k) + "*2\r\n$1\r\n1\r\n*1\r\n" + bulk(k) + bulk(k)
+			if got, err := a.tryRead(len(cmds)-1, 5*time.Second); err != nil || string(got) != want {
+				t.Errorf("%q:\n%q (%v), want\n%q", cmds, got, err, want)
+			}
+			if got, err := a.tryRead(1, 5*time.Second); err != nil || !strings.Contains(string(got), "db0:keys=1,") {
+				t.Errorf("INFO keyspace: %q (%v), want db0:keys=1", got, err)
+			}
+			if p.router.asked.Load() == asked {
+				t.Fatalf("the SET was not asked to go elsewhere")
+			}
+
+			// A function call asked elsewhere, then FUNCTION DELETE: the
+			// call finds its function.
+			lib := "#!lua name=fanlib\nredis.register_function('fanset', function(keys, args) return redis.call('SET', keys[1], args[1]) end)"
+			if got := string(a.do([]string{"FUNCTION", "LOAD", lib})); got != "$6\r\nfanlib\r\n" {
+				t.Fatalf("FUNCTION LOAD: %q", got)
+			}
+			pipeline(t, a, "+OK\r\n+OK\r\n", args("FCALL fanset 1 {"+k+"}4 v"), args("FUNCTION DELETE fanlib"))
+
+			// A split MSET whose part is asked elsewhere, then FLUSHALL:
+			// nothing is left.
+			k2, k3 := "{"+k+"}2", keyOn(2, fmt.Sprintf("f%d-", i))
+			pipeline(t, a, "+OK\r\n+OK\r\n", args("MSET "+k2+" v "+k3+" v"), args("FLUSHALL"))
+			for _, n := range c.Nodes[:c.Masters] {
+				if got := string(dial(t, n.Addr).do(args("DBSIZE"))); got != ":0\r\n" {
+					t.Errorf("DBSIZE on %s after FLUSHALL: %q", n.Addr, got)
+				}
+			}
+			mustOK(t, to, "CLUSTER SETSLOT "+slot+" STABLE")
+			mustOK(t, from, "CLUSTER SETSLOT "+slot+" STABLE")
+
+			// The slot moves to `to` without the proxy knowing: the SET
+			// goes to `from`, which answers MOVED.
+			for _, n := range c.Nodes[:c.Masters] {
+				mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
+			}
+			moved := p.router.moved.Load()
+			pipeline(t, a, "+OK\r\n*1\r\n"+bulk(k), args("SET "+k+" v"), args("KEYS *"))
+			if p.router.moved.Load() == moved {
+				t.Fatalf("the SET was not moved")
+			}
+			flushCluster(t, c)
+			for _, n := range c.Nodes[:c.Masters] {
+				mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idFrom)
+			}
+			p.router.reload(context.Background(), p.router.gen.Load())
+		})
+	}
+}
+
+// TestClusterWaitAfterRedirect: WAIT waits for the replicas of the master
+// that ran the client's last write, also when an ASK sent that write to
+// another master than the slot map names: there, the replica that does
+// not answer makes WAIT time out with 0, and WAIT counts it once it is
+// back, as one Redis would.
+func TestClusterWaitAfterRedirect(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	addr, p := startClusterProxy(t, c)
+	from, to := c.Nodes[1], c.Nodes[0]
+	// The replica of `to`.
+	var replica *redistest.Server
+	repl := string(dial(t, to.Addr).do(args("INFO replication")))
+	for _, n := range c.Nodes[c.Masters:] {
+		if strings.Contains(repl, ",port="+strconv.Itoa(n.Port())+",") {
+			replica = n
+		}
+	}
+	if replica == nil {
+		t.Fatalf("no replica of %s among the nodes: %q", to.Addr, repl)
+	}
+	a := dial(t, addr)
+	a.do(args("CLIENT SETNAME waiter"))
+	k := keyOn(1, "w")
+	slot := strconv.Itoa(keySlot([]byte(k)))
+	startMigrating(t, from, to, slot)
+	t.Cleanup(func() {
+		mustOK(t, to, "CLUSTER SETSLOT "+slot+" STABLE")
+		mustOK(t, from, "CLUSTER SETSLOT "+slot+" STABLE")
+	})
+	replica.Pause()
+	asked := p.router.asked.Load()
+	if got := string(a.do(args("SET "+k+" v"), args("WAIT 1 300"))); got != "+OK\r\n:0\r\n" {
+		replica.Resume()
+		t.Fatalf("SET, WAIT while the replica of the master that took the write is stopped: %q, want +OK and 0", got)
+	}
+	replica.Resume()
+	if p.router.asked.Load() == asked {
+		t.Fatalf("the SET was not asked to go elsewhere")
+	}
+	if got := string(a.do(args("WAIT 1 5000"))); got != ":1\r\n" {
+		t.Fatalf("WAIT once the replica is back: %q", got)
+	}
+}
+
+// BenchmarkClusterKeyless sends, through the proxy in front of a cluster
+// of three masters, from a client on the shared connections and from one
+// on connections of its own (after CLIENT SETNAME): a pipeline of 16 GETs
+// (the common path), a DBSIZE alone (fanned out with no reply owed, which
+// waits for nothing), and a GET followed by a DBSIZE in one write (the
+// DBSIZE waits for the GET's reply, as a redirection of it could send it
+// to where the DBSIZE goes). One op is one round trip.
+func BenchmarkClusterKeyless(b *testing.B) {
+	c := redistest.StartCluster(b, 3, 0)
+	addr, _ := startClusterProxy(b, c)
+	get := []string{"GET", keyOn(0, "bench")}
+	cases := []struct {
+		name  string
+		cmds  [][]string
+		reply string
+	}{
+		{"GET/pipeline=16", slices.Repeat([][]string{get}, 16), strings.Repeat("$-1\r\n", 16)},
+		{"DBSIZE", [][]string{{"DBSIZE"}}, ":0\r\n"},
+		{"GET+DBSIZE", [][]string{get, {"DBSIZE"}}, "$-1\r\n:0\r\n"},
+	}
+	for _, first := range []string{"shared", "own"} {
+		for _, tc := range cases {
+			b.Run(first+"/"+tc.name, func(b *testing.B) {
+				bc := &benchConn{c: dial(b, addr).c, req: encode(tc.cmds...), want: []byte(tc.reply)}
+				bc.c.SetDeadline(time.Now().Add(5 * time.Minute))
+				if first == "own" {
+					bc.req = append(encode([]string{"CLIENT", "SETNAME", "own"}), bc.req...)
+					bc.want = append([]byte("+OK\r\n"), bc.want...)
+				}
+				bc.reply = make([]byte, len(bc.want))
+				if err := bc.roundTrip(); err != nil {
+					b.Fatal(err)
+				}
+				bc.req, bc.want = encode(tc.cmds...), []byte(tc.reply)
+				bc.reply = bc.reply[:len(bc.want)]
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if err := bc.roundTrip(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// mustOK sends cmd to s and requires +OK.
+func mustOK(t *testing.T, s *redistest.Server, cmd string) {
+	t.Helper()
+	if got := string(dial(t, s.Addr).do(args(cmd))); !strings.HasPrefix(got, "+OK") {
+		t.Fatalf("%s: %q", cmd, got)
+	}
+}
+
+// startMigrating starts moving slot from `from` to `to`, without moving
+// a key: `from` answers a command on a key it does not hold with ASK, and
+// `to` takes it after ASKING.
+func startMigrating(t *testing.T, from, to *redistest.Server, slot string) {
+	t.Helper()
+	mustOK(t, to, "CLUSTER SETSLOT "+slot+" IMPORTING "+nodeID(t, from))
+	mustOK(t, from, "CLUSTER SETSLOT "+slot+" MIGRATING "+nodeID(t, to))
 }

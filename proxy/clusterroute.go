@@ -78,8 +78,11 @@ type part struct {
 // call is one client command, as routed: its parts and how its reply is
 // made from theirs.
 type call struct {
-	kind  callKind
-	op    mergeOp
+	kind callKind
+	op   mergeOp
+	// seq is the clusterSession.lastSeq of a command with keys in one
+	// slot, whose master WAIT waits for; else 0.
+	seq   uint32
 	n     int // opArray: the number of keys
 	one   part
 	parts []part // several parts; one is unused then
@@ -164,7 +167,14 @@ type clusterSession struct {
 
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
-	last  string
+	// last is the master the client's last command with keys in one slot
+	// was routed to, whose replicas WAIT waits for; lastSeq numbers those
+	// commands (call.seq). movedSeq and movedTo, under redirMu, are the
+	// number of the last of them a redirection sent elsewhere, and where.
+	last     string
+	lastSeq  uint32
+	movedSeq uint32
+	movedTo  string
 
 	keys [][]byte
 }
@@ -421,7 +431,10 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	}
 	if !cross {
 		cs.last = m.master(slot)
-		return call{kind: callPlain, one: part{slot: slot, addr: cs.last, raw: cmd.Raw}}
+		if cs.lastSeq++; cs.lastSeq == 0 {
+			cs.lastSeq = 1
+		}
+		return call{kind: callPlain, seq: cs.lastSeq, one: part{slot: slot, addr: cs.last, raw: cmd.Raw}}
 	}
 	if c, ok := s.crossRead(m, name, args); ok {
 		return c
@@ -623,14 +636,39 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 // stack's size for as long as the client stays idle, and they doubled it
 // (8 KB against 4 KB for a client of one Redis). A case added to either
 // function must be added here.
+//
+// These commands are about the whole server or its keyspace, and are not
+// routed by a slot: they go to masters (every master, SCAN's, RANDOMKEY's,
+// WAIT's) where a command of the client's still in flight may yet be
+// redirected to, and would run there before it (DBSIZE not counting a
+// key an ASK sends to the master importing its slot, FLUSHALL leaving
+// it). So the replies the client is owed are waited for first, as for a
+// command routed by a newer slot map (plan); a client owed nothing pays
+// nothing.
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
 	switch string(name) {
 	case "readonly", "readwrite", "info", "save", "bgsave", "bgrewriteaof", "config", "acl", "client",
 		"script", "function", "pubsub", "latency", "slowlog", // serverWide
 		"dbsize", "keys", "flushall", "flushdb", "scan", "randomkey", "wait", "waitaof": // keylessSpecial
-		return s.keylessSpecial(m, name, cmd)
+		return s.keylessSpecial(s.settleOwed(m), name, cmd)
 	}
 	return call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
+}
+
+// settleOwed waits for the replies the client is owed, when there are any
+// (settleCluster), and returns the slot map to route by after them: a
+// redirection among them may have read it again.
+func (s *session) settleOwed(m *slotMap) *slotMap {
+	cs := s.cl
+	if (!cs.sharedUsed && !cs.ownUsed) || cs.order.drained() {
+		return m
+	}
+	s.settleCluster()
+	if n := cs.r.slots.Load(); n != nil {
+		m = n
+		cs.mapGen = m.gen
+	}
+	return m
 }
 
 // keylessSpecial routes the keyless commands keyless names.
@@ -670,9 +708,16 @@ func (s *session) keylessSpecial(m *slotMap, name []byte, cmd redcon.Command) ca
 		return c
 	case "wait", "waitaof":
 		// The replicas to wait for are those of the master the client
-		// last wrote to with a key.
-		if s.cl.last != "" {
-			def.one.addr = s.cl.last
+		// last wrote to with a key: where a redirection sent it, if one
+		// did (keyless waited for it).
+		cs := s.cl
+		if cs.last != "" {
+			def.one.addr = cs.last
+			cs.redirMu.Lock()
+			if cs.movedSeq == cs.lastSeq {
+				def.one.addr = cs.movedTo
+			}
+			cs.redirMu.Unlock()
 			def.one.slot = noSlot
 		}
 	}

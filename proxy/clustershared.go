@@ -205,7 +205,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx, cs.access)
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
-	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{})
+	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{seq: c.seq})
 	e := classify(name, cmd)
 	if err := sh.queue(s, ticket, nil, c.one.raw, &e); err != nil {
 		cs.order.drop(ticket)
@@ -387,6 +387,11 @@ func (s *session) redirectShared(ticket uint64, kind redirection, target string)
 		s.p.m.unavailable.Add(1)
 		s.answerShared(ticket, errorReply(&BackendError{Err: err}), opts.own)
 		return
+	}
+	if opts.seq != 0 {
+		cs.redirMu.Lock()
+		cs.movedSeq, cs.movedTo = opts.seq, addr
+		cs.redirMu.Unlock()
 	}
 	sh.flush()
 }

@@ -73,12 +73,26 @@
 // patterns, which send more from what comes back, have the forwarder wait.
 // Redirections (MOVED, ASK, TRYAGAIN) are followed on the same kind of
 // connection, one after the other in the order they came, except inside
-// a transaction. Before a client's command goes on the other kind of
-// connection, to its pub/sub connection, when it is routed by a newer
-// slot map than the client's commands in flight (one of them may be
-// redirected to where it goes), or after a command that sets connection
-// state or may block, the replies it is owed are waited for, so that
-// Redis runs its commands in its order. clustertx.go ties a
+// a transaction. A later command for the same slot, routed by the same
+// slot map, reaches the master that redirected the first, and when it is
+// redirected too, it is followed behind it. Before a client's command
+// goes on the other kind of connection, to its pub/sub connection, when
+// it is routed by a newer slot map than the client's commands in flight
+// or by no slot at all (the commands about the whole server or keyspace:
+// DBSIZE, KEYS, SCAN, RANDOMKEY, FLUSHALL, INFO, FUNCTION, WAIT, ...;
+// session.keyless), as one of those in flight may be redirected to where
+// it goes, or after a command that sets connection state or may block,
+// the replies it is owed are waited for, so that Redis runs its commands
+// in its order; a client owed none waits for nothing. WAIT goes to the
+// master that ran the client's last command with keys in one slot, where
+// a redirection sent it, on a connection of the client's own: for a
+// client whose writes went on the shared connections, that connection
+// carried none of them, and WAIT answers at once with the replicas
+// connected rather than those that have its writes. One reordering is left: a command the cluster
+// answers TRYAGAIN (a multi-key command whose keys a migration has split
+// between two masters) is sent again after a pause, and a later command
+// of the same pipeline on a key the old master still holds has run there
+// before it. clustertx.go ties a
 // transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served
 // by the single-Redis machinery above (clusterpubsub.go): the master of

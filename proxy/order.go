@@ -45,6 +45,8 @@ type ticketOpts struct {
 	// stay: inside a transaction, where a redirection cannot be followed:
 	// the client gets replyMovedInTxn instead.
 	stay bool
+	// seq is the call's seq: where a redirection sends it, WAIT goes.
+	seq uint32
 	// replace, when set, is what the client gets instead of the reply.
 	replace []byte
 	// g, when set, takes the reply as its part gi: the reply is one of a
