@@ -62,9 +62,10 @@ type backend struct {
 // session is one client connection. Commands are handled in order by a
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
-// hold and next). Replies from a dedicated backend connection are copied
-// to the client by that connection's reader goroutine; replies from a
-// shared one by the shared reader (shared.go).
+// hold and next). Replies are copied to the client by the reader of the
+// backend connection they come on (shared.read): the shared connections',
+// into the client's sink, and the client's connection of one's, into its
+// buffered output, matched against its replyQueue (frame).
 //
 // The session keeps what only the forwarder uses; the parts that other
 // goroutines reach have their own types and locks: q, what the client is

@@ -11,14 +11,17 @@ import (
 )
 
 // Batching. shared.go and order.go own how commands leave and replies
-// come back on the backend connections the proxy writes and reads for
-// many commands at a time: the shared connections to one Redis, to each
-// master of a cluster, and a cluster client's own connections (groups of
-// one, clustercall.go). A command is queued with the client it answers
-// (and, in front of a cluster, its ticket in the client's replyOrder,
-// order.go), written with what queued meanwhile in one write, and its
-// reply is read by the connection's reader and put in the client's order.
-// Where a command goes is the upstream's (upstream.go, clusterroute.go).
+// come back on every backend connection a client's commands go on: the
+// shared connections to one Redis and to each master of a cluster, a
+// cluster client's own connections (groups of one, clustercall.go), and
+// the connection of one client of one Redis, or a cluster client's pinned
+// pub/sub connection (shared.one). A command is queued with the client it
+// answers (and, in front of a cluster, its ticket in the client's
+// replyOrder, order.go), written with what queued meanwhile in one write,
+// and its reply is read by the connection's reader and put in the
+// client's order; on a connection of one client, the client's replyQueue
+// tells what each frame answers. Where a command goes is the upstream's
+// (upstream.go, clusterroute.go).
 
 // shared is one backend connection that carries the stateless commands of
 // many clients. Commands are appended to one write buffer. A client writes
@@ -33,7 +36,9 @@ import (
 //
 // A client uses its shared connection until it sends a command that
 // changes or depends on its connection's state (see stateless); from then
-// on it has a dedicated connection of its own.
+// on it has a connection of its own: a shared with one client (one),
+// whose reader copies each frame to that client's own buffered output and
+// matches it against the client's replyQueue.
 //
 // Order across connections. A command waiting in wbuf was received before
 // any command received later on another connection, so it must not wait
