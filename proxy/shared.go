@@ -365,7 +365,13 @@ func (sh *shared) write() {
 			be.nc.Close() // the reader answers everything pending with an error
 		}
 		sh.mu.Lock()
-		sh.spare = buf[:0]
+		if cap(buf) <= 64<<10 {
+			sh.spare = buf[:0]
+		} else {
+			// One big command (a client's own connection carries values
+			// of any size): not kept for the next batch.
+			sh.spare = nil
+		}
 	}
 	sh.writing = false
 	if sh.waiters > 0 {
