@@ -52,9 +52,9 @@ type localItem struct {
 type backend struct {
 	nc   net.Conn
 	r    *bufio.Reader
-	w    *bufio.Writer
-	dead bool // guarded by the session's replyQueue, or by shared.mu on a shared connection
-	done chan struct{}
+	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
+	dead bool          // guarded by the session's replyQueue on a connection of one (shared.one), by shared.mu on the others
+	done chan struct{} // closed when the reader of a connection of one ends
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }

@@ -88,9 +88,10 @@ type shared struct {
 	// since frames may answer no command (pushes, messages, MONITOR
 	// lines) and commands may get no reply (CLIENT REPLY OFF).
 	one *session
-	// reading: a goroutine reads be. On a client's own connection it
-	// runs only while replies are owed there (push starts it, read ends
-	// it), so an idle client keeps no goroutine or buffer per master.
+	// reading: a goroutine reads be. On a cluster client's own
+	// connection it runs only while replies are owed there (push starts
+	// it, read ends it), so an idle client keeps no goroutine or buffer
+	// per master; on a connection of one, for as long as be lives.
 	reading bool
 }
 
@@ -461,7 +462,9 @@ func (sh *shared) read(be *backend) {
 	var sink *sinkWriter
 	var w *bufio.Writer
 	if sh.one == nil {
-		// One client's replies go straight to its own buffered output.
+		// The pending list's clients get their replies through a pooled
+		// buffer into their sinks; the client of a connection of one
+		// gets them straight into its buffered output (frame).
 		rb := readerPool.Get().(*readerBufs)
 		defer rb.release()
 		sink, w = &rb.sink, rb.w
