@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
@@ -13,11 +14,12 @@ import (
 // client off its shared connection in the middle, with a blocking
 // command, CLIENT REPLY SKIP and OFF, and a transaction; frames that
 // answer no command and come while the client sends nothing (messages to
-// a client a transaction subscribed, RESP3 invalidation pushes); and
-// pub/sub after SELECT.
+// a client a transaction subscribed, RESP3 invalidation pushes); values
+// larger than the write buffer it keeps; and pub/sub after SELECT.
 func TestOwnConnection(t *testing.T) {
 	srv := redistest.Start(t)
 	addr, _ := startProxy(t, srv.Addr, nil)
+	big := strings.Repeat("0123456789", 200_000) // 2 MB, past the write buffer kept between batches
 	tests := []struct {
 		name  string
 		steps []step
@@ -57,6 +59,13 @@ func TestOwnConnection(t *testing.T) {
 			readOn("a", 1),
 			send("a", "PING", "UNSUBSCRIBE ch"),
 			send("a", "GET s", "SELECT 0", "GET s"),
+		}},
+		{"big values", []step{
+			send("a", "SELECT 3"),
+			cmdArgs("a", "SET", "big", big),
+			send("a", "GET big", "STRLEN big", "SET small 1", "GET small"),
+			cmdArgs("a", "APPEND", "big", big),
+			send("a", "STRLEN big", "GET small"),
 		}},
 		{"resp3 subscribe on the connection of one", []step{
 			send("a", "HELLO 3", "SUBSCRIBE ch"),
