@@ -104,6 +104,44 @@ func BenchmarkForward(b *testing.B) {
 	}
 }
 
+// BenchmarkForwardOwn is BenchmarkForward's GET from a client that set
+// its name first, so that its commands go on a backend connection of its
+// own rather than a shared one: one command, or a pipeline of 16, per
+// round trip.
+func BenchmarkForwardOwn(b *testing.B) {
+	addr := startBenchProxy(b)
+	for _, depth := range []int{1, 16} {
+		b.Run("GET/pipeline="+strconv.Itoa(depth), func(b *testing.B) {
+			bc := newBenchConn(b, addr, forwardCases[0], depth)
+			setName(b, bc.c)
+			if err := bc.roundTrip(); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(bc.req) + len(bc.want)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := bc.roundTrip(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// setName names the client on c (CLIENT SETNAME), which gives it
+// connection state of its own.
+func setName(b *testing.B, c net.Conn) {
+	b.Helper()
+	if _, err := c.Write(encode([]string{"CLIENT", "SETNAME", "own"})); err != nil {
+		b.Fatal(err)
+	}
+	ok := make([]byte, len("+OK\r\n"))
+	if _, err := io.ReadFull(c, ok); err != nil || string(ok) != "+OK\r\n" {
+		b.Fatalf("CLIENT SETNAME: %q, %v", ok, err)
+	}
+}
+
 // BenchmarkForwardParallel runs 25 clients per GOMAXPROCS (50 on two
 // cores, as redis-benchmark -c 50), each on its own connection, sending
 // one command per round trip. This is where batching across clients
@@ -169,14 +207,7 @@ func BenchmarkClusterOwn(b *testing.B) {
 	for _, depth := range []int{1, 16} {
 		b.Run("GET/pipeline="+strconv.Itoa(depth), func(b *testing.B) {
 			bc := newBenchConn(b, addr, forwardCases[0], depth)
-			name := encode([]string{"CLIENT", "SETNAME", "own"})
-			if _, err := bc.c.Write(name); err != nil {
-				b.Fatal(err)
-			}
-			ok := make([]byte, len("+OK\r\n"))
-			if _, err := io.ReadFull(bc.c, ok); err != nil || string(ok) != "+OK\r\n" {
-				b.Fatalf("CLIENT SETNAME: %q, %v", ok, err)
-			}
+			setName(b, bc.c)
 			bc.want = bytes.Repeat([]byte("$-1\r\n"), depth)
 			bc.reply = make([]byte, len(bc.want))
 			if err := bc.roundTrip(); err != nil {

@@ -9,8 +9,8 @@ import (
 
 // Pub/sub in front of a Redis Cluster. A client that subscribes is pinned
 // to one connection of its own to one node, and that connection is served
-// by the same machinery as a dedicated connection to one Redis (the
-// replyQueue, its connState and readBackend): pushes, RESP2 and RESP3,
+// as the connection of one of a client of one Redis is (shared.one, read
+// against the replyQueue and its connState): pushes, RESP2 and RESP3,
 // the subscription counts, and a client disconnected when the node goes.
 //
 // Which node: Redis Cluster 7 broadcasts PUBLISH to every node, so

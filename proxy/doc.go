@@ -10,7 +10,12 @@
 // state, or blocks, a client moves to a dedicated backend connection, so
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
-// stays the client's own. The move takes one of a few connections kept
+// stays the client's own. That connection is a shared connection with
+// one client (shared.one): written by the same batching and read by the
+// same reader, which there asks the client's fifo (below) what each frame
+// answers, and reads for as long as the connection lives, since pushes,
+// messages and MONITOR lines come while the client sends nothing. The
+// move takes one of a few connections kept
 // dialed and set up in the background (spare.go), so it costs no dial: a
 // dial on the request path would let a command another client sends right
 // after reach Redis first. A command waiting for its shared connection
@@ -24,7 +29,7 @@
 // request. session.forward asks the upstream where each command goes.
 //
 // SYNC and PSYNC (with the REPLCONF before them) go over the client's
-// dedicated connection like any command, but what answers them is the
+// own connection like any command, but what answers them is the
 // replication stream: a bulk header and an RDB payload with no CRLF after
 // it (or one that ends with an EOF mark), newlines before it, then commands
 // without end. Unless Redis refuses the SYNC with an error, the connection
@@ -48,9 +53,9 @@
 //
 // Where a command goes is the upstream's (upstream.go), which the
 // session asks for each command; both kinds hand what they send to the
-// same machinery: the batching of shared.go, and the session's dedicated
-// connection (readBackend), which a cluster client has only for pub/sub.
-// With one Redis, or the primary a Sentinel names (sentinel.go), the
+// same machinery, the batching of shared.go: the shared connections, and
+// connections of one client (a client of one Redis's own, and a cluster
+// client's pinned pub/sub connection). With one Redis, or the primary a Sentinel names (sentinel.go), the
 // upstream is single: the rules above. With a Redis
 // Cluster behind it (BackendConfig.Cluster), it is the client's
 // clusterSession, which routes each command by the slot of its keys to
@@ -95,7 +100,8 @@
 // before it. clustertx.go ties a
 // transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served
-// by the single-Redis machinery above (clusterpubsub.go): the master of
+// by the single-Redis rules above on a connection of one
+// (clusterpubsub.go): the master of
 // slot 0 for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH),
 // that of the channels' slot for SSUBSCRIBE. MONITOR opens a connection
 // of the client's own to every master and copies their lines
@@ -117,8 +123,8 @@
 // their state:
 //   - session.go: the session itself, which handles each command in order:
 //     forwards it (forward), or answers it locally (answer, runLocal), and
-//     copies a dedicated backend connection's replies (readBackend), or the
-//     replication stream (relay).
+//     matches each frame its connection of one reads against its fifo
+//     (frame), or relays the replication stream (relay).
 //   - queue.go: replyQueue, what the client is owed, in order: the fifo of
 //     forwarded commands and the local command running, with the commands
 //     held back behind it. Whoever must keep its place waits on its methods.
@@ -133,8 +139,9 @@
 //
 // upstream.go is where a session's commands go (the interface and its
 // single-Redis kind); shared.go and order.go are the batching, in one
-// place: the connections that carry many commands at a time and the order
-// of a cluster client's replies. sentinel.go finds the backend through
+// place: every backend connection a client's commands go on (shared
+// connections, and connections of one client) and the order of a cluster
+// client's replies. sentinel.go finds the backend through
 // Redis Sentinel when configured:
 // a follower tracks the primary and owns every backend connection dialled
 // to it, closing them all when the primary changes (dial asks it for the

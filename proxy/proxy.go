@@ -647,10 +647,12 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 		}
 		nc = tc
 	}
+	// Only the proxy's own commands go through w (setup, COMMAND): the
+	// clients' commands leave from a shared's write buffer.
 	be := &backend{
 		nc:   nc,
 		r:    bufio.NewReaderSize(nc, 16<<10),
-		w:    bufio.NewWriterSize(nc, 16<<10),
+		w:    bufio.NewWriterSize(nc, 512),
 		done: make(chan struct{}),
 	}
 	setup := state.commands(append([][]byte(nil), p.setup...))

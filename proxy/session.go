@@ -52,9 +52,9 @@ type localItem struct {
 type backend struct {
 	nc   net.Conn
 	r    *bufio.Reader
-	w    *bufio.Writer
-	dead bool // guarded by the session's replyQueue, or by shared.mu on a shared connection
-	done chan struct{}
+	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
+	dead bool          // guarded by the session's replyQueue on a connection of one (shared.one), by shared.mu on the others
+	done chan struct{} // closed when the reader of a connection of one ends
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }
@@ -62,9 +62,10 @@ type backend struct {
 // session is one client connection. Commands are handled in order by a
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
-// hold and next). Replies from a dedicated backend connection are copied
-// to the client by that connection's reader goroutine; replies from a
-// shared one by the shared reader (shared.go).
+// hold and next). Replies are copied to the client by the reader of the
+// backend connection they come on (shared.read): the shared connections',
+// into the client's sink, and the client's connection of one's, into its
+// buffered output, matched against its replyQueue (frame).
 //
 // The session keeps what only the forwarder uses; the parts that other
 // goroutines reach have their own types and locks: q, what the client is
@@ -91,7 +92,14 @@ type session struct {
 	// backend as it is (see relay).
 	replica bool
 	nb      [24]byte // the name of the command being forwarded, lowered
+	// conn is the client's connection of one, made at its first command
+	// that cannot share one (shared.one); be is its live backend
+	// connection, nil before the first and after a cluster client's
+	// pinned one was closed. connOut: commands were put on it since the
+	// last flush.
+	conn    *shared
 	be      *backend
+	connOut bool
 	authed  bool // under proxy authentication
 	loc     Local
 	named   bool   // loc was told the client's name, locName
@@ -246,7 +254,8 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 	if s.replica {
 		// A replica's REPLCONF ACK and whatever else it sends are Redis's
 		// to interpret, not the proxy's.
-		s.be.w.Write(cmd.Raw)
+		s.conn.put(cmd.Raw)
+		s.connOut = true
 		s.p.m.forwarded.Add(1)
 		return localItem{}, true
 	}
@@ -316,9 +325,8 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		// a command of; throw it away and answer as Redis does.
 		raw = cmdDiscard
 	}
-	if _, err := s.be.w.Write(raw); err != nil {
-		s.be.nc.Close() // the reader sees it and answers what is pending
-	}
+	s.conn.put(raw) // a write that fails closes the connection; the reader answers what is pending
+	s.connOut = true
 	if e.kind == entryReset {
 		s.reauth()
 	}
@@ -340,7 +348,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 func (s *session) reauth() {
 	for _, raw := range s.p.setup {
 		if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
-			s.be.w.Write(raw)
+			s.conn.put(raw)
 		}
 	}
 }
@@ -356,14 +364,11 @@ func (s *session) flush() {
 			s.drainShared()
 		}
 	}
-	if s.be == nil || s.be.w.Buffered() == 0 {
-		return
-	}
-	// What waits on a shared connection came before (see shared).
-	s.p.writeQueued()
-	s.be.nc.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.WriteTimeout))
-	if err := s.be.w.Flush(); err != nil {
-		s.be.nc.Close()
+	if s.connOut {
+		// After what waits on the shared connections, which came before
+		// (see shared).
+		s.connOut = false
+		s.conn.flush()
 	}
 }
 
@@ -432,60 +437,57 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		be.nc.Close()
 		return nil, err
 	}
+	if s.conn == nil {
+		s.conn = newOne(s)
+	}
+	s.be = be
+	s.conn.attach(be)
 	// CLIENT REPLY OFF or SKIP answers nothing: it is sent with the
 	// command that follows rather than replayed with the rest.
 	if raw := s.q.replyReplay(); raw != nil {
-		be.w.Write(raw)
+		s.conn.put(raw)
+		s.connOut = true
 	}
-	s.be = be
-	s.wg.Add(1)
-	go s.readBackend(be)
 	return nil, nil
 }
 
-// readBackend copies the backend's replies to the client until the backend
-// connection ends.
-func (s *session) readBackend(be *backend) {
-	defer s.wg.Done()
-	defer close(be.done)
-	defer s.recoverPanic()
-	var ri replyInfo
-	for {
-		b, err := be.r.Peek(1)
-		if err != nil {
-			s.backendLost(be, err)
-			return
-		}
-		// A push is always the client's, as it is.
-		kind, replace := entryPlain, []byte(nil)
-		if b[0] != '>' {
-			kind, replace = s.q.peek()
-		}
-		if kind == entrySync && b[0] != '-' {
-			// SYNC or PSYNC is answered with the replication stream (or
-			// the newlines Redis sends until it starts).
-			s.q.replicate()
-			s.backendLost(be, s.relay(be))
-			return
-		}
-		if kind == entryInternal {
-			err = s.w.skip(be.r, &ri)
-		} else {
-			err = s.w.copyFrom(be.r, &ri, replace)
-		}
-		if err != nil {
-			s.backendLost(be, err)
-			return
-		}
-		s.p.checkReply(&ri)
-		if s.q.account(&ri) {
-			// QUIT: Redis closes the connection after its +OK.
-			s.w.flush()
-			s.nc.Close()
-			s.backendLost(be, errClosed)
-			return
-		}
+// frame copies one frame of be, the client's connection of one, to the
+// client, first being its first byte, as the replyQueue says what it
+// answers, and learns from it. It reports false when be is done with: lost,
+// answered a QUIT, or a replication stream that was relayed until it
+// ended.
+func (s *session) frame(be *backend, first byte, ri *replyInfo) bool {
+	// A push is always the client's, as it is.
+	kind, replace := entryPlain, []byte(nil)
+	if first != '>' {
+		kind, replace = s.q.peek()
 	}
+	if kind == entrySync && first != '-' {
+		// SYNC or PSYNC is answered with the replication stream (or
+		// the newlines Redis sends until it starts).
+		s.q.replicate()
+		s.backendLost(be, s.relay(be))
+		return false
+	}
+	var err error
+	if kind == entryInternal {
+		err = s.w.skip(be.r, ri)
+	} else {
+		err = s.w.copyFrom(be.r, ri, replace)
+	}
+	if err != nil {
+		s.backendLost(be, err)
+		return false
+	}
+	s.p.checkReply(ri)
+	if s.q.account(ri) {
+		// QUIT: Redis closes the connection after its +OK.
+		s.w.flush()
+		s.nc.Close()
+		s.backendLost(be, errClosed)
+		return false
+	}
+	return true
 }
 
 // relay copies the replication stream from be to the client as it comes,

@@ -11,14 +11,17 @@ import (
 )
 
 // Batching. shared.go and order.go own how commands leave and replies
-// come back on the backend connections the proxy writes and reads for
-// many commands at a time: the shared connections to one Redis, to each
-// master of a cluster, and a cluster client's own connections (groups of
-// one, clustercall.go). A command is queued with the client it answers
-// (and, in front of a cluster, its ticket in the client's replyOrder,
-// order.go), written with what queued meanwhile in one write, and its
-// reply is read by the connection's reader and put in the client's order.
-// Where a command goes is the upstream's (upstream.go, clusterroute.go).
+// come back on every backend connection a client's commands go on: the
+// shared connections to one Redis and to each master of a cluster, a
+// cluster client's own connections (groups of one, clustercall.go), and
+// the connection of one client of one Redis, or a cluster client's pinned
+// pub/sub connection (shared.one). A command is queued with the client it
+// answers (and, in front of a cluster, its ticket in the client's
+// replyOrder, order.go), written with what queued meanwhile in one write,
+// and its reply is read by the connection's reader and put in the
+// client's order; on a connection of one client, the client's replyQueue
+// tells what each frame answers. Where a command goes is the upstream's
+// (upstream.go, clusterroute.go).
 
 // shared is one backend connection that carries the stateless commands of
 // many clients. Commands are appended to one write buffer. A client writes
@@ -33,7 +36,9 @@ import (
 //
 // A client uses its shared connection until it sends a command that
 // changes or depends on its connection's state (see stateless); from then
-// on it has a dedicated connection of its own.
+// on it has a connection of its own: a shared with one client (one),
+// whose reader copies each frame to that client's own buffered output and
+// matches it against the client's replyQueue.
 //
 // Order across connections. A command waiting in wbuf was received before
 // any command received later on another connection, so it must not wait
@@ -74,9 +79,19 @@ type shared struct {
 	// not counted in the client's replyQueue.
 	own *clusterSession
 	ctx context.Context
-	// reading: a goroutine reads be. On a client's own connection it
-	// runs only while replies are owed there (push starts it, read ends
-	// it), so an idle client keeps no goroutine or buffer per master.
+	// one is set on the connection of one client of one Redis (or a
+	// cluster client's pinned pub/sub connection) once it has left its
+	// shared connection: a group of one, dialled by the session in its
+	// connection state (session.connect), its commands written by write,
+	// and read by read for as long as it lives, each frame matched by the
+	// client's replyQueue rather than the pending list (session.frame),
+	// since frames may answer no command (pushes, messages, MONITOR
+	// lines) and commands may get no reply (CLIENT REPLY OFF).
+	one *session
+	// reading: a goroutine reads be. On a cluster client's own
+	// connection it runs only while replies are owed there (push starts
+	// it, read ends it), so an idle client keeps no goroutine or buffer
+	// per master; on a connection of one, for as long as be lives.
 	reading bool
 }
 
@@ -219,6 +234,47 @@ func (sh *shared) queueOn(be *backend, s *session, ticket uint64, raw []byte) bo
 	return true
 }
 
+// newOne makes the connection of one of s (see shared.one); it is dialled
+// and attached by the session.
+func newOne(s *session) *shared {
+	sh := newSharedGroup(s.p, "", 1).list[0]
+	sh.one = s
+	return sh
+}
+
+// attach makes be, dialled by the session, the live connection of a
+// client's connection of one, and starts its reader. What waited to be
+// written on the connection before, which was lost, is dropped: the
+// client has been answered for it (session.backendLost).
+func (sh *shared) attach(be *backend) {
+	sh.mu.Lock()
+	if len(sh.wbuf) > 0 {
+		sh.since.Store(0)
+		sh.grp.queued.Add(-1)
+	}
+	sh.wbuf, sh.wn, sh.out = sh.wbuf[:0], 0, 0
+	sh.be = be
+	sh.reading = true
+	sh.mu.Unlock()
+	sh.one.wg.Add(1)
+	go sh.read(be)
+}
+
+// put appends raw to what waits to be written on a client's connection
+// of one; its replies are matched by the client's replyQueue, not by the
+// pending list.
+func (sh *shared) put(raw []byte) {
+	sh.mu.Lock()
+	if len(sh.wbuf) == 0 {
+		// since stays 0: the group of one is in no list writeQueued
+		// goes through, and the global batch count is left alone.
+		sh.grp.queued.Add(1)
+	}
+	sh.wbuf = append(sh.wbuf, raw...)
+	sh.wn++
+	sh.mu.Unlock()
+}
+
 // connect dials a new shared connection; sh.mu is held.
 func (sh *shared) connect() error {
 	p := sh.p
@@ -261,7 +317,7 @@ func (sh *shared) connect() error {
 // flush writes what is buffered if the connection is idle. Otherwise the
 // reader writes it once the replies in flight have been handed out.
 func (sh *shared) flush() {
-	if sh.own != nil {
+	if sh.own != nil || sh.one != nil {
 		// One client's: its commands go out as the client's batch ends,
 		// after what waits on the shared connections (see shared).
 		sh.p.writeQueued()
@@ -310,7 +366,13 @@ func (sh *shared) write() {
 			be.nc.Close() // the reader answers everything pending with an error
 		}
 		sh.mu.Lock()
-		sh.spare = buf[:0]
+		if cap(buf) <= 64<<10 {
+			sh.spare = buf[:0]
+		} else {
+			// One big command (a client's own connection carries values
+			// of any size): not kept for the next batch.
+			sh.spare = nil
+		}
 	}
 	sh.writing = false
 	if sh.waiters > 0 {
@@ -372,25 +434,56 @@ func (g *sharedGroup) writeQueued(limit uint64) {
 	}
 }
 
-// read hands every reply on be to the client it belongs to.
+// read hands every reply on be to the client it belongs to. On a
+// client's connection of one (sh.one) it runs until be ends, and the
+// client's replyQueue tells what each frame answers (session.frame).
 func (sh *shared) read(be *backend) {
-	defer sh.p.sharedWG.Done()
+	if s := sh.one; s != nil {
+		defer s.wg.Done()
+		defer close(be.done) // connect waits for it before a new connection's replies
+	} else {
+		defer sh.p.sharedWG.Done()
+	}
 	defer func() {
 		// A panic here ends this backend connection, not the process: its
 		// clients get connection-lost errors and the next command dials.
 		if r := recover(); r != nil {
-			sh.p.log.Error("panic reading a shared backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+			sh.p.log.Error("panic reading a backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+			if s := sh.one; s != nil {
+				// Part of a reply may have reached the client: it is
+				// disconnected, as when a reply is cut short.
+				s.backendLost(be, errMidReply)
+				return
+			}
 			sh.fail(be, nil)
 		}
 	}()
 	var ri replyInfo
-	rb := readerPool.Get().(*readerBufs)
-	defer rb.release()
-	sink, w := &rb.sink, rb.w
+	var sink *sinkWriter
+	var w *bufio.Writer
+	if sh.one == nil {
+		// The pending list's clients get their replies through a pooled
+		// buffer into their sinks; the client of a connection of one
+		// gets them straight into its buffered output (frame).
+		rb := readerPool.Get().(*readerBufs)
+		defer rb.release()
+		sink, w = &rb.sink, rb.w
+	}
 	for {
-		if _, err := be.r.Peek(1); err != nil {
+		b, err := be.r.Peek(1)
+		if err != nil {
+			if s := sh.one; s != nil {
+				s.backendLost(be, err)
+				return
+			}
 			sh.fail(be, nil)
 			return
+		}
+		if s := sh.one; s != nil {
+			if !s.frame(be, b[0], &ri) {
+				return
+			}
+			continue
 		}
 		// One lock per reply: take its session, count it as answered
 		// (a client that finds nothing in flight writes its command
@@ -415,7 +508,6 @@ func (sh *shared) read(be *backend) {
 		sh.mu.Unlock()
 		sink.w = nil
 		answered := true
-		var err error
 		if s != nil && s.cl != nil {
 			answered, err = s.sharedReply(be.r, ticket, w, sink, &ri)
 		} else {

@@ -4,20 +4,21 @@ import "github.com/tidwall/redcon"
 
 // upstream is what a session asks where each command goes, by the kind of
 // backend behind the proxy: which connection, other than the client's
-// dedicated one, carries it, and how the dedicated one is dialled. Its two
+// connection of one, carries it, and how that one is dialled. Its two
 // kinds are one Redis, or the primary a Sentinel names (single), and a
 // Redis Cluster (clusterSession, whose slot map routes each command; see
-// clusterroute.go). Both hand their commands to the same machinery: the shared
-// connections of shared.go, and the dedicated connection the session
-// keeps (session.forwardBackend, readBackend). Only the session's
-// forwarder calls it.
+// clusterroute.go). Both hand their commands to the same machinery,
+// shared.go's: the shared connections, the connections of one client
+// (shared.one, which the session keeps and matches against its
+// connection state: session.forwardBackend, frame), and a cluster
+// client's own connections. Only the session's forwarder calls it.
 type upstream interface {
 	// forward sends cmd on the connection it goes to and reports
 	// forwarded; or returns it, the proxy's own reply in cmd's place; or
-	// reports dedicated: cmd goes on the client's dedicated connection,
+	// reports dedicated: cmd goes on the client's connection of one,
 	// after the replies owed on the others.
 	forward(s *session, name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
-	// dial dials the client's dedicated connection in the state st.
+	// dial dials the client's connection of one in the state st.
 	dial(s *session, st replayState) (*backend, error)
 }
 
@@ -29,7 +30,7 @@ var (
 // single is one Redis behind the proxy, or the primary a Sentinel names
 // (Proxy.dial follows it). A client's stateless commands go on its shared
 // connection (session.sh) until its first other command; from then on,
-// all of them go on its dedicated connection.
+// all of them go on its connection of one (shared.one).
 type single struct{}
 
 func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {

@@ -8,8 +8,8 @@ import (
 )
 
 // clientWriter is the write side of a client connection. Replies reach it
-// three ways: a dedicated backend's reader copies them into the buffered
-// writer (copyFrom); the shared connections' readers append them to the
+// three ways: the reader of the client's connection of one (shared.one)
+// copies them into the buffered writer (copyFrom); the shared connections' readers append them to the
 // sink, which is written by pushOut, or by whoever writes next; and the
 // proxy's own replies (write).
 //
@@ -25,7 +25,7 @@ type clientWriter struct {
 
 	mu      sync.Mutex    // guards out, spare, rw and the socket's writes
 	out     *bufio.Writer // made on first use: an idle client needs none
-	discard *bufio.Writer // replies nobody reads; the dedicated reader's own
+	discard *bufio.Writer // replies nobody reads; the reader of the connection of one's own
 
 	// sink collects the replies from the shared connection until they are
 	// written to the client.
@@ -79,8 +79,8 @@ func (w *clientWriter) copyFrom(r *bufio.Reader, ri *replyInfo, replace []byte) 
 	return err
 }
 
-// skip reads one reply from r that is not the client's. Only the
-// dedicated reader calls it, so the discard writer needs no lock. When r
+// skip reads one reply from r that is not the client's. Only the reader
+// of the client's connection of one calls it, so the discard writer needs no lock. When r
 // holds nothing more, what earlier replies left buffered is flushed.
 func (w *clientWriter) skip(r *bufio.Reader, ri *replyInfo) error {
 	if err := copyReply(w.discard, r, ri); err != nil {
