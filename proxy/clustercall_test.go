@@ -581,3 +581,38 @@ func startMigrating(t *testing.T, from, to *redistest.Server, slot string) {
 	mustOK(t, to, "CLUSTER SETSLOT "+slot+" IMPORTING "+nodeID(t, from))
 	mustOK(t, from, "CLUSTER SETSLOT "+slot+" MIGRATING "+nodeID(t, to))
 }
+
+// TestClusterWaitSharedWrites: WAIT from a client without connection state
+// counts the replicas that have its writes, which went on the master's
+// shared connections while WAIT goes on a connection of the client's own:
+// with the replica stopped, one Redis answers :0 after the timeout (a
+// fresh connection's WAIT would count every replica at once).
+func TestClusterWaitSharedWrites(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	addr, _ := startClusterProxy(t, c)
+	k := keyOn(0, "w")
+	master := c.Nodes[0]
+	var replica *redistest.Server
+	repl := string(dial(t, master.Addr).do(args("INFO replication")))
+	for _, n := range c.Nodes[c.Masters:] {
+		if strings.Contains(repl, ",port="+strconv.Itoa(n.Port())+",") {
+			replica = n
+		}
+	}
+	if replica == nil {
+		t.Fatalf("no replica of %s among the nodes: %q", master.Addr, repl)
+	}
+	a := dial(t, addr)
+	if got := string(a.do(args("SET "+k+" 0"), args("WAIT 1 5000"))); got != "+OK\r\n:1\r\n" {
+		t.Fatalf("SET, WAIT with the replica up: %q", got)
+	}
+	replica.Pause()
+	defer replica.Resume()
+	b := dial(t, addr)
+	if got := string(b.do(args("SET " + k + " 1"))); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	if got := string(b.do(args("WAIT 1 300"))); got != ":0\r\n" {
+		t.Errorf("WAIT 1 300 after a write the stopped replica cannot have: %q, want :0 as from Redis", got)
+	}
+}

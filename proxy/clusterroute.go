@@ -175,6 +175,11 @@ type clusterSession struct {
 	lastSeq  uint32
 	movedSeq uint32
 	movedTo  string
+	// lastSlot is the slot of that last command; lastShared whether it
+	// went on a master's shared connection, where WAIT, which goes on a
+	// connection of the client's own, does not see it (waitMark).
+	lastSlot   int
+	lastShared bool
 
 	keys [][]byte
 }
@@ -430,7 +435,7 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		}
 	}
 	if !cross {
-		cs.last = m.master(slot)
+		cs.last, cs.lastSlot, cs.lastShared = m.master(slot), slot, false
 		if cs.lastSeq++; cs.lastSeq == 0 {
 			cs.lastSeq = 1
 		}
@@ -719,9 +724,58 @@ func (s *session) keylessSpecial(m *slotMap, name []byte, cmd redcon.Command) ca
 			}
 			cs.redirMu.Unlock()
 			def.one.slot = noSlot
+			if cs.lastShared {
+				// Redis waits for the replication offset of the
+				// connection's last write, and the client's went on
+				// a shared connection: a write of the proxy's own,
+				// which changes nothing, first sets it on this one.
+				c := call{kind: callMerge, op: opLast}
+				c.parts = []part{
+					{slot: cs.lastSlot, addr: def.one.addr, raw: waitMark(cs.lastSlot)},
+					def.one,
+				}
+				return c
+			}
 		}
 	}
 	return def
+}
+
+// waitMarkScript writes KEYS[1] and deletes it at once, unless it exists:
+// the connection it runs on then has the primary's replication offset as
+// that of its last write (what WAIT and WAITAOF wait for), and no key
+// changes. Other clients never see the key: a script runs alone.
+const waitMarkScript = "if redis.call('set',KEYS[1],'1','nx') then redis.call('del',KEYS[1]) end return 0"
+
+// waitMarkKey is the key waitMarkScript writes, in front of one Redis.
+const waitMarkKey = "lockproxy:wait-mark"
+
+// waitMarks caches waitMark's commands by slot.
+var waitMarks sync.Map // int -> []byte
+
+// waitMark returns the command that runs waitMarkScript on a key of
+// waitMarkKey's with a hash tag in slot: the first that hashes there,
+// found once per slot (about numSlots checksums).
+func waitMark(slot int) []byte {
+	if raw, ok := waitMarks.Load(slot); ok {
+		return raw.([]byte)
+	}
+	var key []byte
+	for n := 0; ; n++ {
+		key = fmt.Appendf(key[:0], "%s{%d}", waitMarkKey, n)
+		if keySlot(key) == slot {
+			break
+		}
+	}
+	raw := waitMarkCommand(string(key))
+	waitMarks.Store(slot, raw)
+	return raw
+}
+
+// waitMarkCommand is the RESP command that runs waitMarkScript on key.
+func waitMarkCommand(key string) []byte {
+	return fmt.Appendf(nil, "*4\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n$%d\r\n%s\r\n",
+		len(waitMarkScript), waitMarkScript, len(key), key)
 }
 
 // fan sends raw to every master.

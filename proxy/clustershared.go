@@ -213,6 +213,9 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 	}
 	s.markShared(sh)
 	cs.sharedUsed = true
+	if c.seq != 0 {
+		cs.lastShared = true // see waitMark
+	}
 	s.p.m.forwarded.Add(1)
 	sh.grp.forwarded.Add(1)
 	return true

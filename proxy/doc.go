@@ -28,6 +28,22 @@
 // stream, and recognises pub/sub and MONITOR traffic that answers no
 // request. session.forward asks the upstream where each command goes.
 //
+// WAIT and WAITAOF wait for the replication offset of the connection's
+// last write, and go on the client's own connection while its writes may
+// have gone on a shared one (or on an own one since lost): a fresh
+// connection's WAIT would count every replica at once. Before such a
+// WAIT the proxy runs a script of its own on that connection, whose reply
+// the client never sees (session.waitMark; in front of a cluster, a part
+// of the WAIT's call, waitMark): it sets a key of the proxy's
+// (lockproxy:wait-mark, with a hash tag of the write's slot in front of a
+// cluster) if it does not exist and deletes it at once, which moves the
+// connection's offset to the primary's and changes no key. Not inside a
+// transaction, where Redis answers WAIT at once, nor while replies are
+// off or skipped, or the client subscribed. A client that only read on
+// the shared connection gets the mark too: its WAIT then waits for the
+// replicas to have every write so far, which is never more than Redis
+// promises.
+//
 // SYNC and PSYNC (with the REPLCONF before them) go over the client's
 // own connection like any command, but what answers them is the
 // replication stream: a bulk header and an RDB payload with no CRLF after
@@ -90,10 +106,8 @@
 // the replies it is owed are waited for, so that Redis runs its commands
 // in its order; a client owed none waits for nothing. WAIT goes to the
 // master that ran the client's last command with keys in one slot, where
-// a redirection sent it, on a connection of the client's own: for a
-// client whose writes went on the shared connections, that connection
-// carried none of them, and WAIT answers at once with the replicas
-// connected rather than those that have its writes. One reordering is left: a command the cluster
+// a redirection sent it, on a connection of the client's own (WAIT
+// below). One reordering is left: a command the cluster
 // answers TRYAGAIN (a multi-key command whose keys a migration has split
 // between two masters) is sent again after a pause, and a later command
 // of the same pipeline on a key the old master still holds has run there

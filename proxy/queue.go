@@ -104,6 +104,16 @@ func (q *replyQueue) silentFor(e *entry) bool {
 	return !q.st.replies(e)
 }
 
+// markable reports whether the proxy may send a command of its own ahead
+// of the client's next one and get its reply: replies are on (no SKIP
+// pending), and no transaction, subscription or MONITOR is open.
+func (q *replyQueue) markable() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	st := &q.st
+	return st.mode == replyOn && !st.multi && !st.subscribed() && !st.monitor && !st.replica
+}
+
 // inMulti reports whether a transaction is open, as far as the commands
 // sent tell.
 func (q *replyQueue) inMulti() bool {

@@ -100,12 +100,16 @@ type session struct {
 	conn    *shared
 	be      *backend
 	connOut bool
-	authed  bool // under proxy authentication
-	loc     Local
-	named   bool   // loc was told the client's name, locName
-	locName []byte // the raw CLIENT SETNAME that named the client for loc
-	addr    string // the client's address
-	buf     []byte
+	// waitStale: the client sent commands on another connection than its
+	// own one (the shared one, or an own one since lost), whose writes a
+	// WAIT on its own one would not wait for (see waitMark).
+	waitStale bool
+	authed    bool // under proxy authentication
+	loc       Local
+	named     bool   // loc was told the client's name, locName
+	locName   []byte // the raw CLIENT SETNAME that named the client for loc
+	addr      string // the client's address
+	buf       []byte
 	// The context that bounds the local commands (see commandContext),
 	// used only where loc is.
 	cmdCtx    context.Context
@@ -312,6 +316,9 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 			s.q.unsent(&e)
 			return localItem{reply: errorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
 		}
+		if s.waitStale && waitCommand(name) {
+			s.waitMark()
+		}
 		if ok, _ := s.q.send(&e, s.be); ok {
 			break
 		}
@@ -341,6 +348,32 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		ce.Write(zap.String("command", string(name))) // a copy: name stays on the stack
 	}
 	return localItem{}, true
+}
+
+// waitMark sends, before a WAIT or WAITAOF on the client's own connection,
+// the proxy's mark script (waitMarkScript), whose reply the client never
+// sees: Redis waits for the replication offset of the connection's last
+// write, and the client's writes went on another connection, so without
+// it a WAIT would count every replica at once, as on a fresh connection.
+// Not inside a transaction (Redis answers WAIT there at once), nor while
+// replies are off or skipped, or the client subscribed.
+func (s *session) waitMark() {
+	if !s.q.markable() {
+		return // the next WAIT marks
+	}
+	if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
+		s.conn.put(waitMarkOne)
+		s.connOut, s.waitStale = true, false
+	}
+}
+
+// waitMarkOne is waitMark's command in front of one Redis.
+var waitMarkOne = waitMarkCommand(waitMarkKey)
+
+// waitCommand reports whether a command waits for the connection's writes
+// to reach the replicas (or the disk).
+func waitCommand(name []byte) bool {
+	return string(name) == "wait" || string(name) == "waitaof"
 }
 
 // reauth follows a client's RESET, which signs the backend connection out,
@@ -425,6 +458,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		// connection's replies may start.
 		<-s.be.done
 		s.be = nil
+		s.waitStale = true
 	}
 	if doomed := s.q.doomed(e); doomed != nil {
 		return doomed, nil

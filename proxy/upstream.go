@@ -50,7 +50,7 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 			s.p.m.unavailable.Add(1)
 			return localItem{reply: errorReply(&BackendError{Err: err})}, false, false
 		}
-		s.sharedOut = true
+		s.sharedOut, s.waitStale = true, true
 		s.p.m.forwarded.Add(1)
 		return localItem{}, true, false
 	}
