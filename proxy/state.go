@@ -465,7 +465,12 @@ func (c *connState) replies(e *entry) bool {
 		}
 		return e.mode == replyOn
 	case entryReset:
+		// RESET turns replies back on, but a SKIP still covers RESET
+		// itself: Redis clears CLIENT REPLY OFF and a SKIP set for the
+		// command after next, not the skip of the command it runs.
+		skipped := c.mode == replySkip
 		c.mode = replyOn
+		return !skipped
 	}
 	return !c.silent()
 }
