@@ -3,6 +3,7 @@ package proxy
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -99,4 +100,30 @@ func TestOwnConnectionLostMidPipeline(t *testing.T) {
 		t.Fatalf("commands in flight: %q", got)
 	}
 	expect(t, c, "$1\r\nv\r\n$6\r\nkeeper\r\n", "GET k", "CLIENT GETNAME")
+}
+
+// TestQuitWithRepliesOff: a QUIT whose +OK CLIENT REPLY keeps back still
+// ends the connection once Redis has written what it owed before it, as
+// Redis closes it; the proxy does not keep the client connected with a
+// new backend connection for its next command.
+func TestQuitWithRepliesOff(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	tests := [][]string{
+		{"SELECT 1", "CLIENT REPLY SKIP", "QUIT"},
+		{"SELECT 1", "CLIENT REPLY OFF", "QUIT", "PING"},
+	}
+	for _, cmds := range tests {
+		var enc [][]string
+		for _, c := range cmds {
+			enc = append(enc, args(c))
+		}
+		for _, target := range []string{srv.Addr, addr} {
+			c := dial(t, target)
+			c.send(encode(enc...))
+			if rest, closed := c.closedAfter(3 * time.Second); !closed || rest != "+OK\r\n" {
+				t.Errorf("%q on %s: read %q, closed %v; want +OK and the connection closed, as by Redis", cmds, target, rest, closed)
+			}
+		}
+	}
 }

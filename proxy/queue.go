@@ -254,9 +254,10 @@ func (q *replyQueue) adopt(st clientState) {
 
 // lose marks be dead and the state it held gone. It returns how many
 // entries are owed a reply that will not come (to pass to forget once
-// they are answered), how many of them are the client's, and whether the
-// client was listening or has gone, either of which means disconnecting it.
-func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed bool) {
+// they are answered), how many of them are the client's, whether the
+// client was listening or has gone, either of which means disconnecting it,
+// and whether it had sent QUIT (then Redis closed be, as it should).
+func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed, quit bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	be.dead = true
@@ -267,7 +268,8 @@ func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed boo
 			visible++
 		}
 	}
-	return owed, visible, q.st.lost(), q.closed
+	quit = q.st.quit
+	return owed, visible, q.st.lost(), q.closed, quit
 }
 
 // forget drops n entries that lose counted.

@@ -541,9 +541,9 @@ func (s *session) relay(be *backend) error {
 // it must notice, as it would if Redis itself had dropped it.
 func (s *session) backendLost(be *backend, cause error) {
 	be.nc.Close()
-	owed, visible, listening, closed := s.q.lose(be)
+	owed, visible, listening, closed, quit := s.q.lose(be)
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, errMidReply) || listening
-	if !closed && !errors.Is(cause, errClosed) {
+	if !closed && !quit && !errors.Is(cause, errClosed) {
 		s.log.Debug("backend connection lost", zap.Error(cause))
 		s.p.backendTrouble()
 	}

@@ -344,7 +344,11 @@ type connState struct {
 	// tracking: CLIENT TRACKING ON succeeded. The invalidations the lost
 	// connection owed cannot be had, so the client is disconnected.
 	tracking bool
-	mode     replyMode
+	// quit: a QUIT was sent. Redis closes the connection after it, and
+	// the proxy closes the client's with it, also when CLIENT REPLY kept
+	// QUIT's +OK from coming (which otherwise tells, see answeredQuit).
+	quit bool
+	mode replyMode
 }
 
 func newConnState() connState { return connState{clientState: clientState{proto: 2}} }
@@ -363,6 +367,8 @@ func (c *connState) sent(e *entry) (replies bool) {
 	case entryReset:
 		c.multi, c.txnFailed, c.txnLost = false, false, false
 		c.watching, c.watchLost = false, false
+	case entryQuit:
+		c.quit = true
 	case entryMulti:
 		if !c.multi {
 			c.multi = true
@@ -601,11 +607,11 @@ func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
 // lost records that the backend connection is gone, with everything it
 // held. It reports whether the client must be disconnected to notice:
 // it was listening (subscribed, monitoring or a replica), or tracking
-// keys for its cache. The replay state and the protocol stay: a new
+// keys for its cache; or it sent QUIT, after which Redis closed it. The replay state and the protocol stay: a new
 // connection is brought back to them. An open transaction stays open and
 // failed (txnLost), and watched keys make the next EXEC abort (watchLost).
 func (c *connState) lost() (disconnect bool) {
-	disconnect = c.listening() || c.tracking
+	disconnect = c.listening() || c.tracking || c.quit
 	c.nChan, c.nPat, c.nShard, c.monitor, c.replica = 0, 0, 0, false, false
 	c.tracking = false
 	c.txnLost = c.txnLost || c.multi
