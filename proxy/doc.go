@@ -58,7 +58,12 @@
 // When the backend connection breaks, the commands waiting on it are
 // answered with "-ERR backend unavailable: ...", and the next command opens
 // a new connection brought back to the client's state (AUTH, HELLO, CLIENT
-// SETNAME, SELECT, CLIENT NO-EVICT and NO-TOUCH, CLIENT REPLY). A client
+// SETNAME, SELECT, CLIENT NO-EVICT and NO-TOUCH, CLIENT REPLY). The
+// proxy learns that state from the replies, so a command that sets it
+// while CLIENT REPLY OFF or SKIP keeps its reply from the client is sent
+// between a CLIENT REPLY ON of the proxy's own and, when replies were
+// off, a CLIENT REPLY OFF: the proxy reads that reply, and the client gets
+// none of it (connState.reveal). A client
 // that was subscribed, monitoring, tracking keys (CLIENT TRACKING) or a
 // replica is disconnected instead, so that it notices its subscriptions
 // or invalidations are gone. A transaction open on the lost connection

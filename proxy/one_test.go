@@ -127,3 +127,30 @@ func TestQuitWithRepliesOff(t *testing.T) {
 		}
 	}
 }
+
+// TestStateSetWhileRepliesOff: SELECT, HELLO and CLIENT SETNAME sent
+// while CLIENT REPLY OFF or SKIP keeps their replies from the client
+// still set the state a new backend connection is brought back to: after
+// the connection is lost, the client's commands go to the database it
+// selected, in the protocol it chose, and a SELECT Redis refused is not
+// replayed. Nothing of the replies the proxy reads for that reaches the
+// client, byte for byte as from Redis.
+func TestStateSetWhileRepliesOff(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	compare(t, srv, addr, []step{
+		sendRead("a", 4, "SET k 0", "CLIENT REPLY OFF", "SELECT 1", "SET k 1", "SELECT 99", "CLIENT REPLY ON", "GET k",
+			"CLIENT REPLY SKIP", "SELECT 2", "SET k 2"),
+		sendRead("a", 2, "CLIENT REPLY SKIP", "HELLO 3", "GET k", "CLIENT REPLY SKIP", "CLIENT SETNAME n", "CLIENT GETNAME"),
+		sendRead("a", 3, "CLIENT REPLY OFF", "HELLO 2", "CLIENT REPLY ON", "GET k", "PING"),
+	})
+
+	c := dial(t, addr)
+	expectN(t, c, 1, "+OK\r\n", "CLIENT REPLY OFF", "SELECT 1", "SELECT 99", "CLIENT REPLY ON")
+	expectN(t, c, 1, "+OK\r\n", "CLIENT REPLY SKIP", "HELLO 3", "CLIENT REPLY SKIP", "SELECT 2", "CLIENT REPLY SKIP", "CLIENT SETNAME n", "SET k here")
+	if n := killClients(t, srv); n == 0 {
+		t.Fatal("no client connection to kill")
+	}
+	c.do(args("PING")) // connection lost, or the new connection's answer
+	expect(t, c, "$4\r\nhere\r\n$1\r\nn\r\n_\r\n", "GET k", "CLIENT GETNAME", "GET nothing")
+}

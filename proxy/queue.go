@@ -130,15 +130,24 @@ func (q *replyQueue) refused() {
 }
 
 // peek reports what the oldest reply owed answers (entryPlain when none
-// is owed), and what the client gets instead of it, if not the reply.
-func (q *replyQueue) peek() (kind entryKind, replace []byte) {
+// is owed), what the client gets instead of it, if not the reply, and
+// whether the client gets nothing of it (an entry of the proxy's own, or a
+// hidden one).
+func (q *replyQueue) peek() (kind entryKind, replace []byte, hidden bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.head == len(q.fifo) {
-		return entryPlain, nil
+		return entryPlain, nil, false
 	}
 	e := &q.fifo[q.head]
-	return e.kind, e.replace
+	return e.kind, e.replace, e.hidden || e.kind == entryInternal
+}
+
+// reveal is connState.reveal, under the queue's lock.
+func (q *replyQueue) reveal(e *entry) (ok, off bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.reveal(e)
 }
 
 // replicate records that the oldest command owed a reply, a SYNC or PSYNC,

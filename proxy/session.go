@@ -26,6 +26,7 @@ var (
 	cmdDiscard        = []byte("*1\r\n$7\r\nDISCARD\r\n")
 	cmdReplyOff       = command("CLIENT", "REPLY", "OFF")
 	cmdReplySkip      = command("CLIENT", "REPLY", "SKIP")
+	cmdReplyOn        = command("CLIENT", "REPLY", "ON")
 	replyMaxClients   = []byte("-ERR max number of clients reached\r\n")
 	subscribedPrefix  = "-ERR Can't execute '"
 	subscribedSuffix  = "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"
@@ -303,6 +304,7 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 // planState).
 func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bool) {
 	e := classify(name, cmd)
+	offAgain := false // replies were turned on for e, and go off after it (see connState.reveal)
 	for {
 		doomed, err := s.connect(&e)
 		if doomed != nil {
@@ -319,7 +321,14 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		if s.waitStale && waitCommand(name) {
 			s.waitMark()
 		}
+		reveal, off := s.q.reveal(&e)
+		if reveal {
+			if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
+				s.conn.put(cmdReplyOn)
+			}
+		}
 		if ok, _ := s.q.send(&e, s.be); ok {
+			offAgain = off
 			break
 		}
 		if doomed := s.q.doomed(&e); doomed != nil {
@@ -333,6 +342,9 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		raw = cmdDiscard
 	}
 	s.conn.put(raw) // a write that fails closes the connection; the reader answers what is pending
+	if offAgain {
+		s.conn.put(cmdReplyOff)
+	}
 	s.connOut = true
 	if e.kind == entryReset {
 		s.reauth()
@@ -492,9 +504,9 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 // ended.
 func (s *session) frame(be *backend, first byte, ri *replyInfo) bool {
 	// A push is always the client's, as it is.
-	kind, replace := entryPlain, []byte(nil)
+	kind, replace, hidden := entryPlain, []byte(nil), false
 	if first != '>' {
-		kind, replace = s.q.peek()
+		kind, replace, hidden = s.q.peek()
 	}
 	if kind == entrySync && first != '-' {
 		// SYNC or PSYNC is answered with the replication stream (or
@@ -504,7 +516,7 @@ func (s *session) frame(be *backend, first byte, ri *replyInfo) bool {
 		return false
 	}
 	var err error
-	if kind == entryInternal {
+	if hidden {
 		err = s.w.skip(be.r, ri)
 	} else {
 		err = s.w.copyFrom(be.r, ri, replace)

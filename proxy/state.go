@@ -76,6 +76,10 @@ type entry struct {
 	// replace, when set, is what the client gets instead of the reply:
 	// EXECABORT for an EXEC sent to the backend as DISCARD.
 	replace []byte
+	// hidden: the reply is read and learned from, but not the client's:
+	// a command that sets replayed state, sent while CLIENT REPLY keeps
+	// its reply from the client (see connState.reveal).
+	hidden bool
 }
 
 // replayState is the connection state a client set on its backend
@@ -357,6 +361,10 @@ func newConnState() connState { return connState{clientState: clientState{proto:
 // will come for it. An EXEC of a transaction the proxy refused a command
 // of gets e.replace set: the caller sends DISCARD in its place.
 func (c *connState) sent(e *entry) (replies bool) {
+	if e.hidden {
+		c.silent() // the client's SKIP is spent on it, as on Redis
+		return true
+	}
 	switch e.kind {
 	case entryInternal:
 		return true // the proxy's own: CLIENT REPLY is not about it
@@ -397,6 +405,29 @@ func (c *connState) sent(e *entry) (replies bool) {
 		}
 	}
 	return c.replies(e)
+}
+
+// reveal reports whether e, a command that sets state a new connection
+// replays (SELECT, AUTH, HELLO, CLIENT SETNAME, NO-EVICT, NO-TOUCH), is
+// sent while CLIENT REPLY keeps its reply from the client, and marks it
+// hidden then: the proxy must still read that reply, or it cannot tell
+// whether the state was set, and a new connection would be brought back
+// without it (the client's writes would go to another database). The
+// caller turns replies on for it with a CLIENT REPLY ON of its own, whose
+// reply is not the client's, and, when they were off, off again after
+// it; off tells that. Not inside a transaction, where both would be
+// queued, nor while subscribed in RESP2, monitoring or a replica, where
+// Redis refuses them.
+func (c *connState) reveal(e *entry) (ok, off bool) {
+	e.hidden = false
+	if c.mode == replyOn || c.multi || (c.subscribed() && c.proto != 3) || c.monitor || c.replica {
+		return false, false
+	}
+	if c.replay.piece(e.kind) == nil && e.kind != entryHello {
+		return false, false
+	}
+	e.hidden = true
+	return true, c.mode == replyOff
 }
 
 // doomed is what the client gets in place of e, which must not reach the
