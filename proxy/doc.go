@@ -37,7 +37,9 @@
 // of the WAIT's call, waitMark): it sets a key of the proxy's
 // (lockproxy:wait-mark, with a hash tag of the write's slot in front of a
 // cluster) if it does not exist and deletes it at once, which moves the
-// connection's offset to the primary's and changes no key. Not inside a
+// connection's offset to the primary's and changes no key (though it
+// shows where any write does: BCAST tracking invalidations, keyspace
+// notifications, MONITOR; README lists them). Not inside a
 // transaction, where Redis answers WAIT at once, nor while replies are
 // off or skipped, or the client subscribed. A client that only read on
 // the shared connection gets the mark too: its WAIT then waits for the
