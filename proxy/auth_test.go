@@ -65,6 +65,10 @@ func TestResetAfterReplySkip(t *testing.T) {
 		sendRead("a", 4, "AUTH pw", "CLIENT REPLY SKIP", "RESET", "PING", "AUTH pw", "PING"),
 		sendRead("a", 4, "SET k v", "CLIENT REPLY OFF", "SET k w", "RESET", "AUTH pw", "GET k"),
 		sendRead("b", 4, "AUTH pw", "SELECT 1", "CLIENT REPLY SKIP", "RESET", "GET k", "AUTH pw", "GET k"),
+		// The proxy answers AUTH itself; the SKIP it spends is spent on
+		// the backend too.
+		sendRead("c", 3, "AUTH pw", "SELECT 1", "CLIENT REPLY SKIP", "AUTH pw", "ECHO x"),
+		sendRead("c", 1, "CLIENT REPLY SKIP", "AUTH wrong", "ECHO y"),
 	}
 	t.Run("proxy authentication", func(t *testing.T) {
 		want := mask(run(t, direct, direct.Addr, steps))

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +154,23 @@ func TestStateSetWhileRepliesOff(t *testing.T) {
 	}
 	c.do(args("PING")) // connection lost, or the new connection's answer
 	expect(t, c, "$4\r\nhere\r\n$1\r\nn\r\n_\r\n", "GET k", "CLIENT GETNAME", "GET nothing")
+}
+
+// TestSkipSpentByProxyReply: CLIENT REPLY SKIP followed by a command the
+// proxy answers itself (here INFO lockproxy) skips that reply, and only
+// that one: the client's next command on its own connection is answered,
+// though the backend saw the SKIP and not the command that spent it.
+func TestSkipSpentByProxyReply(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, func(c *Config) { c.Info = func() string { return "answer:42\r\n" } })
+	c := dial(t, addr)
+	c.send(encode(args("SELECT 0"), args("CLIENT REPLY SKIP"), args("INFO lockproxy"), args("ECHO x")))
+	if got, err := c.tryRead(2, 5*time.Second); err != nil || string(got) != "+OK\r\n$1\r\nx\r\n" {
+		t.Errorf("SELECT 0, CLIENT REPLY SKIP, INFO lockproxy, ECHO x: %q (%v), want +OK and x", got, err)
+	}
+	c.send(encode(args("CLIENT REPLY SKIP"), args("INFO lockproxy"), args("CLIENT REPLY SKIP"), args("ECHO y"), args("INFO lockproxy"), args("ECHO z")))
+	got, err := c.tryRead(2, 5*time.Second)
+	if err != nil || !bytes.Contains(got, []byte("answer:42")) || !bytes.HasSuffix(got, []byte("\r\n$1\r\nz\r\n")) {
+		t.Errorf("SKIP, INFO lockproxy, SKIP, ECHO y, INFO lockproxy, ECHO z: %q (%v), want INFO's reply and z", got, err)
+	}
 }

@@ -89,11 +89,12 @@ func (q *replyQueue) replyReplay() []byte {
 }
 
 // silent reports whether the reply to a command answered by the proxy is
-// suppressed by CLIENT REPLY, and consumes a SKIP.
-func (q *replyQueue) silent() bool {
+// suppressed by CLIENT REPLY, and consumes a SKIP; skipped tells it did.
+func (q *replyQueue) silent() (silent, skipped bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.st.silent()
+	skipped = q.st.mode == replySkip
+	return q.st.silent(), skipped
 }
 
 // silentFor is silent for a command that was to be forwarded but could

@@ -272,24 +272,24 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		var reply, rewritten []byte
 		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
 		if reply != nil {
-			return localItem{reply: reply, silent: s.q.silent()}, false
+			return localItem{reply: reply, silent: s.silent()}, false
 		}
 		if rewritten != nil {
 			cmd.Raw = rewritten
 		}
 	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
-		return localItem{args: cmd.Args, silent: s.q.silent()}, false
+		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
 	order.wait()
 	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
-		return localItem{build: build, silent: s.q.silent()}, false
+		return localItem{build: build, silent: s.silent()}, false
 	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
-			return localItem{reply: errorReply(err), silent: s.q.silent()}, false
+			return localItem{reply: errorReply(err), silent: s.silent()}, false
 		}
 	}
 	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
@@ -308,7 +308,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 	for {
 		doomed, err := s.connect(&e)
 		if doomed != nil {
-			return localItem{reply: doomed, silent: s.q.silent()}, false
+			return localItem{reply: doomed, silent: s.silent()}, false
 		}
 		if err != nil {
 			if s.ctx.Err() == nil {
@@ -332,7 +332,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 			break
 		}
 		if doomed := s.q.doomed(&e); doomed != nil {
-			return localItem{reply: doomed, silent: s.q.silent()}, false
+			return localItem{reply: doomed, silent: s.silent()}, false
 		}
 	}
 	raw := cmd.Raw
@@ -377,6 +377,23 @@ func (s *session) waitMark() {
 		s.conn.put(waitMarkOne)
 		s.connOut, s.waitStale = true, false
 	}
+}
+
+// silent reports whether CLIENT REPLY suppresses the reply to a command
+// the proxy answers itself, and consumes a SKIP. A SKIP was sent to the
+// backend too, which would spend it on the client's next forwarded
+// command instead: a CLIENT REPLY ON of the proxy's own, whose reply the
+// client never sees, spends it there (Redis clears the skip of the
+// command it runs, and answers it).
+func (s *session) silent() bool {
+	silent, skipped := s.q.silent()
+	if skipped && s.be != nil {
+		if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
+			s.conn.put(cmdReplyOn)
+			s.connOut = true
+		}
+	}
+	return silent
 }
 
 // waitMarkOne is waitMark's command in front of one Redis.
