@@ -12,12 +12,7 @@ import (
 // exactly the replies Redis with requirepass gives, while the proxy signs
 // in to its own password-protected backend with its own credentials.
 func TestAuthLikeRedis(t *testing.T) {
-	direct := redistest.Start(t, "--requirepass", "pw")
-	backend := redistest.Start(t, "--requirepass", "backend-secret")
-	addr, _ := startProxy(t, backend.Addr, func(c *Config) {
-		c.Users = map[string]string{"default": "pw"}
-		c.Backend.Password = "backend-secret"
-	})
+	direct, backend, addr := startAuthProxy(t)
 	steps := []step{
 		send("a", "GET a", "PING", "HELLO 3", "AUTH", "AUTH x y z", "AUTH wrong",
 			"AUTH default wrong", "HELLO 3 AUTH default wrong", "GET a"),
@@ -25,6 +20,26 @@ func TestAuthLikeRedis(t *testing.T) {
 		send("a", "RESET", "GET a", "AUTH default pw", "GET a"),
 		send("a", "HELLO 3 AUTH default pw SETNAME me", "CLIENT GETNAME", "GET a", "RESET", "GET a", "QUIT"),
 	}
+	compareAuth(t, direct, backend, addr, steps)
+}
+
+// startAuthProxy starts a Redis that requires the password pw, and a proxy
+// that requires the same, in front of a Redis that requires the proxy's
+// own (backend-secret).
+func startAuthProxy(t *testing.T) (direct, backend *redistest.Server, addr string) {
+	direct = redistest.Start(t, "--requirepass", "pw")
+	backend = redistest.Start(t, "--requirepass", "backend-secret")
+	addr, _ = startProxy(t, backend.Addr, func(c *Config) {
+		c.Users = map[string]string{"default": "pw"}
+		c.Backend.Password = "backend-secret"
+	})
+	return direct, backend, addr
+}
+
+// compareAuth plays steps on direct and through the proxy at addr, and
+// requires the same bytes.
+func compareAuth(t *testing.T, direct, backend *redistest.Server, addr string, steps []step) {
+	t.Helper()
 	want := mask(run(t, direct, direct.Addr, steps))
 	got := mask(run(t, backend, addr, steps))
 	if !bytes.Equal(got, want) {
@@ -55,12 +70,7 @@ func TestAuthForwardedWithoutProxyUsers(t *testing.T) {
 // never comes: the client's later replies stay its own, and a command the
 // proxy answers itself does not wait for it.
 func TestResetAfterReplySkip(t *testing.T) {
-	direct := redistest.Start(t, "--requirepass", "pw")
-	backend := redistest.Start(t, "--requirepass", "backend-secret")
-	addr, _ := startProxy(t, backend.Addr, func(c *Config) {
-		c.Users = map[string]string{"default": "pw"}
-		c.Backend.Password = "backend-secret"
-	})
+	direct, backend, addr := startAuthProxy(t)
 	steps := []step{
 		sendRead("a", 4, "AUTH pw", "CLIENT REPLY SKIP", "RESET", "PING", "AUTH pw", "PING"),
 		sendRead("a", 4, "SET k v", "CLIENT REPLY OFF", "SET k w", "RESET", "AUTH pw", "GET k"),
@@ -70,13 +80,7 @@ func TestResetAfterReplySkip(t *testing.T) {
 		sendRead("c", 3, "AUTH pw", "SELECT 1", "CLIENT REPLY SKIP", "AUTH pw", "ECHO x"),
 		sendRead("c", 1, "CLIENT REPLY SKIP", "AUTH wrong", "ECHO y"),
 	}
-	t.Run("proxy authentication", func(t *testing.T) {
-		want := mask(run(t, direct, direct.Addr, steps))
-		got := mask(run(t, backend, addr, steps))
-		if !bytes.Equal(got, want) {
-			t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
-		}
-	})
+	t.Run("proxy authentication", func(t *testing.T) { compareAuth(t, direct, backend, addr, steps) })
 
 	// Without proxy authentication, in front of a backend that needs the
 	// proxy's password, and of one that needs none.
