@@ -65,7 +65,9 @@
 // while CLIENT REPLY OFF or SKIP keeps its reply from the client is sent
 // between a CLIENT REPLY ON of the proxy's own and, when replies were
 // off, a CLIENT REPLY OFF: the proxy reads that reply, and the client gets
-// none of it (connState.reveal). A client
+// none of it (connState.reveal). A SKIP spent by a command the proxy
+// answers itself is spent on the backend too, by a CLIENT REPLY ON of the
+// proxy's own (session.silent). A client
 // that was subscribed, monitoring, tracking keys (CLIENT TRACKING) or a
 // replica is disconnected instead, so that it notices its subscriptions
 // or invalidations are gone. A transaction open on the lost connection
