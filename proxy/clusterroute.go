@@ -744,7 +744,9 @@ func (s *session) keylessSpecial(m *slotMap, name []byte, cmd redcon.Command) ca
 // waitMarkScript writes KEYS[1] and deletes it at once, unless it exists:
 // the connection it runs on then has the primary's replication offset as
 // that of its last write (what WAIT and WAITAOF wait for), and no key
-// changes. Other clients never see the key: a script runs alone.
+// changes. No command sees the key, as a script runs alone; but the write
+// shows where writes show: BCAST tracking invalidations, keyspace
+// notifications, MONITOR (see README).
 const waitMarkScript = "if redis.call('set',KEYS[1],'1','nx') then redis.call('del',KEYS[1]) end return 0"
 
 // waitMarkKey is the key waitMarkScript writes, in front of one Redis.

@@ -37,7 +37,9 @@
 // of the WAIT's call, waitMark): it sets a key of the proxy's
 // (lockproxy:wait-mark, with a hash tag of the write's slot in front of a
 // cluster) if it does not exist and deletes it at once, which moves the
-// connection's offset to the primary's and changes no key. Not inside a
+// connection's offset to the primary's and changes no key (though it
+// shows where any write does: BCAST tracking invalidations, keyspace
+// notifications, MONITOR; README lists them). Not inside a
 // transaction, where Redis answers WAIT at once, nor while replies are
 // off or skipped, or the client subscribed. A client that only read on
 // the shared connection gets the mark too: its WAIT then waits for the
@@ -58,7 +60,14 @@
 // When the backend connection breaks, the commands waiting on it are
 // answered with "-ERR backend unavailable: ...", and the next command opens
 // a new connection brought back to the client's state (AUTH, HELLO, CLIENT
-// SETNAME, SELECT, CLIENT NO-EVICT and NO-TOUCH, CLIENT REPLY). A client
+// SETNAME, SELECT, CLIENT NO-EVICT and NO-TOUCH, CLIENT REPLY). The
+// proxy learns that state from the replies, so a command that sets it
+// while CLIENT REPLY OFF or SKIP keeps its reply from the client is sent
+// between a CLIENT REPLY ON of the proxy's own and, when replies were
+// off, a CLIENT REPLY OFF: the proxy reads that reply, and the client gets
+// none of it (connState.reveal). A SKIP spent by a command the proxy
+// answers itself is spent on the backend too, by a CLIENT REPLY ON of the
+// proxy's own (session.silent). A client
 // that was subscribed, monitoring, tracking keys (CLIENT TRACKING) or a
 // replica is disconnected instead, so that it notices its subscriptions
 // or invalidations are gone. A transaction open on the lost connection

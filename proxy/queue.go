@@ -89,11 +89,12 @@ func (q *replyQueue) replyReplay() []byte {
 }
 
 // silent reports whether the reply to a command answered by the proxy is
-// suppressed by CLIENT REPLY, and consumes a SKIP.
-func (q *replyQueue) silent() bool {
+// suppressed by CLIENT REPLY, and consumes a SKIP; skipped tells it did.
+func (q *replyQueue) silent() (silent, skipped bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.st.silent()
+	skipped = q.st.mode == replySkip
+	return q.st.silent(), skipped
 }
 
 // silentFor is silent for a command that was to be forwarded but could
@@ -130,15 +131,24 @@ func (q *replyQueue) refused() {
 }
 
 // peek reports what the oldest reply owed answers (entryPlain when none
-// is owed), and what the client gets instead of it, if not the reply.
-func (q *replyQueue) peek() (kind entryKind, replace []byte) {
+// is owed), what the client gets instead of it, if not the reply, and
+// whether the client gets nothing of it (an entry of the proxy's own, or a
+// hidden one).
+func (q *replyQueue) peek() (kind entryKind, replace []byte, hidden bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.head == len(q.fifo) {
-		return entryPlain, nil
+		return entryPlain, nil, false
 	}
 	e := &q.fifo[q.head]
-	return e.kind, e.replace
+	return e.kind, e.replace, e.hidden || e.kind == entryInternal
+}
+
+// reveal is connState.reveal, under the queue's lock.
+func (q *replyQueue) reveal(e *entry) (ok, off bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.st.reveal(e)
 }
 
 // replicate records that the oldest command owed a reply, a SYNC or PSYNC,
@@ -254,9 +264,10 @@ func (q *replyQueue) adopt(st clientState) {
 
 // lose marks be dead and the state it held gone. It returns how many
 // entries are owed a reply that will not come (to pass to forget once
-// they are answered), how many of them are the client's, and whether the
-// client was listening or has gone, either of which means disconnecting it.
-func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed bool) {
+// they are answered), how many of them are the client's, whether the
+// client was listening or has gone, either of which means disconnecting it,
+// and whether it had sent QUIT (then Redis closed be, as it should).
+func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed, quit bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	be.dead = true
@@ -267,7 +278,8 @@ func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed boo
 			visible++
 		}
 	}
-	return owed, visible, q.st.lost(), q.closed
+	quit = q.st.quit
+	return owed, visible, q.st.lost(), q.closed, quit
 }
 
 // forget drops n entries that lose counted.

@@ -26,6 +26,7 @@ var (
 	cmdDiscard        = []byte("*1\r\n$7\r\nDISCARD\r\n")
 	cmdReplyOff       = command("CLIENT", "REPLY", "OFF")
 	cmdReplySkip      = command("CLIENT", "REPLY", "SKIP")
+	cmdReplyOn        = command("CLIENT", "REPLY", "ON")
 	replyMaxClients   = []byte("-ERR max number of clients reached\r\n")
 	subscribedPrefix  = "-ERR Can't execute '"
 	subscribedSuffix  = "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n"
@@ -271,24 +272,24 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		var reply, rewritten []byte
 		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
 		if reply != nil {
-			return localItem{reply: reply, silent: s.q.silent()}, false
+			return localItem{reply: reply, silent: s.silent()}, false
 		}
 		if rewritten != nil {
 			cmd.Raw = rewritten
 		}
 	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
-		return localItem{args: cmd.Args, silent: s.q.silent()}, false
+		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
 	order.wait()
 	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
-		return localItem{build: build, silent: s.q.silent()}, false
+		return localItem{build: build, silent: s.silent()}, false
 	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
-			return localItem{reply: errorReply(err), silent: s.q.silent()}, false
+			return localItem{reply: errorReply(err), silent: s.silent()}, false
 		}
 	}
 	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
@@ -303,10 +304,11 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 // planState).
 func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bool) {
 	e := classify(name, cmd)
+	offAgain := false // replies were turned on for e, and go off after it (see connState.reveal)
 	for {
 		doomed, err := s.connect(&e)
 		if doomed != nil {
-			return localItem{reply: doomed, silent: s.q.silent()}, false
+			return localItem{reply: doomed, silent: s.silent()}, false
 		}
 		if err != nil {
 			if s.ctx.Err() == nil {
@@ -319,11 +321,18 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		if s.waitStale && waitCommand(name) {
 			s.waitMark()
 		}
+		reveal, off := s.q.reveal(&e)
+		if reveal {
+			if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
+				s.conn.put(cmdReplyOn)
+			}
+		}
 		if ok, _ := s.q.send(&e, s.be); ok {
+			offAgain = off
 			break
 		}
 		if doomed := s.q.doomed(&e); doomed != nil {
-			return localItem{reply: doomed, silent: s.q.silent()}, false
+			return localItem{reply: doomed, silent: s.silent()}, false
 		}
 	}
 	raw := cmd.Raw
@@ -333,6 +342,9 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		raw = cmdDiscard
 	}
 	s.conn.put(raw) // a write that fails closes the connection; the reader answers what is pending
+	if offAgain {
+		s.conn.put(cmdReplyOff)
+	}
 	s.connOut = true
 	if e.kind == entryReset {
 		s.reauth()
@@ -365,6 +377,23 @@ func (s *session) waitMark() {
 		s.conn.put(waitMarkOne)
 		s.connOut, s.waitStale = true, false
 	}
+}
+
+// silent reports whether CLIENT REPLY suppresses the reply to a command
+// the proxy answers itself, and consumes a SKIP. A SKIP was sent to the
+// backend too, which would spend it on the client's next forwarded
+// command instead: a CLIENT REPLY ON of the proxy's own, whose reply the
+// client never sees, spends it there (Redis clears the skip of the
+// command it runs, and answers it).
+func (s *session) silent() bool {
+	silent, skipped := s.q.silent()
+	if skipped && s.be != nil {
+		if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
+			s.conn.put(cmdReplyOn)
+			s.connOut = true
+		}
+	}
+	return silent
 }
 
 // waitMarkOne is waitMark's command in front of one Redis.
@@ -492,9 +521,9 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 // ended.
 func (s *session) frame(be *backend, first byte, ri *replyInfo) bool {
 	// A push is always the client's, as it is.
-	kind, replace := entryPlain, []byte(nil)
+	kind, replace, hidden := entryPlain, []byte(nil), false
 	if first != '>' {
-		kind, replace = s.q.peek()
+		kind, replace, hidden = s.q.peek()
 	}
 	if kind == entrySync && first != '-' {
 		// SYNC or PSYNC is answered with the replication stream (or
@@ -504,7 +533,7 @@ func (s *session) frame(be *backend, first byte, ri *replyInfo) bool {
 		return false
 	}
 	var err error
-	if kind == entryInternal {
+	if hidden {
 		err = s.w.skip(be.r, ri)
 	} else {
 		err = s.w.copyFrom(be.r, ri, replace)
@@ -541,9 +570,9 @@ func (s *session) relay(be *backend) error {
 // it must notice, as it would if Redis itself had dropped it.
 func (s *session) backendLost(be *backend, cause error) {
 	be.nc.Close()
-	owed, visible, listening, closed := s.q.lose(be)
+	owed, visible, listening, closed, quit := s.q.lose(be)
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, errMidReply) || listening
-	if !closed && !errors.Is(cause, errClosed) {
+	if !closed && !quit && !errors.Is(cause, errClosed) {
 		s.log.Debug("backend connection lost", zap.Error(cause))
 		s.p.backendTrouble()
 	}

@@ -76,6 +76,10 @@ type entry struct {
 	// replace, when set, is what the client gets instead of the reply:
 	// EXECABORT for an EXEC sent to the backend as DISCARD.
 	replace []byte
+	// hidden: the reply is read and learned from, but not the client's:
+	// a command that sets replayed state, sent while CLIENT REPLY keeps
+	// its reply from the client (see connState.reveal).
+	hidden bool
 }
 
 // replayState is the connection state a client set on its backend
@@ -344,7 +348,11 @@ type connState struct {
 	// tracking: CLIENT TRACKING ON succeeded. The invalidations the lost
 	// connection owed cannot be had, so the client is disconnected.
 	tracking bool
-	mode     replyMode
+	// quit: a QUIT was sent. Redis closes the connection after it, and
+	// the proxy closes the client's with it, also when CLIENT REPLY kept
+	// QUIT's +OK from coming (which otherwise tells, see answeredQuit).
+	quit bool
+	mode replyMode
 }
 
 func newConnState() connState { return connState{clientState: clientState{proto: 2}} }
@@ -353,6 +361,10 @@ func newConnState() connState { return connState{clientState: clientState{proto:
 // will come for it. An EXEC of a transaction the proxy refused a command
 // of gets e.replace set: the caller sends DISCARD in its place.
 func (c *connState) sent(e *entry) (replies bool) {
+	if e.hidden {
+		c.silent() // the client's SKIP is spent on it, as on Redis
+		return true
+	}
 	switch e.kind {
 	case entryInternal:
 		return true // the proxy's own: CLIENT REPLY is not about it
@@ -363,6 +375,8 @@ func (c *connState) sent(e *entry) (replies bool) {
 	case entryReset:
 		c.multi, c.txnFailed, c.txnLost = false, false, false
 		c.watching, c.watchLost = false, false
+	case entryQuit:
+		c.quit = true
 	case entryMulti:
 		if !c.multi {
 			c.multi = true
@@ -391,6 +405,29 @@ func (c *connState) sent(e *entry) (replies bool) {
 		}
 	}
 	return c.replies(e)
+}
+
+// reveal reports whether e, a command that sets state a new connection
+// replays (SELECT, AUTH, HELLO, CLIENT SETNAME, NO-EVICT, NO-TOUCH), is
+// sent while CLIENT REPLY keeps its reply from the client, and marks it
+// hidden then: the proxy must still read that reply, or it cannot tell
+// whether the state was set, and a new connection would be brought back
+// without it (the client's writes would go to another database). The
+// caller turns replies on for it with a CLIENT REPLY ON of its own, whose
+// reply is not the client's, and, when they were off, off again after
+// it; off tells that. Not inside a transaction, where both would be
+// queued, nor while subscribed in RESP2, monitoring or a replica, where
+// Redis refuses them.
+func (c *connState) reveal(e *entry) (ok, off bool) {
+	e.hidden = false
+	if c.mode == replyOn || c.multi || (c.subscribed() && c.proto != 3) || c.monitor || c.replica {
+		return false, false
+	}
+	if c.replay.piece(e.kind) == nil && e.kind != entryHello {
+		return false, false
+	}
+	e.hidden = true
+	return true, c.mode == replyOff
 }
 
 // doomed is what the client gets in place of e, which must not reach the
@@ -465,7 +502,12 @@ func (c *connState) replies(e *entry) bool {
 		}
 		return e.mode == replyOn
 	case entryReset:
+		// RESET turns replies back on, but a SKIP still covers RESET
+		// itself: Redis clears CLIENT REPLY OFF and a SKIP set for the
+		// command after next, not the skip of the command it runs.
+		skipped := c.mode == replySkip
 		c.mode = replyOn
+		return !skipped
 	}
 	return !c.silent()
 }
@@ -596,11 +638,11 @@ func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
 // lost records that the backend connection is gone, with everything it
 // held. It reports whether the client must be disconnected to notice:
 // it was listening (subscribed, monitoring or a replica), or tracking
-// keys for its cache. The replay state and the protocol stay: a new
+// keys for its cache; or it sent QUIT, after which Redis closed it. The replay state and the protocol stay: a new
 // connection is brought back to them. An open transaction stays open and
 // failed (txnLost), and watched keys make the next EXEC abort (watchLost).
 func (c *connState) lost() (disconnect bool) {
-	disconnect = c.listening() || c.tracking
+	disconnect = c.listening() || c.tracking || c.quit
 	c.nChan, c.nPat, c.nShard, c.monitor, c.replica = 0, 0, 0, false, false
 	c.tracking = false
 	c.txnLost = c.txnLost || c.multi

@@ -43,7 +43,7 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 	if e.kind == entryQuit {
 		// A client without a connection of its own has nothing to close
 		// on the backend: the proxy answers QUIT as Redis does.
-		return localItem{reply: replyOK, silent: s.q.silent(), quit: true}, false, false
+		return localItem{reply: replyOK, silent: s.silent(), quit: true}, false, false
 	}
 	if stateless(name) {
 		if err := s.sh.send(s, e, cmd.Raw); err != nil {
