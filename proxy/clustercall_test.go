@@ -483,17 +483,7 @@ func TestClusterWaitAfterRedirect(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	addr, p := startClusterProxy(t, c)
 	from, to := c.Nodes[1], c.Nodes[0]
-	// The replica of `to`.
-	var replica *redistest.Server
-	repl := string(dial(t, to.Addr).do(args("INFO replication")))
-	for _, n := range c.Nodes[c.Masters:] {
-		if strings.Contains(repl, ",port="+strconv.Itoa(n.Port())+",") {
-			replica = n
-		}
-	}
-	if replica == nil {
-		t.Fatalf("no replica of %s among the nodes: %q", to.Addr, repl)
-	}
+	replica := replicaOf(t, c, to)
 	a := dial(t, addr)
 	a.do(args("CLIENT SETNAME waiter"))
 	k := keyOn(1, "w")
@@ -591,17 +581,7 @@ func TestClusterWaitSharedWrites(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	addr, _ := startClusterProxy(t, c)
 	k := keyOn(0, "w")
-	master := c.Nodes[0]
-	var replica *redistest.Server
-	repl := string(dial(t, master.Addr).do(args("INFO replication")))
-	for _, n := range c.Nodes[c.Masters:] {
-		if strings.Contains(repl, ",port="+strconv.Itoa(n.Port())+",") {
-			replica = n
-		}
-	}
-	if replica == nil {
-		t.Fatalf("no replica of %s among the nodes: %q", master.Addr, repl)
-	}
+	replica := replicaOf(t, c, c.Nodes[0])
 	a := dial(t, addr)
 	if got := string(a.do(args("SET "+k+" 0"), args("WAIT 1 5000"))); got != "+OK\r\n:1\r\n" {
 		t.Fatalf("SET, WAIT with the replica up: %q", got)
@@ -615,4 +595,17 @@ func TestClusterWaitSharedWrites(t *testing.T) {
 	if got := string(b.do(args("WAIT 1 300"))); got != ":0\r\n" {
 		t.Errorf("WAIT 1 300 after a write the stopped replica cannot have: %q, want :0 as from Redis", got)
 	}
+}
+
+// replicaOf returns the node of c that replicates master.
+func replicaOf(tb testing.TB, c *redistest.Cluster, master *redistest.Server) *redistest.Server {
+	tb.Helper()
+	repl := string(dial(tb, master.Addr).do(args("INFO replication")))
+	for _, n := range c.Nodes[c.Masters:] {
+		if strings.Contains(repl, ",port="+strconv.Itoa(n.Port())+",") {
+			return n
+		}
+	}
+	tb.Fatalf("no replica of %s among the nodes: %q", master.Addr, repl)
+	return nil
 }
