@@ -321,7 +321,10 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		if s.waitStale && waitCommand(name) {
 			s.waitMark()
 		}
-		reveal, off := s.q.reveal(&e)
+		reveal, off := false, false
+		if replayedKind(e.kind) { // the others are never revealed: no lock for them
+			reveal, off = s.q.reveal(&e)
+		}
 		if reveal {
 			if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
 				s.conn.put(cmdReplyOn)

@@ -122,6 +122,16 @@ func (r *replayState) piece(k entryKind) *[]byte {
 	return nil
 }
 
+// replayedKind reports whether a command of kind k sets what a new
+// connection replays: one of piece's kinds, or HELLO.
+func replayedKind(k entryKind) bool {
+	switch k {
+	case entrySelect, entryAuth, entrySetName, entryNoEvict, entryNoTouch, entryHello:
+		return true
+	}
+	return false
+}
+
 // empty reports whether the client set nothing to replay.
 func (r *replayState) empty() bool {
 	return r.auth == nil && r.hello == nil && r.name == nil && r.db == nil && r.noEvict == nil && r.noTouch == nil
@@ -423,7 +433,7 @@ func (c *connState) reveal(e *entry) (ok, off bool) {
 	if c.mode == replyOn || c.multi || (c.subscribed() && c.proto != 3) || c.monitor || c.replica {
 		return false, false
 	}
-	if c.replay.piece(e.kind) == nil && e.kind != entryHello {
+	if !replayedKind(e.kind) {
 		return false, false
 	}
 	e.hidden = true
