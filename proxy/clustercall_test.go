@@ -208,12 +208,7 @@ func ownReaders() int {
 // machinery; and its next commands, and a connection a master closed
 // meanwhile, are served as before.
 func TestClusterOwnIdle(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	addr, _ := startClusterProxy(t, c)
-	flushCluster(t, c)
-	base := ownReaders()
-	a := dial(t, addr)
-	a.do(args("CLIENT SETNAME idler"))
+	c, _, a, base := startOwnClient(t, "idler")
 	k0, k1, k2 := keyOn(0, "i"), keyOn(1, "i"), keyOn(2, "i")
 	if got := string(a.do(args("MSET " + k0 + " v0 " + k1 + " v1 " + k2 + " v2"))); got != "+OK\r\n" {
 		t.Fatalf("MSET: %q", got)
@@ -295,12 +290,7 @@ func TestClusterMovedOrder(t *testing.T) {
 // waits behind them leaves nothing behind: its session, its connections
 // to the masters and their readers all end.
 func TestClusterGoneWithPartsInFlight(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	addr, p := startClusterProxy(t, c)
-	flushCluster(t, c)
-	base := ownReaders()
-	a := dial(t, addr)
-	a.do(args("CLIENT SETNAME leaver"))
+	c, p, a, base := startOwnClient(t, "leaver")
 	busyNode(t, c.Nodes[0].Addr, 400*time.Millisecond)
 	k0, k1, k2 := keyOn(0, "g"), keyOn(1, "g"), keyOn(2, "g")
 	a.send(encode(args("MGET "+k0+" "+k1+" "+k2), args("BLPOP "+keyOn(1, "q")+" 0")))
@@ -608,4 +598,18 @@ func replicaOf(tb testing.TB, c *redistest.Cluster, master *redistest.Server) *r
 	}
 	tb.Fatalf("no replica of %s among the nodes: %q", master.Addr, repl)
 	return nil
+}
+
+// startOwnClient starts a cluster of three masters, emptied, and a proxy
+// in front of it, and returns a client named name (so on connections of
+// its own) and how many own-connection readers ran before it.
+func startOwnClient(tb *testing.T, name string) (*redistest.Cluster, *Proxy, *client, int) {
+	tb.Helper()
+	c := redistest.StartCluster(tb, 3, 0)
+	addr, p := startClusterProxy(tb, c)
+	flushCluster(tb, c)
+	base := ownReaders()
+	a := dial(tb, addr)
+	a.do(args("CLIENT SETNAME " + name))
+	return c, p, a, base
 }
