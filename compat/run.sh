@@ -2,7 +2,7 @@
 # compat/run.sh: Redis's own test suite against Redis directly and through
 # lockproxy, and the tests that pass directly but not through the proxy.
 #
-#   bash compat/run.sh [-u UNIT]... SUITE
+#   bash compat/run.sh [-c] [-u UNIT]... SUITE
 #
 # SUITE is a copy of the redis repository at tag 7.0.15 (at least its
 # runtest script and tests/ folder; see compat/README.md). Nothing is
@@ -23,6 +23,11 @@
 # nodes embedded). The report (stdout, and $OUT when set) lists per unit the
 # tests that passed each way and, test by test, those that passed directly
 # but not through the proxy; then the totals. Progress goes to stderr.
+#
+# With -c (cluster mode) both runs add runtest's --cluster-mode (one
+# database, the tests tagged cluster:skip left out), and the proxy is in
+# front of a fresh Redis Cluster of 3 masters without replicas
+# (backend.cluster) instead of one redis-server.
 #
 # Environment (defaults in brackets):
 #   TAGS ["-slow -needs:debug"]  runtest --tags
@@ -49,8 +54,10 @@ usage() {
 }
 
 units=()
-while getopts "u:h" opt; do
+cluster=
+while getopts "cu:h" opt; do
 	case $opt in
+	c) cluster=1 ;;
 	u) units+=("$OPTARG") ;;
 	*) usage ;;
 	esac
@@ -123,6 +130,9 @@ lock:
   nodes: [embedded, embedded, embedded]
 EOF
 
+modeflags=()
+[[ -z "$cluster" ]] || modeflags=(--cluster-mode)
+
 if ((${#units[@]} == 0)); then
 	mapfile -t units < <(cd "$tmp/suite" && ./runtest --list-tests)
 fi
@@ -141,12 +151,46 @@ start_redis() {
 	waitping "$redis_port" redis-server
 }
 
-# start_proxy DIR BACKEND_PORT: start lockproxy in front of the backend;
+# start_cluster DIR: start 3 fresh cluster nodes as start_redis does and
+# make them a cluster of 3 masters; sets cluster_seeds (comma-separated
+# addresses) and cluster_pids.
+start_cluster() {
+	local i port addrs=()
+	cluster_pids=()
+	for i in 1 2 3; do
+		# A cluster node also takes port+10000 (its bus), below 32768,
+		# where the kernel picks no client ports.
+		freeport port 20000 2700 bus
+		mkdir -p "$1/node$i"
+		redis-server --port "$port" --bind 127.0.0.1 --dir "$1/node$i" --save '' --appendonly no \
+			--daemonize no --logfile "$1/node$i/redis.log" --cluster-enabled yes \
+			--cluster-config-file nodes.conf --cluster-node-timeout 5000 &
+		cluster_pids+=($!)
+		pids+=($!)
+		waitping "$port" redis-server
+		addrs+=("127.0.0.1:$port")
+	done
+	create_cluster "$1/create.log" "${addrs[@]}"
+	cluster_seeds=$(
+		IFS=,
+		echo "${addrs[*]}"
+	)
+}
+
+# start_proxy DIR BACKEND_PORT: start lockproxy in front of the backend
+# (with an empty BACKEND_PORT, in front of the cluster cluster_seeds);
 # sets proxy_port and proxy_pid.
 start_proxy() {
+	local backend=(-backend "127.0.0.1:$2") cfg=$tmp/lockproxy.yaml
+	if [[ -z "$2" ]]; then
+		cfg=$1/lockproxy.yaml
+		printf '%s\n' 'metrics:' '  listen: ""' 'backend:' '  addr: ""' "  cluster: [$cluster_seeds]" \
+			"  shared_connections: $SHARED" 'lock:' '  nodes: [embedded, embedded, embedded]' >"$cfg"
+		backend=()
+	fi
 	freeport proxy_port 30000 2000
-	"$tmp/lockproxy" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$proxy_port" \
-		-backend "127.0.0.1:$2" -log-level warn >"$1/lockproxy.log" 2>&1 &
+	"$tmp/lockproxy" -config "$cfg" -listen "127.0.0.1:$proxy_port" \
+		"${backend[@]}" -log-level warn >"$1/lockproxy.log" 2>&1 &
 	proxy_pid=$!
 	pids+=("$proxy_pid")
 	waitping "$proxy_port" lockproxy || {
@@ -173,21 +217,32 @@ run_unit() {
 	local unit=$1 mode=$2 dir port rc=0 started
 	dir="$tmp/runs/${unit//\//_}.$mode"
 	mkdir -p "$dir"
-	start_redis "$dir/redis"
-	port=$redis_port
-	if [[ $mode == proxy ]]; then
-		start_proxy "$dir" "$redis_port"
+	if [[ $mode == proxy && -n "$cluster" ]]; then
+		start_cluster "$dir/cluster"
+		start_proxy "$dir" ""
 		port=$proxy_port
+	else
+		start_redis "$dir/redis"
+		port=$redis_port
+		if [[ $mode == proxy ]]; then
+			start_proxy "$dir" "$redis_port"
+			port=$proxy_port
+		fi
 	fi
 	started=$SECONDS
 	(cd "$tmp/suite" && TERM=dumb timeout -k 10 "$UNIT_TIMEOUT" ./runtest --host 127.0.0.1 --port "$port" \
-		--tags "$TAGS" --durable --timeout "$STALL" --single "$unit") >"$dir/output" 2>&1 || rc=$?
+		--tags "$TAGS" --durable --timeout "$STALL" "${modeflags[@]}" --single "$unit") >"$dir/output" 2>&1 || rc=$?
 	if [[ $mode == proxy ]]; then
 		stop "$proxy_pid"
 		forget "$proxy_pid"
 	fi
-	stop "$redis_pid"
-	forget "$redis_pid"
+	if [[ $mode == proxy && -n "$cluster" ]]; then
+		stop "${cluster_pids[@]}"
+		forget "${cluster_pids[@]}"
+	else
+		stop "$redis_pid"
+		forget "$redis_pid"
+	fi
 	sed -n 's/^\[ok\]: \(.*\) ([0-9]* ms)$/\1/p' "$dir/output" | LC_ALL=C sort >"$dir/ok"
 	grep -E '^\[(err|exception|TIMEOUT)\]|^\[.*TIMEOUT' "$dir/output" >"$dir/err" || true
 	if ((rc == 124 || rc == 137)); then
@@ -225,7 +280,7 @@ for unit in "${units[@]}"; do
 done
 
 {
-	echo "Redis test suite ($("$tmp/suite/src/redis-server" --version | sed 's/ sha=.*//'), tags \"$TAGS\"), lockproxy $version"
+	echo "Redis test suite ($("$tmp/suite/src/redis-server" --version | sed 's/ sha=.*//'), tags \"$TAGS\"${cluster:+, --cluster-mode, lockproxy in front of a 3-master cluster}), lockproxy $version"
 	echo
 	echo "| unit | passed directly | passed through lockproxy | passed directly only |"
 	echo "|---|---:|---:|---:|"
