@@ -161,7 +161,20 @@ func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
 	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
 		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
 		cs.st.replay.empty() && !cs.monitorOn && s.be == nil &&
-		stateless(name) && !blockingCommand(name)
+		stateless(name) && !blockingCommand(name) && !scriptCommand(name)
+}
+
+// scriptCommand reports whether a command runs a script or function,
+// which may run past busy-reply-threshold: on a shared connection it
+// would hold back every other client's commands behind it, where one
+// Redis answers them BUSY (and SCRIPT KILL or FUNCTION KILL from one of
+// them ends it), so it goes on the client's own connection.
+func scriptCommand(name []byte) bool {
+	switch string(name) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		return true
+	}
+	return false
 }
 
 // changesAccess reports whether a command may change which connections
