@@ -140,6 +140,9 @@ type clusterSession struct {
 	// blocking: a command that may block was sent; what follows waits
 	// for its reply (session.handle).
 	blocking bool
+	// quit: the client sent QUIT; the commands after it are not run, as
+	// Redis closes the connection after it.
+	quit bool
 
 	// The place of every reply the client is owed, the shared
 	// connections used so far, and the index of the client's connection
@@ -307,6 +310,9 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 		// knowing whether it succeeded.
 		s.settleCluster()
 	}
+	if unmute := s.muteReplies(name, cmd.Args); unmute != nil {
+		defer unmute()
+	}
 	txn, watch := cs.txn, cs.watch
 	c := s.plan(name, cmd)
 	s.tagTx(&c, name, txn, watch)
@@ -324,7 +330,8 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 // is routed by its keys otherwise.
 func (cs *clusterSession) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
 	if string(name) == "quit" {
-		return localItem{reply: replyOK, quit: true}, false, false
+		cs.quit = true // nothing after it is run (session.forward)
+		return localItem{reply: replyOK, quit: true, silent: s.silent()}, false, false
 	}
 	if s.be != nil || subscription(name) {
 		// The pub/sub connection's replies must not pass the others.
@@ -363,7 +370,7 @@ func setsState(name []byte, args [][]byte) bool {
 	case "auth", "hello":
 		return true
 	case "client":
-		return len(args) > 1 && len(args[1]) == 7 && bytes.EqualFold(args[1], []byte("setname"))
+		return len(args) > 1 && replayedClient(args[1]) != entryPlain
 	}
 	return false
 }
@@ -468,6 +475,10 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 		}
 	case "sync", "psync", "replconf":
 		return localCall(unsupported(string(name))), true
+	case "replicaof", "slaveof":
+		if c, ok := replicaOfNoOne(args); ok {
+			return c, true
+		}
 	case "reset":
 		s.settleCluster()
 		cs.dropAll()
@@ -485,9 +496,13 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 		}
 		var sb [24]byte
 		switch string(lower(&sb, args[1])) {
-		case "setname":
+		case "setname", "no-evict", "no-touch":
 			return s.everywhere(m, cmd, name), true
-		case "reply", "tracking", "caching", "no-evict", "no-touch":
+		case "reply":
+			if c, ok := s.clientReply(args); ok {
+				return c, true
+			}
+		case "tracking", "caching":
 			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1])))), true
 		}
 	}
@@ -523,9 +538,9 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 }
 
 // everywhere sends a command that sets connection state (AUTH, HELLO,
-// CLIENT SETNAME) on every connection of the client, and on the default
-// master's, whose reply is the client's; every connection dialed later
-// replays it.
+// CLIENT SETNAME, NO-EVICT, NO-TOUCH) on every connection of the client,
+// and on the default master's, whose reply is the client's; every
+// connection dialed later replays it.
 func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	cs := s.cl
 	def := m.master(m.first[0])
@@ -550,7 +565,7 @@ func (s *session) everywhere(m *slotMap, cmd redcon.Command, name []byte) call {
 	case "hello":
 		k = entryHello
 	case "client":
-		k = entrySetName
+		k = replayedClient(cmd.Args[1])
 	}
 	c.learn = func(failed bool) {
 		if !failed {

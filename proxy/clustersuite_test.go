@@ -90,3 +90,137 @@ func TestClusterBusyScript(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterClientState checks CLIENT REPLY, CLIENT NO-EVICT, REPLICAOF
+// NO ONE and QUIT in front of a cluster, byte for byte as one Redis
+// answers them, and NO-EVICT on every connection the client uses, also
+// one opened again after a lost connection.
+func TestClusterClientState(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	srv := redistest.Start(t)
+	addr, _ := startClusterProxy(t, c)
+	k0, k1, k2 := keyOn(0, "st:"), keyOn(1, "st:"), keyOn(2, "st:")
+
+	t.Run("CLIENT REPLY", func(t *testing.T) {
+		compareCluster(t, srv, c, addr, []step{
+			send("a", "SET "+k0+" 1"),
+			// OFF: nothing until ON, routed, fanned, split, local or
+			// refused alike.
+			{on: "a", cmds: [][]string{
+				args("CLIENT REPLY OFF"), args("SET " + k1 + " 2"), args("GET " + k2), args("DBSIZE"),
+				args("MGET " + k0 + " " + k1 + " " + k2), args("PING"), args("NOSUCH"), args("CLIENT REPLY ON"),
+				args("MGET " + k0 + " " + k1),
+			}, read: 2},
+			// SKIP: the next command's reply only.
+			{on: "a", cmds: [][]string{
+				args("CLIENT REPLY SKIP"), args("INCR " + k2), args("GET " + k2),
+				args("CLIENT REPLY SKIP"), args("DBSIZE"), args("DBSIZE"),
+				args("CLIENT REPLY SKIP"), args("MGET " + k0 + " " + k2), args("PING"),
+				args("CLIENT REPLY SKIP"), args("CLIENT REPLY ON"), args("PING"),
+			}, read: 5},
+			// Errors are Redis's.
+			send("a", "CLIENT REPLY", "CLIENT REPLY MAYBE", "CLIENT REPLY ON X"),
+			// A pipeline of a client with replies off.
+			{on: "b", cmds: [][]string{args("CLIENT REPLY OFF"), args("SET " + k0 + " x"), args("CLIENT REPLY ON"), args("GET " + k0)}, read: 2},
+		})
+	})
+
+	t.Run("REPLICAOF NO ONE", func(t *testing.T) {
+		a := dial(t, addr)
+		for _, cmd := range []string{"REPLICAOF NO ONE", "replicaof no one", "SLAVEOF NO ONE"} {
+			if got := string(a.do(args(cmd))); got != "+OK\r\n" {
+				t.Errorf("%s: %q", cmd, got)
+			}
+		}
+		if got := string(a.do(args("REPLICAOF NO"))); got != "-ERR wrong number of arguments for 'replicaof' command\r\n" {
+			t.Errorf("REPLICAOF NO: %q", got)
+		}
+		if got := string(a.do(args("REPLICAOF 127.0.0.1 1"))); !strings.HasPrefix(got, "-ERR") {
+			t.Errorf("REPLICAOF host port: %q", got)
+		}
+	})
+
+	t.Run("QUIT", func(t *testing.T) {
+		// Commands pipelined after QUIT are not run, as on Redis.
+		flushCluster(t, c)
+		a := dial(t, addr)
+		a.send(encode(args("QUIT"), args("SET "+k1+" 1"), args("INCR "+k0), args("SET "+k2+" 1")))
+		b := dial(t, addr)
+		b.send(encode(args("SET "+k0+" 1"), args("QUIT"), args("SET "+k1+" 1"), args("INCR "+k0), args("SET "+k2+" 1")))
+		if got := string(a.read(1)); got != "+OK\r\n" {
+			t.Fatalf("QUIT: %q", got)
+		}
+		if got := string(b.read(2)); got != "+OK\r\n+OK\r\n" {
+			t.Fatalf("SET, QUIT: %q", got)
+		}
+		for _, cl := range []*client{a, b} {
+			if rest, err := cl.tryRead(1, time.Second); err == nil {
+				t.Fatalf("a reply after QUIT: %q", rest)
+			}
+		}
+		d := dial(t, addr)
+		if got := string(d.do(args("EXISTS " + k0 + " " + k1 + " " + k2))); got != ":1\r\n" {
+			t.Errorf("keys written: %q, want only the one before QUIT", got)
+		}
+		if got := string(d.do(args("GET " + k0))); got != "$1\r\n1\r\n" {
+			t.Errorf("GET %s: %q, want the value set before QUIT", k0, got)
+		}
+	})
+
+	t.Run("CLIENT NO-EVICT", func(t *testing.T) {
+		a := dial(t, addr)
+		if got := string(a.do(args("CLIENT SETNAME evict-test"), args("CLIENT NO-EVICT on"))); got != "+OK\r\n+OK\r\n" {
+			t.Fatalf("CLIENT NO-EVICT: %q", got)
+		}
+		// Every master gets a connection of the client's.
+		a.do(args("GET "+k0), args("GET "+k1), args("GET "+k2))
+		noEvict := func() int {
+			n := 0
+			for _, node := range c.Nodes {
+				list := string(dial(t, node.Addr).do(args("CLIENT LIST")))
+				for _, line := range strings.Split(list, "\n") {
+					if strings.Contains(line, " name=evict-test ") {
+						if f := field(line, "flags"); strings.Contains(f, "e") {
+							n++
+						}
+					}
+				}
+			}
+			return n
+		}
+		if n := noEvict(); n != 3 {
+			t.Fatalf("connections with no-evict: %d, want 3", n)
+		}
+		// The client's connections are lost; the next ones replay it.
+		for _, node := range c.Nodes {
+			node.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+		}
+		time.Sleep(100 * time.Millisecond)
+		for _, k := range []string{k0, k1, k2} {
+			a.do(args("GET " + k)) // the first may meet the lost connection
+		}
+		a.do(args("GET "+k0), args("GET "+k1), args("GET "+k2))
+		if n := noEvict(); n != 3 {
+			t.Fatalf("connections with no-evict after they were lost: %d, want 3", n)
+		}
+		if got := string(a.do(args("CLIENT NO-EVICT off"))); got != "+OK\r\n" {
+			t.Fatalf("CLIENT NO-EVICT off: %q", got)
+		}
+		if n := noEvict(); n != 0 {
+			t.Fatalf("connections with no-evict after off: %d, want 0", n)
+		}
+		if got := string(a.do(args("CLIENT NO-EVICT maybe"))); got != "-ERR syntax error\r\n" {
+			t.Fatalf("CLIENT NO-EVICT maybe: %q", got)
+		}
+	})
+}
+
+// field returns the value of name= in a CLIENT LIST line.
+func field(line, name string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}

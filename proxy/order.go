@@ -25,6 +25,10 @@ type replyOrder struct {
 	first uint64 // the ticket of slots[0]; tickets start at 1
 	// closed: the client has gone; nobody waits for its replies.
 	closed bool
+	// muting: the replies of the command being routed are held back
+	// from the client (CLIENT REPLY; session.muteReplies): the tickets
+	// taken meanwhile, but a part's, get mute.
+	muting bool
 }
 
 // orderSlot is one reply owed: to a command sent, or the proxy's own.
@@ -53,6 +57,9 @@ type ticketOpts struct {
 	// call's parts, not the client's.
 	g  *gather
 	gi int
+	// mute: the reply is not written to the client (CLIENT REPLY OFF or
+	// SKIP), only waited for.
+	mute bool
 }
 
 // gather collects the replies of a call's parts (clustercall.go). Its
@@ -94,6 +101,9 @@ func (o *replyOrder) add(raw []byte, slot int, opts ticketOpts) uint64 {
 	sl.raw = append(sl.raw[:0], raw...)
 	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
 	sl.ticketOpts = opts
+	if o.muting && opts.g == nil {
+		sl.mute = true
+	}
 	return o.first + uint64(n)
 }
 
@@ -111,7 +121,7 @@ func (o *replyOrder) ahead(ticket uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	i := int(ticket - o.first)
-	return i == o.head && i < len(o.slots) && o.slots[i].g == nil && o.slots[i].replace == nil
+	return i == o.head && i < len(o.slots) && o.slots[i].g == nil && o.slots[i].replace == nil && !o.slots[i].mute
 }
 
 // put records that ticket's reply came: written to w already when written
@@ -140,7 +150,9 @@ func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWri
 		sl.reply = append(sl.reply[:0], reply...)
 	}
 	for o.head < len(o.slots) && o.slots[o.head].arrived {
-		w.Write(o.slots[o.head].reply)
+		if !o.slots[o.head].mute {
+			w.Write(o.slots[o.head].reply)
+		}
 		o.head++
 	}
 	if o.head == len(o.slots) {

@@ -256,6 +256,11 @@ func (s *session) drainBacklog() {
 // that is not the proxy's own waits there for the commands other clients
 // sent before it (arrival_linux.go).
 func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) {
+	if s.cl != nil && s.cl.quit {
+		// After a cluster client's QUIT, which closes the connection
+		// (one Redis runs QUIT itself).
+		return localItem{reply: replyOK, silent: true}, false
+	}
 	if s.replica {
 		// A replica's REPLCONF ACK and whatever else it sends are Redis's
 		// to interpret, not the proxy's.
