@@ -96,6 +96,9 @@ func (s *session) sendCall(c *call) {
 	case c.kind == callRandom:
 		s.randomKey(c)
 		return
+	case c.kind == callScan:
+		s.scanAll(c) // clusterscan.go
+		return
 	case (c.kind == callPlain || c.kind == callSkip) && c.learn == nil:
 		opts := ticketOpts{own: true, stay: inTxn(&c.one), seq: c.seq}
 		if c.kind == callSkip {
@@ -150,8 +153,6 @@ func (c *call) result(replies [][]byte) ([]byte, bool) {
 	var reply []byte
 	var failed bool
 	switch c.kind {
-	case callScan:
-		reply, failed = rewriteScan(replies[0], c.scan, c.n), isError(replies[0])
 	case callPlain:
 		reply, failed = replies[0], isError(replies[0])
 	default:

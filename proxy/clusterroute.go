@@ -50,7 +50,7 @@ const (
 	callLocal                  // the proxy's own reply
 	callSkip                   // one part; its reply is read and dropped
 	callMerge                  // several parts; their replies are merged (op)
-	callScan                   // one part on one master; the cursor is rewritten
+	callScan                   // SCAN: one master, then the next ones while COUNT is not filled (clusterscan.go)
 	callRandom                 // RANDOMKEY: masters in turn until one has a key
 )
 
@@ -810,8 +810,9 @@ const scanBits = 10
 
 // scanCall routes SCAN: the client's cursor holds the index of a master
 // (in the order of their first slots) and that master's cursor. 0 starts
-// on the first master; when a master's cursor comes back 0, the next
-// cursor starts on the next master, and after the last the cursor is 0.
+// on the first master; when a master's cursor comes back 0, the call goes
+// on with the next master while COUNT is not filled (scanAll), or the
+// next cursor starts on the next master; after the last the cursor is 0.
 func scanCall(m *slotMap, cmd redcon.Command, def call) call {
 	if len(cmd.Args) < 2 {
 		return def // Redis's arity error
@@ -1058,31 +1059,4 @@ func valueLen(b []byte) (int, error) {
 		return off, nil
 	}
 	return 0, fmt.Errorf("unexpected type %q", b[0])
-}
-
-// rewriteScan turns a master's SCAN reply into the client's: its cursor
-// becomes the proxy's (see scanCall).
-func rewriteScan(b []byte, idx, n int) []byte {
-	if !bytes.HasPrefix(b, []byte("*2\r\n$")) {
-		return b // an error
-	}
-	k, err := valueLen(b[4:])
-	if err != nil {
-		return b
-	}
-	_, cur, _ := bytes.Cut(b[4:4+k-2], []byte("\r\n"))
-	c, err := strconv.ParseUint(string(cur), 10, 64)
-	if err != nil {
-		return b
-	}
-	var next uint64
-	switch {
-	case c != 0:
-		next = c<<scanBits | uint64(idx)
-	case idx+1 < n:
-		next = uint64(idx + 1)
-	}
-	out := redcon.AppendArray(nil, 2)
-	out = redcon.AppendBulkString(out, strconv.FormatUint(next, 10))
-	return append(out, b[4+k:]...)
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,4 +225,73 @@ func field(line, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestClusterScanOneCall checks that SCAN fills its COUNT across the
+// masters in one call, so that a keyspace that fits in one reply comes in
+// one, as from one Redis (redis-py's test_scan and test_scan_type).
+func TestClusterScanOneCall(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	a := dial(t, addr)
+	// a, b and c are on three masters.
+	a.do(args("SET a 1"), args("SET b 2"), args("SET c 3"), args("SADD s x"))
+	for _, tc := range []struct{ cmd, want string }{
+		{"SCAN 0", "a b c s"},
+		{"SCAN 0 MATCH a", "a"},
+		{"SCAN 0 TYPE string", "a b c"},
+		{"SCAN 0 TYPE set", "s"},
+		{"SCAN 0 MATCH nosuch COUNT 3", ""},
+	} {
+		cur, keys := scanReply(t, a.do(args(tc.cmd)))
+		if cur != "0" || strings.Join(keys, " ") != tc.want {
+			t.Errorf("%s: cursor %s, keys %q; want 0, %q", tc.cmd, cur, keys, tc.want)
+		}
+	}
+	// More keys than COUNT: a walk still sees every key once.
+	for i := range 60 {
+		a.do(args("SET k" + strconv.Itoa(i) + " v"))
+	}
+	seen := map[string]int{}
+	cur, calls := "0", 0
+	for {
+		var keys []string
+		cur, keys = scanReply(t, a.do(args("SCAN "+cur+" COUNT 7")))
+		calls++
+		for _, k := range keys {
+			seen[k]++
+		}
+		if cur == "0" {
+			break
+		}
+		if calls > 100 {
+			t.Fatal("SCAN does not end")
+		}
+	}
+	if len(seen) != 64 {
+		t.Errorf("SCAN saw %d keys, want 64", len(seen))
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("SCAN saw %s %d times", k, n)
+		}
+	}
+	if cur, keys := scanReply(t, a.do(args("SCAN 0 COUNT 1000"))); cur != "0" || len(keys) != 64 {
+		t.Errorf("SCAN 0 COUNT 1000: cursor %s, %d keys; want 0, 64", cur, len(keys))
+	}
+}
+
+// scanReply parses a SCAN reply: its cursor and its keys, sorted.
+func scanReply(t *testing.T, b []byte) (string, []string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSuffix(string(b), "\r\n"), "\r\n")
+	if len(lines) < 4 || lines[0] != "*2" {
+		t.Fatalf("SCAN reply %q", b)
+	}
+	var keys []string
+	for i := 5; i < len(lines); i += 2 {
+		keys = append(keys, lines[i])
+	}
+	slices.Sort(keys)
+	return lines[2], keys
 }
