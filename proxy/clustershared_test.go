@@ -89,9 +89,11 @@ func TestClusterShared(t *testing.T) {
 
 // TestClusterOrderBehindSlowCommand is TestDifferentialOrderBehindSlowCommand
 // in front of a cluster: a SET waiting on a master's shared connection
-// behind another client's slow script reaches the master before a GET
+// behind another client's slow command reaches the master before a GET
 // another client sends afterwards, on a connection of its own or on the
-// other shared connection, as with one Redis.
+// other shared connection, as with one Redis. The slow command is a SORT
+// of a long list (a script, which may run past busy-reply-threshold,
+// goes on its client's own connection in front of a cluster).
 func TestClusterOrderBehindSlowCommand(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -110,8 +112,13 @@ func TestClusterOrderBehindSlowCommand(t *testing.T) {
 				cfg.Backend.Cluster = c.Seeds()[:2]
 				cfg.Backend.SharedConnections = tc.shared
 			})
-			want := playBehindSlow(t, srv.Addr, tc.other, func() { mustFlush(t, srv) }, nil)
-			got := playBehindSlow(t, addr, tc.other, func() { flushCluster(t, c) }, p)
+			// A list of 2 million numbers on k's slot, made by a
+			// script; sorting it keeps Redis busy for a good part of
+			// a second or more.
+			setup := [][]string{{"EVAL", "for i = 1, 2000000 do redis.call('rpush', KEYS[1], (i * 7919) % 1000003) end return 1", "1", "{k}long"}}
+			slow := []string{"SORT", "{k}long", "LIMIT", "0", "1"}
+			want := playBehindSlowCmd(t, srv.Addr, tc.other, func() { mustFlush(t, srv) }, nil, setup, slow)
+			got := playBehindSlowCmd(t, addr, tc.other, func() { flushCluster(t, c) }, p, setup, slow)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
 			}

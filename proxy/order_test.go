@@ -239,13 +239,22 @@ while true do
   local n = redis.call('TIME')
   if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 1000000 then return 1 end
 end`
+	return playBehindSlowCmd(t, addr, other, flush, p, nil, []string{"EVAL", slow, "1", "k"})
+}
+
+// playBehindSlowCmd is playBehindSlow with another slow command, sent
+// after setup.
+func playBehindSlowCmd(t *testing.T, addr string, other [][]string, flush func(), p *Proxy, setup [][]string, slow []string) []byte {
 	flush()
 	s, g, a := dial(t, addr), dial(t, addr), dial(t, addr)
 	s.do(args("PING"))
+	for _, cmd := range setup {
+		s.do(cmd)
+	}
 	g.do(other...)
 	a.do(args("SET k old"))
 	var out bytes.Buffer
-	s.send(encode([]string{"EVAL", slow, "1", "k"}))
+	s.send(encode(slow))
 	if p != nil {
 		eventually(t, "the script in flight", func() bool { return sharedCounts(p).out > 0 })
 	}

@@ -463,7 +463,7 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addUsers(t, c.Nodes...)
 	addr, p := startClusterProxy(t, c)
-	rows := rowsNamed("protocol", "name", "user", "MULTI", "WATCH")
+	rows := rowsNamed("protocol", "name", "user", "MULTI", "WATCH", "CLIENT REPLY", "CLIENT NO-EVICT", "CLIENT NO-TOUCH")
 	runRows(t, p, addr, rows, func() {
 		for _, s := range c.Nodes[:c.Masters] {
 			killClients(t, s)
@@ -473,7 +473,7 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 	// What a connection to one master could not keep for the others is
 	// refused, not set on one of them.
 	cl := dial(t, addr)
-	for _, sub := range []string{"reply off", "tracking on", "no-evict on", "no-touch on"} {
+	for _, sub := range []string{"tracking on", "caching yes"} {
 		name := strings.Fields(sub)[0]
 		expect(t, cl, "-ERR 'client "+name+"' is not supported by lockproxy in front of a Redis Cluster\r\n", "CLIENT "+sub)
 	}
