@@ -59,6 +59,10 @@ type router struct {
 
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
+	// spares are each master's spare connections (clusterspare.go);
+	// closed, that the proxy shut them down.
+	spares map[string]*spares
+	closed bool
 
 	// The shared connections to each master (clustershared.go), by
 	// master and access generation, all of them, and all the groups for
@@ -212,6 +216,7 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 		}
 		m.gen = r.gen.Load() + 1 // readings are serialised by refresh
 		r.slots.Store(m)
+		r.keepSpares(m.masters) // clusterspare.go
 		r.gen.Add(1)
 		r.refreshes.Add(1)
 		return nil

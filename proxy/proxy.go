@@ -108,8 +108,9 @@ type BackendConfig struct {
 	// each command goes to the master serving its keys' slot (see
 	// clusterroute.go). The credentials, TLS and timeouts below apply to
 	// every node, and SharedConnections to each master (clustershared.go);
-	// SpareConnections does not: a client's own connection to a master is
-	// dialled at its first command there that cannot share one.
+	// and SpareConnections to each master too: a client's own connection
+	// to a master, made at its first command there that cannot share one,
+	// is a spare one when there is one (clusterspare.go).
 	Cluster []string
 	// ClusterRetry bounds how long a command waits for a Redis Cluster to
 	// serve its slot: redirections, a failover, a master that cannot be
@@ -462,6 +463,7 @@ drain:
 	}
 	if p.router != nil {
 		p.router.closeShared()
+		p.router.closeSpares()
 	}
 	p.sharedWG.Wait()
 	p.spares.close(ln != nil)

@@ -182,6 +182,11 @@ func (s *session) endBatch() {
 		return
 	}
 	if s.cl != nil && s.cl.blocking {
+		// The blocking command leaves here, before this goroutine reads
+		// again and so lets the reads after this one go on (the arrival
+		// order): another client's command sent right after it must not
+		// reach the master first.
+		s.flush()
 		s.startCluster()
 		return
 	}

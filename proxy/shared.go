@@ -284,7 +284,7 @@ func (sh *shared) connect() error {
 	case sh.own != nil:
 		// The client's own: a failure is the client's, and it retries
 		// as the cluster says (session.again), not after a backoff.
-		be, err = p.dialAddr(sh.ctx, sh.addr, sh.own.replay())
+		be, err = sh.own.r.dedicated(sh.ctx, sh.addr, sh.own.replay())
 	default:
 		if err := p.backoff.check(); err != nil {
 			return err

@@ -22,6 +22,7 @@ import (
 type spares struct {
 	p    *Proxy
 	size int
+	addr string // a cluster master's (clusterspare.go); "" for the backend
 
 	mu     sync.Mutex
 	idle   []*backend
@@ -125,7 +126,13 @@ func (sp *spares) fill() {
 				return
 			}
 		}
-		be, err := sp.p.dial(root, replayState{})
+		var be *backend
+		var err error
+		if sp.addr != "" {
+			be, err = sp.p.dialAddr(root, sp.addr, replayState{})
+		} else {
+			be, err = sp.p.dial(root, replayState{})
+		}
 		if err != nil {
 			wait = min(max(2*wait, 25*time.Millisecond), time.Second)
 			t := time.NewTimer(wait)

@@ -1,0 +1,71 @@
+package proxy
+
+import "context"
+
+// Spare connections to each master of a cluster (spare.go): a client's
+// own connection to a master is taken from them when there is one, so its
+// first command there that cannot share a connection (a blocking XREAD
+// or BLPOP, a script, a command after CLIENT SETNAME) costs no dial on
+// the client's request path. Dialled there, it could reach the master
+// after a command another client sends right after it on a shared
+// connection, as with one Redis it cannot: an XREAD BLOCK ... $ would
+// then miss an XADD sent after it. Each master the slot map names gets
+// Backend.SpareConnections of them, kept until the proxy shuts down.
+
+// keepSpares makes sure every master in masters has its spares.
+func (r *router) keepSpares(masters []string) {
+	n := r.p.cfg.Backend.SpareConnections
+	if n <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	if r.spares == nil {
+		r.spares = map[string]*spares{}
+	}
+	for _, addr := range masters {
+		if r.spares[addr] == nil {
+			sp := newSpares(r.p, n)
+			sp.addr = addr
+			r.spares[addr] = sp
+			sp.start()
+		}
+	}
+}
+
+// dedicated returns a connection of a client's own to the master at
+// addr, brought to state: a spare one when there is one, a new one
+// otherwise.
+func (r *router) dedicated(ctx context.Context, addr string, state replayState) (*backend, error) {
+	r.mu.Lock()
+	sp := r.spares[addr]
+	r.mu.Unlock()
+	if be := sp.take(); be != nil {
+		if cmds := state.commands(nil); len(cmds) > 0 {
+			ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
+			defer cancel()
+			if err := be.setup(ctx, cmds); err != nil {
+				be.nc.Close()
+				return nil, err
+			}
+		}
+		return be, nil
+	}
+	return r.p.dialAddr(ctx, addr, state)
+}
+
+// closeSpares closes the spares not taken and waits for their fillers;
+// the proxy's root context has ended.
+func (r *router) closeSpares() {
+	r.mu.Lock()
+	r.closed = true
+	all := r.spares
+	r.spares = nil
+	r.mu.Unlock()
+	for _, sp := range all {
+		sp.close(true)
+	}
+}
