@@ -49,7 +49,11 @@ func refuseOtherShard(name string) []byte {
 func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, pinned bool) {
 	cs := s.cl
 	if resp.Lookup(name).Has(resp.Subscribes) {
-		return s.pinFor(name, cmd)
+		reply, pinned = s.pinFor(name, cmd)
+		if pinned {
+			s.mirrorSubscriptions(name, cmd.Args) // clusterkeyspace.go
+		}
+		return reply, pinned
 	}
 	if s.be == nil {
 		return nil, false
@@ -65,6 +69,7 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	case "reset":
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
+		cs.closeMirrors()
 		cs.dropAll()
 		cs.st = clientState{}
 		cs.stateChanged()
@@ -156,6 +161,7 @@ func (s *session) settlePinned() {
 func (s *session) unpin() {
 	be := s.be
 	s.be = nil
+	s.cl.closeMirrors()
 	s.adoptPinned()
 	be.nc.Close()
 	<-be.done

@@ -167,8 +167,10 @@ type clusterSession struct {
 	state atomic.Pointer[replayState]
 
 	// pinAddr is the node of the client's pub/sub connection (session.be;
-	// clusterpubsub.go).
+	// clusterpubsub.go); mirrors, its keyspace subscriptions on the
+	// other masters (clusterkeyspace.go).
 	pinAddr string
+	mirrors mirrors
 
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
@@ -244,6 +246,7 @@ func (cs *clusterSession) stateChanged() {
 // close closes every connection; it runs when the client has gone.
 func (cs *clusterSession) close() {
 	cs.r.left(cs.access)
+	cs.closeMirrors()
 	cs.mu.Lock()
 	cs.closed = true
 	cs.stopMonitor()

@@ -328,3 +328,71 @@ func TestClusterBlockingBeforeOthers(t *testing.T) {
 		t.Errorf("%d rounds of 20 had the XREAD reach the master after the XADD sent after it", lost)
 	}
 }
+
+// TestClusterKeyspaceNotifications checks that a client subscribed to
+// keyspace notifications through the proxy gets the events of keys on
+// every master, in each master's order, and none after it unsubscribed
+// (Redis's "Keyspace notifications" tests), in RESP2 and RESP3.
+func TestClusterKeyspaceNotifications(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	w := dial(t, addr)
+	if got := string(w.do(args("CONFIG SET notify-keyspace-events KEA"))); got != "+OK\r\n" {
+		t.Fatalf("CONFIG SET: %q", got)
+	}
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Do("CONFIG", "SET", "notify-keyspace-events", "")
+		}
+	})
+	keys := []string{keyOn(0, "ks:"), keyOn(1, "ks:"), keyOn(2, "ks:")}
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			sub := dial(t, addr)
+			sub.do(args("HELLO " + proto))
+			msg := func(kind string, parts ...string) string {
+				h := "*"
+				if proto == "3" {
+					h = ">"
+				}
+				out := h + strconv.Itoa(len(parts)+1) + "\r\n$" + strconv.Itoa(len(kind)) + "\r\n" + kind + "\r\n"
+				for _, p := range parts {
+					out += "$" + strconv.Itoa(len(p)) + "\r\n" + p + "\r\n"
+				}
+				return out
+			}
+			// One confirmation, as from one Redis.
+			if got, want := string(sub.do(args("PSUBSCRIBE *"))), strings.Replace(msg("psubscribe", "*"), "$1\r\n*\r\n", "$1\r\n*\r\n:1\r\n", 1); got != strings.Replace(want, strconv.Itoa(2)+"\r\n", "3\r\n", 1) {
+				t.Fatalf("PSUBSCRIBE: %q", got)
+			}
+			for _, k := range keys {
+				w.do(args("SET "+k+" v"), args("DEL "+k))
+				want := msg("pmessage", "*", "__keyspace@0__:"+k, "set") + msg("pmessage", "*", "__keyevent@0__:set", k) +
+					msg("pmessage", "*", "__keyspace@0__:"+k, "del") + msg("pmessage", "*", "__keyevent@0__:del", k)
+				if got := string(sub.read(4)); got != want {
+					t.Errorf("events of %s: %q, want %q", k, got, want)
+				}
+			}
+			// A channel subscription, then nothing after unsubscribing.
+			sub.send(encode(args("PUNSUBSCRIBE")))
+			sub.read(1)
+			ch := "__keyevent@0__:expire"
+			sub.send(encode(args("SUBSCRIBE " + ch)))
+			sub.read(1)
+			for _, k := range keys {
+				w.do(args("SET "+k+" v"), args("EXPIRE "+k+" 100"))
+				if got := string(sub.read(1)); got != msg("message", ch, k) {
+					t.Errorf("expire of %s: %q", k, got)
+				}
+			}
+			sub.send(encode(args("UNSUBSCRIBE")))
+			sub.read(1)
+			for _, k := range keys {
+				w.do(args("SET "+k+" v"), args("EXPIRE "+k+" 100"))
+			}
+			if got, err := sub.tryRead(1, 300*time.Millisecond); err == nil {
+				t.Errorf("a message after unsubscribing: %q", got)
+			}
+		})
+	}
+}
