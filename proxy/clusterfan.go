@@ -116,8 +116,13 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 	case "pubsub":
 		return shardPubsub(m, sub, cmd.Raw) // clustershardinfo.go
 	case "latency":
-		if sub == "reset" {
+		switch sub {
+		case "reset":
 			return all(opSum)
+		case "histogram":
+			c := fan(m, cmd.Raw, opFirst)
+			c.fold = mergeLatencyHistogram // clusterlatency.go
+			return c, true
 		}
 	case "slowlog":
 		switch sub {

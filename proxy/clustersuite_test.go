@@ -396,3 +396,54 @@ func TestClusterKeyspaceNotifications(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterLatencyHistogram checks LATENCY HISTOGRAM merged over the
+// masters as one Redis answers it: calls summed, the cumulative
+// histograms added, a command sent to every master counted once, in RESP2
+// and RESP3.
+func TestClusterLatencyHistogram(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			a := dial(t, addr)
+			a.do(args("HELLO " + proto))
+			a.do(args("CONFIG RESETSTAT"))
+			for i := range 3 {
+				a.do(args("SET " + keyOn(i, "lat:") + " v"))
+			}
+			a.do(args("GET " + keyOn(1, "lat:")))
+			a.do(args("CONFIG SET maxmemory-samples 5"))
+			got := string(a.do(args("LATENCY HISTOGRAM set get config|resetstat config|set nosuch")))
+			header, pair := "*8\r\n", "*4\r\n"
+			if proto == "3" {
+				header, pair = "%4\r\n", "%2\r\n"
+			}
+			if !strings.HasPrefix(got, header) {
+				t.Fatalf("LATENCY HISTOGRAM: %q, want 4 commands", got)
+			}
+			for _, want := range []struct {
+				name  string
+				calls int
+			}{{"set", 3}, {"get", 1}, {"config|resetstat", 1}, {"config|set", 1}} {
+				entry := "$" + strconv.Itoa(len(want.name)) + "\r\n" + want.name + "\r\n" + pair + "$5\r\ncalls\r\n:" + strconv.Itoa(want.calls) + "\r\n$14\r\nhistogram_usec\r\n"
+				i := strings.Index(got, entry)
+				if i < 0 {
+					t.Errorf("%s: no entry with %d calls in %q", want.name, want.calls, got)
+					continue
+				}
+				// The last cumulative count is the calls.
+				rest := got[i+len(entry):]
+				if j := strings.Index(rest, "$"); j >= 0 {
+					rest = rest[:j]
+				}
+				if !strings.HasSuffix(rest, ":"+strconv.Itoa(want.calls)+"\r\n") {
+					t.Errorf("%s: histogram %q does not end at %d", want.name, rest, want.calls)
+				}
+			}
+			if got := string(a.do(args("LATENCY HISTOGRAM nosuch"))); got != strings.Replace(header, "8", "0", 1) && got != "%0\r\n" {
+				t.Errorf("LATENCY HISTOGRAM nosuch: %q", got)
+			}
+		})
+	}
+}
