@@ -417,6 +417,10 @@ func mergeField(sec *infoPart, k string, clients int64) string {
 		if slices.Contains(summedClients, k) {
 			return sumInts(vals)
 		}
+	case "persistence":
+		if k == "rdb_changes_since_last_save" {
+			return sumInts(vals) // the writes of all the keys
+		}
 	case "memory":
 		if slices.Contains(summedMemory, k) {
 			return sumInts(vals)

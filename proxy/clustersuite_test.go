@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -445,5 +446,31 @@ func TestClusterLatencyHistogram(t *testing.T) {
 				t.Errorf("LATENCY HISTOGRAM nosuch: %q", got)
 			}
 		})
+	}
+}
+
+// TestClusterDirty checks INFO's rdb_changes_since_last_save in front of
+// a cluster: the writes of every master, as one Redis counts its own
+// (Redis's "SETBIT/BITFIELD only increase dirty when the value changed").
+func TestClusterDirty(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	a := dial(t, addr)
+	dirty := func() int {
+		info := string(a.do(args("INFO persistence")))
+		m := regexp.MustCompile(`rdb_changes_since_last_save:(\d+)`).FindStringSubmatch(info)
+		if m == nil {
+			t.Fatalf("INFO persistence: %q", info)
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	before := dirty()
+	for i := range 3 {
+		k := keyOn(i, "dirty:")
+		a.do(args("SETBIT "+k+" 0 1"), args("SETBIT "+k+" 0 1"), args("BITFIELD "+k+" SET i5 8 1"))
+	}
+	if got := dirty() - before; got != 6 {
+		t.Errorf("rdb_changes_since_last_save grew by %d, want 6 (2 changing writes on each of 3 masters)", got)
 	}
 }
