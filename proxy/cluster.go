@@ -65,6 +65,9 @@ type router struct {
 	// closed, that the proxy shut them down.
 	spares map[string]*spares
 	closed bool
+	// clientIDs are the clients by the id CLIENT ID gave them, for
+	// CLIENT TRACKING ... REDIRECT (clustertracking.go).
+	clientIDs sync.Map // int64 -> *session
 
 	// The shared connections to each master (clustershared.go), by
 	// master and access generation, all of them, and all the groups for

@@ -255,8 +255,8 @@ func bulks(frame []byte) [][]byte {
 	var out [][]byte
 	for range n {
 		k, err := valueLen(rest)
-		if err != nil || rest[0] != '$' || k < 2 {
-			return out
+		if err != nil || rest[0] != '$' || rest[1] == '-' {
+			return out // not a bulk string, or a null one
 		}
 		j := bytes.IndexByte(rest, '\n')
 		out = append(out, rest[j+1:k-2])

@@ -172,6 +172,13 @@ type clusterSession struct {
 	pinAddr string
 	mirrors mirrors
 
+	// trk is the client's CLIENT TRACKING (clustertracking.go), nil when
+	// it does not track; ids, under mu, the ids CLIENT ID gave it;
+	// proto3, that it speaks RESP3 (st, for the sinks' readers).
+	trk    atomic.Pointer[tracking]
+	ids    []int64
+	proto3 atomic.Bool
+
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
 	// last is the master the client's last command with keys in one slot
@@ -241,12 +248,15 @@ func (cs *clusterSession) replay() replayState {
 func (cs *clusterSession) stateChanged() {
 	st := cs.st.replay
 	cs.state.Store(&st)
+	cs.proto3.Store(cs.st.resp3())
 }
 
 // close closes every connection; it runs when the client has gone.
 func (cs *clusterSession) close() {
 	cs.r.left(cs.access)
 	cs.closeMirrors()
+	cs.stopTracking()
+	cs.forgetIDs()
 	cs.mu.Lock()
 	cs.closed = true
 	cs.stopMonitor()
@@ -456,6 +466,7 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 		}
 	case "reset":
 		s.settleCluster()
+		cs.stopTracking()
 		cs.dropAll()
 		cs.st = clientState{}
 		cs.stateChanged()
@@ -477,7 +488,19 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 			if c, ok := s.clientReply(args); ok {
 				return c, true
 			}
-		case "tracking", "caching":
+		case "id":
+			if len(args) == 2 {
+				return s.clientIDCall(m, cmd), true
+			}
+		case "tracking":
+			if c, ok := s.trackingCall(m, cmd); ok {
+				return c, true
+			}
+		case "getredir":
+			if len(args) == 2 {
+				return s.getRedir(), true
+			}
+		case "caching":
 			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", resp.Lower(&sb, args[1])))), true
 		}
 	}

@@ -474,3 +474,103 @@ func TestClusterDirty(t *testing.T) {
 		t.Errorf("rdb_changes_since_last_save grew by %d, want 6 (2 changing writes on each of 3 masters)", got)
 	}
 }
+
+// TestClusterTracking checks CLIENT TRACKING in front of a cluster, as
+// Redis's tracking tests use it: invalidations of keys on every master
+// redirected to a client subscribed to __redis__:invalidate (RESP2), BCAST
+// with prefixes, a RESP3 client's own pushes, a flush's invalidation once,
+// GETREDIR, and a redirection to a client that does not exist.
+func TestClusterTracking(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	keys := []string{keyOn(0, "trk:"), keyOn(1, "trk:"), keyOn(2, "trk:")}
+	msg := func(ks ...string) string {
+		out := "*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*" + strconv.Itoa(len(ks)) + "\r\n"
+		for _, k := range ks {
+			out += "$" + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n"
+		}
+		return out
+	}
+	target, cl, w := dial(t, addr), dial(t, addr), dial(t, addr)
+	idReply := string(target.do(args("CLIENT ID")))
+	id := strings.TrimSuffix(strings.TrimPrefix(idReply, ":"), "\r\n")
+	target.do(args("SUBSCRIBE __redis__:invalidate"))
+
+	if got := string(cl.do(args("CLIENT TRACKING on REDIRECT 999999999"))); got != "-ERR The client ID you want redirect to does not exist\r\n" {
+		t.Errorf("REDIRECT to nobody: %q", got)
+	}
+	if got := string(cl.do(args("CLIENT GETREDIR"))); got != ":-1\r\n" {
+		t.Errorf("GETREDIR before tracking: %q", got)
+	}
+	if got := string(cl.do(args("CLIENT TRACKING on REDIRECT " + id))); got != "+OK\r\n" {
+		t.Fatalf("CLIENT TRACKING on REDIRECT: %q", got)
+	}
+	if got := string(cl.do(args("CLIENT GETREDIR"))); got != idReply {
+		t.Errorf("GETREDIR: %q, want %q", got, idReply)
+	}
+	for _, k := range keys {
+		cl.do(args("SET "+k+" 1"), args("GET "+k))
+		w.do(args("INCR " + k))
+		if got := string(target.read(1)); got != msg(k) {
+			t.Errorf("invalidation of %s: %q", k, got)
+		}
+	}
+	// A flush invalidates everything, once.
+	for _, k := range keys {
+		cl.do(args("GET " + k))
+	}
+	w.do(args("FLUSHALL"))
+	if got := string(target.read(1)); got != "*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n$-1\r\n" {
+		t.Errorf("FLUSHALL's invalidation: %q", got)
+	}
+	if got, err := target.tryRead(1, 300*time.Millisecond); err == nil {
+		t.Errorf("a second invalidation for one FLUSHALL: %q", got)
+	}
+
+	// BCAST with prefixes: every key written with them, on any master.
+	cl.do(args("CLIENT TRACKING off"))
+	if got := string(cl.do(args("CLIENT TRACKING on BCAST REDIRECT " + id + " PREFIX a: PREFIX b:"))); got != "+OK\r\n" {
+		t.Fatalf("BCAST: %q", got)
+	}
+	for _, prefix := range []string{"a:", "b:", "c:"} {
+		for i := range 3 {
+			w.do(args("SET " + keyOn(i, prefix) + " 1"))
+		}
+	}
+	var got []string
+	for range 6 {
+		got = append(got, string(target.read(1)))
+	}
+	for _, prefix := range []string{"a:", "b:"} {
+		for i := range 3 {
+			if !slices.Contains(got, msg(keyOn(i, prefix))) {
+				t.Errorf("no invalidation of %s in %q", keyOn(i, prefix), got)
+			}
+		}
+	}
+	if extra, err := target.tryRead(1, 300*time.Millisecond); err == nil {
+		t.Errorf("an invalidation of a key without the prefixes: %q", extra)
+	}
+	if got := string(cl.do(args("CLIENT TRACKING off"))); got != "+OK\r\n" {
+		t.Fatalf("CLIENT TRACKING off: %q", got)
+	}
+	w.do(args("SET " + keyOn(1, "a:") + " 2"))
+	if extra, err := target.tryRead(1, 300*time.Millisecond); err == nil {
+		t.Errorf("an invalidation after tracking off: %q", extra)
+	}
+
+	// RESP3: the client's own pushes.
+	r3 := dial(t, addr)
+	r3.do(args("HELLO 3"))
+	if got := string(r3.do(args("CLIENT TRACKING on"))); got != "+OK\r\n" {
+		t.Fatalf("RESP3 CLIENT TRACKING on: %q", got)
+	}
+	for _, k := range keys {
+		r3.do(args("SET "+k+" 1"), args("GET "+k))
+		w.do(args("SET " + k + " 2"))
+		want := ">2\r\n$10\r\ninvalidate\r\n*1\r\n$" + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n"
+		if got := string(r3.read(1)); got != want {
+			t.Errorf("RESP3 invalidation of %s: %q", k, got)
+		}
+	}
+}

@@ -287,6 +287,14 @@ func (sh *shared) connect() error {
 		// The client's own: a failure is the client's, and it retries
 		// as the cluster says (session.again), not after a backoff.
 		be, err = sh.own.r.dedicated(sh.ctx, sh.addr, sh.own.replay())
+		if cmd := sh.own.trackingFor(sh.addr); err == nil && cmd != nil {
+			// Tracking on again (clustertracking.go).
+			ctx, cancel := context.WithTimeout(sh.ctx, p.cfg.Backend.DialTimeout)
+			if err = be.setup(ctx, [][]byte{cmd}); err != nil {
+				be.nc.Close()
+			}
+			cancel()
+		}
 	default:
 		if err := p.backoff.check(); err != nil {
 			return err

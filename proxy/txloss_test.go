@@ -473,7 +473,7 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 	// What a connection to one master could not keep for the others is
 	// refused, not set on one of them.
 	cl := dial(t, addr)
-	for _, sub := range []string{"tracking on", "caching yes"} {
+	for _, sub := range []string{"caching yes"} {
 		name := strings.Fields(sub)[0]
 		expect(t, cl, "-ERR 'client "+name+"' is not supported by lockproxy in front of a Redis Cluster\r\n", "CLIENT "+sub)
 	}

@@ -34,7 +34,7 @@ const (
 	Subscribes
 	// EveryConn: the command sets connection state that every
 	// connection of a cluster client carries and every new one replays
-	// (AUTH, HELLO, CLIENT SETNAME, NO-EVICT, NO-TOUCH).
+	// (AUTH, HELLO, CLIENT SETNAME, NO-EVICT, NO-TOUCH, TRACKING).
 	EveryConn
 	// NoSlot: the command is about the whole server or keyspace and is
 	// routed by no slot in front of a cluster.
@@ -111,6 +111,7 @@ var commands = map[string]Info{
 		"setname":  {Flags: EveryConn},
 		"no-evict": {Flags: EveryConn},
 		"no-touch": {Flags: EveryConn},
+		"tracking": {Flags: EveryConn},
 		"pause":    {Flags: Fanned},
 		"unpause":  {Flags: Fanned},
 	}},

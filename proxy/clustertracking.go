@@ -1,0 +1,359 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
+)
+
+// CLIENT TRACKING in front of a cluster. Tracking is state of a
+// connection, and a client's reads go to every master: so while it
+// tracks, a client's commands go on its own connections only, each with
+// tracking on. Every master's invalidations are redirected to a
+// connection of the proxy's, one per master and tracking client (a
+// sink), subscribed to __redis__:invalidate; the sinks' readers give them
+// to whom one Redis would: the client itself as a RESP3 push when it
+// speaks RESP3, or the client named by REDIRECT (its id as CLIENT ID
+// through the proxy gave it) as a push in RESP3 or as a
+// __redis__:invalidate message when it is subscribed in RESP2; nobody
+// else. The options other than REDIRECT (BCAST, PREFIX, OPTIN, OPTOUT,
+// NOLOOP) are the masters' to apply. A flush's invalidation (all keys)
+// comes from every master the proxy flushed; the first master's is
+// given, once, as one Redis gives one. A connection dialled again (the
+// old one lost) is brought back to tracking before its first command;
+// the invalidations the lost one owed are lost with it.
+//
+// CLIENT GETREDIR answers the client's REDIRECT id, as Redis does; CLIENT
+// CACHING, which concerns the connection's next command only, is not
+// supported (the next command's connection is not known when it comes).
+
+// tracking is a client's CLIENT TRACKING ON: what it asked and its sinks.
+type tracking struct {
+	s        *session
+	redirect int64    // the client id REDIRECT named; 0 for none
+	opts     [][]byte // CLIENT TRACKING ON and its options but REDIRECT
+	mu       sync.Mutex
+	sinks    map[string]*sink // by master
+	first    string           // the slot-0 master, whose flush invalidation is given
+}
+
+// sink is one master's connection the client's invalidations go to.
+type sink struct {
+	be *backend
+	id int64
+}
+
+var (
+	replyNoRedirTarget = []byte("-ERR The client ID you want redirect to does not exist\r\n")
+	invalidatePush     = []byte(">2\r\n$10\r\ninvalidate\r\n")
+	invalidateMessage  = []byte("*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n")
+	subscribeInvalid   = []byte("*2\r\n$9\r\nSUBSCRIBE\r\n$20\r\n__redis__:invalidate\r\n")
+	cmdClientID        = []byte("*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n")
+)
+
+// clientIDCall sends CLIENT ID to the first master and records the id it
+// answers as the client's, for CLIENT TRACKING ... REDIRECT.
+func (s *session) clientIDCall(m *slotMap, cmd redcon.Command) call {
+	cs := s.cl
+	c := call{kind: callMerge, op: opFirst, parts: []part{{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}}
+	r := cs.r
+	c.fold = func(replies [][]byte) ([]byte, bool) {
+		b := replies[0]
+		if len(b) > 1 && b[0] == ':' {
+			if id, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil {
+				r.clientIDs.Store(id, s)
+				cs.mu.Lock()
+				cs.ids = append(cs.ids, id)
+				cs.mu.Unlock()
+			}
+		}
+		return b, isError(b)
+	}
+	return c
+}
+
+// forgetIDs removes the client's ids from the router's registry; it runs
+// when the client has gone.
+func (cs *clusterSession) forgetIDs() {
+	cs.mu.Lock()
+	ids := cs.ids
+	cs.ids = nil
+	cs.mu.Unlock()
+	for _, id := range ids {
+		cs.r.clientIDs.Delete(id)
+	}
+}
+
+// trackingCall answers CLIENT TRACKING: ON makes the sinks and turns
+// tracking on at every master, OFF turns it off everywhere. A syntax
+// the proxy does not recognise goes to the first master, whose error is
+// the client's.
+func (s *session) trackingCall(m *slotMap, cmd redcon.Command) (call, bool) {
+	cs := s.cl
+	args := cmd.Args
+	if len(args) < 3 {
+		return call{}, false
+	}
+	on := bytes.EqualFold(args[2], []byte("on"))
+	if !on && !bytes.EqualFold(args[2], []byte("off")) {
+		return call{}, false
+	}
+	opts := [][]byte{[]byte("CLIENT"), []byte("TRACKING"), []byte("ON")}
+	var redirect int64
+	for i := 3; i < len(args); i++ {
+		if bytes.EqualFold(args[i], []byte("redirect")) && i+1 < len(args) {
+			id, err := strconv.ParseInt(string(args[i+1]), 10, 64)
+			if err != nil {
+				return call{}, false // Redis's error
+			}
+			redirect = id
+			i++
+			continue
+		}
+		opts = append(opts, args[i])
+	}
+	s.settleCluster()
+	if !on {
+		old := cs.trk.Load()
+		cs.stopTracking()
+		if old == nil {
+			return localCall(replyOK), true // Redis answers OFF +OK whatever the state
+		}
+		return fan(m, cmd.Raw, opFirst), true
+	}
+	if redirect != 0 {
+		if _, ok := cs.r.clientIDs.Load(redirect); !ok {
+			return localCall(replyNoRedirTarget), true
+		}
+	}
+	t := cs.trk.Load()
+	if t == nil || t.redirect != redirect {
+		// Tracking again with another target: Redis replaces it.
+		cs.stopTracking()
+		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.master(m.first[0])}
+	}
+	t.opts = opts
+	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
+	defer cancel()
+	for _, addr := range m.masters {
+		if err := t.openSink(ctx, addr); err != nil {
+			t.close()
+			s.p.m.unavailable.Add(1)
+			return localCall(errorReply(&BackendError{Err: fmt.Errorf("%s: %w", addr, err)})), true
+		}
+	}
+	c := call{kind: callMerge, op: opFirst}
+	for i, addr := range m.masters {
+		c.parts = append(c.parts, part{slot: m.first[i], addr: addr, raw: t.command(addr)})
+	}
+	c.learn = func(failed bool) {
+		if failed {
+			if cs.trk.Load() != t {
+				t.close()
+			}
+			return
+		}
+		cs.trk.Store(t)
+	}
+	return c, true
+}
+
+// command is the CLIENT TRACKING ON that a connection to addr gets.
+func (t *tracking) command(addr string) []byte {
+	t.mu.Lock()
+	sk := t.sinks[addr]
+	t.mu.Unlock()
+	if sk == nil {
+		return nil
+	}
+	args := append(append([][]byte(nil), t.opts...), []byte("REDIRECT"), []byte(strconv.FormatInt(sk.id, 10)))
+	return encodeArgs(args)
+}
+
+// trackingFor returns the command that brings a new connection of the
+// client's to addr to tracking, or nil when the client does not track.
+func (cs *clusterSession) trackingFor(addr string) []byte {
+	if t := cs.trk.Load(); t != nil {
+		return t.command(addr)
+	}
+	return nil
+}
+
+// openSink makes addr's sink, unless it has one.
+func (t *tracking) openSink(ctx context.Context, addr string) error {
+	t.mu.Lock()
+	have := t.sinks[addr] != nil
+	t.mu.Unlock()
+	if have {
+		return nil
+	}
+	s := t.s
+	st := replayState{auth: s.cl.replay().auth}
+	be, err := s.p.dialAddr(ctx, addr, st)
+	if err != nil {
+		return err
+	}
+	replies, err := roundTrip(ctx, be, cmdClientID, subscribeInvalid)
+	if err != nil {
+		be.nc.Close()
+		return err
+	}
+	id, err := intAt(replies[0])
+	if err != nil {
+		be.nc.Close()
+		return fmt.Errorf("CLIENT ID: %q", replies[0])
+	}
+	sk := &sink{be: be, id: id}
+	t.mu.Lock()
+	t.sinks[addr] = sk
+	t.mu.Unlock()
+	s.wg.Add(1)
+	go t.read(sk, addr == t.first)
+	return nil
+}
+
+// roundTrip sends cmds on be and returns their replies.
+func roundTrip(ctx context.Context, be *backend, cmds ...[]byte) ([][]byte, error) {
+	deadline, _ := ctx.Deadline()
+	be.nc.SetDeadline(deadline)
+	defer be.nc.SetDeadline(time.Time{})
+	for _, c := range cmds {
+		be.w.Write(c)
+	}
+	if err := be.w.Flush(); err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	var buf bytes.Buffer
+	w := bufio.NewWriter(&buf)
+	var ri resp.ReplyInfo
+	for range cmds {
+		buf.Reset()
+		if err := resp.CopyReply(w, be.r, &ri); err != nil {
+			return nil, err
+		}
+		w.Flush()
+		out = append(out, append([]byte(nil), buf.Bytes()...))
+	}
+	return out, nil
+}
+
+// close closes the sinks; their readers end.
+func (t *tracking) close() {
+	t.mu.Lock()
+	sinks := t.sinks
+	t.sinks = map[string]*sink{}
+	t.mu.Unlock()
+	for _, sk := range sinks {
+		sk.be.nc.Close()
+	}
+}
+
+// stopTracking ends the client's tracking on the proxy's side (the
+// caller turns it off on the masters, or RESET does).
+func (cs *clusterSession) stopTracking() {
+	if t := cs.trk.Swap(nil); t != nil {
+		t.close()
+	}
+}
+
+// read reads a sink until it is closed and hands out its invalidations;
+// a flush's (all keys) only when first is set.
+func (t *tracking) read(sk *sink, first bool) {
+	s := t.s
+	defer s.wg.Done()
+	defer s.recoverPanic()
+	var buf bytes.Buffer
+	w := bufio.NewWriter(&buf)
+	var ri resp.ReplyInfo
+	for {
+		buf.Reset()
+		if err := resp.CopyReply(w, sk.be.r, &ri); err != nil {
+			return
+		}
+		w.Flush()
+		frame := buf.Bytes()
+		n, rest, err := elements(frame)
+		if err != nil || n != 3 {
+			continue
+		}
+		parts := bulks(frame)
+		if len(parts) < 2 || string(parts[0]) != "message" {
+			continue
+		}
+		for range 2 {
+			k, _ := valueLen(rest)
+			rest = rest[k:]
+		}
+		keys := rest
+		null := bytes.Equal(keys, []byte("$-1\r\n"))
+		if null && !first {
+			continue
+		}
+		t.deliver(keys, null)
+	}
+}
+
+// deliver gives an invalidation of keys (a RESP2 array, or a null for
+// all keys) to whom one Redis would.
+func (t *tracking) deliver(keys []byte, null bool) {
+	s := t.s
+	target := s
+	if t.redirect != 0 {
+		v, ok := s.cl.r.clientIDs.Load(t.redirect)
+		if !ok {
+			if s.cl.proto3.Load() {
+				s.inject(fmt.Appendf(nil, ">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n", t.redirect))
+			}
+			return
+		}
+		target = v.(*session)
+	}
+	subscribed, resp3 := target.q.pubsub()
+	if !subscribed {
+		resp3 = target.cl.proto3.Load()
+	}
+	var frame []byte
+	switch {
+	case resp3:
+		frame = append([]byte(nil), invalidatePush...)
+		if null {
+			frame = append(frame, "_\r\n"...)
+		} else {
+			frame = append(frame, keys...)
+		}
+	case t.redirect != 0 && subscribed:
+		frame = append(append([]byte(nil), invalidateMessage...), keys...)
+	default:
+		return // RESP2 without a subscribed target: Redis sends nothing
+	}
+	target.inject(frame)
+}
+
+// inject writes a push to the client, between two replies.
+func (s *session) inject(frame []byte) {
+	out := s.w.lockOutput()
+	out.Write(frame)
+	out.Flush()
+	s.w.unlock()
+}
+
+// getRedir answers CLIENT GETREDIR: the REDIRECT id, 0 when tracking
+// without one, -1 when not tracking.
+func (s *session) getRedir() call {
+	t := s.cl.trk.Load()
+	switch {
+	case t == nil:
+		return localCall([]byte(":-1\r\n"))
+	default:
+		return localCall(redcon.AppendInt(nil, t.redirect))
+	}
+}
