@@ -58,6 +58,9 @@ type router struct {
 	// intsetMax is the masters' set-max-intset-entries, 0 until read
 	// (clusterjoin.go).
 	intsetMax atomic.Int64
+	// slowlogMax is 1 + slowlog-max-len as last set through the proxy,
+	// 0 until then (clusterslowlog.go).
+	slowlogMax atomic.Int64
 
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS

@@ -79,7 +79,12 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		case "set":
 			c := fan(m, cmd.Raw, opFirst)
 			r := s.cl.r
-			c.learn = func(bool) { r.intsetMax.Store(0) } // read again (clusterjoin.go)
+			c.learn = func(failed bool) {
+				r.intsetMax.Store(0) // read again (clusterjoin.go)
+				if !failed {
+					r.learnSlowlogMax(args) // clusterslowlog.go
+				}
+			}
 			return c, true
 		case "resetstat", "rewrite":
 			return all(opFirst)
@@ -133,8 +138,9 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			// them count once (clusterslowlog.go).
 			c := fan(m, cmd.Raw, opFirst)
 			slowlogParts(&c)
+			r := s.cl.r
 			c.fold = func(replies [][]byte) ([]byte, bool) {
-				return allOK(replies, func() []byte { return slowlogLen(replies) })
+				return allOK(replies, func() []byte { return slowlogLen(replies, r.slowlogCap()) })
 			}
 			return c, true
 		case "get":
@@ -145,7 +151,11 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			}
 			c := fan(m, cmd.Raw, opFirst)
 			slowlogParts(&c)
+			r := s.cl.r
 			c.fold = func(replies [][]byte) ([]byte, bool) {
+				if most := r.slowlogCap(); most >= 0 && (count < 0 || count > most) {
+					count = most // one Redis keeps that many at most
+				}
 				return allOK(replies, func() []byte { return mergeSlowlog(replies, count) })
 			}
 			return c, true

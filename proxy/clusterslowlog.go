@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bytes"
+	"strconv"
+
 	"github.com/tidwall/redcon"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
@@ -16,6 +19,27 @@ import (
 // at most slowlog-max-len entries each), so that leaving copies out does
 // not leave out older entries of theirs that belong among the newest.
 
+// The merged log holds at most slowlog-max-len entries, as one Redis's
+// does, when the proxy knows it: from the last CONFIG SET of it that went
+// through the proxy (applied to every master); a value set on the masters
+// directly is not seen.
+
+// learnSlowlogMax records slowlog-max-len from a CONFIG SET that
+// succeeded.
+func (r *router) learnSlowlogMax(args [][]byte) {
+	for i := 2; i+1 < len(args); i += 2 {
+		if bytes.EqualFold(args[i], []byte("slowlog-max-len")) {
+			if n, err := strconv.ParseInt(string(args[i+1]), 10, 64); err == nil && n >= 0 {
+				r.slowlogMax.Store(n + 1)
+			}
+		}
+	}
+}
+
+// slowlogCap returns slowlog-max-len as last set through the proxy, -1
+// when it is not known.
+func (r *router) slowlogCap() int64 { return r.slowlogMax.Load() - 1 }
+
 // cmdSlowlogAll reads a master's whole slow log.
 var cmdSlowlogAll = []byte("*3\r\n$7\r\nSLOWLOG\r\n$3\r\nGET\r\n$2\r\n-1\r\n")
 
@@ -29,7 +53,7 @@ func slowlogParts(c *call) {
 
 // slowlogLen answers SLOWLOG LEN from the first master's LEN and the
 // other masters' entries that are not copies.
-func slowlogLen(replies [][]byte) []byte {
+func slowlogLen(replies [][]byte, most int64) []byte {
 	n, _ := leadingInt(replies[0])
 	for _, r := range replies[1:] {
 		entries, err := slowlogEntries(r, true)
@@ -37,6 +61,9 @@ func slowlogLen(replies [][]byte) []byte {
 			return errorReply(err)
 		}
 		n += int64(len(entries))
+	}
+	if most >= 0 {
+		n = min(n, most) // one Redis keeps slowlog-max-len entries at most
 	}
 	return redcon.AppendInt(nil, n)
 }

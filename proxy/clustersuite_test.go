@@ -574,3 +574,27 @@ func TestClusterTracking(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterSlowlogMaxLen checks that the merged slow log holds at most
+// slowlog-max-len entries, as one Redis's does (Redis's "SLOWLOG - get
+// all slow logs").
+func TestClusterSlowlogMaxLen(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	a := dial(t, addr)
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Do("CONFIG", "SET", "slowlog-log-slower-than", "10000", "slowlog-max-len", "128")
+		}
+	})
+	a.do(args("CONFIG SET slowlog-log-slower-than 0"), args("CONFIG SET slowlog-max-len 3"), args("SLOWLOG RESET"))
+	a.do(args("SET "+keyOn(0, "sl:")+" v"), args("SADD "+keyOn(1, "sl:")+" a"), args("INCR "+keyOn(2, "sl:")), args("LPUSH "+keyOn(1, "sl2:")+" a"))
+	if got := string(a.do(args("SLOWLOG LEN"))); got != ":3\r\n" {
+		t.Errorf("SLOWLOG LEN: %q, want 3", got)
+	}
+	for _, tc := range []struct{ cmd, want string }{{"SLOWLOG GET 0", "*0\r\n"}, {"SLOWLOG GET 1", "*1\r\n"}, {"SLOWLOG GET -1", "*3\r\n"}, {"SLOWLOG GET 3", "*3\r\n"}, {"SLOWLOG GET 10", "*3\r\n"}} {
+		if got := string(a.do(args(tc.cmd))); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s: %q, want %q...", tc.cmd, trunc([]byte(got)), tc.want)
+		}
+	}
+}
