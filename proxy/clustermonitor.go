@@ -73,10 +73,10 @@ func (s *session) monitorCall(m *slotMap) call {
 	cs.mu.Unlock()
 	cs.monitorOn = true
 	s.w.write(replyOK)
-	for _, be := range conns {
+	for i, be := range conns {
 		s.wg.Add(1)
 		cs.monWG.Add(1)
-		go s.copyMonitor(be)
+		go s.copyMonitor(be, i > 0)
 	}
 	return localCall(nil)
 }
@@ -121,7 +121,7 @@ func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
 // copyMonitor copies the MONITOR lines of one master to the client until
 // the connection ends. It disconnects the client when the master's
 // connection broke while the client was still monitoring.
-func (s *session) copyMonitor(be *backend) {
+func (s *session) copyMonitor(be *backend, other bool) {
 	defer s.wg.Done()
 	defer s.cl.monWG.Done()
 	defer s.recoverPanic()
@@ -134,6 +134,10 @@ func (s *session) copyMonitor(be *backend) {
 		}
 		if err != nil {
 			break
+		}
+		if other && copiedLine(line) {
+			line = line[:0]
+			continue
 		}
 		w := s.w.lockOutput()
 		w.Write(line)
@@ -164,4 +168,39 @@ func hasLine(r *bufio.Reader) bool {
 	}
 	b, _ := r.Peek(n)
 	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// copiedLine reports whether a MONITOR line of a master other than the
+// slot-0 one shows a command the proxy sends to every master (CONFIG SET,
+// FLUSHALL, SLOWLOG GET, ...) or to every connection of a client (AUTH,
+// HELLO, CLIENT SETNAME, ...), replayed state included, or a keyspace
+// mirror's (P)SUBSCRIBE: the slot-0 master shows it too, and one Redis
+// would show it once.
+func copiedLine(line []byte) bool {
+	i := bytes.Index(line, []byte("] \""))
+	if i < 0 {
+		return false
+	}
+	rest := line[i+3:]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return false
+	}
+	var nb [24]byte
+	name := resp.Lower(&nb, rest[:j])
+	if name == nil {
+		return false
+	}
+	args := [][]byte{name}
+	if k := bytes.Index(rest[j:], []byte(" \"")); k >= 0 {
+		sub := rest[j+k+2:]
+		if e := bytes.IndexByte(sub, '"'); e >= 0 {
+			args = append(args, sub[:e])
+		}
+	}
+	info := resp.Of(name, args)
+	// A subscription made on the other masters is a keyspace mirror's
+	// (clusterkeyspace.go); a shard channel's is the client's own.
+	mirrored := info.Has(resp.Subscribes) && info.Family != resp.FamShard
+	return info.Flags&(resp.Fanned|resp.EveryConn) != 0 || mirrored
 }

@@ -598,3 +598,55 @@ func TestClusterSlowlogMaxLen(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterMonitorOnce checks that MONITOR in front of a cluster shows
+// a command the proxy sends to every master, or to every connection of a
+// client, once, as one Redis shows it (Redis's "MONITOR supports
+// redacting command arguments"), redacted as the master redacts it.
+func TestClusterMonitorOnce(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	mon, a := dial(t, addr), dial(t, addr)
+	if got := string(mon.do(args("MONITOR"))); got != "+OK\r\n" {
+		t.Fatalf("MONITOR: %q", got)
+	}
+	// The client has connections of its own to every master.
+	a.do(args("CLIENT SETNAME m"))
+	for i := range 3 {
+		a.do(args("BLPOP " + keyOn(i, "mon:") + " 0.01"))
+	}
+	a.do(args("AUTH not-real"), args("HELLO 2 AUTH not-real not-a-password"), args("FLUSHALL"), args("DBSIZE"), args("PING"))
+	var lines []string
+	for {
+		b, err := mon.tryRead(1, 500*time.Millisecond)
+		if err != nil {
+			break
+		}
+		lines = append(lines, strings.ToLower(strings.TrimSpace(string(b))))
+	}
+	count := func(sub string) int {
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, sub) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		sub  string
+		want int
+	}{
+		{`"client" "setname" "m"`, 1},
+		{`"blpop"`, 3},
+		{`] "auth" "(redacted)"`, 1},
+		{`"hello" "2" "auth" "(redacted)" "(redacted)"`, 1},
+		{`"flushall"`, 1},
+		{`"dbsize"`, 1},
+		{`"ping"`, 1},
+	} {
+		if got := count(tc.sub); got != tc.want {
+			t.Errorf("%s: %d lines, want %d (lines %q)", tc.sub, got, tc.want, lines)
+		}
+	}
+}

@@ -189,7 +189,8 @@ var commands = map[string]Info{
 		"restore": {Flags: Fanned},
 	}},
 	"latency": {Flags: NoSlot, Sub: map[string]Info{
-		"reset": {Flags: Fanned},
+		"reset":     {Flags: Fanned},
+		"histogram": {Flags: Fanned},
 	}},
 	"slowlog": {Flags: NoSlot, Sub: map[string]Info{
 		"reset": {Flags: Fanned},
