@@ -500,6 +500,10 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 			if len(args) == 2 {
 				return s.getRedir(), true
 			}
+		case "unblock":
+			if s.unblockCall(args) { // clusterunblock.go
+				return call{kind: callLocal}, true // answered in its place
+			}
 		case "caching":
 			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", resp.Lower(&sb, args[1])))), true
 		}

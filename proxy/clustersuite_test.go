@@ -650,3 +650,42 @@ func TestClusterMonitorOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterClientUnblock checks CLIENT UNBLOCK in front of a cluster
+// with the id CLIENT ID gave a client through the proxy, whose blocking
+// command waits on another master (Redis's "client unblock tests").
+func TestClusterClientUnblock(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	rd, r := dial(t, addr), dial(t, addr)
+	id := strings.TrimSuffix(strings.TrimPrefix(string(rd.do(args("CLIENT ID"))), ":"), "\r\n")
+	blocked := func() {
+		t.Helper()
+		waitFor(t, 5*time.Second, func() bool {
+			return strings.Contains(string(r.do(args("INFO clients"))), "blocked_clients:1\r\n")
+		})
+	}
+	for i, tc := range []struct{ mode, want string }{
+		{"", "*-1\r\n"},
+		{" TIMEOUT", "*-1\r\n"},
+		{" ERROR", "-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n"},
+	} {
+		rd.send(encode(args("BLPOP " + keyOn(1+i%2, "unb:") + " 0")))
+		blocked()
+		if got := string(r.do(args("CLIENT UNBLOCK " + id + tc.mode))); got != ":1\r\n" {
+			t.Errorf("CLIENT UNBLOCK%s: %q", tc.mode, got)
+		}
+		if got := string(rd.read(1)); got != tc.want {
+			t.Errorf("BLPOP unblocked%s: %q, want %q", tc.mode, got, tc.want)
+		}
+	}
+	if got := string(r.do(args("CLIENT UNBLOCK " + id))); got != ":0\r\n" {
+		t.Errorf("CLIENT UNBLOCK of a client not blocked: %q", got)
+	}
+	if got := string(r.do(args("CLIENT UNBLOCK asd"))); got != "-ERR value is not an integer or out of range\r\n" {
+		t.Errorf("CLIENT UNBLOCK asd: %q", got)
+	}
+	if got := string(r.do(args("CLIENT UNBLOCK 987654321"))); got != ":0\r\n" {
+		t.Errorf("CLIENT UNBLOCK of nobody: %q", got)
+	}
+}

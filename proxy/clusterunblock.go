@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"bytes"
+	"strconv"
+
+	"github.com/tidwall/redcon"
+)
+
+// CLIENT UNBLOCK in front of a cluster. The id a client has is the one
+// CLIENT ID through the proxy gave it: its connection's to the slot-0
+// master (clustertracking.go's registry); its blocking command waits on
+// its connection to the master of its key. So the proxy finds, on every
+// master the named client has a connection of its own to, that
+// connection's id (CLIENT LIST, by the connection's address) and sends
+// CLIENT UNBLOCK there: :1 when one of them was blocked, as from one
+// Redis.
+
+// unblockCall answers CLIENT UNBLOCK id [TIMEOUT|ERROR]; it reports false
+// for one the proxy leaves to the first master (a malformed one, or an id
+// no client of the proxy has).
+func (s *session) unblockCall(args [][]byte) bool {
+	cs := s.cl
+	if len(args) < 3 || len(args) > 4 {
+		return false
+	}
+	id, err := strconv.ParseInt(string(args[2]), 10, 64)
+	if err != nil {
+		return false
+	}
+	v, ok := cs.r.clientIDs.Load(id)
+	if !ok {
+		return false
+	}
+	if len(args) == 4 && !bytes.EqualFold(args[3], []byte("timeout")) && !bytes.EqualFold(args[3], []byte("error")) {
+		return false // Redis's syntax error
+	}
+	target := v.(*session).cl
+	type conn struct{ addr, local string }
+	var conns []conn
+	target.mu.Lock()
+	for addr, sh := range target.own {
+		sh.mu.Lock()
+		if be := sh.be; be != nil && !be.dead {
+			conns = append(conns, conn{addr, be.nc.LocalAddr().String()})
+		}
+		sh.mu.Unlock()
+	}
+	target.mu.Unlock()
+
+	s.settleCluster()
+	ticket := cs.order.add(nil, noSlot, ticketOpts{})
+	answer := func(b []byte) {
+		cs.order.put(ticket, false, b, &s.w)
+		s.pushOut()
+	}
+	m := cs.r.slots.Load()
+	unblocked := int64(0)
+	for _, c := range conns {
+		slot := noSlot
+		if m != nil {
+			for i, a := range m.masters {
+				if a == c.addr {
+					slot = m.first[i]
+				}
+			}
+		}
+		r := s.ask([]part{{slot: slot, addr: c.addr, raw: cmdClientList}})
+		if r == nil {
+			return true // the client has gone
+		}
+		cid := connID(r[0], c.local)
+		if cid == "" {
+			continue
+		}
+		cmd := [][]byte{[]byte("CLIENT"), []byte("UNBLOCK"), []byte(cid)}
+		if len(args) == 4 {
+			cmd = append(cmd, args[3])
+		}
+		r = s.ask([]part{{slot: slot, addr: c.addr, raw: encodeArgs(cmd)}})
+		if r == nil {
+			return true
+		}
+		if bytes.Equal(r[0], []byte(":1\r\n")) {
+			unblocked = 1
+		}
+	}
+	answer(redcon.AppendInt(nil, unblocked))
+	return true
+}
+
+var cmdClientList = []byte("*2\r\n$6\r\nCLIENT\r\n$4\r\nLIST\r\n")
+
+// connID returns the id of the connection from local in a CLIENT LIST
+// reply, or "".
+func connID(list []byte, local string) string {
+	want := []byte(" addr=" + local + " ")
+	for _, line := range bytes.Split(list, []byte("\n")) {
+		if !bytes.Contains(line, want) {
+			continue
+		}
+		for _, f := range bytes.Fields(line) {
+			if v, ok := bytes.CutPrefix(f, []byte("id=")); ok {
+				return string(v)
+			}
+		}
+	}
+	return ""
+}
