@@ -58,6 +58,9 @@ type router struct {
 	// intsetMax is the masters' set-max-intset-entries, 0 until read
 	// (clusterjoin.go).
 	intsetMax atomic.Int64
+	// pausedUntil is when the last CLIENT PAUSE sent through the proxy
+	// ends (unix nanoseconds), 0 when none is in effect (clusterpause.go).
+	pausedUntil atomic.Int64
 	// slowlogMax is 1 + slowlog-max-len as last set through the proxy,
 	// 0 until then (clusterslowlog.go).
 	slowlogMax atomic.Int64

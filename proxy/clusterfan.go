@@ -99,7 +99,14 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 	case "client":
 		switch sub {
 		case "pause", "unpause":
-			return all(opFirst)
+			c := fan(m, cmd.Raw, opFirst)
+			r := s.cl.r
+			c.learn = func(failed bool) {
+				if !failed {
+					r.learnPause(args) // clusterpause.go
+				}
+			}
+			return c, true
 		}
 	case "script", "function":
 		if string(name) == "script" && sub == "exists" {

@@ -595,6 +595,9 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 		}
 		return plain
 	}
+	if string(name) == "client" {
+		cs.r.learnPause(cmd.Args) // queued: in effect from EXEC on, or so (clusterpause.go)
+	}
 	keys, err := cs.r.keys(s.ctx, cs.keys[:0], name, cmd.Args)
 	cs.keys = keys
 	if err != nil {

@@ -162,7 +162,7 @@ func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
 	}
 	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
 		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
-		cs.st.replay.empty() && !cs.monitorOn && s.be == nil && cs.trk.Load() == nil &&
+		cs.st.replay.empty() && !cs.monitorOn && s.be == nil && cs.trk.Load() == nil && !cs.r.paused() &&
 		resp.Stateless(name) && resp.Lookup(name).Flags&(resp.Blocking|resp.Script) == 0
 }
 

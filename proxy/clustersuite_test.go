@@ -689,3 +689,53 @@ func TestClusterClientUnblock(t *testing.T) {
 		t.Errorf("CLIENT UNBLOCK of nobody: %q", got)
 	}
 }
+
+// TestClusterClientPause checks CLIENT PAUSE WRITE through the proxy in
+// front of a cluster: each client's write is held back on its own (three
+// blocked clients), another client's read is served meanwhile, and
+// CLIENT UNPAUSE lets the writes go (Redis's "Test multiple clients can be
+// queued up and unblocked").
+func TestClusterClientPause(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	r := dial(t, addr)
+	k := keyOn(1, "pause:")
+	r.do(args("SET " + k + " old"))
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Do("CLIENT", "UNPAUSE")
+		}
+	})
+	var writers []*client
+	for range 3 {
+		w := dial(t, addr)
+		w.do(args("PING")) // on the shared connections so far
+		writers = append(writers, w)
+	}
+	if got := string(r.do(args("CLIENT PAUSE 60000 WRITE"))); got != "+OK\r\n" {
+		t.Fatalf("CLIENT PAUSE: %q", got)
+	}
+	for _, w := range writers {
+		w.send(encode(args("SET " + k + " new")))
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		return strings.Contains(string(r.do(args("INFO clients"))), "blocked_clients:3\r\n")
+	})
+	reader := dial(t, addr)
+	reader.do(args("PING"))
+	if got, err := reader.tryRead(0, 0); err != nil || len(got) != 0 {
+		t.Fatalf("stray reply: %q", got)
+	}
+	reader.send(encode(args("GET " + k)))
+	if got, err := reader.tryRead(1, 2*time.Second); err != nil || string(got) != "$3\r\nold\r\n" {
+		t.Fatalf("GET while writes are paused: %q, %v", got, err)
+	}
+	if got := string(r.do(args("CLIENT UNPAUSE"))); got != "+OK\r\n" {
+		t.Fatalf("CLIENT UNPAUSE: %q", got)
+	}
+	for _, w := range writers {
+		if got := string(w.read(1)); got != "+OK\r\n" {
+			t.Errorf("paused SET: %q", got)
+		}
+	}
+}
