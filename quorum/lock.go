@@ -127,7 +127,7 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 	if opt.shared || opt.Permits > 1 {
 		return l.lockHash(ctx, start, resource, ttl, token, opt)
 	}
-	f := newForm(opt)
+	f := l.callForm(newForm(opt))
 	queued := l.queued(resource)
 	if queued && opt.Token != "" {
 		// The holder refreshing its lock must not queue behind waiters
@@ -335,7 +335,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if f.reentrant() {
 		l.cleanupsFirst(resource, token)
 	}
-	attempt := l.newAttempt()
+	attempt := f.attemptID(l)
 	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
@@ -368,7 +368,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	}
 	var hs holdState
 	if f.reentrant() {
-		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted); err != nil {
+		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted, f.call); err != nil {
 			if errors.Is(err, ErrNotHeld) {
 				err = ErrNotAcquired // the lock lost its majority meanwhile
 			}
@@ -562,6 +562,9 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 // publish: the waiters of other Lockers then retry after their random
 // delay instead of all at once, which would split the votes again.
 func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, attempt string, ttl time.Duration, publish bool) {
+	if hook := testHookCleanup.Load(); hook != nil {
+		nodes = (*hook)(resource, token, attempt, nodes)
+	}
 	if len(nodes) == 0 {
 		return
 	}
@@ -616,7 +619,7 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		hint    time.Duration
 	)
 	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + w.form.extArg() + ":" + w.token
-	attempt := l.newAttempt()
+	attempt := w.form.attemptID(l) // one of the waiter's call (reentrant.go)
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
 	l.fanout(l.nodes, r, func(res []reply) {
 		l.settleClock(l.nodes, res, start)
@@ -673,6 +676,10 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	l.deliver(w, h)
 	return deleted, answered, counted
 }
+
+// testHookCleanup, when set, returns the nodes that a cleanup is sent to
+// now: tests hold cleanups back and deliver them later.
+var testHookCleanup atomic.Pointer[func(resource, token, attempt string, nodes []*node) []*node]
 
 // testHookHandOver, when set, runs in handOver after the handing round and
 // before its outcome is delivered.

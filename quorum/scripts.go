@@ -121,7 +121,10 @@ import (
 //	       enter (LOCK ... REENTRANT): a, aw, r or rw, replying {g, holds,
 //	       version, fresh, g}: g is what those reply, holds and version the
 //	       count of the token's holding (1 and 0 without a count), fresh 1
-//	       when this attempt took the lock afresh on the node; where the key is
+//	       when this attempt's call took the lock afresh on the node (every
+//	       attempt on its list is the call's: an attempt id "<call>+<k>";
+//	       from k = 2 on, the call's earlier ids on the list are replaced
+//	       with this one first, see reentrant.go); where the key is
 //	       a hash record in another mode, acquire's {mode code, 0}.
 //	k      sethold: x is "<holds>.<version>"; store it as the count of the
 //	       token's holding unless the node stores a later version. 1 when
@@ -715,17 +718,72 @@ var hashFamily = luaFamily{"hash", hashLua, []string{"hload", "hfind", "hdrop", 
 // formsFamily holds the operations that only the lock forms use: LOCK ...
 // REENTRANT (enter, sethold, query), LOCKINFO (view) and MLOCK (group).
 var formsFamily = luaFamily{"forms", `
+-- ofCall reports whether every attempt in the list att is one of the
+-- call's (its id starts with call, "<id>+").
+local function ofCall(att, call)
+	if att == '' or att == '*' then
+		return false
+	end
+	for a in string.gmatch(att, '[^,]+') do
+		if string.sub(a, 1, #call) ~= call then
+			return false
+		end
+	end
+	return true
+end
+
+-- takeOver replaces, in the attempts that rely on token's lock, those of
+-- the call's earlier attempts with attempt: they failed (only a call's
+-- last attempt succeeds), so none relies on the lock any more, and their
+-- cleanups, arriving later, leave it to this one. The list keeps at most
+-- one id per call, however many attempts the call makes.
+local function takeOver(key, token, call, attempt)
+	local v = redis.pcall('GET', key)
+	if type(v) ~= 'string' or string.byte(v, 1) == 120 then
+		return
+	end
+	local f, att, ext = parse(v, token)
+	if not f or att == '' or att == '*' then
+		return
+	end
+	local rest, took, has = {}, false, false
+	for a in string.gmatch(att, '[^,]+') do
+		if a == attempt then
+			has = true
+			rest[#rest + 1] = a
+		elseif string.sub(a, 1, #call) == call then
+			took = true
+		else
+			rest[#rest + 1] = a
+		end
+	end
+	if not took then
+		return
+	end
+	if not has then
+		rest[#rest + 1] = attempt
+	end
+	redis.call('SET', key, value(string.sub(v, 1, 1), f, table.concat(rest, ','), token, ext), 'KEEPTTL')
+end
+
 -- enter is acquire for LOCK ... REENTRANT: code n, nw, nr or nrw runs
 -- acquire's a, aw, r or rw and replies {g, holds, version, fresh, g}, g
 -- being what acquire replies, holds and version the count stored with the
 -- token's holding (1 and 0 for a holding without a count), fresh 1 when
--- this attempt took the lock here afresh.
+-- this attempt's call took the lock here afresh: every attempt that
+-- relies on it is this call's. A reentrant call's attempts have ids
+-- "<call>+<k>" (k from 1, base 36; reentrant.go): from the second on,
+-- the call's earlier attempts are taken over first (takeOver).
 local function enter(key, code, token, x, attempt)
 	local c = string.sub(code, 2)
 	if c == '' then
 		c = 'a'
 	elseif c == 'w' then
 		c = 'aw'
+	end
+	local call, k = string.match(attempt, '^(.+%+)(%w+)$')
+	if call and k ~= '1' then
+		takeOver(key, token, call, attempt)
 	end
 	local g = acquire(key, c, token, x, attempt)
 	if type(g) == 'table' then
@@ -737,7 +795,7 @@ local function enter(key, code, token, x, attempt)
 	local _, att, ext = parse(redis.call('GET', key), token)
 	local h, ver = holdsOf(ext)
 	local fresh = 0
-	if att == attempt then
+	if att == attempt or (call and ofCall(att, call)) then
 		fresh = 1
 	end
 	return {g, h or 1, ver or 0, fresh, g}

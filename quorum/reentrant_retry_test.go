@@ -1,0 +1,208 @@
+package quorum
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// heldCleanup is a cleanup that holdBackCleanups kept from the nodes.
+type heldCleanup struct {
+	token, attempt string
+	nodes          []*node
+}
+
+// holdBackCleanups keeps every cleanup of resource from the nodes until
+// the returned deliver sends them, in the order they were made, as a
+// link that holds them back would deliver them late. Nothing is left to
+// the keeper meanwhile: the nodes see each cleanup only at deliver.
+func holdBackCleanups(tb testing.TB, l *Locker, resource string) (held func() []heldCleanup, deliver func()) {
+	var (
+		mu   sync.Mutex
+		kept []heldCleanup
+	)
+	hook := func(r, token, attempt string, nodes []*node) []*node {
+		if r != resource {
+			return nodes
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		kept = append(kept, heldCleanup{token, attempt, append([]*node(nil), nodes...)})
+		return nil
+	}
+	testHookCleanup.Store(&hook)
+	tb.Cleanup(func() { testHookCleanup.Store(nil) })
+	held = func() []heldCleanup {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]heldCleanup(nil), kept...)
+	}
+	deliver = func() {
+		testHookCleanup.Store(nil)
+		for _, c := range held() {
+			l.cleanup(context.Background(), c.nodes, resource, c.token, c.attempt, 10*time.Second, false)
+		}
+	}
+	return held, deliver
+}
+
+// TestReentrantRetryOwnLeftover: a reentrant Lock's failed attempt leaves
+// its holding on a node, and its cleanup reaches that node only after the
+// call's next attempt. The retry must take the lock with one hold, not
+// count the leftover as a hold taken before the call; the late cleanup
+// must leave the lock that the retry relies on. Node 2 is down and
+// another owner holds the lock on node 1 for a while, so the first
+// attempts win node 0 alone; the retry that wins has node 0 (the
+// leftover) and node 1 (fresh): one fresh of two counting grants.
+func TestReentrantRetryOwnLeftover(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	ctx := context.Background()
+	held, deliver := holdBackCleanups(t, l, "R")
+	c.kill(2)
+	if err := c.admin[1].Set(ctx, "lockproxy:lock:R", "05/z.1:other", 700*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lk, err := l.Lock(ctxT(t), "R", 10*time.Second, Options{Reentrant: true, Token: "T", Wait: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	if len(held()) == 0 {
+		t.Fatal("no failed attempt: the retry did not meet a leftover")
+	}
+	if lk.Holds != 1 {
+		t.Errorf("a fresh reentrant lock after failed attempts has %d holds, want 1 (value on node 0: %q)", lk.Holds, c.admin[0].Get(ctx, "lockproxy:lock:R").Val())
+	}
+	deliver()
+	for i := range 2 {
+		if h, _ := c.holdsOn(t, i, "R"); c.holder(t, i, "R") != "T" || h != 1 {
+			t.Errorf("node %d after the late cleanups: holder %q, %d holds; want T with 1", i, c.holder(t, i, "R"), h)
+		}
+	}
+	mustRelease(t, l, "R", "T", 0, 0)
+	for i := range 2 {
+		if h := c.holder(t, i, "R"); h != "" {
+			t.Errorf("node %d holds R for %q after the only hold was released", i, h)
+		}
+	}
+}
+
+// TestReentrantRetryRecoveredLeftover: the recovery of a node that
+// restarted empty copies a failed attempt's leftover from another node
+// (its cleanup has not arrived there yet, and none is ever sent to the
+// recovered node). The call's next attempt, counting the recovered node
+// and a fresh one, must not take the copy for an older hold.
+func TestReentrantRetryRecoveredLeftover(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, noFallback(testConfig()))
+	warm(t, c, l)
+	ctx := context.Background()
+	held, deliver := holdBackCleanups(t, l, "R")
+
+	// The first attempt wins node 0 only: nodes 1 and 2 are paused.
+	c.servers[1].Pause()
+	c.servers[2].Pause()
+	paused := []int{1, 2}
+	defer func() {
+		for _, i := range paused {
+			c.servers[i].Resume()
+		}
+	}()
+	ch := lockAsync(t, ctxT(t), l, "R", 15*time.Second, Options{Reentrant: true, Token: "T", Wait: 15 * time.Second})
+	eventually(t, "the first attempt failed", func() bool { return len(held()) > 0 })
+	if h := c.holder(t, 0, "R"); h != "T" {
+		t.Fatalf("node 0 holds R for %q after the first attempt, want its leftover", h)
+	}
+	// Node 2 comes back empty and is recovered from nodes 0 and 1.
+	c.servers[2].Resume()
+	c.servers[2].RestartEmpty()
+	c.servers[1].Resume()
+	paused = nil
+	waitRecovered(t, l, 2)
+	if h := c.holder(t, 2, "R"); h != "T" {
+		t.Fatalf("node 2 holds R for %q after its recovery, want the copy of node 0's leftover", h)
+	}
+	if n := len(held()); n != 1 {
+		t.Fatalf("%d attempts failed before the recovery, want 1 (the waiter retries on a notification only)", n)
+	}
+
+	// The retry counts nodes 1 (free) and 2 (the copy); node 0 is cut off.
+	c.servers[0].CutOff()
+	defer c.servers[0].Reconnect()
+	if err := c.admin[1].Publish(ctx, "lockproxy:released", "R").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := recv(t, ch)
+	if r.err != nil {
+		t.Fatalf("Lock after the recovery: %v", r.err)
+	}
+	if r.lk.Holds != 1 {
+		t.Errorf("a fresh reentrant lock counting a recovered leftover has %d holds, want 1 (node 2: %q)", r.lk.Holds, c.admin[2].Get(ctx, "lockproxy:lock:R").Val())
+	}
+	c.servers[0].Reconnect()
+	waitUsable(t, l, 0)
+	deliver()
+	mustRelease(t, l, "R", "T", 0, 0)
+	for i := range 3 {
+		if v := c.admin[i].Get(ctx, "lockproxy:lock:R").Val(); v != "" && !strings.HasPrefix(v, "x/") {
+			t.Errorf("node %d keeps %q after the only hold was released", i, v)
+		}
+	}
+}
+
+// TestReentrantRetryOwnCount: a re-entry's attempt that won the nodes but
+// stored the new count on a minority only (then failed) leaves that count
+// there; the call's next attempt must write the count it meant to, not
+// one more.
+func TestReentrantRetryOwnCount(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	re := Options{Reentrant: true, Token: "T"}
+	mustLock(t, l, "R", 10*time.Second, re)
+	if lk := mustLock(t, l, "R", 10*time.Second, re); lk.Holds != 2 {
+		t.Fatalf("second hold: %d holds", lk.Holds)
+	}
+	_, before := c.holdsOn(t, 1, "R")
+	f := l.callForm(newForm(re))
+	call := f.call
+	// The call's first attempt read 2 holds, and stored 3 on node 0 only.
+	first := holdState{holds: 2, version: before}
+	if _, err := l.settleHolds(ctxT(t), "lockproxy:lock:R", "T", f.attemptID(l), []grant{
+		{node: l.nodes[0], counts: true, hold: first},
+		{node: l.nodes[1], counts: true, hold: first},
+	}, call); err != nil {
+		t.Fatal(err)
+	}
+	if h, v := c.holdsOn(t, 0, "R"); h != 3 || v != before+1 {
+		t.Fatalf("node 0 after the first attempt: %d holds version %d", h, v)
+	}
+	// Nodes 1 and 2 missed it (set back); the retry counts nodes 0 and 1.
+	wrote := ";3." + strconv.FormatInt(before+1, 10) + ";"
+	for _, i := range []int{1, 2} {
+		v := c.admin[i].Get(context.Background(), "lockproxy:lock:R").Val()
+		if !strings.Contains(v, wrote) {
+			t.Fatalf("node %d: %q", i, v)
+		}
+		v = strings.Replace(v, wrote, ";2."+strconv.FormatInt(before, 10)+";", 1)
+		c.admin[i].Set(context.Background(), "lockproxy:lock:R", v, redis.KeepTTL)
+	}
+	hs, err := l.settleHolds(ctxT(t), "lockproxy:lock:R", "T", f.attemptID(l), []grant{
+		{node: l.nodes[0], counts: true, hold: holdState{holds: 3, version: before + 1}},
+		{node: l.nodes[1], counts: true, hold: first},
+	}, call)
+	if err != nil || hs.holds != 3 || hs.version != before+2 {
+		t.Fatalf("the retry settled %+v, %v; want 3 holds, version %d", hs, err, before+2)
+	}
+	for i := range 3 {
+		if h, _ := c.holdsOn(t, i, "R"); h != 3 {
+			t.Errorf("node %d stores %d holds, want 3", i, h)
+		}
+	}
+}
