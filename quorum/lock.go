@@ -363,6 +363,9 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		again, err := l.failed(ctx, v.owned, resource, token, attempt, ttl, v.abstained, start, err)
 		return Lock{}, hint, again, err
 	}
+	if f.reentrant() {
+		v.fence = reentryFence(v.granted, v.fence, l.quorum, f.call) // a re-entry keeps its fence
+	}
 	if err := l.decide(ctx, &v, key, token, attempt, start, modeExclusive); err != nil {
 		return fail(err)
 	}

@@ -34,6 +34,18 @@ import (
 // whose reply was lost; Release with a hold number (HOLD n) makes a resent
 // release remove nothing more.
 //
+// A re-entry keeps the holding's fence. The nodes where the token holds
+// the lock reply its stored fence; a node that lacks the holding (it
+// missed the grant, or the placement of a lock won while it still showed
+// the previous holder has not reached it yet: typically right after a
+// waited grant) takes it afresh, with a fence from its own counter,
+// larger. The round's fence is then the fence of the latest count's
+// holding, not the largest reply (reentryFence); the fresh nodes' counters
+// are already past it, so the confirmation holds, and the new count,
+// written to every node, carries the fence, which such a node then stores
+// (sethold). A later holder still gets a larger fence than any node gave:
+// no counter went back.
+//
 // A call's own failed attempts. A reentrant Lock that waits makes several
 // attempts; each that fails may leave what it did on some nodes: a
 // holding it took afresh where the lock was free, a count it stored
@@ -213,8 +225,9 @@ func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, gr
 	case old && fresh < l.quorum:
 		// A majority shares a node with the one that stored the last
 		// change of the count: the token held the lock, this is one
-		// more hold.
+		// more hold, with the holding's fence.
 		next.holds = last.holds + 1
+		next.fence = reentryFence(granted, 0, l.quorum, call)
 	}
 	if err := l.writeHolds(ctx, key, token, attempt, next); err != nil {
 		return holdState{}, err
@@ -222,11 +235,46 @@ func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, gr
 	return next, nil
 }
 
+// reentryFence returns the fence of a reentrant round whose grants are
+// granted and whose largest counting fence is fence: for a re-entry (the
+// counting grants show the token's holding from before the call, fewer
+// than a majority of them took it afresh, and the call did not find it
+// gone before, as settleHolds decides) the holding's fence, otherwise
+// fence. The holding's fence is what its latest count's nodes store (a
+// node that took the lock afresh in the re-entry stores a larger one from
+// its counter until the new count lowers it; one that missed a count may
+// store an older one).
+func reentryFence(granted []grant, fence int64, quorum int, call *holdCall) int64 {
+	var (
+		fresh int
+		last  holdState // the latest version among the counting old holdings
+		held  int64     // the largest fence of those with that version
+	)
+	for _, g := range granted {
+		switch {
+		case !g.counts:
+		case g.hold.fresh:
+			fresh++
+		case last.holds == 0 || g.hold.version > last.version:
+			last, held = g.hold, g.fence
+		case g.hold.version == last.version:
+			held = max(held, g.fence)
+		}
+	}
+	if last.holds == 0 || fresh >= quorum || (call != nil && call.based && call.base.holds == 0) {
+		return fence
+	}
+	return held
+}
+
 // writeHolds stores s as the hold count of token's holding on every node
-// and reports an error unless a majority of the nodes that count stored
-// it.
+// (with its fence, when s has one) and reports an error unless a
+// majority of the nodes that count stored it.
 func (l *Locker) writeHolds(ctx context.Context, key, token, attempt string, s holdState) error {
 	x := strconv.FormatInt(s.holds, 10) + "." + strconv.FormatInt(s.version, 10)
+	if s.fence > 0 {
+		x += ":" + strconv.FormatInt(s.fence, 10)
+	}
 	stored, answered := 0, 0 // of the nodes that count
 	r := l.call(ctx, opSetHold, len(l.nodes), key, codeSetHold, token, attempt, x)
 	l.fanoutSettled(r, func(res []reply) {

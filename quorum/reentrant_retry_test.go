@@ -206,3 +206,49 @@ func TestReentrantRetryOwnCount(t *testing.T) {
 		}
 	}
 }
+
+// TestReentryKeepsFence: a re-entry replies the fence of the holding it
+// re-enters, also when it takes the lock afresh on a node that missed the
+// holding (cut off at the grant, or not yet reached by a placement) and
+// whose counter has run ahead; that node then stores the holding's fence,
+// and the next holder's fence is still larger than any the nodes gave.
+func TestReentryKeepsFence(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, testConfig())
+	warm(t, c, l)
+	ctx := context.Background()
+	if err := c.admin[2].IncrBy(ctx, "lockproxy:fence", 1000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.servers[2].CutOff()
+	re := Options{Reentrant: true, Token: "T"}
+	lk := mustLock(t, l, "R", 10*time.Second, re)
+	c.servers[2].Reconnect()
+	waitUsable(t, l, 2)
+	if c.holder(t, 2, "R") != "" {
+		t.Fatal("node 2 holds R: it was cut off at the grant")
+	}
+	again := mustLock(t, l, "R", 10*time.Second, re)
+	if again.Holds != 2 || again.Fence != lk.Fence {
+		t.Fatalf("re-entry: %d holds, fence %d; want 2 holds and the holding's fence %d", again.Holds, again.Fence, lk.Fence)
+	}
+	for i := range 3 {
+		v := c.admin[i].Get(ctx, "lockproxy:lock:R").Val()
+		if !strings.HasPrefix(v[1:], strconv.FormatInt(lk.Fence, 10)+"/") {
+			t.Errorf("node %d stores %q, want fence %d", i, v, lk.Fence)
+		}
+	}
+	// A third hold through nodes 1 and 2 only: the same fence.
+	c.servers[0].CutOff()
+	third := mustLock(t, l, "R", 10*time.Second, re)
+	c.servers[0].Reconnect()
+	if third.Holds != 3 || third.Fence != lk.Fence {
+		t.Fatalf("re-entry through nodes 1 and 2: %d holds, fence %d; want 3 and %d", third.Holds, third.Fence, lk.Fence)
+	}
+	waitUsable(t, l, 0)
+	mustRelease(t, l, "R", "T", 1, 0)
+	next := mustLock(t, l, "R", time.Second, Options{})
+	if next.Fence <= 1000 {
+		t.Fatalf("the next holder's fence %d is not above node 2's counter", next.Fence)
+	}
+}

@@ -126,9 +126,11 @@ import (
 //	       from k = 2 on, the call's earlier ids on the list are replaced
 //	       with this one first, see reentrant.go); where the key is
 //	       a hash record in another mode, acquire's {mode code, 0}.
-//	k      sethold: x is "<holds>.<version>"; store it as the count of the
-//	       token's holding unless the node stores a later version. 1 when
-//	       the token owns the lock, 0 otherwise.
+//	k      sethold: x is "<holds>.<version>[:<fence>]"; store it as the
+//	       count of the token's holding unless the node stores a later
+//	       version, with the fence (a re-entry's) as the holding's stored
+//	       fence, the counter raised to it. 1 when the token owns the lock,
+//	       0 otherwise.
 //	y      query: the token's holding as enter reports it, 0 when the token
 //	       does not own the lock. Changes nothing.
 //	v      view (LOCKINFO): {kind, pttl, header, mine, owner}, kind 'none',
@@ -801,20 +803,27 @@ local function enter(key, code, token, x, attempt)
 	return {g, h or 1, ver or 0, fresh, g}
 end
 
--- sethold writes x, "<holds>.<version>", as the count of token's holding
--- unless the holding stores a later version; it keeps the rest of the
--- extension (the holder) and the ttl. It returns 1 when token owns the
--- lock, 0 otherwise.
+-- sethold writes x, "<holds>.<version>[:<fence>]", as the count of
+-- token's holding unless the holding stores a later version; it keeps the
+-- rest of the extension (the holder) and the ttl. With a fence (a
+-- re-entry's: the holding's), the holding stores that fence, and the
+-- counter is raised to it. It returns 1 when token owns the lock, 0
+-- otherwise.
 local function sethold(key, token, x)
 	local v, f, att, ext = owned(key, token)
 	if not v then
 		return 0
 	end
-	local dot = string.find(x, '.', 1, true)
-	local nh, nv = string.sub(x, 1, dot - 1), string.sub(x, dot + 1)
+	local nh, nv, nf = string.match(x, '^(%d+)%.(%d+):?(%d*)$')
 	local _, ver = holdsOf(ext)
 	if ver and ver > tonumber(nv) then
 		return 1
+	end
+	if nf ~= '' then
+		f = nf
+		if tonumber(redis.call('GET', counter) or '0') < tonumber(nf) then
+			redis.call('SET', counter, nf)
+		end
 	end
 	local rest = string.match(ext, '^;[^;]*(;.*)$') or ''
 	redis.call('SET', key, value(string.sub(v, 1, 1), f, att, token, ';' .. nh .. '.' .. nv .. rest), 'KEEPTTL')
