@@ -371,7 +371,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	}
 	var hs holdState
 	if f.reentrant() {
-		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted, f.call); err != nil {
+		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted, f.call, v.fence, len(v.owned)); err != nil {
 			if errors.Is(err, ErrNotHeld) {
 				err = ErrNotAcquired // the lock lost its majority meanwhile
 			}
@@ -479,7 +479,8 @@ func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, att
 // granting nodes that stored a smaller fence are raised to it (nodes
 // without the marker too, so that they store the fence of the holding they
 // have). It reports whether the majority was reached within maxRounds of
-// start, when the granting round began.
+// start, when the granting round began. The grants of the nodes it raised
+// show fence afterwards.
 //
 // The bound matters for fences, not for exclusion (validity covers that).
 // A node's grant counts as proof that its counter reached its fence; if
@@ -491,12 +492,12 @@ func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, att
 func (l *Locker) confirm(ctx context.Context, key, token, attempt string, granted []grant, fence int64, start time.Time) bool {
 	confirmed := 0 // counting nodes whose counter is known to be >= fence
 	var behind []*node
-	var behindCounts []bool
-	for _, g := range granted {
+	var behindAt []int // their grants' positions in granted
+	for i, g := range granted {
 		switch {
 		case g.fence != fence:
 			behind = append(behind, g.node)
-			behindCounts = append(behindCounts, g.counts)
+			behindAt = append(behindAt, i)
 		case g.counts:
 			confirmed++
 		}
@@ -505,7 +506,11 @@ func (l *Locker) confirm(ctx context.Context, key, token, attempt string, grante
 		r := l.call(ctx, opRaise, len(behind), key, codeRaise, token, attempt, fence)
 		l.fanout(behind, r, func(res []reply) {
 			for i, r := range res {
-				if r.err == nil && r.val == 1 && behindCounts[i] {
+				g := &granted[behindAt[i]]
+				if r.err == nil && r.val == 1 && g.fence < fence {
+					g.fence = fence // raised: the node stores fence now
+				}
+				if r.err == nil && r.val == 1 && g.counts {
 					confirmed++
 				}
 			}
@@ -661,8 +666,14 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
 	if votes >= l.quorum && l.confirm(bg, key, w.token, attempt, granted, fence, start) {
+		ok := true
+		if w.form.reentrant() && !sure(granted, w.form.call, fence, len(owned)) {
+			// A node may keep another fence: the count carries the
+			// holding's (settleHolds).
+			ok = l.writeHolds(bg, key, w.token, attempt, holdState{holds: 1, version: 2, fence: fence}) == nil
+		}
 		now := time.Now()
-		if v := l.validity(w.ttl, now.Sub(start)); v > 0 {
+		if v := l.validity(w.ttl, now.Sub(start)); ok && v > 0 {
 			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: w.form.freshHolds()}, true
 		}
 	}

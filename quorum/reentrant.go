@@ -44,7 +44,15 @@ import (
 // are already past it, so the confirmation holds, and the new count,
 // written to every node, carries the fence, which such a node then stores
 // (sethold). A later holder still gets a larger fence than any node gave:
-// no counter went back.
+// no counter went back. For the latest count's nodes to store the
+// holding's fence, a holding taken afresh stores a count too (1 hold,
+// version 2, with the fence) unless its round is sure that every node
+// holding it stores the fence (sure): a node whose reply was lost, one
+// that did not count or a leftover of the call's earlier attempt may
+// store a fence of its own, larger than the grant's. The confirmation
+// raises the others; a hand-over to a reentrant waiter writes the count
+// the same way, and recovery copies the fence of a count's later version
+// (merge). The extra round is paid after faults and retries only.
 //
 // A call's own failed attempts. A reentrant Lock that waits makes several
 // attempts; each that fails may leave what it did on some nodes: a
@@ -181,13 +189,23 @@ func valueExt(v string) string {
 // holding, and writes the new count (the latest version plus one hold) to
 // every node. It returns the count after the call.
 //
+// fence is the round's fence (the holding's, for a re-entry:
+// reentryFence) and owned the number of nodes where the round may have
+// taken the lock, grants or not. The new count is written with fence, so
+// that every node that stores it stores the holding's fence. A holding
+// taken afresh is written too (1 hold, version 2) unless every node where
+// it may be is a counting grant that stores fence and the call made no
+// earlier attempt: otherwise a node may keep another fence (one whose
+// reply was lost, one that did not count, a leftover of an earlier
+// attempt) that a later re-entry could take for the holding's.
+//
 // call is the Lock call's state across its attempts (nil: none). The
 // first of its attempts to get here records the count before the call
 // (none when the majority took the lock afresh), and every later one
 // takes that as the latest old count: the nodes may since show counts
 // that this call's own failed attempts wrote, which it must not count
 // again.
-func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, granted []grant, call *holdCall) (holdState, error) {
+func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, granted []grant, call *holdCall, fence int64, owned int) (holdState, error) {
 	var (
 		fresh, counted int
 		last, all      holdState // the latest version among counting old holdings, among all
@@ -218,21 +236,35 @@ func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, gr
 			last = call.base
 		}
 	}
-	next := holdState{holds: 1, version: all.version + 1}
+	next := holdState{holds: 1, version: all.version + 1, fence: fence}
 	switch {
-	case !old && all.version <= 1:
-		return holdState{holds: 1, version: 1}, nil // taken afresh everywhere: every node stores 1.1
+	case !old && all.version <= 1 && sure(granted, call, fence, owned):
+		return holdState{holds: 1, version: 1}, nil // taken afresh everywhere: every node stores 1.1 and fence
 	case old && fresh < l.quorum:
 		// A majority shares a node with the one that stored the last
 		// change of the count: the token held the lock, this is one
-		// more hold, with the holding's fence.
+		// more hold (fence is the holding's).
 		next.holds = last.holds + 1
-		next.fence = reentryFence(granted, 0, l.quorum, call)
 	}
 	if err := l.writeHolds(ctx, key, token, attempt, next); err != nil {
 		return holdState{}, err
 	}
 	return next, nil
+}
+
+// sure reports whether a holding taken afresh by a round with granted,
+// fence and owned is on no node but its counting grants, each storing
+// fence, and its call (nil: none) made no earlier attempt.
+func sure(granted []grant, call *holdCall, fence int64, owned int) bool {
+	if owned != len(granted) || (call != nil && call.n.Load() > 1) {
+		return false
+	}
+	for _, g := range granted {
+		if !g.counts || g.fence != fence {
+			return false
+		}
+	}
+	return true
 }
 
 // reentryFence returns the fence of a reentrant round whose grants are

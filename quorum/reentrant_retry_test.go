@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
 )
 
 // heldCleanup is a cleanup that holdBackCleanups kept from the nodes.
@@ -177,7 +179,7 @@ func TestReentrantRetryOwnCount(t *testing.T) {
 	if _, err := l.settleHolds(ctxT(t), "lockproxy:lock:R", "T", f.attemptID(l), []grant{
 		{node: l.nodes[0], counts: true, hold: first},
 		{node: l.nodes[1], counts: true, hold: first},
-	}, call); err != nil {
+	}, call, 0, 2); err != nil {
 		t.Fatal(err)
 	}
 	if h, v := c.holdsOn(t, 0, "R"); h != 3 || v != before+1 {
@@ -196,7 +198,7 @@ func TestReentrantRetryOwnCount(t *testing.T) {
 	hs, err := l.settleHolds(ctxT(t), "lockproxy:lock:R", "T", f.attemptID(l), []grant{
 		{node: l.nodes[0], counts: true, hold: holdState{holds: 3, version: before + 1}},
 		{node: l.nodes[1], counts: true, hold: first},
-	}, call)
+	}, call, 0, 2)
 	if err != nil || hs.holds != 3 || hs.version != before+2 {
 		t.Fatalf("the retry settled %+v, %v; want 3 holds, version %d", hs, err, before+2)
 	}
@@ -250,5 +252,37 @@ func TestReentryKeepsFence(t *testing.T) {
 	next := mustLock(t, l, "R", time.Second, Options{})
 	if next.Fence <= 1000 {
 		t.Fatalf("the next holder's fence %d is not above node 2's counter", next.Fence)
+	}
+}
+
+// TestReentryKeepsFenceLostReply: a node whose reply to the grant was
+// lost (a slow link) took the lock with a fence of its own, far above the
+// grant's; a later re-entry that counts it and a node of the grant
+// replies the grant's fence, not that node's.
+func TestReentryKeepsFenceLostReply(t *testing.T) {
+	c := startCluster(t, 3)
+	relay := redistest.NewRelay(t, c.servers[2].Addr)
+	opts := []*redis.Options{{Addr: c.servers[0].Addr}, {Addr: c.servers[1].Addr}, {Addr: relay.Addr}}
+	l := newLockerOpts(t, opts, testConfig())
+	warm(t, c, l)
+	ctx := context.Background()
+	if err := c.admin[2].IncrBy(ctx, "lockproxy:fence", 1000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The request reaches node 2 in time, its reply after the timeout.
+	relay.SetDelay(170 * time.Millisecond)
+	re := Options{Reentrant: true, Token: "T"}
+	lk := mustLock(t, l, "R", 10*time.Second, re)
+	relay.SetDelay(0)
+	if lk.Fence > 1000 {
+		t.Fatalf("the grant counted node 2 (fence %d): its reply was not lost", lk.Fence)
+	}
+	eventually(t, "node 2 holds R", func() bool { return c.holder(t, 2, "R") == "T" })
+	waitUsable(t, l, 2)
+	c.servers[0].CutOff()
+	defer c.servers[0].Reconnect()
+	again := mustLock(t, l, "R", 10*time.Second, re)
+	if again.Holds != 2 || again.Fence != lk.Fence {
+		t.Fatalf("re-entry through nodes 1 and 2: %d holds, fence %d; want 2 and the grant's %d (node 2: %q)", again.Holds, again.Fence, lk.Fence, c.admin[2].Get(ctx, "lockproxy:lock:R").Val())
 	}
 }
