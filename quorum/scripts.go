@@ -56,8 +56,9 @@ import (
 // whole chunk, and each function it defines is a closure made anew. Only
 // the functions of a plain LOCK and UNLOCK (acquire, release), of EXTEND
 // and of an attempt's cleanup are defined on every call; the others come in
-// families (hash records, the rarer exclusive operations, the lock forms)
-// that a call defines on its first use of one (lazyFamilies).
+// families (hash records, the rarer exclusive operations, the lock forms,
+// and the handoff alone) that a call defines on its first use of one
+// (lazyFamilies).
 //
 // The call is
 //
@@ -322,8 +323,8 @@ end
 
 -- family returns the functions of a family of operations (see lazyFamilies):
 -- 'hash' (hash records, hashLua), 'exclusive' (the exclusive operations that
--- a plain LOCK and UNLOCK do not use) or 'forms' (LOCK ... REENTRANT,
--- LOCKINFO, MLOCK).
+-- a plain LOCK and UNLOCK do not use), 'forms' (LOCK ... REENTRANT,
+-- LOCKINFO, MLOCK) or 'handoff'.
 local family
 
 -- refresh resets the ttl of v, a lock that token owns with fence and the
@@ -500,7 +501,7 @@ local function extend(key, token, ttl)
 	return fence
 end
 
-` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily) + `
+` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily, handoffFamily) + `
 -- width is the number of positions that the operation run last takes: a
 -- group's size (set before anything can fail), 1 for the others.
 local width
@@ -542,7 +543,7 @@ local function run(i)
 	elseif c == 't' then
 		return now()
 	elseif c == 'h' then
-		return family('exclusive').handoff(key, token, x, attempt)
+		return family('handoff').handoff(key, token, x, attempt)
 	elseif c == 'm' then
 		return family('forms').group(i, code, token, x, attempt)
 	elseif c == 'n' then
@@ -612,7 +613,7 @@ return res
 `)
 
 // exclusiveFamily holds the exclusive operations that a plain LOCK and UNLOCK
-// do not use: raise (f), place (p), handoff (h) and status (s).
+// do not use: raise (f), place (p) and status (s).
 var exclusiveFamily = luaFamily{"exclusive", `
 local function raise(key, token, fence)
 	local v, f, att, ext = owned(key, token)
@@ -652,10 +653,24 @@ local function place(key, token, x, attempt)
 	return held(key)
 end
 
+local function status()
+	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
+	if not deadline then
+		return -1
+	end
+	return math.max(deadline - now(), 0)
+end
+`, []string{"raise", "place", "status"}}
+
+// handoffFamily holds handoff (h), the one operation of a contended LOCK
+// ... WAIT's cycle after the first: a family of its own, so that a handing
+// call makes one closure more than a plain call, not the exclusive
+// family's four.
+var handoffFamily = luaFamily{"handoff", `
 local function handoff(key, token, x, attempt)
-	local sep = string.find(x, ':', 1, true)
-	local ttl, ext = splitExt(string.sub(x, 1, sep - 1))
-	local next = string.sub(x, sep + 1)
+	-- One match, not a find, two subs and splitExt: the extension is
+	-- escaped (no ':'), so the first ':' ends it.
+	local ttl, ext, next = string.match(x, '^([^;:]*)([^:]*):(.*)$')
 	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
@@ -695,18 +710,11 @@ local function handoff(key, token, x, attempt)
 		end
 	end
 	local fence = redis.call('INCR', counter)
-	redis.call('SET', key, value(mark, string.format('%d', fence), attempt, next, ext), 'PX', ttl)
+	-- As acquire: below 1e14 Lua writes the digits without string.format.
+	redis.call('SET', key, value(mark, fence < 1e14 and fence or string.format('%d', fence), attempt, next, ext), 'PX', ttl)
 	return {released, fence}
 end
-
-local function status()
-	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
-	if not deadline then
-		return -1
-	end
-	return math.max(deadline - now(), 0)
-end
-`, []string{"raise", "place", "handoff", "status"}}
+`, []string{"handoff"}}
 
 // hashFamily holds the operations on hash records (hashLua), which the
 // exclusive operations reach only in their slow branch.
