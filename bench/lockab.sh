@@ -15,6 +15,11 @@
 #   ROUNDS [3]          interleaved rounds
 #   DURATION [2s]       one lockbench run (contended and uncontended alike)
 #   ONLY                "contended" or "uncontended": that part alone
+#   NODE_TIMEOUT        both proxies' lock.node_timeout (default: theirs,
+#                       50ms); on a machine so loaded that a proxy misses it
+#                       on every node at once, an UNLOCK fails with
+#                       NOQUORUM and its lock stays until its ttl, which
+#                       stalls a contended run: give it more there
 #   OUT                 also write the report to this file
 # lockbench's own reports go to stderr as it runs; the report on stdout is
 # one table per scenario, one row per round and side.
@@ -61,6 +66,7 @@ start_proxy() {
 	local port
 	freeport port
 	printf 'shutdown_timeout: 5s\nlock:\n  key_prefix: "%s:"\n' "$1" >"$tmp/$1.yaml"
+	[[ -z "${NODE_TIMEOUT:-}" ]] || printf '  node_timeout: %s\n' "$NODE_TIMEOUT" >>"$tmp/$1.yaml"
 	"$tmp/lockproxy-$1" -config "$tmp/$1.yaml" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" \
 		-lock-nodes "$lock_nodes" -log-level warn >>"$tmp/lockproxy-$1.log" 2>&1 &
 	pids+=($!)
@@ -124,7 +130,7 @@ done
 
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 {
-	echo "#### Lock path A/B: $BASE (a) against the working tree (b), $ROUNDS interleaved rounds × $DURATION, load average at the end $load"
+	echo "#### Lock path A/B: $BASE (a) against the working tree (b), $ROUNDS interleaved rounds × $DURATION, lock.node_timeout ${NODE_TIMEOUT:-50ms}, load average at the end $load"
 	for s in "${scenarios[@]}"; do
 		name=${s%%|*}
 		echo
