@@ -177,6 +177,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	if reader {
 		readerCtx = ctx
 	}
+	hashOrReader := try != nil
 	w := l.enqueue(resource, token, ttl, f, try != nil, readerCtx)
 	if reader {
 		try = l.withRiders(resource, w, try)
@@ -218,9 +219,30 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		}
 	}
 	var woken time.Time // when a release notification woke this attempt
+	// An exclusive waiter that becomes the head right after an Unlock
+	// through this Locker handed the lock to the waiter ahead of it knows
+	// the lock held: it skips its first attempt, which could only fail,
+	// and waits between attempts at once, ready to be handed the lock in
+	// turn. The handing kept the waiters' mark on the nodes, so a release
+	// through another Locker is still published; a release observed
+	// meanwhile (notify) cancels the skip.
+	skip := !hashOrReader
 	for {
 		wake := l.wakeChan(resource) // before the attempt: a release during it counts
-		lk, hint, err := try(ctx)
+		var (
+			lk   Lock
+			hint time.Duration
+			err  error
+		)
+		if skip {
+			hint = l.handedFor(resource)
+			skip = false
+		}
+		if hint > 0 {
+			err = ErrNotAcquired
+		} else {
+			lk, hint, err = try(ctx)
+		}
 		if err == nil {
 			l.waitSeconds.Observe(sinceSeconds(start))
 			if !woken.IsZero() {
@@ -679,6 +701,9 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	}
 	if h.ok && len(held) > 0 {
 		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint, w.form.extArg())
+	}
+	if h.ok {
+		l.noteHanded(resource, h.lk.Expires) // before w leaves the queue
 	}
 	if !h.ok {
 		// The holder's lock is gone where it was handed: a release like

@@ -56,8 +56,9 @@ import (
 // whole chunk, and each function it defines is a closure made anew. Only
 // the functions of a plain LOCK and UNLOCK (acquire, release), of EXTEND
 // and of an attempt's cleanup are defined on every call; the others come in
-// families (hash records, the rarer exclusive operations, the lock forms)
-// that a call defines on its first use of one (lazyFamilies).
+// families (hash records, the rarer exclusive operations, the lock forms,
+// and the handoff alone) that a call defines on its first use of one
+// (lazyFamilies).
 //
 // The call is
 //
@@ -224,8 +225,11 @@ local channel = ARGV[5 * n + 1]
 local nowMs
 local function now()
 	if not nowMs then
+		-- TIME's two decimal strings: Lua's arithmetic converts them, with
+		-- no call of tonumber or math.floor (about 1k instructions each).
 		local t = redis.call('TIME')
-		nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+		local us = t[2] + 0
+		nowMs = t[1] * 1000 + (us - us % 1000) / 1000
 	end
 	return nowMs
 end
@@ -327,8 +331,8 @@ end
 
 -- family returns the functions of a family of operations (see lazyFamilies):
 -- 'hash' (hash records, hashLua), 'exclusive' (the exclusive operations that
--- a plain LOCK and UNLOCK do not use) or 'forms' (LOCK ... REENTRANT,
--- LOCKINFO, MLOCK).
+-- a plain LOCK and UNLOCK do not use), 'forms' (LOCK ... REENTRANT,
+-- LOCKINFO, MLOCK) or 'handoff'.
 local family
 
 -- refresh resets the ttl of v, a lock that token owns with fence and the
@@ -505,7 +509,7 @@ local function extend(key, token, ttl)
 	return fence
 end
 
-` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily) + `
+` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily, handoffFamily) + `
 -- width is the number of positions that the operation run last takes: a
 -- group's size (set before anything can fail), 1 for the others.
 local width
@@ -547,7 +551,7 @@ local function run(i)
 	elseif c == 't' then
 		return now()
 	elseif c == 'h' then
-		return family('exclusive').handoff(key, token, x, attempt)
+		return family('handoff').handoff(key, token, x, attempt)
 	elseif c == 'm' then
 		return family('forms').group(i, code, token, x, attempt)
 	elseif c == 'n' then
@@ -604,10 +608,18 @@ end
 -- The node's clock (clock.go): its TIME and its offset against the
 -- reference. A node with its marker that reads more than the band below the
 -- caller's lower bound of the reference is moved up to it.
-local clock, band, ref = ARGV[#ARGV - 2], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+-- band and ref are decimal (ref '' when the caller has none): Lua's
+-- arithmetic converts them, as it does the offset's digits.
+local na = #ARGV
+local clock, band, ref = ARGV[na - 2], ARGV[na - 1], ARGV[na]
 local t = now()
-local offset = tonumber(redis.call('GET', clock) or '0') or 0
-if ref and res[n + 1] == 1 and t - offset - ref < -band then
+local offset = redis.call('GET', clock)
+if offset then
+	offset = tonumber(offset) or 0
+else
+	offset = 0
+end
+if ref ~= '' and res[n + 1] == 1 and t - offset - ref < -band then
 	offset = t - ref
 	redis.call('SET', clock, string.format('%d', offset))
 end
@@ -617,7 +629,7 @@ return res
 `)
 
 // exclusiveFamily holds the exclusive operations that a plain LOCK and UNLOCK
-// do not use: raise (f), place (p), handoff (h) and status (s).
+// do not use: raise (f), place (p) and status (s).
 var exclusiveFamily = luaFamily{"exclusive", `
 local function raise(key, token, fence)
 	local v, f, att, ext = owned(key, token)
@@ -657,10 +669,24 @@ local function place(key, token, x, attempt)
 	return held(key)
 end
 
+local function status()
+	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
+	if not deadline then
+		return -1
+	end
+	return math.max(deadline - now(), 0)
+end
+`, []string{"raise", "place", "status"}}
+
+// handoffFamily holds handoff (h), the one operation of a contended LOCK
+// ... WAIT's cycle after the first: a family of its own, so that a handing
+// call makes one closure more than a plain call, not the exclusive
+// family's four.
+var handoffFamily = luaFamily{"handoff", `
 local function handoff(key, token, x, attempt)
-	local sep = string.find(x, ':', 1, true)
-	local ttl, ext = splitExt(string.sub(x, 1, sep - 1))
-	local next = string.sub(x, sep + 1)
+	-- One match, not a find, two subs and splitExt: the extension is
+	-- escaped (no ':'), so the first ':' ends it.
+	local ttl, ext, next = string.match(x, '^([^;:]*)([^:]*):(.*)$')
 	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
@@ -700,18 +726,11 @@ local function handoff(key, token, x, attempt)
 		end
 	end
 	local fence = redis.call('INCR', counter)
-	redis.call('SET', key, value(mark, string.format('%d', fence), attempt, next, ext), 'PX', ttl)
+	-- As acquire: below 1e14 Lua writes the digits without string.format.
+	redis.call('SET', key, value(mark, fence < 1e14 and fence or string.format('%d', fence), attempt, next, ext), 'PX', ttl)
 	return {released, fence}
 end
-
-local function status()
-	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
-	if not deadline then
-		return -1
-	end
-	return math.max(deadline - now(), 0)
-end
-`, []string{"raise", "place", "handoff", "status"}}
+`, []string{"handoff"}}
 
 // hashFamily holds the operations on hash records (hashLua), which the
 // exclusive operations reach only in their slow branch.
