@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// locksStep is one LOCKS call's reply.
+func locksStep(t testing.TB, ctx context.Context, c *redis.Client, cursor string, opts ...any) (string, []string) {
+	t.Helper()
+	v, err := c.Do(ctx, append([]any{"LOCKS", cursor}, opts...)...).Slice()
+	if err != nil {
+		t.Fatalf("LOCKS %s %v: %v", cursor, opts, err)
+	}
+	if len(v) != 2 {
+		t.Fatalf("LOCKS %s: %v, want [cursor, [resource, ...]]", cursor, v)
+	}
+	next, ok := v[0].(string)
+	list, ok2 := v[1].([]any)
+	if !ok || !ok2 {
+		t.Fatalf("LOCKS %s: %#v", cursor, v)
+	}
+	out := make([]string, len(list))
+	for i, r := range list {
+		out[i] = r.(string)
+	}
+	return next, out
+}
+
+// locksAll runs a full LOCKS iteration and returns every resource
+// returned (repeats included) and the number of calls.
+func locksAll(t testing.TB, ctx context.Context, c *redis.Client, opts ...any) ([]string, int) {
+	t.Helper()
+	var all []string
+	cursor, calls := "0", 0
+	for {
+		next, got := locksStep(t, ctx, c, cursor, opts...)
+		calls++
+		all = append(all, got...)
+		if next == "0" {
+			return all, calls
+		}
+		if next == cursor && len(got) == 0 && calls > 1_000_000 {
+			t.Fatal("LOCKS does not advance")
+		}
+		cursor = next
+	}
+}
+
+// set returns the distinct resources of list, sorted.
+func set(list []string) []string {
+	out := slices.Clone(list)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// TestLocksCommand runs every rule of LOCKS from the contract through a
+// real proxy, in RESP2 and RESP3: held resources of every form are listed,
+// free ones, tombstones and holdings on a minority never are, MATCH and
+// COUNT, a resource missing on the first node scanned, a node down,
+// -NOQUORUM, the argument errors as SCAN's, and no token in any reply.
+func TestLocksCommand(t *testing.T) {
+	backend := redistest.Start(t)
+	nodes, addrs := startNodes(t, 3)
+	addr := startApp(t, "lock: {node_timeout: 250ms, max_permits: 8}\n", "-backend", backend.Addr, "-lock-nodes", addrs)
+	ctx := context.Background()
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) {
+			c := newClient(t, addr, proto)
+			p := fmt.Sprintf("p%d:", proto)
+			var tokens []string
+			take := func(args ...any) {
+				t.Helper()
+				v, err := c.Do(ctx, args...).Slice()
+				if err != nil {
+					t.Fatalf("%v: %v", args, err)
+				}
+				if s, ok := v[0].(string); ok {
+					tokens = append(tokens, s)
+				}
+			}
+			take("LOCK", p+"plain", 30000)
+			take("RLOCK", p+"read", 30000)
+			take("RLOCK", p+"read", 30000)
+			take("LOCK", p+"sem", 30000, "PERMITS", 3)
+			take("LOCK", p+"re", 30000, "REENTRANT")
+			take("MLOCK", 2, p+"m1", p+"m2", 30000)
+			take("LOCK", p+"gone", 30000)
+			if n, err := c.Do(ctx, "UNLOCK", p+"gone", tokens[len(tokens)-1]).Int64(); err != nil || n != 1 {
+				t.Fatalf("UNLOCK: %v %v", n, err)
+			}
+			// A holding on one node only, and a tombstone: not held.
+			if _, err := nodes[0].Do("SET", "lockproxy:lock:"+p+"minority", "01/a:secret-minority", "PX", "30000"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := nodes[1].Do("SET", "lockproxy:lock:"+p+"tomb", "x/a", "PX", "30000"); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{p + "m1", p + "m2", p + "plain", p + "re", p + "read", p + "sem"}
+			all, _ := locksAll(t, ctx, c, "MATCH", p+"*")
+			if got := set(all); !slices.Equal(got, want) {
+				t.Fatalf("LOCKS MATCH %s*: %v, want %v", p, got, want)
+			}
+			// COUNT 1: the same, in more calls.
+			all, calls := locksAll(t, ctx, c, "MATCH", p+"*", "COUNT", 1)
+			if got := set(all); !slices.Equal(got, want) || calls < 2 {
+				t.Fatalf("LOCKS COUNT 1: %v in %d calls, want %v", got, calls, want)
+			}
+			// MATCH narrows; a glob with a class; options in any order,
+			// the last of each wins (as SCAN).
+			all, _ = locksAll(t, ctx, c, "COUNT", 5, "MATCH", "nothing", "MATCH", p+"m[12]")
+			if got := set(all); !slices.Equal(got, []string{p + "m1", p + "m2"}) {
+				t.Fatalf("LOCKS MATCH %sm[12]: %v", p, got)
+			}
+			// Case-insensitive command and options.
+			if _, err := c.Do(ctx, "locks", "0", "match", "x", "count", "3").Slice(); err != nil {
+				t.Fatalf("lower case: %v", err)
+			}
+			// A resource that the first node scanned missed (it was down
+			// when the lock was taken) is still listed.
+			take("LOCK", p+"missed", 30000)
+			if _, err := nodes[0].Do("DEL", "lockproxy:lock:"+p+"missed"); err != nil {
+				t.Fatal(err)
+			}
+			all, _ = locksAll(t, ctx, c, "MATCH", p+"missed")
+			if !slices.Equal(set(all), []string{p + "missed"}) {
+				t.Fatalf("a lock node 0 misses: %v", all)
+			}
+			// No token in any reply.
+			all, _ = locksAll(t, ctx, c)
+			for _, r := range all {
+				for _, tok := range append(tokens, "secret-minority") {
+					if strings.Contains(r, tok) {
+						t.Fatalf("LOCKS shows a token: %q", r)
+					}
+				}
+			}
+		})
+	}
+
+	c := newClient(t, addr, 2)
+	// Argument errors, as Redis answers SCAN's.
+	scan := redis.NewClient(&redis.Options{Addr: backend.Addr})
+	defer scan.Close()
+	for _, args := range [][]any{
+		{"abc"}, {"0", "COUNT", 0}, {"0", "COUNT", "x"}, {"0", "COUNT", -3},
+		{"0", "FOO", "bar"}, {"0", "MATCH"}, {"0", "COUNT"}, {"18446744073709551616"},
+	} {
+		_, want := scan.Do(ctx, append([]any{"SCAN"}, args...)...).Result()
+		_, got := c.Do(ctx, append([]any{"LOCKS"}, args...)...).Result()
+		if want == nil || got == nil || got.Error() != want.Error() {
+			t.Errorf("LOCKS %v: %v, SCAN: %v", args, got, want)
+		}
+	}
+	if _, err := c.Do(ctx, "LOCKS").Result(); err == nil || err.Error() != "ERR wrong number of arguments for 'locks' command" {
+		t.Errorf("LOCKS without a cursor: %v", err)
+	}
+	// A cursor that no iteration returns.
+	for _, cur := range []string{"3", "-1", "513", strconv.FormatUint(1<<16|7, 10)} {
+		if _, err := c.Do(ctx, "LOCKS", cur).Result(); err == nil || err.Error() != "ERR invalid cursor" {
+			t.Errorf("LOCKS %s: %v, want ERR invalid cursor", cur, err)
+		}
+	}
+
+	// One node down: the iteration goes on over the other two.
+	nodes[0].CutOff()
+	time.Sleep(300 * time.Millisecond)
+	all, _ := locksAll(t, ctx, c, "MATCH", "p2:*")
+	if got := set(all); !slices.Contains(got, "p2:plain") || !slices.Contains(got, "p2:missed") || len(got) != 7 {
+		t.Fatalf("LOCKS with node 0 down: %v", got)
+	}
+	// A node that goes down in the middle of its scan: the scan goes on
+	// from the start of the next node.
+	nodes[0].Reconnect()
+	time.Sleep(300 * time.Millisecond)
+	cursor, _ := locksStep(t, ctx, c, "0", "COUNT", 1, "MATCH", "p2:*")
+	nodes[0].CutOff()
+	time.Sleep(300 * time.Millisecond)
+	var rest []string
+	for cursor != "0" {
+		var got []string
+		cursor, got = locksStep(t, ctx, c, cursor, "COUNT", 1, "MATCH", "p2:*")
+		rest = append(rest, got...)
+	}
+	if got := set(rest); len(got) != 7 {
+		t.Fatalf("LOCKS after node 0 went down mid-scan: %v", got)
+	}
+	// Two of three down: -NOQUORUM.
+	nodes[1].CutOff()
+	time.Sleep(300 * time.Millisecond)
+	if _, err := c.Do(ctx, "LOCKS", "0").Result(); err == nil || !strings.HasPrefix(err.Error(), "NOQUORUM ") {
+		t.Fatalf("LOCKS with 2 of 3 nodes down: %v", err)
+	}
+	nodes[0].Reconnect()
+	nodes[1].Reconnect()
+
+	// The metrics count the outcomes.
+	info, err := c.Do(ctx, "INFO", "lockproxy").Text()
+	if err != nil || !strings.Contains(info, "cmd_locks:answered=") {
+		t.Fatalf("INFO lockproxy: %v %q", err, info)
+	}
+	for _, want := range []string{"noquorum=1,", "bad_request=13"} {
+		line := info[strings.Index(info, "cmd_locks:"):]
+		line = line[:strings.Index(line, "\r\n")]
+		if !strings.Contains(line, want) {
+			t.Errorf("INFO %q lacks %q", line, want)
+		}
+	}
+}
