@@ -72,6 +72,7 @@ func TestLocksCommand(t *testing.T) {
 	backend := redistest.Start(t)
 	nodes, addrs := startNodes(t, 3)
 	addr := startApp(t, "lock: {node_timeout: 250ms, max_permits: 8}\n", "-backend", backend.Addr, "-lock-nodes", addrs)
+	warmProxy(t, addr)
 	ctx := context.Background()
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) {
@@ -215,4 +216,108 @@ func TestLocksCommand(t *testing.T) {
 			t.Errorf("INFO %q lacks %q", line, want)
 		}
 	}
+}
+
+// cmdstat returns the calls of command on s (INFO commandstats).
+func cmdstat(t testing.TB, s *redistest.Server, command string) int64 {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, line, ok := strings.Cut(info, "cmdstat_"+command+":calls=")
+	if !ok {
+		return 0
+	}
+	n, _ := strconv.ParseInt(line[:strings.IndexByte(line, ',')], 10, 64)
+	return n
+}
+
+// TestLocksTenThousand lists 10,000 held resources on nodes of which the
+// first holds a million other keys: a full iteration returns each at least
+// once, and every call does one SCAN step on one node whatever the number
+// of keys (bounded work, never KEYS).
+func TestLocksTenThousand(t *testing.T) {
+	backend := redistest.Start(t)
+	nodes, addrs := startNodes(t, 3)
+	addr := startApp(t, "lock: {node_timeout: 1s}\n", "-backend", backend.Addr, "-lock-nodes", addrs)
+	warmProxy(t, addr)
+	ctx := context.Background()
+	c := newClient(t, addr, 3)
+	const n = 10_000
+	// Pipelined, 1000 at a time. Under such a burst the engine now and
+	// then answers one LOCK -NOQUORUM ("3 new") although every node keeps
+	// its marker; those are taken again.
+	todo := make([]string, n)
+	for i := range todo {
+		todo[i] = fmt.Sprintf("many:%05d", i)
+	}
+	for try := 0; len(todo) > 0; try++ {
+		if try == 5 {
+			t.Fatalf("%d LOCKs still fail after %d tries", len(todo), try)
+		}
+		var again []string
+		for from := 0; from < len(todo); from += 1000 {
+			part := todo[from:min(from+1000, len(todo))]
+			cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, r := range part {
+					p.Do(ctx, "LOCK", r, 120000)
+				}
+				return nil
+			})
+			for i, cmd := range cmds {
+				if err := cmd.Err(); err != nil {
+					if !strings.HasPrefix(err.Error(), "NOQUORUM") {
+						t.Fatalf("LOCK %s: %v", part[i], err)
+					}
+					again = append(again, part[i])
+				}
+			}
+		}
+		todo = again
+	}
+	// A million keys that are no locks on the node scanned first.
+	big := redis.NewClient(&redis.Options{Addr: nodes[0].Addr, ReadTimeout: time.Minute})
+	defer big.Close()
+	if err := big.Eval(ctx, "for i = 1, 1000000 do redis.call('SET', 'other:' .. i, 'x') end", nil).Err(); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+
+	const count = 1000
+	scans := func() int64 {
+		var s int64
+		for _, nd := range nodes {
+			s += cmdstat(t, nd, "scan")
+		}
+		return s
+	}
+	seen := make(map[string]int, n)
+	cursor, calls := "0", 0
+	for {
+		before := scans()
+		next, got := locksStep(t, ctx, c, cursor, "MATCH", "many:*", "COUNT", count)
+		if d := scans() - before; d != 1 {
+			t.Fatalf("LOCKS %s ran %d SCAN steps on the nodes, want 1", cursor, d)
+		}
+		if len(got) > 2*count {
+			t.Fatalf("LOCKS %s COUNT %d returned %d resources", cursor, count, len(got))
+		}
+		for _, r := range got {
+			seen[r]++
+		}
+		calls++
+		if next == "0" {
+			break
+		}
+		cursor = next
+	}
+	if len(seen) != n {
+		t.Fatalf("a full iteration returned %d of %d resources", len(seen), n)
+	}
+	if cmdstat(t, nodes[0], "keys")+cmdstat(t, nodes[1], "keys")+cmdstat(t, nodes[2], "keys") != 0 {
+		t.Fatal("KEYS ran on a lock node")
+	}
+	t.Logf("%d resources in %d calls of COUNT %d over a node with 1,000,000 other keys", len(seen), calls, count)
 }

@@ -41,6 +41,9 @@ import (
 // work stays bounded whatever the client asks.
 const maxListCount = 1000
 
+// confirmWidth is the most LOCKINFO rounds a Locks call runs at once.
+const confirmWidth = 32
+
 // maxListNodes is the largest number of nodes a cursor can name.
 const maxListNodes = 255
 
@@ -180,11 +183,16 @@ func (l *Locker) confirmHeld(ctx context.Context, resources []string) ([]Listed,
 	}
 	infos := make([]Info, len(uniq))
 	errs := make([]error, len(uniq))
+	// At most confirmWidth rounds at once: the batchers join them into a
+	// few calls per node, small enough to stay quick (a slow call's clock
+	// reading does not count).
 	var wg sync.WaitGroup
+	sem := make(chan struct{}, confirmWidth)
 	for i, r := range uniq {
 		wg.Add(1)
+		sem <- struct{}{}
 		go func() {
-			defer wg.Done()
+			defer func() { <-sem; wg.Done() }()
 			infos[i], errs[i] = l.Info(ctx, r, "")
 		}()
 	}
