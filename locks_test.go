@@ -1,8 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -242,11 +247,19 @@ func cmdstat(t testing.TB, s *redistest.Server, command string) int64 {
 func TestLocksTenThousand(t *testing.T) {
 	backend := redistest.Start(t)
 	nodes, addrs := startNodes(t, 3)
-	addr := startApp(t, "lock: {node_timeout: 1s}\n", "-backend", backend.Addr, "-lock-nodes", addrs)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	addr := startApp(t, fmt.Sprintf("metrics: {listen: %q}\nlock: {node_timeout: 1s}\n", metricsAddr),
+		"-backend", backend.Addr, "-lock-nodes", addrs)
 	warmProxy(t, addr)
 	ctx := context.Background()
 	c := newClient(t, addr, 3)
 	const n = 10_000
+	var tokens []string
 	// Pipelined, 1000 at a time. Under such a burst the engine now and
 	// then answers one LOCK -NOQUORUM ("3 new") although every node keeps
 	// its marker; those are taken again.
@@ -268,6 +281,9 @@ func TestLocksTenThousand(t *testing.T) {
 				return nil
 			})
 			for i, cmd := range cmds {
+				if v, err := cmd.(*redis.Cmd).Slice(); err == nil {
+					tokens = append(tokens, v[0].(string))
+				}
 				if err := cmd.Err(); err != nil {
 					if !strings.HasPrefix(err.Error(), "NOQUORUM") {
 						t.Fatalf("LOCK %s: %v", part[i], err)
@@ -320,4 +336,58 @@ func TestLocksTenThousand(t *testing.T) {
 		t.Fatal("KEYS ran on a lock node")
 	}
 	t.Logf("%d resources in %d calls of COUNT %d over a node with 1,000,000 other keys", len(seen), calls, count)
+
+	// The page's JSON, paged by cursor: every resource, no token.
+	if len(tokens) != n {
+		t.Fatalf("%d tokens", len(tokens))
+	}
+	shown := make(map[string]bool, n)
+	cursor, pages := "0", 0
+	for {
+		resp, err := http.Get("http://" + metricsAddr + "/locks.json?match=many:*&count=1000&cursor=" + cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("/locks.json: %d %v %s", resp.StatusCode, err, body)
+		}
+		var page struct {
+			Next  string
+			Error string
+			Locks []struct {
+				Resource   string
+				Mode       string
+				ValidityMS int64 `json:"validity_ms"`
+			}
+			Nodes []struct{ State string }
+		}
+		if err := json.Unmarshal(body, &page); err != nil {
+			t.Fatal(err)
+		}
+		if page.Error != "" || len(page.Nodes) != 3 || len(page.Locks) > 1100 {
+			t.Fatalf("/locks.json page %d: error %q, %d nodes, %d locks", pages, page.Error, len(page.Nodes), len(page.Locks))
+		}
+		for _, l := range page.Locks {
+			if l.Mode != "exclusive" || l.ValidityMS <= 0 {
+				t.Fatalf("/locks.json: %+v", l)
+			}
+			shown[l.Resource] = true
+		}
+		for _, tok := range tokens[:200] {
+			if bytes.Contains(body, []byte(tok)) {
+				t.Fatal("/locks.json holds a token")
+			}
+		}
+		pages++
+		if page.Next == "0" {
+			break
+		}
+		cursor = page.Next
+	}
+	if len(shown) != n {
+		t.Fatalf("/locks.json showed %d of %d resources in %d pages", len(shown), n, pages)
+	}
+	t.Logf("/locks.json showed the %d resources in %d pages of 1000", n, pages)
 }

@@ -165,9 +165,10 @@ func (h *Handler) json(w http.ResponseWriter, r *http.Request) {
 }
 
 // Snapshot reads one page of the lock state: from cursor, the held
-// resources matching the glob match, until count of them or the end of
-// the iteration (at most maxSteps LOCKS steps), sorted by name, and the
-// nodes' states.
+// resources matching the glob match, by LOCKS steps whose COUNT is what
+// the page still lacks, until count of them (a step may add a few more:
+// the cursor has gone past them), the end of the iteration, or maxSteps
+// steps; sorted by name; and the nodes' states.
 func (h *Handler) Snapshot(ctx context.Context, cursor uint64, match string, count int) Snapshot {
 	snap := Snapshot{
 		Proxy:  h.proxyID,
@@ -182,7 +183,7 @@ func (h *Handler) Snapshot(ctx context.Context, cursor uint64, match string, cou
 	for step := 0; step < maxSteps && len(snap.Locks) < count; step++ {
 		var found []quorum.Listed
 		var err error
-		next, found, err = h.locker.Locks(ctx, next, match, count-len(snap.Locks))
+		next, found, err = h.locker.Locks(ctx, next, match, max(count-len(snap.Locks), 10))
 		if err != nil {
 			snap.Error = errText(err)
 			next = cursor // read this page again

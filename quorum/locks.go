@@ -193,7 +193,7 @@ func (l *Locker) confirmHeld(ctx context.Context, resources []string) ([]Listed,
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			infos[i], errs[i] = l.Info(ctx, r, "")
+			infos[i], errs[i] = l.confirmOne(ctx, r)
 		}()
 	}
 	wg.Wait()
@@ -207,6 +207,21 @@ func (l *Locker) confirmHeld(ctx context.Context, resources []string) ([]Listed,
 		}
 	}
 	return out, nil
+}
+
+// confirmOne is Info for resource, asked again (twice at most) when a
+// majority of the nodes answered but too few of the replies counted: a
+// reply whose clock reading was not placed (a slow round on a loaded
+// machine) does not count, and one resource's slow round should not fail
+// a whole listing.
+func (l *Locker) confirmOne(ctx context.Context, resource string) (Info, error) {
+	for try := 0; ; try++ {
+		in, err := l.Info(ctx, resource, "")
+		var nq *NoQuorumError
+		if try == 2 || !errors.As(err, &nq) || nq.Answered < l.quorum {
+			return in, err
+		}
+	}
 }
 
 // NodeView is a lock node's state for an operator: Status with whether its
