@@ -183,7 +183,7 @@ func (h *Handler) Snapshot(ctx context.Context, cursor uint64, match string, cou
 	for step := 0; step < maxSteps && len(snap.Locks) < count; step++ {
 		var found []quorum.Listed
 		var err error
-		next, found, err = h.locker.Locks(ctx, next, match, max(count-len(snap.Locks), 10))
+		next, found, err = h.locker.LocksOnce(ctx, next, match, max(count-len(snap.Locks), 10))
 		if err != nil {
 			snap.Error = errText(err)
 			next = cursor // read this page again

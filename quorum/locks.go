@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Listing the locks (LOCKS cursor [MATCH pattern] [COUNT count]).
@@ -68,6 +70,23 @@ type Listed struct {
 // error wrapping ctx.Err() when ctx ended first. Each node call is bounded
 // by NodeTimeout.
 func (l *Locker) Locks(ctx context.Context, cursor uint64, pattern string, count int) (uint64, []Listed, error) {
+	return l.locks(ctx, cursor, pattern, count, false)
+}
+
+// LocksOnce is Locks for a view of the present, such as a page that
+// reads its part of the iteration again and again: a resource is
+// returned only by the first node in the nodes' order, among those that
+// count now, whose lock key it is found under now. At one instant each
+// held resource belongs to exactly one part of the iteration, so pages
+// read at once show it once; a full iteration whose nodes change meanwhile
+// may miss a resource that Locks would return (one copied onto an earlier
+// node after that node's part was read). Use Locks for a listing that must
+// not miss one.
+func (l *Locker) LocksOnce(ctx context.Context, cursor uint64, pattern string, count int) (uint64, []Listed, error) {
+	return l.locks(ctx, cursor, pattern, count, true)
+}
+
+func (l *Locker) locks(ctx context.Context, cursor uint64, pattern string, count int, once bool) (uint64, []Listed, error) {
 	if l.isClosed() {
 		return 0, nil, errClosed
 	}
@@ -114,6 +133,9 @@ func (l *Locker) Locks(ctx context.Context, cursor uint64, pattern string, count
 			idx, nodeCursor = idx+1, 0
 			continue
 		}
+		if once && done > 0 {
+			keys = l.notBefore(ctx, idx, keys)
+		}
 		found, err := l.confirmHeld(ctx, keys)
 		if err != nil {
 			return 0, nil, err
@@ -131,6 +153,53 @@ func (l *Locker) Locks(ctx context.Context, cursor uint64, pattern string, count
 		}
 		return nodeCursor<<16 | uint64(done)<<8 | uint64(idx), found, nil
 	}
+}
+
+// notBefore returns, of resources, those whose lock key none of the nodes
+// before index idx that count now holds (a node that does not answer
+// holds none).
+func (l *Locker) notBefore(ctx context.Context, idx int, resources []string) []string {
+	if len(resources) == 0 {
+		return resources
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.NodeTimeout)
+	defer cancel()
+	present := make([]bool, len(resources))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, n := range l.nodes[:idx] {
+		if !l.nodeCounts(n) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmds, err := n.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, r := range resources {
+					p.Exists(ctx, l.lockPrefix+r)
+				}
+				return nil
+			})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i, c := range cmds {
+				if c.(*redis.IntCmd).Val() == 1 {
+					present[i] = true
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	out := resources[:0]
+	for i, r := range resources {
+		if !present[i] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // countingNodes returns the number of nodes that count towards a
