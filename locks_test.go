@@ -167,6 +167,13 @@ func TestLocksCommand(t *testing.T) {
 			t.Errorf("LOCKS %v: %v, SCAN: %v", args, got, want)
 		}
 	}
+	// COMMAND INFO and COMMAND DOCS know it.
+	if v, err := c.Do(ctx, "COMMAND", "INFO", "locks").Slice(); err != nil || len(v) != 1 || fmt.Sprint(v[0].([]any)[:2]) != "[locks -2]" {
+		t.Errorf("COMMAND INFO locks: %v %v", v, err)
+	}
+	if v, err := c.Do(ctx, "COMMAND", "DOCS", "locks").Slice(); err != nil || len(v) != 2 || !strings.Contains(fmt.Sprint(v[1]), "MATCH") {
+		t.Errorf("COMMAND DOCS locks: %v %v", v, err)
+	}
 	if _, err := c.Do(ctx, "LOCKS").Result(); err == nil || err.Error() != "ERR wrong number of arguments for 'locks' command" {
 		t.Errorf("LOCKS without a cursor: %v", err)
 	}

@@ -221,6 +221,15 @@ func TestLocksPageInBrowser(t *testing.T) {
 	nodes[2].Restart()
 	b.within(t, 15*time.Second, "node 2 up", `document.querySelector('#nodes tr[data-node="2"] td.state').textContent === "up"`)
 
+	// Two of three nodes cut off: the page says why it cannot list, and
+	// lists again once they are back.
+	nodes[0].CutOff()
+	nodes[1].CutOff()
+	b.within(t, 2*time.Second, "NOQUORUM", `!document.getElementById("error").hidden && document.getElementById("error").textContent.includes("NOQUORUM")`)
+	nodes[0].Reconnect()
+	nodes[1].Reconnect()
+	b.within(t, 10*time.Second, "the locks again", `document.getElementById("error").hidden && document.querySelectorAll('#locks tbody tr').length === 5`)
+
 	// The filter narrows the list.
 	if err := chromedp.Do(b.ctx, chromedp.SendKeys(chromedp.ID("match"), "inventory:*")); err != nil {
 		t.Fatal(err)
