@@ -29,6 +29,9 @@ type keySpec struct {
 	movable           bool // only COMMAND GETKEYS can tell
 	container         bool // the keys depend on the subcommand
 	keyspace          bool // flagged readonly, write or may_replicate
+	write, blocking   bool // flagged write, blocking (fenced.go)
+	readonly          bool // flagged readonly
+	arity             int  // as COMMAND reports it
 }
 
 // keyGuard keeps forwarded commands away from the lock state when the
@@ -198,7 +201,8 @@ func addSpec(table map[string]keySpec, c any) {
 	first, _ := e[3].(int64)
 	last, _ := e[4].(int64)
 	step, _ := e[5].(int64)
-	spec := keySpec{first: int(first), last: int(last), step: int(step)}
+	arity, _ := e[1].(int64)
+	spec := keySpec{first: int(first), last: int(last), step: int(step), arity: int(arity)}
 	if flags, ok := e[2].([]any); ok {
 		for _, f := range flags {
 			switch f {
@@ -206,6 +210,14 @@ func addSpec(table map[string]keySpec, c any) {
 				spec.movable = true
 			case "readonly", "write", "may_replicate":
 				spec.keyspace = true
+			}
+			switch f {
+			case "write":
+				spec.write = true
+			case "readonly":
+				spec.readonly = true
+			case "blocking":
+				spec.blocking = true
 			}
 		}
 	}
