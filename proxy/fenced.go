@@ -109,6 +109,9 @@ func (s *session) fenced(args [][]byte, resp3 bool) []byte {
 	}
 	reply, outcome := s.runFenced(s.commandContext(), req, resp3)
 	f.Done(outcome)
+	// Its write went on another connection than the client's: a WAIT
+	// after it marks the client's own first (see waitMark).
+	s.waitStale = true
 	return reply
 }
 
@@ -577,6 +580,17 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 		switch res {
 		case fenceDone:
 			if len(reply) > 0 && reply[0] == '-' && !pl.ran(reply) {
+				if bytes.HasPrefix(reply, readonlyReply) && s.p.follow != nil {
+					// The primary was demoted and nothing ran: the
+					// follower looks for the new one.
+					s.p.follow.trouble(true)
+					s.dropFenced(addr)
+					if s.fencedPause(ctx, deadline) {
+						continue
+					}
+					s.p.m.unavailable.Add(1)
+					return errorReply(&BackendError{Err: errReplica}), FencedError
+				}
 				return reply, FencedError
 			}
 			return reply, FencedAccepted
@@ -617,6 +631,13 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 // the command's own reply from EXEC (it ran) rather than a refusal before
 // it ran. attempt marks the latter with pl.refused.
 func (pl *fencedPlan) ran(reply []byte) bool { return !bytes.Equal(reply, pl.refusedReply) }
+
+// readonlyReply starts a replica's refusal of a write.
+var readonlyReply = []byte("-READONLY ")
+
+// errReplica is why a FENCED could not run while the backend it reached
+// was a replica until the retries ran out.
+var errReplica = errors.New("the backend is a replica and no primary took its place in time")
 
 // fencedPause waits a little before trying a cluster that is changing
 // again; false when deadline or ctx ends first.
