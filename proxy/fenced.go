@@ -456,6 +456,11 @@ func guardSpec(spec keySpec, args [][]byte, hit int) error {
 type fencedConn struct {
 	be *backend
 	st replayState
+	// The replies read last (readReplies), reused.
+	buf     bytes.Buffer
+	w       *bufio.Writer
+	ends    []int
+	replies [][]byte
 }
 
 // fencedConns are a session's fencedConns, by address ("" for one Redis
@@ -697,7 +702,7 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	if asking {
 		n = 4
 	}
-	if replies, err = readReplies(be.r, n); err != nil {
+	if replies, err = c.readReplies(n); err != nil {
 		return fenceLost, nil, nil, fencedRedirect{}, err
 	}
 	if asking {
@@ -705,7 +710,8 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	}
 	for _, r := range replies {
 		if len(r) > 0 && r[0] == '-' {
-			s.unwatch(be)
+			r = bytes.Clone(r) // unwatch reads into the same buffer
+			s.unwatch(c)
 			if rd, ok := parseRedirect(r); ok {
 				return fenceRedirect, r, nil, rd, nil
 			}
@@ -715,19 +721,20 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	}
 	cur, ok := bulkValue(replies[1])
 	if !ok {
-		s.unwatch(be)
+		s.unwatch(c)
 		pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
 		return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
 	}
 	if cur != nil {
 		rec, err := strconv.ParseInt(string(cur), 10, 64)
 		if err != nil {
-			s.unwatch(be)
+			s.unwatch(c)
 			pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
 			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
 		}
 		if pl.req.Fence < rec {
-			if err := s.unwatch(be); err != nil {
+			cur = bytes.Clone(cur) // unwatch reads into the same buffer
+			if err := s.unwatch(c); err != nil {
 				return fenceLost, nil, nil, fencedRedirect{}, err
 			}
 			return fenceStale, nil, cur, fencedRedirect{}, nil
@@ -752,7 +759,7 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	if err := be.w.Flush(); err != nil {
 		return fenceDone, nil, nil, fencedRedirect{}, err
 	}
-	if replies, err = readReplies(be.r, n); err != nil {
+	if replies, err = c.readReplies(n); err != nil {
 		return fenceDone, nil, nil, fencedRedirect{}, err
 	}
 	if asking {
@@ -791,29 +798,39 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 }
 
 // unwatch ends the WATCH of a transaction that will not run.
-func (s *session) unwatch(be *backend) error {
-	be.w.Write(cmdUnwatch)
-	if err := be.w.Flush(); err != nil {
+func (s *session) unwatch(c *fencedConn) error {
+	c.be.w.Write(cmdUnwatch)
+	if err := c.be.w.Flush(); err != nil {
 		return err
 	}
-	_, err := readReplies(be.r, 1)
+	_, err := c.readReplies(1)
 	return err
 }
 
-// readReplies reads n whole replies.
-func readReplies(r *bufio.Reader, n int) ([][]byte, error) {
-	out := make([][]byte, n)
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
+// readReplies reads n whole replies from be into c's buffer; they are
+// valid until the next call.
+func (c *fencedConn) readReplies(n int) ([][]byte, error) {
+	if c.w == nil {
+		c.w = bufio.NewWriterSize(&c.buf, 512)
+	}
+	c.buf.Reset()
+	c.ends = c.ends[:0]
 	var ri replyInfo
-	for i := range out {
-		buf.Reset()
-		if err := copyReply(w, r, &ri); err != nil {
+	for range n {
+		if err := copyReply(c.w, c.be.r, &ri); err != nil {
 			return nil, err
 		}
-		w.Flush()
-		out[i] = bytes.Clone(buf.Bytes())
+		c.w.Flush()
+		c.ends = append(c.ends, c.buf.Len())
 	}
+	b := c.buf.Bytes()
+	out := c.replies[:0]
+	start := 0
+	for _, end := range c.ends {
+		out = append(out, b[start:end:end])
+		start = end
+	}
+	c.replies = out
 	return out, nil
 }
 
@@ -894,7 +911,7 @@ func (s *session) fencedProbe(ctx context.Context, pl fencedPlan, _ bool) ([]byt
 	be.w.Write(cmdDiscard)
 	var replies [][]byte
 	if err = be.w.Flush(); err == nil {
-		replies, err = readReplies(be.r, 3)
+		replies, err = c.readReplies(3)
 	}
 	if err != nil {
 		s.dropFenced(addr)
