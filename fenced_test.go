@@ -397,3 +397,37 @@ func TestFencedRefusals(t *testing.T) {
 		t.Errorf("INFO lockproxy lacks %q: %q", want, info)
 	}
 }
+
+// TestFencedACL: FENCED runs as the client's backend user, so ACL applies
+// to it as to its command: a command the user may not run gets Redis's
+// own NOPERM and changes no record.
+func TestFencedACL(t *testing.T) {
+	env := startFencedEnv(t)
+	direct := dialRaw(t, env.backend.Addr, false)
+	if r := direct.do("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-del"); r != "+OK\r\n" {
+		t.Fatalf("ACL SETUSER: %q", r)
+	}
+	for _, resp3 := range []bool{false, true} {
+		px := dialRaw(t, env.proxy, resp3)
+		as := dialRaw(t, env.backend.Addr, resp3)
+		for _, c := range []*rawConn{px, as} {
+			if r := c.do("AUTH", "app", "pw"); r != "+OK\r\n" {
+				t.Fatalf("AUTH: %q", r)
+			}
+		}
+		if r := px.do("FENCED", "acl", "5", "SET", "ak", "1"); r != "+OK\r\n" {
+			t.Fatalf("FENCED SET as app: %q", r)
+		}
+		want := as.do("DEL", "ak")
+		if !strings.HasPrefix(want, "-NOPERM") {
+			t.Fatalf("DEL as app directly: %q", want)
+		}
+		if got := px.do("FENCED", "acl", "6", "DEL", "ak"); got != want {
+			t.Errorf("FENCED DEL as app: %q, want %q", got, want)
+		}
+		if r := direct.do("GET", "lockproxy:fence:r:acl"); r != "$1\r\n5\r\n" {
+			t.Errorf("record after the refused DEL: %q", r)
+		}
+		direct.do("DEL", "lockproxy:fence:r:acl")
+	}
+}
