@@ -117,39 +117,62 @@ func slotOf(t testing.TB, c *redistest.Cluster, key string) int {
 // redis-cli --cluster reshard does.
 func moveSlot(t testing.TB, c *redistest.Cluster, slot int, from, to *redistest.Server) {
 	t.Helper()
+	finish := startMigration(t, slot, from, to)
+	if err := finish(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startMigration marks slot as migrating from one master to another and
+// returns the function that moves the keys still on from (MIGRATE) and
+// gives the slot to the other master on every master.
+func startMigration(t testing.TB, slot int, from, to *redistest.Server) func(c *redistest.Cluster) error {
+	t.Helper()
 	ctx := context.Background()
 	fc := redis.NewClient(&redis.Options{Addr: from.Addr})
-	defer fc.Close()
 	tc := redis.NewClient(&redis.Options{Addr: to.Addr})
-	defer tc.Close()
+	t.Cleanup(func() { fc.Close(); tc.Close() })
 	idFrom, _ := fc.Do(ctx, "CLUSTER", "MYID").Text()
 	idTo, _ := tc.Do(ctx, "CLUSTER", "MYID").Text()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := tc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", idFrom).Err(); err != nil {
+		t.Fatal(err)
 	}
-	must(tc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", idFrom).Err())
-	must(fc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", idTo).Err())
-	host, port, _ := net.SplitHostPort(to.Addr)
-	for {
-		keys, err := fc.ClusterGetKeysInSlot(ctx, slot, 100).Result()
-		must(err)
-		if len(keys) == 0 {
-			break
-		}
-		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		must(fc.Do(ctx, args...).Err())
+	if err := fc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", idTo).Err(); err != nil {
+		t.Fatal(err)
 	}
-	for _, n := range c.Nodes[:c.Masters] {
-		nc := redis.NewClient(&redis.Options{Addr: n.Addr})
-		must(nc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", idTo).Err())
-		nc.Close()
+	return func(c *redistest.Cluster) error {
+		host, port, _ := net.SplitHostPort(to.Addr)
+		for {
+			keys, err := fc.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+			if err != nil {
+				return err
+			}
+			if len(keys) == 0 {
+				break
+			}
+			if err := migrateKeys(ctx, fc, host, port, keys...); err != nil {
+				return err
+			}
+		}
+		for _, n := range c.Nodes[:c.Masters] {
+			nc := redis.NewClient(&redis.Options{Addr: n.Addr})
+			err := nc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", idTo).Err()
+			nc.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
 	}
+}
+
+// migrateKeys moves keys to host:port with MIGRATE.
+func migrateKeys(ctx context.Context, from *redis.Client, host, port string, keys ...string) error {
+	args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	return from.Do(ctx, args...).Err()
 }
 
 // inSlot maps a transparency case's key names into the hash tag {t}.
@@ -242,6 +265,35 @@ func TestFencedCluster(t *testing.T) {
 	expect(px.do("FENCED", "r", "4", "SET", a, "3"), "-STALEFENCE fence 4 is below 5 for 'r'\r\n")
 	expect(px.do("FENCED", "r", "6", "SET", a, "4"), "+OK\r\n")
 	expect(px.do("GET", a), "$1\r\n4\r\n")
+
+	// While the slot of b migrates, its data key has moved and its record
+	// has not: FENCED waits (TRYAGAIN) until the record is beside the
+	// key, and an older fence is still refused.
+	bslot := slotOf(t, c, b)
+	from = clusterMaster(t, c, bslot)
+	for _, n := range c.Nodes[:c.Masters] {
+		if n != from {
+			to = n
+		}
+	}
+	finish := startMigration(t, bslot, from, to)
+	fc := redis.NewClient(&redis.Options{Addr: from.Addr})
+	defer fc.Close()
+	host, port, _ := net.SplitHostPort(to.Addr)
+	if err := migrateKeys(context.Background(), fc, host, port, b); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		done <- finish(c)
+	}()
+	expect(px.do("FENCED", "r", "3", "SET", b, "x"), "-STALEFENCE fence 3 is below 4 for 'r'\r\n")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	expect(px.do("FENCED", "r", "4", "SET", b, "y"), "+OK\r\n")
+	expect(px.do("GET", b), "$1\r\ny\r\n")
 }
 
 // TestFencedSentinel: behind a Sentinel-managed primary, the record

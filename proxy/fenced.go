@@ -544,7 +544,7 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 	addr, asking := "", false
 	var gen uint64
 	lost := false
-	for try := 0; try < fencedTries; try++ {
+	for again := 0; again < fencedTries; {
 		if s.cl != nil && !asking {
 			m, err := s.cl.r.current(ctx)
 			if err != nil {
@@ -606,6 +606,7 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 			}
 			return errLine(msg), FencedStale
 		case fenceAgain:
+			again++
 			continue
 		case fenceRedirect:
 			if s.cl == nil {
@@ -615,6 +616,11 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 			case redirMoved:
 				s.cl.r.moved.Add(1)
 				s.cl.r.reload(ctx, gen)
+				if s.cl.r.gen.Load() == gen && !s.fencedPause(ctx, deadline) {
+					// The slot map was read moments ago: wait for the
+					// next reading rather than spin.
+					return reply, FencedError
+				}
 			case redirAsk:
 				s.cl.r.asked.Add(1)
 				addr, asking = redir.addr, true
@@ -684,7 +690,16 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	defer stop()
 
 	// Round one: WATCH record, GET record.
-	watch := encodeCommand([][]byte{[]byte("WATCH"), pl.record})
+	// In front of a cluster the command's keys are watched too: WATCH is
+	// a command of several keys, which a master that is migrating the
+	// slot answers TRYAGAIN while the record and the keys are split
+	// between it and the other master (or ASK when all have gone), so
+	// that the record read is the one beside the keys.
+	w := append(make([][]byte, 0, 2+len(pl.keys)), []byte("WATCH"), pl.record)
+	if s.cl != nil {
+		w = append(w, pl.keys...)
+	}
+	watch := encodeCommand(w)
 	get := encodeCommand([][]byte{[]byte("GET"), pl.record})
 	if asking {
 		be.w.Write(cmdAsking)
