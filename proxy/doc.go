@@ -135,7 +135,7 @@
 // (clusterjoin.go, clusterlcs.go, clusterhll.go, clustersort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
-// configured limits before redcon parses it (limits.go): what Redis skips
+// configured limits before redcon parses it (internal/resp, Scanner): what Redis skips
 // (an empty line, a count of zero or less) is skipped, inline requests are
 // split by Redis's quoting rules, a malformed request gets Redis's own
 // error and a closed connection, and a declared but unsent length costs
@@ -168,14 +168,15 @@
 // Redis Sentinel when configured:
 // a follower tracks the primary and owns every backend connection dialled
 // to it, closing them all when the primary changes (dial asks it for the
-// address). spare.go keeps dedicated connections ready, reply.go copies one reply,
-// limits.go checks requests, auth.go answers AUTH, guard.go keeps
+// address). spare.go keeps dedicated connections ready, internal/resp copies one reply,
+// frames requests and holds the command table, auth.go answers AUTH, guard.go keeps
 // forwarded commands off the lock state, command.go answers INFO
 // lockproxy and COMMAND, and fenced.go runs FENCED: the fence check, the
 // fence record's update and the command as one WATCH/MULTI/EXEC
 // transaction on a backend connection of the proxy's own in the client's
 // state, answered in the client's order like the proxy's own commands
-// (docs/FENCED.md); it also keeps forwarded commands off the records. Files outside a part call its methods only.
+// (docs/FENCED.md); it also keeps forwarded commands off the records.
+// Files outside a part call its methods only.
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held

@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // FENCED resource fence [PERMIT slot] command [arg ...] runs command on the
@@ -78,7 +80,7 @@ const fencedTries = 64
 // fencedState is the proxy's part of FENCED: the backend's COMMAND table
 // when the backend is one Redis (a cluster's is the router's).
 type fencedState struct {
-	table commandTable
+	table resp.Table
 }
 
 // fencedItem is the localItem of a FENCED, or ok false when the proxy
@@ -149,7 +151,7 @@ type fencedPlan struct {
 func (s *session) runFenced(ctx context.Context, req FencedRequest, resp3 bool) ([]byte, FencedOutcome) {
 	pl := fencedPlan{req: req, slot: noSlot}
 	var nb [24]byte
-	name := lower(&nb, req.Command[0])
+	name := resp.Lower(&nb, req.Command[0])
 	pl.name = string(name)
 	if why, ok := refusedInner[pl.name]; ok || (s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(req.Command[0])) {
 		if !ok {
@@ -163,8 +165,8 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest, resp3 bool) 
 		s.p.m.unavailable.Add(1)
 		return errorReply(&BackendError{Err: err}), FencedError
 	}
-	spec, known := lookupSpec(table, name, req.Command)
-	if !known || !arityOK(spec.arity, len(req.Command)) {
+	spec, known := resp.LookupSpec(table, name, req.Command)
+	if !known || !arityOK(spec.Arity, len(req.Command)) {
 		// Redis's own error for an unknown command, subcommand or a
 		// wrong number of arguments.
 		return s.fencedProbe(ctx, pl, resp3)
@@ -177,7 +179,7 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest, resp3 bool) 
 		pl.write = true
 	case "eval_ro", "evalsha_ro", "fcall_ro":
 	default:
-		pl.write = spec.write
+		pl.write = spec.Write
 	}
 	keys, reply := s.fencedKeys(ctx, &pl, spec)
 	if reply != nil {
@@ -188,7 +190,7 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest, resp3 bool) 
 	}
 	pl.keys = keys
 	for _, k := range keys {
-		if bytes.HasPrefix(k, []byte(FencePrefix)) && (pl.write || !spec.readonly) {
+		if bytes.HasPrefix(k, []byte(FencePrefix)) && (pl.write || !spec.Readonly) {
 			return errorReply(&RecordError{Key: string(k)}), FencedBadRequest
 		}
 	}
@@ -220,7 +222,7 @@ func arityOK(arity, n int) bool {
 
 // blockingCall reports whether a command can block: flagged so, except
 // XREAD and XREADGROUP, which block only with BLOCK.
-func blockingCall(name string, spec keySpec, args [][]byte) bool {
+func blockingCall(name string, spec resp.KeySpec, args [][]byte) bool {
 	switch name {
 	case "xread", "xreadgroup":
 		for _, a := range args[1:] {
@@ -233,12 +235,12 @@ func blockingCall(name string, spec keySpec, args [][]byte) bool {
 		}
 		return false
 	}
-	return spec.blocking
+	return spec.Blocking
 }
 
 // fencedKeys returns the inner command's keys, or the reply to give
 // instead (Redis's own errors for a script's bad numkeys).
-func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec keySpec) ([][]byte, []byte) {
+func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec resp.KeySpec) ([][]byte, []byte) {
 	args := pl.req.Command
 	switch pl.name {
 	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
@@ -253,7 +255,7 @@ func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec keySpec) 
 		}
 		return args[3 : 3+n], nil
 	}
-	if s.cl != nil || spec.movable {
+	if s.cl != nil || spec.Movable {
 		keys, err := s.p.commandKeys(ctx, pl.name, args, spec)
 		if err != nil {
 			s.p.m.unavailable.Add(1)
@@ -265,27 +267,27 @@ func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec keySpec) 
 }
 
 // specKeys appends the keys at the positions spec gives.
-func specKeys(dst [][]byte, spec keySpec, args [][]byte) [][]byte {
-	if spec.first <= 0 {
+func specKeys(dst [][]byte, spec resp.KeySpec, args [][]byte) [][]byte {
+	if spec.First <= 0 {
 		return dst
 	}
-	last := spec.last
+	last := spec.Last
 	if last < 0 {
 		last += len(args)
 	}
-	step := max(spec.step, 1)
-	for i := spec.first; i <= last && i < len(args); i += step {
+	step := max(spec.Step, 1)
+	for i := spec.First; i <= last && i < len(args); i += step {
 		dst = append(dst, args[i])
 	}
 	return dst
 }
 
 // fencedCommands returns the backend's COMMAND table.
-func (p *Proxy) fencedCommands(ctx context.Context) (map[string]keySpec, error) {
+func (p *Proxy) fencedCommands(ctx context.Context) (map[string]resp.KeySpec, error) {
 	if p.router != nil {
 		return p.router.commands(ctx)
 	}
-	return p.fence.table.get(ctx, func(ctx context.Context) (any, error) {
+	return p.fence.table.Get(ctx, func(ctx context.Context) (any, error) {
 		c, err := p.controlClient()
 		if err != nil {
 			return nil, err
@@ -315,11 +317,11 @@ func (p *Proxy) controlClient() (*redis.Client, error) {
 // cluster as the router routes it; else at the table's positions, or with
 // COMMAND GETKEYS for a command whose keys move. Arguments Redis would
 // refuse have no keys.
-func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spec keySpec) ([][]byte, error) {
+func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spec resp.KeySpec) ([][]byte, error) {
 	if p.router != nil {
 		return p.router.keys(ctx, nil, []byte(name), args)
 	}
-	if !spec.movable {
+	if !spec.Movable {
 		return specKeys(nil, spec, args), nil
 	}
 	c, err := p.controlClient()
@@ -427,7 +429,7 @@ func (p *Proxy) guardRecords(name []byte, args [][]byte) error {
 	if err != nil {
 		return &BackendError{Err: err}
 	}
-	spec, ok := lookupSpec(table, name, args)
+	spec, ok := resp.LookupSpec(table, name, args)
 	if !ok {
 		return nil // Redis answers it with its error
 	}
@@ -436,11 +438,11 @@ func (p *Proxy) guardRecords(name []byte, args [][]byte) error {
 
 // guardSpec refuses args, whose argument hit has the records' prefix,
 // unless the command only reads or names no record as a key.
-func guardSpec(spec keySpec, args [][]byte, hit int) error {
-	if spec.readonly {
+func guardSpec(spec resp.KeySpec, args [][]byte, hit int) error {
+	if spec.Readonly {
 		return nil
 	}
-	if spec.movable {
+	if spec.Movable {
 		return &RecordError{Key: string(args[hit])}
 	}
 	for _, k := range specKeys(nil, spec, args) {
@@ -830,9 +832,9 @@ func (c *fencedConn) readReplies(n int) ([][]byte, error) {
 	}
 	c.buf.Reset()
 	c.ends = c.ends[:0]
-	var ri replyInfo
+	var ri resp.ReplyInfo
 	for range n {
-		if err := copyReply(c.w, c.be.r, &ri); err != nil {
+		if err := resp.CopyReply(c.w, c.be.r, &ri); err != nil {
 			return nil, err
 		}
 		c.w.Flush()

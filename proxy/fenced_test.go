@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // testFencing is a Fencing for the proxy's own tests: it parses FENCED as
@@ -86,11 +88,11 @@ func TestExecBody(t *testing.T) {
 
 func TestGuardSpec(t *testing.T) {
 	rec := "lockproxy:fence:r:x"
-	set := keySpec{first: 1, last: 1, step: 1, write: true}
-	get := keySpec{first: 1, last: 1, step: 1, readonly: true}
-	eval := keySpec{movable: true}
+	set := resp.KeySpec{First: 1, Last: 1, Step: 1, Write: true}
+	get := resp.KeySpec{First: 1, Last: 1, Step: 1, Readonly: true}
+	eval := resp.KeySpec{Movable: true}
 	for _, tt := range []struct {
-		spec keySpec
+		spec resp.KeySpec
 		args []string
 		hit  int
 		ok   bool
