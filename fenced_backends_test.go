@@ -227,8 +227,28 @@ func TestFencedCluster(t *testing.T) {
 		}
 	}
 
-	px := dialRaw(t, addr, false)
 	a, b := "{a}k", "{b}k"
+	// The rules in RESP3 too, on a resource of their own.
+	px3 := dialRaw(t, addr, true)
+	for _, step := range [][2]string{
+		{"FENCED r3 5 SET {a}k3 1", "+OK\r\n"},
+		{"FENCED r3 4 SET {a}k3 2", "-STALEFENCE fence 4 is below 5 for 'r3'\r\n"},
+		{"FENCED r3 4 GET {a}k3", "-STALEFENCE fence 4 is below 5 for 'r3'\r\n"},
+		{"FENCED r3 5 GET {a}k3", "$1\r\n1\r\n"},
+		{"FENCED r3 5 GET {a}missing", "_\r\n"},
+		{"FENCED r3 1 SET {b}k3 1", "+OK\r\n"},
+		{"FENCED r3 2 PERMIT 0 HSET {b}h3 f 1", ":1\r\n"},
+		{"FENCED r3 1 PERMIT 0 HSET {b}h3 f 2", "-STALEFENCE fence 1 is below 2 for 'r3' slot 0\r\n"},
+		{"FENCED r3 2 PERMIT 0 HGETALL {b}h3", "%1\r\n$1\r\nf\r\n$1\r\n1\r\n"},
+		{"FENCED r3 9 MSET {a}x 1 {b}y 2", "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
+		{"FENCED r3 9 PING", "-ERR FENCED needs a command with keys: 'ping' has none here\r\n"},
+	} {
+		if got := px3.do(strings.Fields(step[0])...); got != step[1] {
+			t.Errorf("RESP3 %s: %q, want %q", step[0], got, step[1])
+		}
+	}
+
+	px := dialRaw(t, addr, false)
 	if slotOf(t, c, a) == slotOf(t, c, b) {
 		t.Fatal("test keys share a slot")
 	}

@@ -102,14 +102,14 @@ func (it *localItem) cmdName() []byte {
 
 // fenced answers a FENCED once every reply before it has reached the
 // client, which is when the commands sent before it have run.
-func (s *session) fenced(args [][]byte, resp3 bool) []byte {
+func (s *session) fenced(args [][]byte) []byte {
 	f := s.p.cfg.Fencing
 	req, err := f.Parse(args)
 	if err != nil {
 		f.Done(FencedBadRequest)
 		return errLine(err.Error())
 	}
-	reply, outcome := s.runFenced(s.commandContext(), req, resp3)
+	reply, outcome := s.runFenced(s.commandContext(), req)
 	f.Done(outcome)
 	// Its write went on another connection than the client's: a WAIT
 	// after it marks the client's own first (see waitMark).
@@ -148,7 +148,9 @@ type fencedPlan struct {
 	refusedReply []byte
 }
 
-func (s *session) runFenced(ctx context.Context, req FencedRequest, resp3 bool) ([]byte, FencedOutcome) {
+// runFenced checks what FENCED runs, refusing before anything is sent
+// what it never runs, and runs it.
+func (s *session) runFenced(ctx context.Context, req FencedRequest) ([]byte, FencedOutcome) {
 	pl := fencedPlan{req: req, slot: noSlot}
 	var nb [24]byte
 	name := resp.Lower(&nb, req.Command[0])
@@ -169,7 +171,7 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest, resp3 bool) 
 	if !known || !arityOK(spec.Arity, len(req.Command)) {
 		// Redis's own error for an unknown command, subcommand or a
 		// wrong number of arguments.
-		return s.fencedProbe(ctx, pl, resp3)
+		return s.fencedProbe(ctx, pl)
 	}
 	if blockingCall(pl.name, spec, req.Command) {
 		return errLine(fmt.Sprintf("ERR FENCED cannot run '%s': a command that can block", pl.name)), FencedBadRequest
@@ -902,7 +904,7 @@ func truncate(b []byte, n int) []byte {
 // fencedProbe answers a FENCED whose command Redis does not know or would
 // refuse for its number of arguments with Redis's own error: the command
 // is queued in a transaction that is then discarded, so it never runs.
-func (s *session) fencedProbe(ctx context.Context, pl fencedPlan, _ bool) ([]byte, FencedOutcome) {
+func (s *session) fencedProbe(ctx context.Context, pl fencedPlan) ([]byte, FencedOutcome) {
 	addr := ""
 	if s.cl != nil {
 		m, err := s.cl.r.current(ctx)

@@ -622,7 +622,7 @@ func (s *session) answer(it localItem) {
 		case !t.resp3 && t.subscribed:
 			reply = append(append([]byte(subscribedPrefix), resp.Lower(&nb, it.cmdName())...), subscribedSuffix...)
 		case it.fenced != nil:
-			reply = s.fenced(it.fenced, t.resp3)
+			reply = s.fenced(it.fenced)
 		default:
 			if s.loc == nil {
 				s.loc = s.p.cfg.NewLocal()
