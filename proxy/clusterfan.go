@@ -135,6 +135,14 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 			c := fan(m, cmd.Raw, opFirst)
 			c.fold = mergeLatencyHistogram // clusterlatency.go
 			return c, true
+		case "latest":
+			c := fan(m, cmd.Raw, opFirst)
+			c.fold = mergeLatencyLatest
+			return c, true
+		case "history":
+			c := fan(m, cmd.Raw, opFirst)
+			c.fold = mergeLatencyHistory
+			return c, true
 		}
 	case "slowlog":
 		switch sub {

@@ -250,3 +250,120 @@ func fannedName(name string) bool {
 	}
 	return resp.Of(cmd, args).Has(resp.Fanned)
 }
+
+// LATENCY LATEST and LATENCY HISTORY in front of a cluster: every
+// master's events, as one Redis that had them all would report them. For
+// LATEST, an event's entry is the one with the latest timestamp, with the
+// largest maximum of all the masters'; for HISTORY, the masters' samples
+// in time order (the newest 160 when there are more, as one Redis
+// keeps).
+
+// latencyHistoryMax is how many samples one Redis keeps per event.
+const latencyHistoryMax = 160
+
+// mergeLatencyLatest merges the masters' LATENCY LATEST replies.
+func mergeLatencyLatest(replies [][]byte) ([]byte, bool) {
+	return allOK(replies, func() []byte {
+		type latest struct {
+			name              []byte
+			at, last, highest int64
+		}
+		var order []string
+		byName := map[string]*latest{}
+		for _, r := range replies {
+			n, rest, err := elements(r)
+			if err != nil {
+				return errorReply(err)
+			}
+			for range n {
+				k, err := valueLen(rest)
+				if err != nil {
+					return errorReply(err)
+				}
+				_, e, err := elements(rest[:k])
+				rest = rest[k:]
+				if err != nil {
+					return errorReply(err)
+				}
+				name, kn, err := bulkAt(e)
+				if err != nil {
+					return errorReply(err)
+				}
+				e = e[kn:]
+				var v [3]int64
+				for i := range v {
+					if v[i], err = intAt(e); err != nil {
+						return errorReply(err)
+					}
+					kv, _ := valueLen(e)
+					e = e[kv:]
+				}
+				l := byName[name]
+				if l == nil {
+					order = append(order, name)
+					byName[name] = &latest{name: []byte(name), at: v[0], last: v[1], highest: v[2]}
+					continue
+				}
+				if v[0] > l.at {
+					l.at, l.last = v[0], v[1]
+				}
+				l.highest = max(l.highest, v[2])
+			}
+		}
+		out := redcon.AppendArray(nil, len(order))
+		for _, name := range order {
+			l := byName[name]
+			out = redcon.AppendArray(out, 4)
+			out = redcon.AppendBulk(out, l.name)
+			out = redcon.AppendInt(out, l.at)
+			out = redcon.AppendInt(out, l.last)
+			out = redcon.AppendInt(out, l.highest)
+		}
+		return out
+	})
+}
+
+// mergeLatencyHistory merges the masters' LATENCY HISTORY replies.
+func mergeLatencyHistory(replies [][]byte) ([]byte, bool) {
+	return allOK(replies, func() []byte {
+		var samples [][2]int64
+		for _, r := range replies {
+			n, rest, err := elements(r)
+			if err != nil {
+				return errorReply(err)
+			}
+			for range n {
+				k, err := valueLen(rest)
+				if err != nil {
+					return errorReply(err)
+				}
+				_, e, err := elements(rest[:k])
+				rest = rest[k:]
+				if err != nil {
+					return errorReply(err)
+				}
+				at, err := intAt(e)
+				if err != nil {
+					return errorReply(err)
+				}
+				kv, _ := valueLen(e)
+				ms, err := intAt(e[kv:])
+				if err != nil {
+					return errorReply(err)
+				}
+				samples = append(samples, [2]int64{at, ms})
+			}
+		}
+		slices.SortStableFunc(samples, func(a, b [2]int64) int { return int(a[0] - b[0]) })
+		if len(samples) > latencyHistoryMax {
+			samples = samples[len(samples)-latencyHistoryMax:]
+		}
+		out := redcon.AppendArray(nil, len(samples))
+		for _, s := range samples {
+			out = redcon.AppendArray(out, 2)
+			out = redcon.AppendInt(out, s[0])
+			out = redcon.AppendInt(out, s[1])
+		}
+		return out
+	})
+}

@@ -739,3 +739,30 @@ func TestClusterClientPause(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterLatencyLatest checks LATENCY LATEST and LATENCY HISTORY in
+// front of a cluster: the events of every master (Redis's "LATENCY of
+// expire events are correctly collected").
+func TestClusterLatencyLatest(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	a := dial(t, addr)
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Do("CONFIG", "SET", "latency-monitor-threshold", "0")
+		}
+	})
+	a.do(args("CONFIG SET latency-monitor-threshold 5"), args("LATENCY RESET"))
+	slow := "local t = redis.call('TIME') while true do local n = redis.call('TIME') if (n[1]-t[1])*1000000 + n[2]-t[2] > 20000 then return 1 end end"
+	for _, i := range []int{1, 2} {
+		a.do([]string{"EVAL", slow, "1", keyOn(i, "lat:")})
+		time.Sleep(1100 * time.Millisecond) // one sample per second and event
+	}
+	got := string(a.do(args("LATENCY LATEST")))
+	if !strings.HasPrefix(got, "*1\r\n*4\r\n$7\r\ncommand\r\n") {
+		t.Errorf("LATENCY LATEST: %q, want the command event", got)
+	}
+	if got := string(a.do(args("LATENCY HISTORY command"))); !strings.HasPrefix(got, "*2\r\n") {
+		t.Errorf("LATENCY HISTORY command: %q, want a sample of each of two masters", got)
+	}
+}

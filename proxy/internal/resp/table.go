@@ -191,6 +191,8 @@ var commands = map[string]Info{
 	"latency": {Flags: NoSlot, Sub: map[string]Info{
 		"reset":     {Flags: Fanned},
 		"histogram": {Flags: Fanned},
+		"latest":    {Flags: Fanned},
+		"history":   {Flags: Fanned},
 	}},
 	"slowlog": {Flags: NoSlot, Sub: map[string]Info{
 		"reset": {Flags: Fanned},
