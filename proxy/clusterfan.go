@@ -77,6 +77,10 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 	case "config":
 		switch sub {
 		case "set":
+			if nodeOwnConfig(args) {
+				// The slot-0 master's, whose CONFIG GET answers.
+				return call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}, true
+			}
 			c := fan(m, cmd.Raw, opFirst)
 			r := s.cl.r
 			c.learn = func(failed bool) {
@@ -566,4 +570,28 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.2fP", d/(k*k*k*k*k))
 	}
 	return strconv.FormatInt(n, 10) + "B"
+}
+
+// nodeOwnConfigs are the parameters that are each node's own: its
+// address, files and announced identity. One master's value set on every
+// master would have them listen on one port, or write in one folder.
+var nodeOwnConfigs = []string{"port", "tls-port", "bind", "bind-source-addr", "unixsocket", "unixsocketperm",
+	"dir", "logfile", "pidfile", "cluster-port", "cluster-announce-ip", "cluster-announce-port",
+	"cluster-announce-bus-port", "cluster-announce-tls-port", "cluster-announce-hostname",
+	"replica-announce-ip", "replica-announce-port", "slave-announce-ip", "slave-announce-port"}
+
+// nodeOwnConfig reports whether a CONFIG SET sets only parameters that
+// are each node's own (nodeOwnConfigs): it goes to the slot-0 master
+// only, whose CONFIG GET the client reads. One that sets others too goes
+// to every master, as any CONFIG SET.
+func nodeOwnConfig(args [][]byte) bool {
+	if len(args) < 4 || len(args)%2 != 0 {
+		return false
+	}
+	for i := 2; i < len(args); i += 2 {
+		if !slices.Contains(nodeOwnConfigs, strings.ToLower(string(args[i]))) {
+			return false
+		}
+	}
+	return true
 }

@@ -766,3 +766,33 @@ func TestClusterLatencyLatest(t *testing.T) {
 		t.Errorf("LATENCY HISTORY command: %q, want a sample of each of two masters", got)
 	}
 }
+
+// TestClusterConfigNodeOwn checks that CONFIG SET of a node's own
+// parameter (its port, its address) goes to the slot-0 master only,
+// whose CONFIG GET the client reads: setting the value read back is +OK,
+// as on one Redis, and the other masters keep theirs (Redis's "CONFIG
+// sanity").
+func TestClusterConfigNodeOwn(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	a := dial(t, addr)
+	ports := map[string]string{}
+	for _, n := range c.Nodes {
+		ports[n.Addr] = string(dial(t, n.Addr).do(args("CONFIG GET port")))
+	}
+	for _, param := range []string{"port", "bind"} {
+		got := string(a.do(args("CONFIG GET " + param)))
+		lines := strings.Split(got, "\r\n")
+		if len(lines) < 5 {
+			t.Fatalf("CONFIG GET %s: %q", param, got)
+		}
+		if got := string(a.do([]string{"CONFIG", "SET", param, lines[4]})); got != "+OK\r\n" {
+			t.Errorf("CONFIG SET %s %s: %q", param, lines[4], got)
+		}
+	}
+	for _, n := range c.Nodes {
+		if got := string(dial(t, n.Addr).do(args("CONFIG GET port"))); got != ports[n.Addr] {
+			t.Errorf("%s: port %q, was %q", n.Addr, got, ports[n.Addr])
+		}
+	}
+}
