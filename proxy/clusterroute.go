@@ -500,6 +500,10 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 			if len(args) == 2 {
 				return s.getRedir(), true
 			}
+		case "trackinginfo":
+			if len(args) == 2 {
+				return s.trackingInfoCall(m, cmd), true
+			}
 		case "unblock":
 			if s.unblockCall(args) { // clusterunblock.go
 				return call{kind: callLocal}, true // answered in its place

@@ -508,6 +508,9 @@ func TestClusterTracking(t *testing.T) {
 	if got := string(cl.do(args("CLIENT GETREDIR"))); got != idReply {
 		t.Errorf("GETREDIR: %q, want %q", got, idReply)
 	}
+	if got := string(cl.do(args("CLIENT TRACKINGINFO"))); !strings.Contains(got, "$8\r\nredirect\r\n"+idReply) {
+		t.Errorf("TRACKINGINFO: %q, want redirect %q", got, idReply)
+	}
 	for _, k := range keys {
 		cl.do(args("SET "+k+" 1"), args("GET "+k))
 		w.do(args("INCR " + k))

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -356,4 +357,26 @@ func (s *session) getRedir() call {
 	default:
 		return localCall(redcon.AppendInt(nil, t.redirect))
 	}
+}
+
+// redirectField is the redirect field of a CLIENT TRACKINGINFO reply.
+var redirectField = regexp.MustCompile(`\$8\r\nredirect\r\n:-?[0-9]+\r\n`)
+
+// trackingInfoCall sends CLIENT TRACKINGINFO to the slot-0 master, whose
+// reply names the client's REDIRECT id in place of the proxy's sink.
+func (s *session) trackingInfoCall(m *slotMap, cmd redcon.Command) call {
+	c := call{kind: callMerge, op: opFirst, parts: []part{{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}}
+	t := s.cl.trk.Load()
+	if t == nil {
+		return c
+	}
+	field := fmt.Appendf(nil, "$8\r\nredirect\r\n:%d\r\n", t.redirect)
+	c.fold = func(replies [][]byte) ([]byte, bool) {
+		b := replies[0]
+		if isError(b) {
+			return b, true
+		}
+		return redirectField.ReplaceAllLiteral(b, field), false
+	}
+	return c
 }
