@@ -462,6 +462,9 @@ func mergeField(sec *infoPart, k string, clients int64) string {
 		if k == "latest_fork_usec" {
 			break
 		}
+		if k == "tracking_total_prefixes" {
+			return maxInts(vals) // a BCAST prefix is on every master
+		}
 		if strings.HasPrefix(k, "instantaneous_") && strings.Contains(vals[0], ".") {
 			var sum float64
 			for _, v := range vals {
@@ -477,6 +480,17 @@ func mergeField(sec *infoPart, k string, clients int64) string {
 		return sumPairs(vals)
 	}
 	return vals[0]
+}
+
+// maxInts returns the largest of integers; a value that is not one is
+// taken as 0.
+func maxInts(vals []string) string {
+	var most int64
+	for _, v := range vals {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		most = max(most, n)
+	}
+	return strconv.FormatInt(most, 10)
 }
 
 // sumInts adds integers; a value that is not one is taken as 0.

@@ -535,6 +535,9 @@ func TestClusterTracking(t *testing.T) {
 	if got := string(cl.do(args("CLIENT TRACKING on BCAST REDIRECT " + id + " PREFIX a: PREFIX b:"))); got != "+OK\r\n" {
 		t.Fatalf("BCAST: %q", got)
 	}
+	if info := string(w.do(args("INFO stats"))); !strings.Contains(info, "tracking_total_prefixes:2\r\n") {
+		t.Errorf("INFO stats: want tracking_total_prefixes:2 (a prefix counts once), got %q", info)
+	}
 	for _, prefix := range []string{"a:", "b:", "c:"} {
 		for i := range 3 {
 			w.do(args("SET " + keyOn(i, prefix) + " 1"))
@@ -561,6 +564,16 @@ func TestClusterTracking(t *testing.T) {
 	if extra, err := target.tryRead(1, 300*time.Millisecond); err == nil {
 		t.Errorf("an invalidation after tracking off: %q", extra)
 	}
+
+	// A REDIRECT target that has gone: TRACKINGINFO says so.
+	gone := dial(t, addr)
+	goneID := strings.TrimSuffix(strings.TrimPrefix(string(gone.do(args("CLIENT ID"))), ":"), "\r\n")
+	cl.do(args("CLIENT TRACKING on REDIRECT " + goneID))
+	gone.c.Close()
+	waitFor(t, 5*time.Second, func() bool {
+		return strings.Contains(string(cl.do(args("CLIENT TRACKINGINFO"))), "$15\r\nbroken_redirect\r\n")
+	})
+	cl.do(args("CLIENT TRACKING off"))
 
 	// RESP3: the client's own pushes.
 	r3 := dial(t, addr)

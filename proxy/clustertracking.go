@@ -371,12 +371,48 @@ func (s *session) trackingInfoCall(m *slotMap, cmd redcon.Command) call {
 		return c
 	}
 	field := fmt.Appendf(nil, "$8\r\nredirect\r\n:%d\r\n", t.redirect)
+	r := s.cl.r
 	c.fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
 		if isError(b) {
 			return b, true
 		}
-		return redirectField.ReplaceAllLiteral(b, field), false
+		b = redirectField.ReplaceAllLiteral(b, field)
+		if _, ok := r.clientIDs.Load(t.redirect); t.redirect != 0 && !ok {
+			b = addBrokenRedirect(b)
+		}
+		return b, false
 	}
 	return c
+}
+
+// flagsField is the start of a CLIENT TRACKINGINFO reply's flags.
+var flagsField = regexp.MustCompile(`\$5\r\nflags\r\n[*~]([0-9]+)\r\n`)
+
+// addBrokenRedirect adds the broken_redirect flag to a CLIENT
+// TRACKINGINFO reply, as Redis reports a REDIRECT target that is gone
+// (the masters' connections redirect to the proxy's sinks, which live
+// on).
+func addBrokenRedirect(b []byte) []byte {
+	loc := flagsField.FindSubmatchIndex(b)
+	if loc == nil {
+		return b
+	}
+	n, err := strconv.Atoi(string(b[loc[2]:loc[3]]))
+	if err != nil {
+		return b
+	}
+	end := loc[1]
+	for range n {
+		k, err := valueLen(b[end:])
+		if err != nil {
+			return b
+		}
+		end += k
+	}
+	out := append([]byte(nil), b[:loc[2]]...)
+	out = strconv.AppendInt(out, int64(n+1), 10)
+	out = append(out, b[loc[3]:end]...)
+	out = append(out, "$15\r\nbroken_redirect\r\n"...)
+	return append(out, b[end:]...)
 }
