@@ -424,7 +424,7 @@ func infoBody(r []byte) (byte, string, bool) {
 // Fields of INFO summed over the masters, by section (see mergeInfo).
 var (
 	summedMemory  = []string{"used_memory", "used_memory_rss", "used_memory_peak", "used_memory_overhead", "used_memory_dataset"}
-	summedClients = []string{"blocked_clients", "tracking_clients", "clients_in_timeout_table", "pubsub_clients", "watching_clients", "total_blocking_keys", "total_watched_keys"}
+	summedClients = []string{"blocked_clients", "clients_in_timeout_table", "pubsub_clients", "watching_clients", "total_blocking_keys", "total_watched_keys"}
 )
 
 // mergeField makes the value of field k of sec from the masters' values.
@@ -442,6 +442,9 @@ func mergeField(sec *infoPart, k string, clients int64) string {
 	case "clients":
 		if k == "connected_clients" {
 			return strconv.FormatInt(clients, 10)
+		}
+		if k == "tracking_clients" {
+			return maxInts(vals) // a tracking client tracks on every master
 		}
 		if slices.Contains(summedClients, k) {
 			return sumInts(vals)

@@ -538,6 +538,9 @@ func TestClusterTracking(t *testing.T) {
 	if info := string(w.do(args("INFO stats"))); !strings.Contains(info, "tracking_total_prefixes:2\r\n") {
 		t.Errorf("INFO stats: want tracking_total_prefixes:2 (a prefix counts once), got %q", info)
 	}
+	if info := string(w.do(args("INFO clients"))); !strings.Contains(info, "tracking_clients:1\r\n") {
+		t.Errorf("INFO clients: want tracking_clients:1 (a client tracking on every master counts once), got %q", info)
+	}
 	for _, prefix := range []string{"a:", "b:", "c:"} {
 		for i := range 3 {
 			w.do(args("SET " + keyOn(i, prefix) + " 1"))
