@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"image/png"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -274,6 +275,26 @@ func TestLocksPageInBrowser(t *testing.T) {
 		t.Errorf("%d responses of /locks.json read, want many", json)
 	}
 	t.Logf("%d responses checked for tokens", len(bodies))
+
+	// Bad parameters of /locks.json, and the headers of the page.
+	for _, q := range []string{"cursor=abc", "count=0", "count=x", "cursor=3"} {
+		resp, err := http.Get("http://" + metricsAddr + "/locks.json?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("/locks.json?%s: %d, want 400", q, resp.StatusCode)
+		}
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("/locks headers: %v", resp.Header)
+	}
 
 	// The screenshot.
 	img, err := png.Decode(bytes.NewReader(pngBuf))
