@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +34,11 @@ type browser struct {
 	ctx    context.Context
 	mu     sync.Mutex
 	bodies map[string]string // "url #n" -> body
-	wg     sync.WaitGroup
+	missed []string          // responses whose body could not be read, and why
+	// leaving is set once the test leaves the page: a response finished
+	// after that may have no body to read any more.
+	leaving atomic.Bool
+	wg      sync.WaitGroup
 }
 
 func newBrowser(t *testing.T) *browser {
@@ -62,12 +67,18 @@ func newBrowser(t *testing.T) *browser {
 			umu.Lock()
 			url := urls[e.RequestID]
 			umu.Unlock()
+			leaving := b.leaving.Load()
 			b.wg.Add(1)
 			go func() {
 				defer b.wg.Done()
 				res, err := chromedp.Call(ctx, network.GetResponseBody, network.GetResponseBodyParams{RequestID: e.RequestID})
+				if err != nil && !leaving {
+					b.mu.Lock()
+					b.missed = append(b.missed, url+": "+err.Error())
+					b.mu.Unlock()
+				}
 				if err != nil {
-					return // the page went on; the next poll is read
+					return
 				}
 				b.mu.Lock()
 				b.bodies[fmt.Sprintf("%s #%d", url, len(b.bodies))] = string(res.Body)
@@ -243,10 +254,11 @@ func TestLocksPageInBrowser(t *testing.T) {
 
 	// No token in any response the browser got, nor in the page.
 	html := eval[string](t, b, "document.documentElement.outerHTML")
+	b.leaving.Store(true)
 	if err := chromedp.Do(b.ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	b.wg.Wait()
 	b.mu.Lock()
 	bodies := b.bodies
 	bodies["outerHTML"] = html
@@ -273,6 +285,9 @@ func TestLocksPageInBrowser(t *testing.T) {
 	}
 	if json < 10 {
 		t.Errorf("%d responses of /locks.json read, want many", json)
+	}
+	if len(b.missed) > 0 {
+		t.Errorf("responses whose body could not be checked: %q", b.missed)
 	}
 	t.Logf("%d responses checked for tokens", len(bodies))
 
