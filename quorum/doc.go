@@ -83,7 +83,8 @@
 // version, never as per-node increments: every change reads the count a
 // majority holds and writes the next version to every node, and no node
 // deletes a counted lock on its own count (reentrant.go). Info reads what
-// a majority of the nodes report of a resource for LOCKINFO (info.go).
+// a majority of the nodes report of a resource for LOCKINFO (info.go);
+// Locks lists the resources a majority holds for LOCKS (locks.go).
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
 // (a string with the holder's fence, attempts, hold count, holder and token, expiring with the
