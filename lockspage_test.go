@@ -253,6 +253,11 @@ func TestLocksPageInBrowser(t *testing.T) {
 	b.within(t, time.Second, "the filter in the address", `location.hash.includes("inventory")`)
 
 	// No token in any response the browser got, nor in the page.
+	stats := eval[string](t, b, `(() => {
+		const d = performance.getEntriesByType("resource").filter(e => e.name.includes("/locks.json")).map(e => e.duration).sort((a, b) => a - b);
+		return d.length + " reads of /locks.json, median " + d[d.length >> 1].toFixed(0) + " ms, max " + d[d.length - 1].toFixed(0) + " ms";
+	})()`)
+	t.Log(stats)
 	html := eval[string](t, b, "document.documentElement.outerHTML")
 	b.leaving.Store(true)
 	if err := chromedp.Do(b.ctx, chromedp.Navigate("about:blank")); err != nil {
