@@ -122,11 +122,16 @@ import (
 //	       enter (LOCK ... REENTRANT): a, aw, r or rw, replying {g, holds,
 //	       version, fresh, g}: g is what those reply, holds and version the
 //	       count of the token's holding (1 and 0 without a count), fresh 1
-//	       when this attempt took the lock afresh on the node; where the key is
+//	       when this attempt's call took the lock afresh on the node (every
+//	       attempt on its list is the call's: an attempt id "<call>+<k>";
+//	       from k = 2 on, the call's earlier ids on the list are replaced
+//	       with this one first, see reentrant.go); where the key is
 //	       a hash record in another mode, acquire's {mode code, 0}.
-//	k      sethold: x is "<holds>.<version>"; store it as the count of the
-//	       token's holding unless the node stores a later version. 1 when
-//	       the token owns the lock, 0 otherwise.
+//	k      sethold: x is "<holds>.<version>[:<fence>]"; store it as the
+//	       count of the token's holding unless the node stores a later
+//	       version, with the fence (a re-entry's) as the holding's stored
+//	       fence, the counter raised to it. 1 when the token owns the lock,
+//	       0 otherwise.
 //	y      query: the token's holding as enter reports it, 0 when the token
 //	       does not own the lock. Changes nothing.
 //	v      view (LOCKINFO): {kind, pttl, header, mine, owner}, kind 'none',
@@ -734,17 +739,72 @@ var hashFamily = luaFamily{"hash", hashLua, []string{"hload", "hfind", "hdrop", 
 // formsFamily holds the operations that only the lock forms use: LOCK ...
 // REENTRANT (enter, sethold, query), LOCKINFO (view) and MLOCK (group).
 var formsFamily = luaFamily{"forms", `
+-- ofCall reports whether every attempt in the list att is one of the
+-- call's (its id starts with call, "<id>+").
+local function ofCall(att, call)
+	if att == '' or att == '*' then
+		return false
+	end
+	for a in string.gmatch(att, '[^,]+') do
+		if string.sub(a, 1, #call) ~= call then
+			return false
+		end
+	end
+	return true
+end
+
+-- takeOver replaces, in the attempts that rely on token's lock, those of
+-- the call's earlier attempts with attempt: they failed (only a call's
+-- last attempt succeeds), so none relies on the lock any more, and their
+-- cleanups, arriving later, leave it to this one. The list keeps at most
+-- one id per call, however many attempts the call makes.
+local function takeOver(key, token, call, attempt)
+	local v = redis.pcall('GET', key)
+	if type(v) ~= 'string' or string.byte(v, 1) == 120 then
+		return
+	end
+	local f, att, ext = parse(v, token)
+	if not f or att == '' or att == '*' then
+		return
+	end
+	local rest, took, has = {}, false, false
+	for a in string.gmatch(att, '[^,]+') do
+		if a == attempt then
+			has = true
+			rest[#rest + 1] = a
+		elseif string.sub(a, 1, #call) == call then
+			took = true
+		else
+			rest[#rest + 1] = a
+		end
+	end
+	if not took then
+		return
+	end
+	if not has then
+		rest[#rest + 1] = attempt
+	end
+	redis.call('SET', key, value(string.sub(v, 1, 1), f, table.concat(rest, ','), token, ext), 'KEEPTTL')
+end
+
 -- enter is acquire for LOCK ... REENTRANT: code n, nw, nr or nrw runs
 -- acquire's a, aw, r or rw and replies {g, holds, version, fresh, g}, g
 -- being what acquire replies, holds and version the count stored with the
 -- token's holding (1 and 0 for a holding without a count), fresh 1 when
--- this attempt took the lock here afresh.
+-- this attempt's call took the lock here afresh: every attempt that
+-- relies on it is this call's. A reentrant call's attempts have ids
+-- "<call>+<k>" (k from 1, base 36; reentrant.go): from the second on,
+-- the call's earlier attempts are taken over first (takeOver).
 local function enter(key, code, token, x, attempt)
 	local c = string.sub(code, 2)
 	if c == '' then
 		c = 'a'
 	elseif c == 'w' then
 		c = 'aw'
+	end
+	local call, k = string.match(attempt, '^(.+%+)(%w+)$')
+	if call and k ~= '1' then
+		takeOver(key, token, call, attempt)
 	end
 	local g = acquire(key, c, token, x, attempt)
 	if type(g) == 'table' then
@@ -756,26 +816,33 @@ local function enter(key, code, token, x, attempt)
 	local _, att, ext = parse(redis.call('GET', key), token)
 	local h, ver = holdsOf(ext)
 	local fresh = 0
-	if att == attempt then
+	if att == attempt or (call and ofCall(att, call)) then
 		fresh = 1
 	end
 	return {g, h or 1, ver or 0, fresh, g}
 end
 
--- sethold writes x, "<holds>.<version>", as the count of token's holding
--- unless the holding stores a later version; it keeps the rest of the
--- extension (the holder) and the ttl. It returns 1 when token owns the
--- lock, 0 otherwise.
+-- sethold writes x, "<holds>.<version>[:<fence>]", as the count of
+-- token's holding unless the holding stores a later version; it keeps the
+-- rest of the extension (the holder) and the ttl. With a fence (a
+-- re-entry's: the holding's), the holding stores that fence, and the
+-- counter is raised to it. It returns 1 when token owns the lock, 0
+-- otherwise.
 local function sethold(key, token, x)
 	local v, f, att, ext = owned(key, token)
 	if not v then
 		return 0
 	end
-	local dot = string.find(x, '.', 1, true)
-	local nh, nv = string.sub(x, 1, dot - 1), string.sub(x, dot + 1)
+	local nh, nv, nf = string.match(x, '^(%d+)%.(%d+):?(%d*)$')
 	local _, ver = holdsOf(ext)
 	if ver and ver > tonumber(nv) then
 		return 1
+	end
+	if nf ~= '' then
+		f = nf
+		if tonumber(redis.call('GET', counter) or '0') < tonumber(nf) then
+			redis.call('SET', counter, nf)
+		end
 	end
 	local rest = string.match(ext, '^;[^;]*(;.*)$') or ''
 	redis.call('SET', key, value(string.sub(v, 1, 1), f, att, token, ';' .. nh .. '.' .. nv .. rest), 'KEEPTTL')
