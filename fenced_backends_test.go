@@ -84,15 +84,24 @@ func clusterMaster(t testing.TB, c *redistest.Cluster, slot int) *redistest.Serv
 	t.Helper()
 	cl := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr})
 	defer cl.Close()
-	slots, err := cl.ClusterSlots(context.Background()).Result()
+	shards, err := cl.ClusterShards(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slots {
-		if int(s.Start) <= slot && slot <= int(s.End) {
-			for _, n := range c.Nodes {
-				if n.Addr == s.Nodes[0].Addr {
-					return n
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if int(r.Start) > slot || slot > int(r.End) {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				if n.Role != "master" {
+					continue
+				}
+				addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+				for _, s := range c.Nodes {
+					if s.Addr == addr {
+						return s
+					}
 				}
 			}
 		}
