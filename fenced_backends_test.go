@@ -367,7 +367,7 @@ func TestFencedSentinel(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		rc.Close()
-		g.Failover()
+		failover(t, g)
 		g.WaitRole(next, "master", 20*time.Second)
 		// Until the proxy follows, FENCED may answer backend unavailable.
 		for {
@@ -391,5 +391,24 @@ func TestFencedSentinel(t *testing.T) {
 			t.Fatalf("value %q, want d", v)
 		}
 		g.WaitRole(old, "slave", 20*time.Second)
+	}
+}
+
+// failover asks a Sentinel to fail over, again while it answers that no
+// replica is suitable yet (a replica that was the primary a moment ago).
+func failover(t testing.TB, g *redistest.Group) {
+	t.Helper()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinels[0].Addr})
+	defer sc.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := sc.Failover(context.Background(), g.MasterName).Err()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "NOGOODSLAVE") || time.Now().After(deadline) {
+			t.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
