@@ -13,7 +13,7 @@
 //     -print-config.
 //   - tls.go: TLS configurations from certificate files.
 //   - embedded.go: in-process nodes for "embedded" addresses.
-//   - http.go: /metrics, /healthz, /readyz and pprof.
+//   - http.go: /metrics, /locks (lockspage), /healthz, /readyz and pprof.
 //   - logging.go: the zap logger, and go-redis's log lines through it.
 package main
 

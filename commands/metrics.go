@@ -45,6 +45,10 @@ const (
 	lockinfoNoQuorum
 	lockinfoError
 	lockinfoBadRequest
+	locksAnswered
+	locksNoQuorum
+	locksError
+	locksBadRequest
 	fencedAccepted
 	fencedStale
 	fencedError
@@ -86,6 +90,10 @@ var outcomeNames = [numOutcomes]string{
 	lockinfoError:      "error",
 	lockinfoBadRequest: "bad_request",
 
+	locksAnswered:    "answered",
+	locksNoQuorum:    "noquorum",
+	locksError:       "error",
+	locksBadRequest:  "bad_request",
 	fencedAccepted:   "accepted",
 	fencedStale:      "stale",
 	fencedError:      "error",
@@ -94,7 +102,7 @@ var outcomeNames = [numOutcomes]string{
 
 var (
 	commandsDesc = prometheus.NewDesc("lockproxy_commands_total",
-		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO, FENCED), by command and outcome.",
+		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO, LOCKS, FENCED), by command and outcome.",
 		[]string{"command", "outcome"}, nil)
 	keepaliveExtensionsDesc = prometheus.NewDesc("lockproxy_keepalive_extensions_total",
 		"Successful extensions of locks taken with KEEPALIVE.", nil, nil)

@@ -102,6 +102,7 @@ var specs = [...]spec{
 		outcomes: []outcome{lockinfoAnswered, lockinfoNoQuorum, lockinfoError, lockinfoBadRequest},
 		serve:    (*Conn).lockinfo,
 	},
+	locksSpec,
 	fencedSpec,
 }
 
