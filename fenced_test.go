@@ -270,6 +270,20 @@ func TestFencedRules(t *testing.T) {
 		}
 		expect(px.do("GET", "lockproxy:fence:r:res"), "$2\r\n20\r\n")
 		expect(record("res"), "$2\r\n20\r\n")
+		// Another client raises the record between two FENCED of this
+		// one (which keeps the record it read last under WATCH): the
+		// older fence is refused all the same.
+		other := dialRaw(t, env.proxy, resp3)
+		expect(px.do("FENCED", "seq", "5", "SET", "sq", "a"), "+OK\r\n")
+		expect(other.do("FENCED", "seq", "7", "SET", "sq", "b"), "+OK\r\n")
+		expect(px.do("FENCED", "seq", "6", "SET", "sq", "c"), "-STALEFENCE fence 6 is below 7 for 'seq'\r\n")
+		expect(px.do("FENCED", "seq", "7", "GET", "sq"), "$1\r\nb\r\n")
+		// A record removed by FLUSHALL no longer refuses anything.
+		direct.do("FLUSHALL")
+		expect(px.do("FENCED", "seq", "3", "SET", "sq", "d"), "+OK\r\n")
+		expect(direct.do("GET", "lockproxy:fence:r:seq"), "$1\r\n3\r\n")
+		direct.do("SET", "lockproxy:fence:r:res", "20") // as before the FLUSHALL
+
 		// Missing values come back in the client's protocol.
 		expect(px.do("FENCED", "res", "20", "GET", "nothing"), null)
 
