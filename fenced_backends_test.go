@@ -323,6 +323,37 @@ func TestFencedCluster(t *testing.T) {
 	}
 	expect(px.do("FENCED", "r", "4", "SET", b, "y"), "+OK\r\n")
 	expect(px.do("GET", b), "$1\r\ny\r\n")
+
+	// While the slot of c migrates with every key of it moved already,
+	// the old master answers ASK: FENCED follows it (ASKING) and checks
+	// the record that moved.
+	ck := "{c}k"
+	expect(px.do("FENCED", "r", "2", "SET", ck, "1"), "+OK\r\n")
+	cslot := slotOf(t, c, ck)
+	from = clusterMaster(t, c, cslot)
+	for _, n := range c.Nodes[:c.Masters] {
+		if n != from {
+			to = n
+		}
+	}
+	finish = startMigration(t, cslot, from, to)
+	fc2 := redis.NewClient(&redis.Options{Addr: from.Addr})
+	defer fc2.Close()
+	keys, err := fc2.ClusterGetKeysInSlot(context.Background(), cslot, 100).Result()
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys of slot %d: %q %v", cslot, keys, err)
+	}
+	host, port, _ = net.SplitHostPort(to.Addr)
+	if err := migrateKeys(context.Background(), fc2, host, port, keys...); err != nil {
+		t.Fatal(err)
+	}
+	expect(px.do("FENCED", "r", "1", "SET", ck, "x"), "-STALEFENCE fence 1 is below 2 for 'r'\r\n")
+	expect(px.do("FENCED", "r", "3", "SET", ck, "y"), "+OK\r\n")
+	if err := finish(c); err != nil {
+		t.Fatal(err)
+	}
+	expect(px.do("GET", ck), "$1\r\ny\r\n")
+	expect(px.do("FENCED", "r", "2", "GET", ck), "-STALEFENCE fence 2 is below 3 for 'r'\r\n")
 }
 
 // TestFencedSentinel: behind a Sentinel-managed primary, the record
