@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -460,6 +461,11 @@ func guardSpec(spec resp.KeySpec, args [][]byte, hit int) error {
 type fencedConn struct {
 	be *backend
 	st replayState
+	// watched is the WATCH in effect after the last FENCED, whose GET
+	// read prefetch (nil: no record), or nil; watching: a WATCH may be in
+	// effect.
+	watched, prefetch []byte
+	watching          bool
 	// The replies read last (readReplies), reused.
 	buf     bytes.Buffer
 	w       *bufio.Writer
@@ -685,6 +691,13 @@ func parseRedirect(reply []byte) (fencedRedirect, bool) {
 // attempt runs the transaction once on c. err is set when the connection
 // failed: res is then fenceLost when nothing of the transaction had been
 // written yet beyond WATCH and GET.
+//
+// The record is read under WATCH (round one), then MULTI ... EXEC runs
+// (round two). Round two ends with the next FENCED's round one, WATCH and
+// GET of the same record again (prefetch): a client that fences the same
+// resource again finds the record read and watched, and its FENCED takes
+// one round trip. A record that changed since makes that EXEC abort, and
+// the attempt is made again with the record read after it.
 func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, asking bool) (res fenceResult, reply []byte, record []byte, redir fencedRedirect, err error) {
 	be := c.be
 	deadline, _ := ctx.Deadline()
@@ -693,7 +706,6 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	stop := context.AfterFunc(ctx, func() { be.nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	// Round one: WATCH record, GET record.
 	// In front of a cluster the command's keys are watched too: WATCH is
 	// a command of several keys, which a master that is migrating the
 	// slot answers TRYAGAIN while the record and the keys are split
@@ -705,44 +717,66 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	}
 	watch := encodeCommand(w)
 	get := encodeCommand([][]byte{[]byte("GET"), pl.record})
-	if asking {
-		be.w.Write(cmdAsking)
-	}
-	be.w.Write(watch)
-	if asking {
-		be.w.Write(cmdAsking)
-	}
-	be.w.Write(get)
-	if err := be.w.Flush(); err != nil {
-		return fenceLost, nil, nil, fencedRedirect{}, err
-	}
-	var replies [][]byte
-	n := 2
-	if asking {
-		n = 4
-	}
-	if replies, err = c.readReplies(n); err != nil {
-		return fenceLost, nil, nil, fencedRedirect{}, err
-	}
-	if asking {
-		replies = []([]byte){replies[1], replies[3]}
-	}
-	for _, r := range replies {
-		if len(r) > 0 && r[0] == '-' {
-			r = bytes.Clone(r) // unwatch reads into the same buffer
-			s.unwatch(c)
-			if rd, ok := parseRedirect(r); ok {
-				return fenceRedirect, r, nil, rd, nil
-			}
-			pl.refusedReply = r
-			return fenceDone, r, nil, fencedRedirect{}, nil
+
+	var cur []byte
+	prefetched := !asking && c.watched != nil && bytes.Equal(c.watched, watch)
+	if prefetched {
+		cur = c.prefetch
+		if rec, _ := strconv.ParseInt(string(cur), 10, 64); cur != nil && pl.req.Fence < rec {
+			// Refused only on a record read now: a FLUSHDB may have
+			// removed it since.
+			prefetched = false
 		}
 	}
-	cur, ok := bulkValue(replies[1])
-	if !ok {
-		s.unwatch(c)
-		pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
-		return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
+	c.watched = nil
+	if !prefetched {
+		// Round one: WATCH record, GET record (after UNWATCH of what
+		// another record's prefetch watched).
+		n := 2
+		if c.watching {
+			be.w.Write(cmdUnwatch)
+			n++
+		}
+		if asking {
+			be.w.Write(cmdAsking)
+		}
+		be.w.Write(watch)
+		if asking {
+			be.w.Write(cmdAsking)
+		}
+		be.w.Write(get)
+		if asking {
+			n += 2
+		}
+		c.watching = true
+		if err := be.w.Flush(); err != nil {
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
+		replies, err := c.readReplies(n)
+		if err != nil {
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
+		replies = replies[n-2-btoi(asking)*2:]
+		if asking {
+			replies = [][]byte{replies[1], replies[3]}
+		}
+		for _, r := range replies {
+			if len(r) > 0 && r[0] == '-' {
+				r = bytes.Clone(r) // unwatch reads into the same buffer
+				s.unwatch(c)
+				if rd, ok := parseRedirect(r); ok {
+					return fenceRedirect, r, nil, rd, nil
+				}
+				pl.refusedReply = r
+				return fenceDone, r, nil, fencedRedirect{}, nil
+			}
+		}
+		var ok bool
+		if cur, ok = bulkValue(replies[1]); !ok {
+			s.unwatch(c)
+			pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
+			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
+		}
 	}
 	if cur != nil {
 		rec, err := strconv.ParseInt(string(cur), 10, 64)
@@ -752,20 +786,23 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
 		}
 		if pl.req.Fence < rec {
-			cur = bytes.Clone(cur) // unwatch reads into the same buffer
-			if err := s.unwatch(c); err != nil {
-				return fenceLost, nil, nil, fencedRedirect{}, err
+			// The WATCH stays, with the record read: the next FENCED
+			// of this record may use it.
+			cur = bytes.Clone(cur)
+			if !asking {
+				c.watched, c.prefetch = watch, cur
 			}
 			return fenceStale, nil, cur, fencedRedirect{}, nil
 		}
 	}
 
-	// Round two: MULTI, SET record fence (a write), the command, EXEC.
+	// Round two: MULTI, SET record fence (a write), the command, EXEC;
+	// then the prefetch, WATCH and GET, unless following an ASK.
 	if asking {
 		be.w.Write(cmdAsking)
 	}
 	be.w.Write(cmdMulti)
-	n = 3
+	n := 3
 	if pl.write {
 		be.w.Write(encodeCommand([][]byte{[]byte("SET"), pl.record, strconv.AppendInt(nil, pl.req.Fence, 10)}))
 		n++
@@ -774,15 +811,29 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	be.w.Write(cmdExec)
 	if asking {
 		n++
+	} else {
+		be.w.Write(watch)
+		be.w.Write(get)
+		n += 2
 	}
+	c.watching = !asking
 	if err := be.w.Flush(); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			// Closed before anything was written (the follower closes
+			// the connections to a primary that was replaced).
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
 		return fenceDone, nil, nil, fencedRedirect{}, err
 	}
-	if replies, err = c.readReplies(n); err != nil {
+	replies, err := c.readReplies(n)
+	if err != nil {
 		return fenceDone, nil, nil, fencedRedirect{}, err
 	}
 	if asking {
 		replies = replies[1:]
+	} else {
+		c.keepPrefetch(watch, replies[len(replies)-2], replies[len(replies)-1])
+		replies = replies[:len(replies)-2]
 	}
 	exec := replies[len(replies)-1]
 	queued := replies[1 : len(replies)-1] // SET's (a write) and the command's
@@ -816,8 +867,31 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	return fenceDone, nil, nil, fencedRedirect{}, fmt.Errorf("unexpected EXEC reply %q", truncate(exec, 64))
 }
 
+// keepPrefetch keeps the record read by the WATCH and GET that followed an
+// EXEC, when both succeeded.
+func (c *fencedConn) keepPrefetch(watch, watchReply, getReply []byte) {
+	v, ok := bulkValue(getReply)
+	if !ok || !bytes.Equal(watchReply, replyOK) {
+		return
+	}
+	if v != nil {
+		if _, err := strconv.ParseInt(string(v), 10, 64); err != nil {
+			return
+		}
+	}
+	c.watched, c.prefetch = watch, bytes.Clone(v)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // unwatch ends the WATCH of a transaction that will not run.
 func (s *session) unwatch(c *fencedConn) error {
+	c.watched, c.watching = nil, false
 	c.be.w.Write(cmdUnwatch)
 	if err := c.be.w.Flush(); err != nil {
 		return err
@@ -927,7 +1001,8 @@ func (s *session) fencedProbe(ctx context.Context, pl fencedPlan) ([]byte, Fence
 	defer be.nc.SetDeadline(time.Time{})
 	be.w.Write(cmdMulti)
 	be.w.Write(pl.raw)
-	be.w.Write(cmdDiscard)
+	be.w.Write(cmdDiscard) // which ends any WATCH too
+	c.watched, c.watching = nil, false
 	var replies [][]byte
 	if err = be.w.Flush(); err == nil {
 		replies, err = c.readReplies(3)
