@@ -184,7 +184,6 @@ func TestClusterDifferences(t *testing.T) {
 		{[]string{"EVAL", "return 1", "2", "a", "b"}, "-CROSSSLOT Keys in request don't hash to the same slot\r\n"},
 		{args("SELECT 1"), "-ERR SELECT is not allowed in cluster mode\r\n"},
 		{args("SYNC"), "-ERR 'sync' is not supported by lockproxy in front of a Redis Cluster\r\n"},
-		{args("CLIENT CACHING yes"), "-ERR 'client caching' is not supported by lockproxy in front of a Redis Cluster\r\n"},
 		// A command for another slot in a transaction is refused and EXEC aborts.
 		{args("MULTI"), "+OK\r\n"},
 		{args("SET a 1"), "+QUEUED\r\n"},

@@ -175,9 +175,12 @@ type clusterSession struct {
 	// trk is the client's CLIENT TRACKING (clustertracking.go), nil when
 	// it does not track; ids, under mu, the ids CLIENT ID gave it;
 	// proto3, that it speaks RESP3 (st, for the sinks' readers).
-	trk    atomic.Pointer[tracking]
-	ids    []int64
-	proto3 atomic.Bool
+	trk atomic.Pointer[tracking]
+	// caching: a CLIENT CACHING went to every master's connection, and
+	// the command after it to some (clustertracking.go).
+	caching bool
+	ids     []int64
+	proto3  atomic.Bool
 
 	txn   *txnState
 	watch *pin // the node and slot of the keys WATCHed, nil when none
@@ -311,6 +314,9 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 		return
 	}
 	s.sendCall(&c)
+	if cs.caching && !isCaching(name, cmd.Args) {
+		s.endCaching(&c) // clustertracking.go
+	}
 	if state {
 		s.settleCluster()
 	}
@@ -509,7 +515,10 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 				return call{kind: callLocal}, true // answered in its place
 			}
 		case "caching":
-			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", resp.Lower(&sb, args[1])))), true
+			if cs.trk.Load() != nil {
+				return s.cachingCall(m, cmd), true // clustertracking.go
+			}
+			// Redis's error: not tracking (on the first master).
 		}
 	}
 

@@ -828,3 +828,37 @@ func TestClusterConfigNodeOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterTrackingCaching checks CLIENT CACHING in front of a cluster
+// (OPTIN): the command after it is tracked, on whichever master, and the
+// one after that is not (Redis's "Invalidation message sent when using
+// OPTIN option with CLIENT CACHING yes").
+func TestClusterTrackingCaching(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	r3, w := dial(t, addr), dial(t, addr)
+	r3.do(args("HELLO 3"))
+	if got := string(r3.do(args("CLIENT CACHING yes"))); !strings.HasPrefix(got, "-ERR CLIENT CACHING can be called only") {
+		t.Errorf("CLIENT CACHING without tracking: %q", got)
+	}
+	if got := string(r3.do(args("CLIENT TRACKING on OPTIN"))); got != "+OK\r\n" {
+		t.Fatalf("CLIENT TRACKING on OPTIN: %q", got)
+	}
+	push := func(k string) string {
+		return ">2\r\n$10\r\ninvalidate\r\n*1\r\n$" + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n"
+	}
+	for i := range 3 {
+		cached, other := keyOn(i, "opt:"), keyOn((i+1)%3, "opt:")
+		w.do(args("SET "+cached+" 1"), args("SET "+other+" 1"))
+		if got := string(r3.do(args("CLIENT CACHING yes"), args("GET "+cached), args("GET "+other))); got != "+OK\r\n$1\r\n1\r\n$1\r\n1\r\n" {
+			t.Fatalf("CACHING, GET, GET: %q", got)
+		}
+		w.do(args("SET "+other+" 2"), args("SET "+cached+" 2"))
+		if got := string(r3.read(1)); got != push(cached) {
+			t.Errorf("round %d: %q, want the invalidation of %s only", i, got, cached)
+		}
+		if got, err := r3.tryRead(1, 300*time.Millisecond); err == nil {
+			t.Errorf("round %d: an invalidation of a key read without CACHING: %q", i, got)
+		}
+	}
+}

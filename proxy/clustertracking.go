@@ -32,9 +32,12 @@ import (
 // old one lost) is brought back to tracking before its first command;
 // the invalidations the lost one owed are lost with it.
 //
-// CLIENT GETREDIR answers the client's REDIRECT id, as Redis does; CLIENT
-// CACHING, which concerns the connection's next command only, is not
-// supported (the next command's connection is not known when it comes).
+// CLIENT GETREDIR answers the client's REDIRECT id, as Redis does. CLIENT
+// CACHING concerns the connection's next command only, whose master is not
+// known when it comes: it goes to every master's connection of the
+// client, and once the next command has gone to its masters, a PING whose
+// reply the client does not get ends it on the others (any command but
+// CLIENT ends it on Redis).
 
 // tracking is a client's CLIENT TRACKING ON: what it asked and its sinks.
 type tracking struct {
@@ -419,4 +422,44 @@ func addBrokenRedirect(b []byte) []byte {
 	out = append(out, b[loc[3]:end]...)
 	out = append(out, "$15\r\nbroken_redirect\r\n"...)
 	return append(out, b[end:]...)
+}
+
+// cmdPing is the command that ends a CLIENT CACHING on a connection.
+var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
+
+// isCaching reports whether a command is CLIENT CACHING.
+func isCaching(name []byte, args [][]byte) bool {
+	return string(name) == "client" && len(args) > 1 && bytes.EqualFold(args[1], []byte("caching"))
+}
+
+// cachingCall sends CLIENT CACHING to every master's connection of the
+// client; the reply is the first master's (or the first error).
+func (s *session) cachingCall(m *slotMap, cmd redcon.Command) call {
+	s.cl.caching = true
+	return fan(m, cmd.Raw, opFirst)
+}
+
+// endCaching ends a CLIENT CACHING on the masters c did not go to, with
+// a PING whose reply is held back from the client.
+func (s *session) endCaching(c *call) {
+	cs := s.cl
+	cs.caching = false
+	m := cs.r.slots.Load()
+	if m == nil {
+		return
+	}
+	used := map[string]bool{}
+	if c.kind != callLocal {
+		for i := range c.count() {
+			used[c.part(i).addr] = true
+		}
+	}
+	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	for i, addr := range m.masters {
+		if used[addr] {
+			continue
+		}
+		p := part{slot: m.first[i], addr: addr, raw: cmdPing}
+		s.sendPart(&p, ticketOpts{own: true, mute: true}, deadline)
+	}
 }

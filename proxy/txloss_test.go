@@ -469,14 +469,6 @@ func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 			killClients(t, s)
 		}
 	}, func() bool { return true })
-
-	// What a connection to one master could not keep for the others is
-	// refused, not set on one of them.
-	cl := dial(t, addr)
-	for _, sub := range []string{"caching yes"} {
-		name := strings.Fields(sub)[0]
-		expect(t, cl, "-ERR 'client "+name+"' is not supported by lockproxy in front of a Redis Cluster\r\n", "CLIENT "+sub)
-	}
 }
 
 // loopConn is a RESP connection for the loops' goroutines: it returns
