@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -93,14 +92,9 @@ type arrival struct {
 	// The fields below are guarded by o.mu.
 	waiting bool   // its goroutine is in a read
 	n       uint64 // the number of its read not yet passed on; 0: none
-	// waiters are the reads waiting for this one: each gets a token on
-	// its wake channel when this one has been passed on.
-	waiters []*arrival
-	// wake receives the token of a read this one waits for (made at
-	// its first wait, and kept: a channel per wait was an allocation per
-	// command when clients send at once). A token may be stale, from a
-	// read it stopped waiting for; a wait that takes one looks again.
-	wake chan struct{}
+	// done, made when a read waits for this one, is closed when it has
+	// been passed on.
+	done chan struct{}
 	// awake is false while its goroutine is parked in a read: a read
 	// numbered then waits for the poller, which checks the sockets only
 	// when the scheduler runs out of goroutines, and nobody waits for it.
@@ -392,24 +386,17 @@ wait:
 			o.mu.Lock()
 			continue
 		}
-		if a.wake == nil {
-			a.wake = make(chan struct{}, 1)
+		if t.a.done == nil {
+			t.a.done = make(chan struct{})
 		}
-		select {
-		case <-a.wake: // stale: t has not been passed on
-		default:
-		}
-		if !slices.Contains(t.a.waiters, a) {
-			// Once: a wait that ran out of time may wait for t again.
-			t.a.waiters = append(t.a.waiters, a)
-		}
+		done := t.a.done
 		o.mu.Unlock()
 		if timer == nil {
 			timer = orderTimers.Get().(*time.Timer)
 			timer.Reset(orderWait)
 		}
 		select {
-		case <-a.wake:
+		case <-done:
 			o.mu.Lock()
 		case <-timer.C:
 			o.mu.Lock()
@@ -446,14 +433,10 @@ func (a *arrival) end() {
 
 func (a *arrival) endLocked() {
 	a.n = 0
-	for i, w := range a.waiters {
-		select {
-		case w.wake <- struct{}{}:
-		default: // it holds a token already
-		}
-		a.waiters[i] = nil
+	if a.done != nil {
+		close(a.done)
+		a.done = nil
 	}
-	a.waiters = a.waiters[:0]
 }
 
 // remove takes a closed socket out of the arrival order.

@@ -97,7 +97,7 @@ func TestArrivalOrderLocalReadWaitsForNobody(t *testing.T) {
 	waitedFor := func() bool {
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		return len(stuck.waiters) > 0 // a read waits for it
+		return stuck.done != nil // made by a read that waits for it
 	}
 	if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
 		t.Fatalf("ECHOLOCAL: %q", got)
