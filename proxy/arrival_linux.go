@@ -192,17 +192,17 @@ func (o *arrivals) collect() {
 		}
 		for _, ev := range o.events[:n] {
 			a := o.conns[uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32]
-			switch {
-			case a == nil:
-			case a.waiting && a.n == 0:
-				a.number()
-			default:
-				// Its goroutine is busy with the last read's data, or
-				// has its number and reads: this data may have come
-				// after that read took the socket's data, and the
-				// next read must look.
-				a.more = true
+			if a == nil {
+				continue
 			}
+			if a.waiting && a.n == 0 {
+				a.number()
+			}
+			// Its goroutine may be busy with the last read's data, or
+			// be in the read(2) of this one already: this data may have
+			// come after that read took the socket's data, and the next
+			// read must look. (A read clears more before its read(2).)
+			a.more = true
 		}
 		if n < len(o.events) {
 			return
