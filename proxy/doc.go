@@ -27,6 +27,9 @@
 // commands in flight keeps the proxy's own replies in their place in the
 // stream, and recognises pub/sub and MONITOR traffic that answers no
 // request. session.forward asks the upstream where each command goes.
+// What the proxy knows of each Redis command (does it share a
+// connection, block, wait, subscribe, ...) is asked of one table,
+// internal/resp's.
 //
 // WAIT and WAITAOF wait for the replication offset of the connection's
 // last write, and go on the client's own connection while its writes may
@@ -84,8 +87,9 @@
 // upstream is single: the rules above. With a Redis
 // Cluster behind it (BackendConfig.Cluster), it is the client's
 // clusterSession, which routes each command by the slot of its keys to
-// the master serving it (clusterroute.go and the other cluster*.go files:
-// the routing, in one place). The stateless one-slot commands of clients
+// the master serving it: internal/cluster plans each command (the
+// routing, in one place), and the cluster*.go files here send what it
+// plans. The stateless one-slot commands of clients
 // that have set no connection state go on the master's shared
 // connections, the machinery above per master (clustershared.go): batched
 // and in arrival order at each master (commands on different masters hold
@@ -110,7 +114,7 @@
 // it is routed by a newer slot map than the client's commands in flight
 // or by no slot at all (the commands about the whole server or keyspace:
 // DBSIZE, KEYS, SCAN, RANDOMKEY, FLUSHALL, INFO, FUNCTION, WAIT, ...;
-// session.keyless), as one of those in flight may be redirected to where
+// cluster.Client.keyless), as one of those in flight may be redirected to where
 // it goes, or after a command that sets connection state or may block,
 // the replies it is owed are waited for, so that Redis runs its commands
 // in its order; a client owed none waits for nothing. WAIT goes to the
@@ -129,10 +133,10 @@
 // that of the channels' slot for SSUBSCRIBE. MONITOR opens a connection
 // of the client's own to every master and copies their lines
 // (clustermonitor.go). The commands about the whole server are applied
-// to, or merged from, every master (clusterfan.go), and the set,
+// to, or merged from, every master (internal/cluster, fan.go), and the set,
 // sorted-set, LCS and PFCOUNT reads of keys in several slots, and SORT
 // with BY/GET patterns, are computed by the proxy from each key's value
-// (clusterjoin.go, clusterlcs.go, clusterhll.go, clustersort.go).
+// (internal/cluster: join.go, lcs.go, hll.go, sort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (internal/resp, Scanner): what Redis skips
@@ -164,20 +168,35 @@
 // single-Redis kind); shared.go and order.go are the batching, in one
 // place: every backend connection a client's commands go on (shared
 // connections, and connections of one client) and the order of a cluster
-// client's replies. sentinel.go finds the backend through
-// Redis Sentinel when configured:
-// a follower tracks the primary and owns every backend connection dialled
-// to it, closing them all when the primary changes (dial asks it for the
-// address). spare.go keeps dedicated connections ready, internal/resp copies one reply,
-// frames requests and holds the command table, auth.go answers AUTH, guard.go keeps
-// forwarded commands off the lock state, and command.go answers INFO
-// lockproxy and COMMAND. Files outside a part call its methods only.
+// client's replies. sentinel.go finds the backend through Redis Sentinel
+// when configured: a follower tracks the primary and owns every backend
+// connection dialled to it, closing them all when the primary changes
+// (dial asks it for the address). spare.go keeps dedicated connections
+// ready, clientconn.go checks requests with internal/resp's Scanner,
+// auth.go answers AUTH, guard.go keeps forwarded commands off the lock
+// state, and command.go answers INFO lockproxy and COMMAND. Files outside
+// a part call its methods only.
+//
+// Two packages below proxy know nothing of clients or connections:
+//   - internal/resp: the codec (the request Scanner, CopyReply and the
+//     ReplyInfo the forwarding reads, aggregate replies split and
+//     joined) and the command table: one declarative table of what the
+//     proxy asks about each Redis command (Lookup, Of, Stateless), with
+//     the key positions loaded once from the backend's COMMAND (Table,
+//     LookupSpec).
+//   - internal/cluster: Redis Cluster routing. The Router keeps the slot
+//     map and the COMMAND table; a Client (one per cluster client,
+//     embedded in clusterSession) plans each command into a Call of parts,
+//     asking the session (its Host, clusterhost.go) for the barriers and
+//     the state it owns; the merges of the parts' replies are functions
+//     of the replies (and of a fetch callback for SORT's patterns).
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
 // with a clientWriter lock, nor a writer lock with shared.mu;
 // replyOrder.mu (order.go) is taken with none of these held and takes
-// only clientWriter.sinkMu; clusterSession.mu and redirMu are leaves;
+// only clientWriter.sinkMu; clusterSession.mu, redirMu and
+// cluster.Client's movedMu are leaves;
 // follower.mu
 // is a leaf, taken under any of them and holding none.
 package proxy

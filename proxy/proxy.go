@@ -444,7 +444,7 @@ drain:
 		defer p.guard.close()
 	}
 	if p.router != nil {
-		defer p.router.close()
+		defer p.router.Close()
 	}
 	if ln != nil {
 		<-p.served

@@ -12,20 +12,21 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Replies the proxy writes itself.
 var (
-	replyConnLost     = []byte("-ERR backend unavailable: connection lost\r\n")
+	replyConnLost     = resp.ReplyConnLost
 	replyNotInMulti   = []byte("-ERR Command not allowed inside a transaction\r\n")
-	replyExecAbort    = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
-	replyTxnLost      = errorReply(&BackendError{Err: errTxnLost})
+	replyExecAbort    = resp.ReplyExecAbort
+	replyTxnLost      = resp.ErrorReply(&BackendError{Err: errTxnLost})
 	replyNestedMulti  = []byte("-ERR MULTI calls can not be nested\r\n")
 	replyWatchInMulti = []byte("-ERR WATCH inside MULTI is not allowed\r\n")
 	replyNull2        = []byte("*-1\r\n")
 	replyNull3        = []byte("_\r\n")
-	cmdDiscard        = []byte("*1\r\n$7\r\nDISCARD\r\n")
+	cmdDiscard        = resp.CmdDiscard
 	cmdReplyOff       = command("CLIENT", "REPLY", "OFF")
 	cmdReplySkip      = command("CLIENT", "REPLY", "SKIP")
 	cmdReplyOn        = command("CLIENT", "REPLY", "ON")
@@ -284,14 +285,14 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
 	order.wait()
-	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.txn == nil) {
+	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.Txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
 		return localItem{build: build, silent: s.silent()}, false
 	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
-			return localItem{reply: errorReply(err), silent: s.silent()}, false
+			return localItem{reply: resp.ErrorReply(err), silent: s.silent()}, false
 		}
 	}
 	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
@@ -318,7 +319,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 			}
 			s.p.m.unavailable.Add(1)
 			s.q.unsent(&e)
-			return localItem{reply: errorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
+			return localItem{reply: resp.ErrorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
 		}
 		if s.waitStale && resp.Lookup(name).Has(resp.Waits) {
 			s.waitMark()
@@ -402,7 +403,7 @@ func (s *session) silent() bool {
 }
 
 // waitMarkOne is waitMark's command in front of one Redis.
-var waitMarkOne = waitMarkCommand(waitMarkKey)
+var waitMarkOne = cluster.WaitMarkCommand(cluster.WaitMarkKey)
 
 // reauth follows a client's RESET, which signs the backend connection out,
 // with the proxy's own AUTH and SELECT, whose replies the client never sees.
@@ -596,7 +597,7 @@ func (s *session) answer(it localItem) {
 		return
 	}
 	if s.cl != nil && s.be == nil {
-		t.multi, t.resp3 = s.cl.txn != nil, s.cl.st.resp3()
+		t.multi, t.resp3 = s.cl.Txn != nil, s.cl.st.resp3()
 	}
 	reply := it.reply
 	if reply == nil {
@@ -605,7 +606,7 @@ func (s *session) answer(it localItem) {
 		case it.build != nil:
 			var err error
 			if reply, err = it.build(t.resp3); err != nil {
-				reply = errorReply(err)
+				reply = resp.ErrorReply(err)
 			}
 		case t.multi:
 			reply = replyNotInMulti
@@ -627,8 +628,8 @@ func (s *session) answer(it localItem) {
 		}
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {
-		if s.cl != nil && s.cl.txn != nil {
-			s.cl.txn.failed.Store(true)
+		if s.cl != nil && s.cl.Txn != nil {
+			s.cl.Txn.Failed.Store(true)
 		} else {
 			s.q.refused()
 		}
@@ -757,18 +758,3 @@ func (s *session) pushOut() {
 
 // disconnect closes the client's connection.
 func (s *session) disconnect() { s.nc.Close() }
-
-// errorReply encodes err as a Redis "-ERR ..." reply on one line.
-func errorReply(err error) []byte {
-	msg := err.Error()
-	b := make([]byte, 0, len(msg)+8)
-	b = append(b, "-ERR "...)
-	for i := 0; i < len(msg); i++ {
-		c := msg[i]
-		if c == '\r' || c == '\n' {
-			c = ' '
-		}
-		b = append(b, c)
-	}
-	return append(b, '\r', '\n')
-}

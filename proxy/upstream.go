@@ -52,7 +52,7 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 	if resp.Stateless(name) {
 		if err := s.sh.send(s, e, cmd.Raw); err != nil {
 			s.p.m.unavailable.Add(1)
-			return localItem{reply: errorReply(&BackendError{Err: err})}, false, false
+			return localItem{reply: resp.ErrorReply(&BackendError{Err: err})}, false, false
 		}
 		s.sharedOut, s.waitStale = true, true
 		s.p.m.forwarded.Add(1)
