@@ -174,8 +174,12 @@
 // (dial asks it for the address). spare.go keeps dedicated connections
 // ready, clientconn.go checks requests with internal/resp's Scanner,
 // auth.go answers AUTH, guard.go keeps forwarded commands off the lock
-// state, and command.go answers INFO lockproxy and COMMAND. Files outside
-// a part call its methods only.
+// state, command.go answers INFO lockproxy and COMMAND, and fenced.go
+// runs FENCED: the fence check, the fence record's update and the command
+// as one WATCH/MULTI/EXEC transaction on a backend connection of the
+// proxy's own in the client's state, answered in the client's order like
+// the proxy's own commands (docs/FENCED.md); it also keeps forwarded
+// commands off the records. Files outside a part call its methods only.
 //
 // Two packages below proxy know nothing of clients or connections:
 //   - internal/resp: the codec (the request Scanner, CopyReply and the

@@ -14,7 +14,6 @@ import (
 var (
 	ReplyCrossSlot = []byte("-CROSSSLOT Keys in request don't hash to the same slot\r\n")
 	replyReset     = []byte("+RESET\r\n")
-	cmdMulti       = []byte("*1\r\n$5\r\nMULTI\r\n")
 )
 
 // clusterClient is one client's routing state in front of a cluster:
@@ -302,7 +301,7 @@ func (cl *Client) inTxn(h Host, m *SlotMap, name []byte, cmd redcon.Command) Cal
 			// any master), queue it again there.
 			c := Call{Kind: CallMerge, Op: OpLast}
 			c.Parts = append(c.Parts, Part{Slot: NoSlot, Addr: t.Addr, Raw: resp.CmdDiscard})
-			c.Parts = append(c.Parts, Part{Slot: slot, Addr: addr, Raw: cmdMulti})
+			c.Parts = append(c.Parts, Part{Slot: slot, Addr: addr, Raw: resp.CmdMulti})
 			for _, raw := range t.Early {
 				c.Parts = append(c.Parts, Part{Slot: slot, Addr: addr, Raw: raw})
 			}

@@ -8,6 +8,7 @@ var (
 	ReplyExecAbort       = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
 	ReplyReplicaKeyspace = []byte("-ERR Replica can't interact with the keyspace\r\n")
 	CmdDiscard           = []byte("*1\r\n$7\r\nDISCARD\r\n")
+	CmdMulti             = []byte("*1\r\n$5\r\nMULTI\r\n")
 )
 
 // ErrorReply encodes err as a Redis "-ERR ..." reply on one line.
