@@ -245,8 +245,7 @@ func blockingCall(name string, spec resp.KeySpec, args [][]byte) bool {
 // instead (Redis's own errors for a script's bad numkeys).
 func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec resp.KeySpec) ([][]byte, []byte) {
 	args := pl.req.Command
-	switch pl.name {
-	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+	if resp.Lookup([]byte(pl.name)).Has(resp.NumKeys) {
 		n, err := strconv.ParseInt(string(args[2]), 10, 64)
 		switch {
 		case err != nil:
