@@ -37,6 +37,7 @@ var (
 // own (also under mu) and replay.
 type clusterSession struct {
 	r *router
+	s *session // the session it routes for
 
 	mu     sync.Mutex         // guards own, monitors and closed against close
 	own    map[string]*shared // the client's own connection to each master (clustercall.go)
@@ -82,10 +83,10 @@ type clusterSession struct {
 	cluster.Client
 }
 
-func newClusterSession(r *router) *clusterSession {
+func newClusterSession(r *router, s *session) *clusterSession {
 	// The map is made on first use: most clients use only the shared
 	// connections, and an idle one nothing.
-	cs := &clusterSession{r: r}
+	cs := &clusterSession{r: r, s: s}
 	cs.Router = r.Router
 	cs.order.cond.L = &cs.order.mu
 	cs.sharedIdx = r.p.nextShared.Add(1)
@@ -171,7 +172,8 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 // forward is the cluster's upstream.forward: a command goes to the
 // client's pub/sub connection when it is pinned (clusterpubsub.go), and
 // is routed by its keys otherwise.
-func (cs *clusterSession) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
+func (cs *clusterSession) forward(name []byte, cmd redcon.Command) (localItem, bool, bool) {
+	s := cs.s
 	if string(name) == "quit" {
 		return localItem{reply: replyOK, quit: true}, false, false
 	}
@@ -195,7 +197,8 @@ func (cs *clusterSession) forward(s *session, name []byte, cmd redcon.Command) (
 
 // dial is the cluster's upstream.dial: the client's pub/sub connection,
 // to the node it is pinned to.
-func (cs *clusterSession) dial(s *session, st replayState) (*backend, error) {
+func (cs *clusterSession) dial(st replayState) (*backend, error) {
+	s := cs.s
 	be, err := s.p.dialAddr(s.ctx, cs.pinAddr, st)
 	if err != nil {
 		// The node may have failed: the next subscription asks the

@@ -135,9 +135,9 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.q.init(p.m)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
-	s.up = single{}
+	s.up = single{s}
 	if p.router != nil {
-		s.cl = newClusterSession(p.router)
+		s.cl = newClusterSession(p.router, s)
 		s.up = s.cl
 	}
 	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)
@@ -305,7 +305,7 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 	if err := s.p.guardRecords(name, cmd.Args); err != nil {
 		return localItem{reply: resp.ErrorReply(err), silent: s.silent()}, false
 	}
-	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
+	if it, forwarded, dedicated := s.up.forward(name, cmd); !dedicated {
 		return it, forwarded
 	}
 	return s.forwardBackend(name, cmd)
@@ -502,7 +502,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 	if doomed := s.q.doomed(e); doomed != nil {
 		return doomed, nil
 	}
-	be, err := s.up.dial(s, s.q.replay())
+	be, err := s.up.dial(s.q.replay())
 	if err != nil {
 		return nil, err
 	}

@@ -15,15 +15,16 @@ import (
 // shared.go's: the shared connections, the connections of one client
 // (shared.one, which the session keeps and matches against its
 // connection state: session.forwardBackend, frame), and a cluster
-// client's own connections. Only the session's forwarder calls it.
+// client's own connections. Each session has its own, made with it and
+// knowing it; only the session's forwarder calls it.
 type upstream interface {
 	// forward sends cmd on the connection it goes to and reports
 	// forwarded; or returns it, the proxy's own reply in cmd's place; or
 	// reports dedicated: cmd goes on the client's connection of one,
 	// after the replies owed on the others.
-	forward(s *session, name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
+	forward(name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
 	// dial dials the client's connection of one in the state st.
-	dial(s *session, st replayState) (*backend, error)
+	dial(st replayState) (*backend, error)
 }
 
 var (
@@ -35,9 +36,10 @@ var (
 // (Proxy.dial follows it). A client's stateless commands go on its shared
 // connection (session.sh) until its first other command; from then on,
 // all of them go on its connection of one (shared.one).
-type single struct{}
+type single struct{ s *session }
 
-func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
+func (u single) forward(name []byte, cmd redcon.Command) (localItem, bool, bool) {
+	s := u.s
 	if s.sh == nil || s.dedicated {
 		return localItem{}, false, true
 	}
@@ -65,6 +67,6 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 	return localItem{}, false, true
 }
 
-func (single) dial(s *session, st replayState) (*backend, error) {
-	return s.p.dedicated(s.ctx, st)
+func (u single) dial(st replayState) (*backend, error) {
+	return u.s.p.dedicated(u.s.ctx, st)
 }
