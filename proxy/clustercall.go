@@ -13,17 +13,17 @@ import (
 // Redis Cluster has, besides the masters' shared connections
 // (clustershared.go), a connection of its own to each master it sends a
 // command to that cannot share one (in a transaction, after AUTH, a
-// blocking command, a command split per slot, ...). Each is a shared
+// blocking command, a command split per slot, ...). Each is a muxConn
 // (shared.go) with one client: a group of one, dialled in the client's
-// connection state, its commands batched by shared.write and its replies
-// read by shared.read into the client's replyOrder, as on the shared
+// connection state, its commands batched by muxConn.write and its replies
+// read by muxConn.read into the client's replyOrder, as on the shared
 // connections. So the forwarder never reads a backend connection: it
 // takes a ticket per reply and goes on. Unlike a shared connection's,
 // the reader of one of the client's own runs only while replies are owed
-// on it (shared.reading): an idle client keeps a connection per master it
+// on it (muxConn.reading): an idle client keeps a connection per master it
 // used, but no goroutine or buffer to read it, and a connection the node
 // closed meanwhile is found when the next command is about to go on it
-// (shared.ready).
+// (muxConn.ready).
 //
 // A call whose reply is made from several parts (a command split per
 // slot, a fan-out to every master, SCAN's cursor, the proxy's own joins)
@@ -40,7 +40,7 @@ import (
 // (session.redirectShared), on its own connection to the node named,
 // except inside a transaction, where the command's reply becomes
 // replyMovedInTxn. A lost connection answers what was pending on it with
-// replyConnLost (shared.fail); the next command dials again, in the
+// replyConnLost (muxConn.fail); the next command dials again, in the
 // client's state, and clustertx.go keeps a transaction or WATCH tied to
 // the connection it went on.
 //
@@ -52,19 +52,19 @@ import (
 // for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
-func (cs *clusterSession) ownConn(s *session, addr string) *shared {
+func (cs *clusterSession) ownConn(s *session, addr string) *muxConn {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sh := cs.own[addr]; sh != nil {
 		return sh
 	}
-	g := newSharedGroup(s.p, addr, 1)
+	g := newMuxGroup(s.p, addr, 1)
 	g.forwarded = cs.r.Counter(addr)
 	sh := g.list[0]
 	sh.own, sh.ctx = cs, s.ctx
 	sh.retired = cs.closed
 	if cs.own == nil {
-		cs.own = map[string]*shared{}
+		cs.own = map[string]*muxConn{}
 	}
 	cs.own[addr] = sh
 	return sh

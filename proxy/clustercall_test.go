@@ -197,7 +197,7 @@ func ownReaders() int {
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "proxy.(*shared).read(")
+			return strings.Count(string(buf[:n]), "proxy.(*muxConn).read(")
 		}
 		buf = make([]byte, 2*len(buf))
 	}

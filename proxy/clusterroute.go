@@ -39,8 +39,8 @@ type clusterSession struct {
 	r *router
 	s *session // the session it routes for
 
-	mu     sync.Mutex         // guards own, monitors and closed against close
-	own    map[string]*shared // the client's own connection to each master (clustercall.go)
+	mu     sync.Mutex          // guards own, monitors and closed against close
+	own    map[string]*muxConn // the client's own connection to each master (clustercall.go)
 	closed bool
 	// monitors are the MONITOR connections, one per master, while the
 	// client monitors (clustermonitor.go).
@@ -62,7 +62,7 @@ type clusterSession struct {
 	// connections used so far, and the index of the client's connection
 	// at every master.
 	order       replyOrder
-	sharedConns []*shared // one per master, found by its addr
+	sharedConns []*muxConn // one per master, found by its addr
 	sharedIdx   uint64
 	access      uint64 // the access generation of its shared connections
 	// sharedUsed, ownUsed: replies may be owed on the shared connections,

@@ -51,9 +51,9 @@ type router struct {
 	// master and access generation, all of them, and all the groups for
 	// Proxy.writeQueued.
 	shMu      sync.Mutex
-	shared    map[groupKey]*sharedGroup
-	sharedAll atomic.Pointer[[]*shared]
-	groups    atomic.Pointer[[]*sharedGroup]
+	shared    map[groupKey]*muxGroup
+	sharedAll atomic.Pointer[[]*muxConn]
+	groups    atomic.Pointer[[]*muxGroup]
 	// access counts the commands that may have changed who the masters
 	// let in (CONFIG SET requirepass, ACL SETUSER ...): a generation of
 	// shared connections serves the clients that connected during it
@@ -82,7 +82,7 @@ func newRouter(p *Proxy) *router {
 }
 
 // sharedList returns the shared connections to the masters.
-func (r *router) sharedList() []*shared {
+func (r *router) sharedList() []*muxConn {
 	if l := r.sharedAll.Load(); l != nil {
 		return *l
 	}
@@ -90,7 +90,7 @@ func (r *router) sharedList() []*shared {
 }
 
 // groupList returns the masters' groups of shared connections.
-func (r *router) groupList() []*sharedGroup {
+func (r *router) groupList() []*muxGroup {
 	if l := r.groups.Load(); l != nil {
 		return *l
 	}
@@ -107,21 +107,21 @@ type groupKey struct {
 // sharedConn returns the shared connection number i (modulo their number)
 // to the master at addr for the clients of access generation gen, making
 // the group on first use.
-func (r *router) sharedConn(addr string, i, gen uint64) *shared {
+func (r *router) sharedConn(addr string, i, gen uint64) *muxConn {
 	r.shMu.Lock()
 	defer r.shMu.Unlock()
 	if r.shared == nil {
-		r.shared = map[groupKey]*sharedGroup{}
+		r.shared = map[groupKey]*muxGroup{}
 	}
 	k := groupKey{addr, gen}
 	g := r.shared[k]
 	if g == nil {
-		g = newSharedGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
+		g = newMuxGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
 		g.forwarded = r.Counter(addr)
 		r.shared[k] = g
-		all := append(append([]*shared(nil), r.sharedList()...), g.list...)
+		all := append(append([]*muxConn(nil), r.sharedList()...), g.list...)
 		r.sharedAll.Store(&all)
-		groups := append(append([]*sharedGroup(nil), r.groupList()...), g)
+		groups := append(append([]*muxGroup(nil), r.groupList()...), g)
 		r.groups.Store(&groups)
 	}
 	return g.list[i%uint64(len(g.list))]
@@ -174,8 +174,8 @@ func (r *router) accessChanged() {
 // retire closes the shared connections of generation gen and forgets
 // them; r.shMu is held.
 func (r *router) retire(gen uint64) {
-	var all []*shared
-	var groups []*sharedGroup
+	var all []*muxConn
+	var groups []*muxGroup
 	for _, g := range r.groupList() {
 		if r.shared[groupKey{g.list[0].addr, gen}] == g {
 			delete(r.shared, groupKey{g.list[0].addr, gen})
@@ -234,7 +234,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) 
 	if cs.ownUsed {
 		s.settleCluster() // the replies on the client's own connections come first
 	}
-	var sh *shared
+	var sh *muxConn
 	for _, c2 := range cs.sharedConns {
 		if c2.addr == c.One.Addr {
 			sh = c2
@@ -262,7 +262,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) 
 }
 
 // markShared notes that sh has a command of the client's to write.
-func (s *session) markShared(sh *shared) {
+func (s *session) markShared(sh *muxConn) {
 	s.sharedOut = true
 	for _, d := range s.dirty {
 		if d == sh {
@@ -420,7 +420,7 @@ func (s *session) redirectShared(ticket uint64, kind cluster.Redirection, target
 		}
 		addr = p.Addr
 	}
-	var sh *shared
+	var sh *muxConn
 	if opts.own {
 		sh = cs.ownConn(s, addr)
 	} else {

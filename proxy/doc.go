@@ -10,8 +10,8 @@
 // state, or blocks, a client moves to a dedicated backend connection, so
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
-// stays the client's own. That connection is a shared connection with
-// one client (shared.one): written by the same batching and read by the
+// stays the client's own. That connection is a muxConn (a multiplexed
+// connection) with one client (muxConn.one): written by the same batching and read by the
 // same reader, which there asks the client's fifo (below) what each frame
 // answers, and reads for as long as the connection lives, since pushes,
 // messages and MONITOR lines come while the client sends nothing. The
@@ -95,7 +95,7 @@
 // and in arrival order at each master (commands on different masters hold
 // different keys, so each master's connections batch without waiting for
 // the others'). Everything else goes on connections of the client's own,
-// one per master, each a shared connection with one client
+// one per master, each a muxConn with one client
 // (clustercall.go): its commands are batched and its replies read by the
 // same machinery (read only while replies are owed on it), and the
 // forwarder reads no backend connection. Each
@@ -195,9 +195,9 @@
 //     the state it owns; the merges of the parts' replies are functions
 //     of the replies (and of a fetch callback for SORT's patterns).
 //
-// Lock order (also on clientWriter): shared.mu before replyQueue.mu;
+// Lock order (also on clientWriter): muxConn.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
-// with a clientWriter lock, nor a writer lock with shared.mu;
+// with a clientWriter lock, nor a writer lock with muxConn.mu;
 // replyOrder.mu (order.go) is taken with none of these held and takes
 // only clientWriter.sinkMu; clusterSession.mu, redirMu and
 // cluster.Client's movedMu are leaves;

@@ -316,9 +316,9 @@ type Proxy struct {
 	// follow finds the backend through Sentinel; nil for a fixed address.
 	follow *follower
 
-	shared     []*shared    // the backend's, group.list
-	group      *sharedGroup // nil in front of a cluster (see router)
-	router     *router      // set for a cluster backend
+	shared     []*muxConn // the backend's, group.list
+	group      *muxGroup  // nil in front of a cluster (see router)
+	router     *router    // set for a cluster backend
 	nextShared atomic.Uint64
 	// batches counts the batches of commands begun on the shared
 	// connections, which orders them (see shared).
@@ -360,7 +360,7 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	if len(cfg.Backend.Cluster) > 0 {
 		p.router = newRouter(p)
 	} else {
-		p.group = newSharedGroup(p, "", max(cfg.Backend.SharedConnections, 0))
+		p.group = newMuxGroup(p, "", max(cfg.Backend.SharedConnections, 0))
 		p.shared = p.group.list
 		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}
@@ -478,7 +478,7 @@ drain:
 }
 
 // pickShared hands out the shared connections in turn.
-func (p *Proxy) pickShared() *shared {
+func (p *Proxy) pickShared() *muxConn {
 	if len(p.shared) == 0 {
 		return nil
 	}

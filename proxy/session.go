@@ -58,7 +58,7 @@ type backend struct {
 	nc   net.Conn
 	r    *bufio.Reader
 	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
-	dead bool          // guarded by the session's replyQueue on a connection of one (shared.one), by shared.mu on the others
+	dead bool          // guarded by the session's replyQueue on a connection of one (muxConn.one), by muxConn.mu on the others
 	done chan struct{} // closed when the reader of a connection of one ends
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
@@ -68,7 +68,7 @@ type backend struct {
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
 // hold and next). Replies are copied to the client by the reader of the
-// backend connection they come on (shared.read): the shared connections',
+// backend connection they come on (muxConn.read): the shared connections',
 // into the client's sink, and the client's connection of one's, into its
 // buffered output, matched against its replyQueue (frame).
 //
@@ -88,21 +88,21 @@ type session struct {
 	w clientWriter
 
 	// Used only by the forwarder.
-	sh        *shared   // nil when multiplexing is off
-	dedicated bool      // the client has left its shared connection for good
-	sharedOut bool      // commands were sent on the shared connection since the last flush
-	dirty     []*shared // in front of a cluster, the masters' shared connections sent to since then
+	sh        *muxConn   // nil when multiplexing is off
+	dedicated bool       // the client has left its shared connection for good
+	sharedOut bool       // commands were sent on the shared connection since the last flush
+	dirty     []*muxConn // in front of a cluster, the masters' shared connections sent to since then
 	// replica: the backend answered the client's SYNC or PSYNC with the
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
 	replica bool
 	nb      [24]byte // the name of the command being forwarded, lowered
 	// conn is the client's connection of one, made at its first command
-	// that cannot share one (shared.one); be is its live backend
+	// that cannot share one (muxConn.one); be is its live backend
 	// connection, nil before the first and after a cluster client's
 	// pinned one was closed. connOut: commands were put on it since the
 	// last flush.
-	conn    *shared
+	conn    *muxConn
 	be      *backend
 	connOut bool
 	// waitStale: the client sent commands on another connection than its

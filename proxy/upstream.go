@@ -13,7 +13,7 @@ import (
 // Redis Cluster (clusterSession, whose slot map routes each command; see
 // clusterroute.go). Both hand their commands to the same machinery,
 // shared.go's: the shared connections, the connections of one client
-// (shared.one, which the session keeps and matches against its
+// (muxConn.one, which the session keeps and matches against its
 // connection state: session.forwardBackend, frame), and a cluster
 // client's own connections. Each session has its own, made with it and
 // knowing it; only the session's forwarder calls it.
@@ -35,7 +35,7 @@ var (
 // single is one Redis behind the proxy, or the primary a Sentinel names
 // (Proxy.dial follows it). A client's stateless commands go on its shared
 // connection (session.sh) until its first other command; from then on,
-// all of them go on its connection of one (shared.one).
+// all of them go on its connection of one (muxConn.one).
 type single struct{ s *session }
 
 func (u single) forward(name []byte, cmd redcon.Command) (localItem, bool, bool) {
