@@ -23,12 +23,12 @@ const (
 	CallRandom                 // RANDOMKEY: masters in turn until one has a key
 )
 
-// mergeOp is how the replies of a call's parts become the client's.
-type mergeOp = resp.Merge
+// MergeOp is how the replies of a call's parts become the client's.
+type MergeOp = resp.Merge
 
 const (
 	OpFirst  = resp.MergeFirst  // the first error, else the first part's reply
-	opArray  = resp.MergeArray  // MGET: the elements, put back in the client's order
+	OpArray  = resp.MergeArray  // MGET: the elements, put back in the client's order
 	OpSum    = resp.MergeSum    // DEL, EXISTS, ...: the sum of the integers
 	OpConcat = resp.MergeConcat // KEYS: all the elements
 	OpLast   = resp.MergeLast   // the last part's reply; an error before it fails the transaction
@@ -39,7 +39,7 @@ type Part struct {
 	Slot int    // for routing again after a failover; every master's first slot for a keyless part
 	Addr string // the master it was sent to
 	Raw  []byte
-	pos  []int   // opArray: the client's positions of this part's keys
+	pos  []int   // OpArray: the client's positions of this part's keys
 	Err  error   // why it could not be sent
 	Tx   *TxPart // set when it belongs to a transaction or WATCH (the proxy's clustertx.go)
 }
@@ -48,11 +48,11 @@ type Part struct {
 // made from theirs.
 type Call struct {
 	Kind callKind
-	Op   mergeOp
+	Op   MergeOp
 	// seq is the clusterSession.lastSeq of a command with keys in one
 	// slot, whose master WAIT waits for; else 0.
 	Seq   uint32
-	N     int // opArray: the number of keys
+	N     int // OpArray: the number of keys
 	One   Part
 	Parts []Part // several parts; one is unused then
 	Reply []byte // callLocal
@@ -95,7 +95,7 @@ func Unsupported(name string) []byte {
 func LocalCall(reply []byte) Call { return Call{Kind: CallLocal, Reply: reply} }
 
 // fan sends raw to every master.
-func Fan(m *SlotMap, raw []byte, op mergeOp) Call {
+func Fan(m *SlotMap, raw []byte, op MergeOp) Call {
 	c := Call{Kind: CallMerge, Op: op, Parts: make([]Part, len(m.Masters))}
 	for i, a := range m.Masters {
 		c.Parts[i] = Part{Slot: m.First[i], Addr: a, Raw: raw}
@@ -134,7 +134,7 @@ func ScanCall(m *SlotMap, cmd redcon.Command, def Call) Call {
 
 // split sends a command whose keys are in several slots as one command
 // per slot, each with its keys (and MSET's values) in the client's order.
-func Split(m *SlotMap, name []byte, op mergeOp, args [][]byte) Call {
+func Split(m *SlotMap, name []byte, op MergeOp, args [][]byte) Call {
 	width := 1
 	if string(name) == "mset" {
 		width = 2
@@ -249,7 +249,7 @@ func Merge(c *Call, replies [][]byte) ([]byte, bool) {
 		}
 		return append(redcon.AppendArray(nil, int(n)), body...), false
 	}
-	// opArray
+	// OpArray
 	out := make([][]byte, c.N)
 	for i, r := range replies {
 		_, elems, err := elements(r)

@@ -59,7 +59,7 @@ func ServerWide(r *Router, clients int64, m *SlotMap, name []byte, cmd redcon.Co
 	if len(args) > 1 {
 		sub = string(resp.Lower(&sb, args[1]))
 	}
-	all := func(op mergeOp) (Call, bool) { return Fan(m, cmd.Raw, op), true }
+	all := func(op MergeOp) (Call, bool) { return Fan(m, cmd.Raw, op), true }
 	switch string(name) {
 	case "readonly", "readwrite":
 		return LocalCall(replyClusterDisabled), true
