@@ -62,8 +62,8 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		s.unpin()
 		return nil, false
 	}
-	switch string(name) {
-	case "reset":
+	switch {
+	case string(name) == "reset":
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
 		cs.dropAll()
@@ -71,13 +71,8 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		cs.stateChanged()
 		cs.Txn, cs.Watch = nil, nil
 		return nil, true
-	case "auth", "hello":
+	case setsState(name, cmd.Args): // AUTH, HELLO, CLIENT SETNAME
 		return nil, true
-	case "client":
-		var sb [24]byte
-		if len(cmd.Args) > 1 && string(resp.Lower(&sb, cmd.Args[1])) == "setname" {
-			return nil, true
-		}
 	}
 	if resp3 {
 		s.adoptPinned()
