@@ -168,10 +168,10 @@
 // single-Redis kind); shared.go and order.go are the batching, in one
 // place: every backend connection a client's commands go on (shared
 // connections, and connections of one client) and the order of a cluster
-// client's replies. sentinel.go finds the backend through Redis Sentinel
-// when configured: a follower tracks the primary and owns every backend
-// connection dialled to it, closing them all when the primary changes
-// (dial asks it for the address). spare.go keeps dedicated connections
+// client's replies. internal/sentinel finds the backend through Redis
+// Sentinel when configured: its Follower tracks the primary and owns every
+// backend connection dialled to it, closing them all when the primary
+// changes (dial asks it for the address; sentinel.go has the proxy's side). spare.go keeps dedicated connections
 // ready, clientconn.go checks requests with internal/resp's Scanner,
 // auth.go answers AUTH, guard.go keeps forwarded commands off the lock
 // state, command.go answers INFO lockproxy and COMMAND, and fenced.go
@@ -181,7 +181,8 @@
 // the proxy's own commands (docs/FENCED.md); it also keeps forwarded
 // commands off the records. Files outside a part call its methods only.
 //
-// Two packages below proxy know nothing of clients or connections:
+// Below proxy, packages that know nothing of clients (internal/sentinel
+// above, and two that know no connection either):
 //   - internal/resp: the codec (the request Scanner, CopyReply and the
 //     ReplyInfo the forwarding reads, aggregate replies split and
 //     joined) and the command table: one declarative table of what the
@@ -201,6 +202,6 @@
 // replyOrder.mu (order.go) is taken with none of these held and takes
 // only clientWriter.sinkMu; clusterSession.mu, redirMu and
 // cluster.Client's movedMu are leaves;
-// follower.mu
+// sentinel.Follower's mu
 // is a leaf, taken under any of them and holding none.
 package proxy

@@ -304,7 +304,7 @@ func (p *Proxy) fencedCommands(ctx context.Context) (map[string]resp.KeySpec, er
 func (p *Proxy) controlClient() (*redis.Client, error) {
 	addr := p.cfg.Backend.Addr
 	if p.follow != nil {
-		a, _, err := p.follow.target()
+		a, _, err := p.follow.Target()
 		if err != nil {
 			return nil, err
 		}
@@ -592,7 +592,7 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 				if bytes.HasPrefix(reply, readonlyReply) && s.p.follow != nil {
 					// The primary was demoted and nothing ran: the
 					// follower looks for the new one.
-					s.p.follow.trouble(true)
+					s.p.follow.Trouble(true)
 					s.dropFenced(addr)
 					if s.fencedPause(ctx, deadline) {
 						continue
