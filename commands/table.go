@@ -102,6 +102,8 @@ var specs = [...]spec{
 		outcomes: []outcome{lockinfoAnswered, lockinfoNoQuorum, lockinfoError, lockinfoBadRequest},
 		serve:    (*Conn).lockinfo,
 	},
+	locksSpec,
+	fencedSpec,
 }
 
 // Names returns the commands a Handler answers, in lower case, in a new

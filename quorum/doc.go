@@ -70,7 +70,10 @@
 // between attempts, Unlock hands it the lock in its own round: each node
 // releases the holder's lock and takes it for the waiter in one call, and
 // the waiter holds it once a majority did and the fences are confirmed, as
-// for any acquisition (handOver in lock.go). Otherwise waiters are woken by
+// for any acquisition (handOver in lock.go). The waiter that becomes the
+// head then knows the lock held and waits for the next Unlock without an
+// attempt of its own, so a contended lock costs the nodes one call per
+// acquisition. Otherwise waiters are woken by
 // a release notification that Unlock publishes on "<prefix>released", which
 // every Locker subscribes to on every node, so a waiter wakes about a round
 // trip after the holder released, also when the holder used another Locker.
@@ -82,8 +85,13 @@
 // is stored with the lock on the nodes as an absolute value with a
 // version, never as per-node increments: every change reads the count a
 // majority holds and writes the next version to every node, and no node
-// deletes a counted lock on its own count (reentrant.go). Info reads what
-// a majority of the nodes report of a resource for LOCKINFO (info.go).
+// deletes a counted lock on its own count (reentrant.go). The attempts of
+// one reentrant call carry the call's id, so that none of them counts as
+// an earlier hold what a failed attempt of the same call left on a node,
+// whatever order its cleanup arrives in (reentrant.go gives the
+// argument). Info reads what
+// a majority of the nodes report of a resource for LOCKINFO (info.go);
+// Locks lists the resources a majority holds for LOCKS (locks.go).
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
 // (a string with the holder's fence, attempts, hold count, holder and token, expiring with the
