@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"bytes"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 )
 
 // Connection state of a cluster client that one Redis keeps per
 // connection and the proxy keeps for the client as a whole: CLIENT
 // NO-EVICT and NO-TOUCH go on every connection of the client and are
-// replayed on every new one (session.everywhere, replayState); CLIENT
+// replayed on every new one (cluster.Client.everywhere, replayState); CLIENT
 // REPLY is applied by the proxy itself, which holds back the replies the
 // client turned off (replyOrder's muting): the masters answer every
 // command the proxy sends them, and pushes (pub/sub messages,
@@ -27,23 +29,12 @@ func replayedClient(sub []byte) entryKind {
 	return entryPlain
 }
 
-// replicaOfNoOne answers REPLICAOF NO ONE (and SLAVEOF NO ONE) as a
-// primary does, +OK: the proxy's address is a primary endpoint. Any
-// other REPLICAOF goes to a master, whose cluster-mode refusal (or arity
-// error) is the client's.
-func replicaOfNoOne(args [][]byte) (call, bool) {
-	if len(args) == 3 && bytes.EqualFold(args[1], []byte("no")) && bytes.EqualFold(args[2], []byte("one")) {
-		return localCall(replyOK), true
-	}
-	return call{}, false
-}
-
 // clientReply applies CLIENT REPLY ON, OFF or SKIP to the client's reply
 // mode, as Redis does: ON answers +OK, OFF and SKIP are not answered. A
 // malformed one goes to a master, whose error is the client's.
-func (s *session) clientReply(args [][]byte) (call, bool) {
+func (s *session) clientReply(args [][]byte) (cluster.Call, bool) {
 	if len(args) != 3 {
-		return call{}, false
+		return cluster.Call{}, false
 	}
 	e := entry{kind: entryReplyMode}
 	switch {
@@ -54,12 +45,12 @@ func (s *session) clientReply(args [][]byte) (call, bool) {
 	case bytes.EqualFold(args[2], []byte("skip")):
 		e.mode = replySkip
 	default:
-		return call{}, false
+		return cluster.Call{}, false
 	}
 	if s.q.silentFor(&e) {
-		return call{kind: callLocal}, true // no reply
+		return cluster.Call{Kind: cluster.CallLocal}, true // no reply
 	}
-	return localCall(replyOK), true
+	return cluster.LocalCall(replyOK), true
 }
 
 // isClientReply reports whether a command is CLIENT REPLY, whose reply

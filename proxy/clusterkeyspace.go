@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -137,7 +138,7 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 // but its pinned node that has none.
 func (s *session) openMirrors() []*mirror {
 	cs := s.cl
-	m := cs.r.slots.Load()
+	m := cs.r.Slots.Load()
 	mr := &cs.mirrors
 	if m == nil {
 		return nil
@@ -149,7 +150,7 @@ func (s *session) openMirrors() []*mirror {
 	}
 	mr.mu.Unlock()
 	st := s.q.client().replay
-	for _, addr := range m.masters {
+	for _, addr := range m.Masters {
 		if addr == cs.pinAddr || have[addr] {
 			continue
 		}
@@ -248,13 +249,13 @@ func bulks(frame []byte) [][]byte {
 	if len(frame) == 0 || (frame[0] != '*' && frame[0] != '>') {
 		return nil
 	}
-	n, rest, err := elements(append([]byte{'*'}, frame[1:]...))
+	n, rest, err := cluster.Elements(append([]byte{'*'}, frame[1:]...))
 	if err != nil {
 		return nil
 	}
 	var out [][]byte
 	for range n {
-		k, err := valueLen(rest)
+		k, err := cluster.ValueLen(rest)
 		if err != nil || rest[0] != '$' || rest[1] == '-' {
 			return out // not a bulk string, or a null one
 		}

@@ -18,9 +18,9 @@ func (r *router) keepSpares(masters []string) {
 	if n <= 0 {
 		return
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	r.spMu.Lock()
+	defer r.spMu.Unlock()
+	if r.spClosed {
 		return
 	}
 	if r.spares == nil {
@@ -40,9 +40,9 @@ func (r *router) keepSpares(masters []string) {
 // addr, brought to state: a spare one when there is one, a new one
 // otherwise.
 func (r *router) dedicated(ctx context.Context, addr string, state replayState) (*backend, error) {
-	r.mu.Lock()
+	r.spMu.Lock()
 	sp := r.spares[addr]
-	r.mu.Unlock()
+	r.spMu.Unlock()
 	if be := sp.take(); be != nil {
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
@@ -60,11 +60,11 @@ func (r *router) dedicated(ctx context.Context, addr string, state replayState) 
 // closeSpares closes the spares not taken and waits for their fillers;
 // the proxy's root context has ended.
 func (r *router) closeSpares() {
-	r.mu.Lock()
-	r.closed = true
+	r.spMu.Lock()
+	r.spClosed = true
 	all := r.spares
 	r.spares = nil
-	r.mu.Unlock()
+	r.spMu.Unlock()
 	for _, sp := range all {
 		sp.close(true)
 	}

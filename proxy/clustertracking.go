@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -65,11 +66,11 @@ var (
 
 // clientIDCall sends CLIENT ID to the first master and records the id it
 // answers as the client's, for CLIENT TRACKING ... REDIRECT.
-func (s *session) clientIDCall(m *slotMap, cmd redcon.Command) call {
+func (s *session) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
 	cs := s.cl
-	c := call{kind: callMerge, op: opFirst, parts: []part{{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}}
+	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
 	r := cs.r
-	c.fold = func(replies [][]byte) ([]byte, bool) {
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
 		if len(b) > 1 && b[0] == ':' {
 			if id, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil {
@@ -79,7 +80,7 @@ func (s *session) clientIDCall(m *slotMap, cmd redcon.Command) call {
 				cs.mu.Unlock()
 			}
 		}
-		return b, isError(b)
+		return b, cluster.IsError(b)
 	}
 	return c
 }
@@ -100,15 +101,15 @@ func (cs *clusterSession) forgetIDs() {
 // tracking on at every master, OFF turns it off everywhere. A syntax
 // the proxy does not recognise goes to the first master, whose error is
 // the client's.
-func (s *session) trackingCall(m *slotMap, cmd redcon.Command) (call, bool) {
+func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.Call, bool) {
 	cs := s.cl
 	args := cmd.Args
 	if len(args) < 3 {
-		return call{}, false
+		return cluster.Call{}, false
 	}
 	on := bytes.EqualFold(args[2], []byte("on"))
 	if !on && !bytes.EqualFold(args[2], []byte("off")) {
-		return call{}, false
+		return cluster.Call{}, false
 	}
 	opts := [][]byte{[]byte("CLIENT"), []byte("TRACKING"), []byte("ON")}
 	var redirect int64
@@ -116,7 +117,7 @@ func (s *session) trackingCall(m *slotMap, cmd redcon.Command) (call, bool) {
 		if bytes.EqualFold(args[i], []byte("redirect")) && i+1 < len(args) {
 			id, err := strconv.ParseInt(string(args[i+1]), 10, 64)
 			if err != nil {
-				return call{}, false // Redis's error
+				return cluster.Call{}, false // Redis's error
 			}
 			redirect = id
 			i++
@@ -129,36 +130,36 @@ func (s *session) trackingCall(m *slotMap, cmd redcon.Command) (call, bool) {
 		old := cs.trk.Load()
 		cs.stopTracking()
 		if old == nil {
-			return localCall(replyOK), true // Redis answers OFF +OK whatever the state
+			return cluster.LocalCall(replyOK), true // Redis answers OFF +OK whatever the state
 		}
-		return fan(m, cmd.Raw, opFirst), true
+		return cluster.Fan(m, cmd.Raw, cluster.OpFirst), true
 	}
 	if redirect != 0 {
 		if _, ok := cs.r.clientIDs.Load(redirect); !ok {
-			return localCall(replyNoRedirTarget), true
+			return cluster.LocalCall(replyNoRedirTarget), true
 		}
 	}
 	t := cs.trk.Load()
 	if t == nil || t.redirect != redirect {
 		// Tracking again with another target: Redis replaces it.
 		cs.stopTracking()
-		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.master(m.first[0])}
+		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.Master(m.First[0])}
 	}
 	t.opts = opts
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
-	for _, addr := range m.masters {
+	for _, addr := range m.Masters {
 		if err := t.openSink(ctx, addr); err != nil {
 			t.close()
 			s.p.m.unavailable.Add(1)
-			return localCall(errorReply(&BackendError{Err: fmt.Errorf("%s: %w", addr, err)})), true
+			return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: fmt.Errorf("%s: %w", addr, err)})), true
 		}
 	}
-	c := call{kind: callMerge, op: opFirst}
-	for i, addr := range m.masters {
-		c.parts = append(c.parts, part{slot: m.first[i], addr: addr, raw: t.command(addr)})
+	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst}
+	for i, addr := range m.Masters {
+		c.Parts = append(c.Parts, cluster.Part{Slot: m.First[i], Addr: addr, Raw: t.command(addr)})
 	}
-	c.learn = func(failed bool) {
+	c.Learn = func(failed bool) {
 		if failed {
 			if cs.trk.Load() != t {
 				t.close()
@@ -210,7 +211,7 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 		be.nc.Close()
 		return err
 	}
-	id, err := intAt(replies[0])
+	id, err := cluster.IntAt(replies[0])
 	if err != nil {
 		be.nc.Close()
 		return fmt.Errorf("CLIENT ID: %q", replies[0])
@@ -285,7 +286,7 @@ func (t *tracking) read(sk *sink, first bool) {
 		}
 		w.Flush()
 		frame := buf.Bytes()
-		n, rest, err := elements(frame)
+		n, rest, err := cluster.Elements(frame)
 		if err != nil || n != 3 {
 			continue
 		}
@@ -294,7 +295,7 @@ func (t *tracking) read(sk *sink, first bool) {
 			continue
 		}
 		for range 2 {
-			k, _ := valueLen(rest)
+			k, _ := cluster.ValueLen(rest)
 			rest = rest[k:]
 		}
 		keys := rest
@@ -356,13 +357,13 @@ func (s *session) inject(frame []byte) {
 
 // getRedir answers CLIENT GETREDIR: the REDIRECT id, 0 when tracking
 // without one, -1 when not tracking.
-func (s *session) getRedir() call {
+func (s *session) getRedir() cluster.Call {
 	t := s.cl.trk.Load()
 	switch {
 	case t == nil:
-		return localCall([]byte(":-1\r\n"))
+		return cluster.LocalCall([]byte(":-1\r\n"))
 	default:
-		return localCall(redcon.AppendInt(nil, t.redirect))
+		return cluster.LocalCall(redcon.AppendInt(nil, t.redirect))
 	}
 }
 
@@ -371,17 +372,17 @@ var redirectField = regexp.MustCompile(`\$8\r\nredirect\r\n:-?[0-9]+\r\n`)
 
 // trackingInfoCall sends CLIENT TRACKINGINFO to the slot-0 master, whose
 // reply names the client's REDIRECT id in place of the proxy's sink.
-func (s *session) trackingInfoCall(m *slotMap, cmd redcon.Command) call {
-	c := call{kind: callMerge, op: opFirst, parts: []part{{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}}
+func (s *session) trackingInfoCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
+	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
 	t := s.cl.trk.Load()
 	if t == nil {
 		return c
 	}
 	field := fmt.Appendf(nil, "$8\r\nredirect\r\n:%d\r\n", t.redirect)
 	r := s.cl.r
-	c.fold = func(replies [][]byte) ([]byte, bool) {
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
-		if isError(b) {
+		if cluster.IsError(b) {
 			return b, true
 		}
 		b = redirectField.ReplaceAllLiteral(b, field)
@@ -411,7 +412,7 @@ func addBrokenRedirect(b []byte) []byte {
 	}
 	end := loc[1]
 	for range n {
-		k, err := valueLen(b[end:])
+		k, err := cluster.ValueLen(b[end:])
 		if err != nil {
 			return b
 		}
@@ -434,32 +435,32 @@ func isCaching(name []byte, args [][]byte) bool {
 
 // cachingCall sends CLIENT CACHING to every master's connection of the
 // client; the reply is the first master's (or the first error).
-func (s *session) cachingCall(m *slotMap, cmd redcon.Command) call {
+func (s *session) cachingCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
 	s.cl.caching = true
-	return fan(m, cmd.Raw, opFirst)
+	return cluster.Fan(m, cmd.Raw, cluster.OpFirst)
 }
 
 // endCaching ends a CLIENT CACHING on the masters c did not go to, with
 // a PING whose reply is held back from the client.
-func (s *session) endCaching(c *call) {
+func (s *session) endCaching(c *cluster.Call) {
 	cs := s.cl
 	cs.caching = false
-	m := cs.r.slots.Load()
+	m := cs.r.Slots.Load()
 	if m == nil {
 		return
 	}
 	used := map[string]bool{}
-	if c.kind != callLocal {
-		for i := range c.count() {
-			used[c.part(i).addr] = true
+	if c.Kind != cluster.CallLocal {
+		for i := range c.Count() {
+			used[c.Part(i).Addr] = true
 		}
 	}
 	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
-	for i, addr := range m.masters {
+	for i, addr := range m.Masters {
 		if used[addr] {
 			continue
 		}
-		p := part{slot: m.first[i], addr: addr, raw: cmdPing}
+		p := cluster.Part{Slot: m.First[i], Addr: addr, Raw: cmdPing}
 		s.sendPart(&p, ticketOpts{own: true, mute: true}, deadline)
 	}
 }

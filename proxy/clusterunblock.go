@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 )
 
 // CLIENT UNBLOCK in front of a cluster. The id a client has is the one
@@ -49,23 +51,23 @@ func (s *session) unblockCall(args [][]byte) bool {
 	target.mu.Unlock()
 
 	s.settleCluster()
-	ticket := cs.order.add(nil, noSlot, ticketOpts{})
+	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
 	answer := func(b []byte) {
 		cs.order.put(ticket, false, b, &s.w)
 		s.pushOut()
 	}
-	m := cs.r.slots.Load()
+	m := cs.r.Slots.Load()
 	unblocked := int64(0)
 	for _, c := range conns {
-		slot := noSlot
+		slot := cluster.NoSlot
 		if m != nil {
-			for i, a := range m.masters {
+			for i, a := range m.Masters {
 				if a == c.addr {
-					slot = m.first[i]
+					slot = m.First[i]
 				}
 			}
 		}
-		r := s.ask([]part{{slot: slot, addr: c.addr, raw: cmdClientList}})
+		r := s.ask([]cluster.Part{{Slot: slot, Addr: c.addr, Raw: cmdClientList}})
 		if r == nil {
 			return true // the client has gone
 		}
@@ -77,7 +79,7 @@ func (s *session) unblockCall(args [][]byte) bool {
 		if len(args) == 4 {
 			cmd = append(cmd, args[3])
 		}
-		r = s.ask([]part{{slot: slot, addr: c.addr, raw: encodeArgs(cmd)}})
+		r = s.ask([]cluster.Part{{Slot: slot, Addr: c.addr, Raw: encodeArgs(cmd)}})
 		if r == nil {
 			return true
 		}

@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
@@ -83,7 +83,7 @@ func parseLatencyEntry(b []byte) (*latencyEntry, error) {
 		rest = rest[k:]
 		switch field {
 		case "calls":
-			e.calls, err = intAt(v)
+			e.calls, err = IntAt(v)
 			if err != nil {
 				return nil, err
 			}
@@ -93,13 +93,13 @@ func parseLatencyEntry(b []byte) (*latencyEntry, error) {
 				return nil, err
 			}
 			for len(hs) > 0 {
-				bucket, err := intAt(hs)
+				bucket, err := IntAt(hs)
 				if err != nil {
 					return nil, err
 				}
 				k, _ := valueLen(hs)
 				hs = hs[k:]
-				count, err := intAt(hs)
+				count, err := IntAt(hs)
 				if err != nil {
 					return nil, err
 				}
@@ -133,7 +133,7 @@ func bulkAt(b []byte) (string, int, error) {
 }
 
 // intAt returns the integer at the start of b.
-func intAt(b []byte) (int64, error) {
+func IntAt(b []byte) (int64, error) {
 	if len(b) == 0 || b[0] != ':' {
 		return 0, errLatencyReply
 	}
@@ -179,7 +179,7 @@ func mergeLatencyHistogram(replies [][]byte) ([]byte, bool) {
 		for i, r := range replies {
 			names, entries, err := parseLatency(r)
 			if err != nil {
-				return errorReply(err)
+				return resp.ErrorReply(err)
 			}
 			for _, name := range names {
 				e := entries[name]
@@ -273,27 +273,27 @@ func mergeLatencyLatest(replies [][]byte) ([]byte, bool) {
 		for _, r := range replies {
 			n, rest, err := elements(r)
 			if err != nil {
-				return errorReply(err)
+				return resp.ErrorReply(err)
 			}
 			for range n {
 				k, err := valueLen(rest)
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
 				_, e, err := elements(rest[:k])
 				rest = rest[k:]
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
 				name, kn, err := bulkAt(e)
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
 				e = e[kn:]
 				var v [3]int64
 				for i := range v {
-					if v[i], err = intAt(e); err != nil {
-						return errorReply(err)
+					if v[i], err = IntAt(e); err != nil {
+						return resp.ErrorReply(err)
 					}
 					kv, _ := valueLen(e)
 					e = e[kv:]
@@ -330,26 +330,26 @@ func mergeLatencyHistory(replies [][]byte) ([]byte, bool) {
 		for _, r := range replies {
 			n, rest, err := elements(r)
 			if err != nil {
-				return errorReply(err)
+				return resp.ErrorReply(err)
 			}
 			for range n {
 				k, err := valueLen(rest)
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
 				_, e, err := elements(rest[:k])
 				rest = rest[k:]
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
-				at, err := intAt(e)
+				at, err := IntAt(e)
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
 				kv, _ := valueLen(e)
-				ms, err := intAt(e[kv:])
+				ms, err := IntAt(e[kv:])
 				if err != nil {
-					return errorReply(err)
+					return resp.ErrorReply(err)
 				}
 				samples = append(samples, [2]int64{at, ms})
 			}

@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
@@ -24,9 +24,9 @@ import (
 // through the proxy (applied to every master); a value set on the masters
 // directly is not seen.
 
-// learnSlowlogMax records slowlog-max-len from a CONFIG SET that
+// LearnSlowlogMax records slowlog-max-len from a CONFIG SET that
 // succeeded.
-func (r *router) learnSlowlogMax(args [][]byte) {
+func (r *Router) LearnSlowlogMax(args [][]byte) {
 	for i := 2; i+1 < len(args); i += 2 {
 		if bytes.EqualFold(args[i], []byte("slowlog-max-len")) {
 			if n, err := strconv.ParseInt(string(args[i+1]), 10, 64); err == nil && n >= 0 {
@@ -36,18 +36,18 @@ func (r *router) learnSlowlogMax(args [][]byte) {
 	}
 }
 
-// slowlogCap returns slowlog-max-len as last set through the proxy, -1
+// SlowlogCap returns slowlog-max-len as last set through the proxy, -1
 // when it is not known.
-func (r *router) slowlogCap() int64 { return r.slowlogMax.Load() - 1 }
+func (r *Router) SlowlogCap() int64 { return r.slowlogMax.Load() - 1 }
 
 // cmdSlowlogAll reads a master's whole slow log.
 var cmdSlowlogAll = []byte("*3\r\n$7\r\nSLOWLOG\r\n$3\r\nGET\r\n$2\r\n-1\r\n")
 
 // slowlogParts sends the client's SLOWLOG command to the first master of
 // c, and SLOWLOG GET -1 to the others.
-func slowlogParts(c *call) {
-	for i := 1; i < len(c.parts); i++ {
-		c.parts[i].raw = cmdSlowlogAll
+func slowlogParts(c *Call) {
+	for i := 1; i < len(c.Parts); i++ {
+		c.Parts[i].Raw = cmdSlowlogAll
 	}
 }
 
@@ -58,7 +58,7 @@ func slowlogLen(replies [][]byte, most int64) []byte {
 	for _, r := range replies[1:] {
 		entries, err := slowlogEntries(r, true)
 		if err != nil {
-			return errorReply(err)
+			return resp.ErrorReply(err)
 		}
 		n += int64(len(entries))
 	}

@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
@@ -16,9 +16,9 @@ import (
 // connections, and each is held back or served as by one Redis. A pause
 // set on the masters directly is not seen.
 
-// learnPause records a CLIENT PAUSE or UNPAUSE that succeeded (or was
+// LearnPause records a CLIENT PAUSE or UNPAUSE that succeeded (or was
 // queued in a transaction).
-func (r *router) learnPause(args [][]byte) {
+func (r *Router) LearnPause(args [][]byte) {
 	if len(args) < 2 {
 		return
 	}
@@ -37,9 +37,9 @@ func (r *router) learnPause(args [][]byte) {
 	}
 }
 
-// paused reports whether a pause sent through the proxy may be in
+// Paused reports whether a pause sent through the proxy may be in
 // effect.
-func (r *router) paused() bool {
+func (r *Router) Paused() bool {
 	until := r.pausedUntil.Load()
 	if until == 0 {
 		return false
