@@ -66,11 +66,11 @@ func TestCommandInfoAndDocs(t *testing.T) {
 	}{
 		{
 			name: "lock",
-			want: "*10\r\n$4\r\nlock\r\n:-3\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*2\r\n+@write\r\n+@slow\r\n*0\r\n*0\r\n*0\r\n",
+			want: "*10\r\n$4\r\nlock\r\n:-3\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*3\r\n+@write\r\n+@slow\r\n+@lock\r\n*0\r\n*0\r\n*0\r\n",
 		},
 		{
 			name: "unlock", resp3: true,
-			want: "*10\r\n$6\r\nunlock\r\n:-2\r\n~1\r\n+write\r\n:0\r\n:0\r\n:0\r\n~2\r\n+@write\r\n+@slow\r\n*0\r\n*0\r\n*0\r\n",
+			want: "*10\r\n$6\r\nunlock\r\n:-2\r\n~1\r\n+write\r\n:0\r\n:0\r\n:0\r\n~3\r\n+@write\r\n+@slow\r\n+@lock\r\n*0\r\n*0\r\n*0\r\n",
 		},
 		{name: "get", want: "*-1\r\n"},
 		{name: "get", resp3: true, want: "_\r\n"},

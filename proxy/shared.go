@@ -111,6 +111,9 @@ type sharedGroup struct {
 	// forwarded counts the commands sent to a cluster master (see
 	// router.forwarded); nil for the backend's group.
 	forwarded *atomic.Uint64
+	// acl is set on the shared connections of a user of Redis's ACL,
+	// signed in as that user (acl.go).
+	acl *aclGroup
 }
 
 // newSharedGroup makes n shared connections to addr ("" for the backend).
@@ -289,10 +292,14 @@ func (sh *shared) connect() error {
 		if err := p.backoff.check(); err != nil {
 			return err
 		}
+		var st replayState
+		if g := sh.grp.acl; g != nil {
+			st.auth = *g.auth.Load()
+		}
 		if sh.addr != "" {
-			be, err = p.dialAddr(p.root, sh.addr, replayState{})
+			be, err = p.dialAddr(p.root, sh.addr, st)
 		} else {
-			be, err = p.dial(p.root, replayState{})
+			be, err = p.dial(p.root, st)
 		}
 		p.backoff.record(err)
 	}
@@ -337,6 +344,20 @@ func (sh *shared) flush() {
 // shared connections to the same server. sh.mu is held on entry and
 // released on return.
 func (sh *shared) writeInOrder() {
+	if a := sh.p.acl; a != nil {
+		// Every user's shared connections to one Redis keep one order.
+		if a.queued(sh.grp) <= 1 {
+			sh.write()
+			return
+		}
+		sh.mu.Unlock()
+		if sh.addr == "" {
+			a.writeQueued(sh.p.batches.Load())
+		} else {
+			sh.grp.writeQueued(sh.p.batches.Load())
+		}
+		return
+	}
 	if sh.grp.queued.Load() <= 1 {
 		sh.write() // nothing waits elsewhere
 		return
@@ -407,6 +428,10 @@ func (p *Proxy) writeQueued() {
 	// writes next; they wait for their own turn.
 	limit := p.batches.Load()
 	if p.router == nil {
+		if p.acl != nil {
+			p.acl.writeQueued(limit)
+			return
+		}
 		p.group.writeQueued(limit)
 		return
 	}
