@@ -75,7 +75,7 @@ func TestACLSignIn(t *testing.T) {
 
 // compareACL plays steps on direct and through the proxy at addr, and
 // requires the same bytes.
-func compareACL(t *testing.T, direct, backend *redistest.Server, addr string, steps []step) {
+func compareACL(t *testing.T, direct, backend *redistest.Server, addr string, steps []step) []byte {
 	t.Helper()
 	want := mask(run(t, direct, direct.Addr, steps))
 	got := mask(run(t, backend, addr, steps))
@@ -88,6 +88,112 @@ func compareACL(t *testing.T, direct, backend *redistest.Server, addr string, st
 		}
 		t.Fatalf("replies differ\nthrough proxy: %q\ndirect:        %q", got, want)
 	}
+	return want
 }
 
-var _ = fmt.Sprint
+// aclSignIns are how each user of aclUsers signs in: its AUTH
+// arguments (a wrong one for erin, who is off, and any for carol).
+var aclSignIns = [][]string{
+	{"alice", "pa"}, {"bob", "pb"}, {"carol", "anything"}, {"dave", "pd"},
+	{"erin", "pe"}, {"frank", "pf"}, {"gail", "pg"},
+}
+
+// aclKeys are keys and channels under each user's patterns, and outside.
+var aclKeys = []string{"app:", "shared:", "w:", "r:", "both:", "k:", "sel:", "ro:", "events:", "news:", "other:"}
+
+// aclCommands are the commands each user sends in the equivalence test,
+// for keys with suffix sfx: every family of commands (strings, hashes,
+// lists, sets, sorted sets, streams, keys, pub/sub, scripting,
+// connection, server, ACL) on every key of aclKeys.
+func aclCommands(sfx string) [][]string {
+	var out [][]string
+	add := func(s string) { out = append(out, strings.Fields(s)) }
+	for _, p := range aclKeys {
+		k := p + sfx
+		for _, c := range []string{
+			"SET %[1]s v", "GET %[1]s", "APPEND %[1]s x", "STRLEN %[1]s", "GETRANGE %[1]s 0 1",
+			"INCR %[1]s:n", "MGET %[1]s other:%[1]s", "EXISTS %[1]s", "TYPE %[1]s", "LLEN %[1]s",
+			"HSET %[1]s:h f v", "HGET %[1]s:h f", "HGETALL %[1]s:h",
+			"LPUSH %[1]s:l a b", "LRANGE %[1]s:l 0 -1", "RPOP %[1]s:l",
+			"SADD %[1]s:s a", "SMEMBERS %[1]s:s", "ZADD %[1]s:z 1 a", "ZRANGE %[1]s:z 0 -1 WITHSCORES",
+			"XADD %[1]s:x 1-1 f v", "XLEN %[1]s:x", "EXPIREAT %[1]s 4102444800", "EXPIRETIME %[1]s",
+			"PUBLISH %[1]s m", "DEL %[1]s:s",
+		} {
+			add(fmt.Sprintf(c, k))
+		}
+	}
+	for _, c := range []string{
+		"PING", "ECHO hi", "ACL WHOAMI", "CLIENT SETNAME n" + sfx, "CLIENT GETNAME", "DBSIZE",
+		"CONFIG GET maxmemory", "CONFIG SET maxmemory 0", "FLUSHDB", "EVAL return 1 0",
+		"ACL DRYRUN alice GET app:1", "ACL DRYRUN dave HGET sel:1 f", "ACL SETUSER nobody", "ACL DELUSER nobody",
+		"OBJECT ENCODING app:" + sfx, "COPY app:{" + sfx + "} app:{" + sfx + "}c", "RENAME w:{" + sfx + "} r:{" + sfx + "}",
+		"SET app:{" + sfx + "} v", "SET w:{" + sfx + "} v", "COPY app:{" + sfx + "} app:{" + sfx + "}c", "RENAME w:{" + sfx + "} r:{" + sfx + "}",
+		"PING",
+	} {
+		add(c)
+	}
+	return out
+}
+
+// TestACLEquivalence: seven users with different rules send the same
+// commands (over 280 each, of every family) to a Redis with the same
+// users and through the proxy, in RESP2 and RESP3, pipelined and not:
+// the replies are the same, byte for byte.
+func TestACLEquivalence(t *testing.T) {
+	direct, backend, addr, _ := startACLPair(t, nil)
+	aclEquivalence(t, direct, backend, addr)
+}
+
+// TestACLEquivalenceCluster is TestACLEquivalence in front of a Redis
+// Cluster: the users are installed on every master, and each user's
+// commands go over connections signed in as it there.
+func TestACLEquivalenceCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	direct, _, _, _ := startACLPair(t, nil)
+	addr, _ := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.ACL.Users = aclUsers
+		cfg.Users = map[string]string{"default": "dpw"}
+	})
+	aclEquivalence(t, direct, c.Nodes[0], addr)
+	// The users are on every master.
+	for _, n := range c.Nodes {
+		if r, err := n.Do("ACL", "DRYRUN", "alice", "GET", "app:1"); err != nil || r != "+OK" {
+			t.Fatalf("%s: %q %v", n.Addr, r, err)
+		}
+	}
+}
+
+func aclEquivalence(t *testing.T, direct, backend *redistest.Server, addr string) {
+	mode := 0
+	for _, proto := range []string{"2", "3"} {
+		for _, pipelined := range []bool{false, true} {
+			mode++
+			sfx := fmt.Sprintf("%dm", mode)
+			var steps []step
+			for _, u := range aclSignIns {
+				on := u[0] + sfx
+				steps = append(steps, cmdArgs(on, "HELLO", proto, "AUTH", u[0], u[1]))
+				cmds := aclCommands(sfx)
+				if pipelined {
+					steps = append(steps, step{on: on, cmds: cmds, read: -1})
+					continue
+				}
+				for _, c := range cmds {
+					steps = append(steps, step{on: on, cmds: [][]string{c}, read: -1})
+				}
+			}
+			t.Run(fmt.Sprintf("RESP%s pipelined=%v", proto, pipelined), func(t *testing.T) {
+				want := compareACL(t, direct, backend, addr, steps)
+				// Every kind of outcome is there: allowed, and refused
+				// for the command, a key, a channel, the sign-in.
+				for _, r := range []string{"+OK", "NOPERM this user has no permissions to run", "NOPERM this user has no permissions to access one of the keys",
+					"NOPERM this user has no permissions to access one of the channels", "-WRONGPASS", "-NOAUTH", "WRONGTYPE", "$1\r\nv\r\n"} {
+					if n := bytes.Count(want, []byte(r)); n < 1 {
+						t.Errorf("only %d replies %q", n, r)
+					}
+				}
+			})
+		}
+	}
+}
