@@ -587,25 +587,30 @@ func (a *aclState) queued(g *sharedGroup) int64 {
 // writeQueued writes what waits on the shared connections to one Redis,
 // every user's, the batch that waited longest first.
 func (a *aclState) writeQueued(limit uint64) {
-	groups := append([]*sharedGroup{a.p.group}, *a.groupList.Load()...)
 	for {
-		var oldest *shared
-		first := limit + 1
-		for _, g := range groups {
-			if g.queued.Load() == 0 {
-				continue
-			}
-			for _, sh := range g.list {
-				if since := sh.since.Load(); since != 0 && since < first {
-					oldest, first = sh, since
-				}
-			}
+		oldest, first := oldestIn(a.p.group, nil, limit+1)
+		for _, g := range *a.groupList.Load() {
+			oldest, first = oldestIn(g, oldest, first)
 		}
 		if oldest == nil {
 			return
 		}
 		oldest.writeWaiting(limit)
 	}
+}
+
+// oldestIn returns the connection of g whose batch waits since before
+// first, the longest-waiting, or oldest and first when none does.
+func oldestIn(g *sharedGroup, oldest *shared, first uint64) (*shared, uint64) {
+	if g.queued.Load() == 0 {
+		return oldest, first
+	}
+	for _, sh := range g.list {
+		if since := sh.since.Load(); since != 0 && since < first {
+			oldest, first = sh, since
+		}
+	}
+	return oldest, first
 }
 
 // verdict returns the refusal of user's access to resource (write or
