@@ -208,12 +208,15 @@ type aclState struct {
 	cacheMu sync.RWMutex
 	cache   map[string]aclVerdict
 
-	ctlMu sync.Mutex
-	ctl   *backend // the control connection (ACL DRYRUN), the proxy's identity
+	ctlSlots  chan struct{} // one per control connection in use
+	ctlMu     sync.Mutex
+	ctlIdle   []*backend // control connections (ACL DRYRUN), signed in as the proxy
+	ctlClosed bool
 	// old: the backend words its refusals as Redis 7.0 does ("this
 	// user has no permissions ..."), not as 7.2 and later ("User <name>
 	// has no permissions ...", "No permissions to access a key").
-	old atomic.Bool
+	old       atomic.Bool
+	versioned atomic.Bool // old is known
 }
 
 // aclVerdict is a cached ACL DRYRUN answer.
@@ -234,7 +237,7 @@ type aclGroup struct {
 }
 
 func newACLState(p *Proxy, users []*aclUser) *aclState {
-	a := &aclState{p: p, installed: map[string]uint64{}, groups: map[string]*aclGroup{}, cache: map[string]aclVerdict{}}
+	a := &aclState{p: p, ctlSlots: make(chan struct{}, maxControl), installed: map[string]uint64{}, groups: map[string]*aclGroup{}, cache: map[string]aclVerdict{}}
 	a.setUsers(users)
 	empty := []*sharedGroup{}
 	a.groupList.Store(&empty)
@@ -519,6 +522,7 @@ func (a *aclState) authenticate(ctx context.Context, auth []byte) ([]byte, error
 	if a.p.router != nil {
 		a.installMissing(ctx)
 	}
+	a.learnVersion(ctx, be)
 	r, err := a.signIn(ctx, be, auth)
 	if err != nil {
 		return nil, err
@@ -560,9 +564,11 @@ func (a *aclState) closeGroups() {
 		}
 	}
 	a.ctlMu.Lock()
-	if a.ctl != nil {
-		a.ctl.nc.Close()
+	a.ctlClosed = true
+	for _, be := range a.ctlIdle {
+		be.nc.Close()
 	}
+	a.ctlIdle = nil
 	a.ctlMu.Unlock()
 }
 
@@ -649,45 +655,90 @@ func (a *aclState) verdict(ctx context.Context, user string, resource []byte, wr
 	return refused, nil
 }
 
-// control sends cmd on the control connection, dialled as the proxy
-// (again after it was lost), and returns the reply.
+// control sends cmd on a control connection, signed in as the proxy,
+// and returns the reply. Up to maxControl of them are in use at once;
+// one that fails is closed, and the command is tried once more on a new
+// one.
 func (a *aclState) control(ctx context.Context, cmd []byte) ([]byte, error) {
-	a.ctlMu.Lock()
-	defer a.ctlMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, a.p.cfg.Backend.DialTimeout)
 	defer cancel()
+	select {
+	case a.ctlSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-a.ctlSlots }()
 	for attempt := 0; ; attempt++ {
-		if a.ctl == nil {
-			be, err := a.p.dialAny(ctx, replayState{})
-			if err != nil {
-				return nil, err
-			}
-			if err := a.prepare(ctx, be); err != nil {
-				a.p.log.Warn("acl: installing users", zap.Error(err))
-			}
-			if info, err := be.call(ctx, command("INFO", "server")); err == nil {
-				a.old.Store(oldWording(info))
-			}
-			a.ctl = be
+		be, err := a.controlConn(ctx)
+		if err != nil {
+			return nil, err
 		}
-		r, err := a.ctl.call(ctx, cmd)
+		r, err := be.call(ctx, cmd)
 		if err == nil {
 			if bytes.HasPrefix(r, []byte("-ERR User '")) && attempt == 0 {
 				// Missing on a node that restarted empty?
-				if c, perr := redcon.Parse(cmd); perr == nil && len(c.Args) > 2 {
-					if err := a.ensure(ctx, a.ctl, string(c.Args[2])); err == nil {
+				if c, perr := redcon.Parse(cmd); perr == nil && len(c.Args) > 2 && a.user(string(c.Args[2])) != nil {
+					if err := a.ensure(ctx, be, string(c.Args[2])); err == nil {
+						a.putControl(be)
 						continue
 					}
 				}
 			}
+			a.putControl(be)
 			return r, nil
 		}
-		a.ctl.nc.Close()
-		a.ctl = nil
+		be.nc.Close()
 		if attempt > 0 || ctx.Err() != nil {
 			return nil, err
 		}
 	}
+}
+
+// maxControl bounds the control connections in use at once.
+const maxControl = 4
+
+// controlConn returns an idle control connection, or dials one.
+func (a *aclState) controlConn(ctx context.Context) (*backend, error) {
+	a.ctlMu.Lock()
+	if n := len(a.ctlIdle); n > 0 {
+		be := a.ctlIdle[n-1]
+		a.ctlIdle = a.ctlIdle[:n-1]
+		a.ctlMu.Unlock()
+		return be, nil
+	}
+	a.ctlMu.Unlock()
+	be, err := a.p.dialAny(ctx, replayState{})
+	if err != nil {
+		return nil, err
+	}
+	if err := a.prepare(ctx, be); err != nil {
+		a.p.log.Warn("acl: installing users", zap.Error(err))
+	}
+	a.learnVersion(ctx, be)
+	return be, nil
+}
+
+// learnVersion learns from be how the backend words its refusals, once.
+func (a *aclState) learnVersion(ctx context.Context, be *backend) {
+	if a.versioned.Load() {
+		return
+	}
+	if info, err := be.call(ctx, command("INFO", "server")); err == nil && info[0] != '-' {
+		a.old.Store(oldWording(info))
+		a.versioned.Store(true)
+	}
+}
+
+// putControl keeps be for the next control command, or closes it once
+// the proxy is shutting down.
+func (a *aclState) putControl(be *backend) {
+	a.ctlMu.Lock()
+	defer a.ctlMu.Unlock()
+	if a.ctlClosed {
+		be.nc.Close()
+		return
+	}
+	a.ctlIdle = append(a.ctlIdle, be)
 }
 
 // oldWording reports whether INFO server names a Redis older than 7.2,

@@ -68,9 +68,33 @@ func TestACLSignIn(t *testing.T) {
 		send("b", "HELLO 3 AUTH carol anything SETNAME c1", "ACL WHOAMI", "CLIENT GETNAME", "SET w:1 v", "GET w:1", "GET r:1", "SET r:1 v", "SET both:1 v", "GET both:1", "HSET w:1 a b"),
 		send("c", "AUTH dave pd", "SET k:1 v", "HSET sel:1 a b", "HGET sel:1 a", "HSET k:2 a b", "GET ro:1", "SET ro:1 v", "PING", "ACL WHOAMI", "RESET", "GET k:1", "AUTH bob pb", "ACL WHOAMI", "FLUSHALL", "CONFIG SET maxmemory 0", "CONFIG GET maxmemory", "GET k:1"),
 		send("d", "AUTH frank pf", "PUBLISH news:1 x", "PUBLISH other x", "SET a 1", "CONFIG GET maxmemory", "CONFIG SET maxmemory 0", "GET a"),
+		// Switching users, on the shared connections and on the client's own.
+		send("f", "AUTH alice pa", "GET other", "AUTH default dpw", "GET other", "ACL WHOAMI", "AUTH alice pa", "GET other", "ACL WHOAMI", "AUTH bob pb", "GET other", "ACL WHOAMI"),
+		send("g", "AUTH alice pa", "HELLO 2", "GET other", "AUTH bob pb", "GET other", "FLUSHALL", "CONFIG GET maxmemory", "AUTH alice pa", "CONFIG GET maxmemory",
+			"AUTH default dpw", "CONFIG GET maxmemory", "ACL WHOAMI", "HELLO 3 AUTH dave pd", "GET other", "GET k:1", "HELLO 2 AUTH default dpw", "GET other", "ACL WHOAMI"),
 		send("e", "AUTH gail pg", "SET a 3", "DEL a", "ACL WHOAMI", "ACL DRYRUN alice SET app:1 x", "ACL DRYRUN alice SET nope x", "ACL DRYRUN nobody GET x"),
 	}
 	compareACL(t, direct, backend, addr, steps)
+}
+
+// TestACLBackendRestartedEmpty: the users come back on a backend that
+// restarted without them, at the next sign-in or connection of theirs.
+func TestACLBackendRestartedEmpty(t *testing.T) {
+	_, backend, addr, _ := startACLPair(t, nil)
+	c := dial(t, addr)
+	if got := string(c.do(args("AUTH alice pa"), args("SET app:1 v"))); got != "+OK\r\n+OK\r\n" {
+		t.Fatalf("%q", got)
+	}
+	backend.RestartEmpty()
+	c.do(args("GET app:1")) // answers "connection lost" or not: the old connection is gone either way
+	if got := string(c.do(args("SET app:1 w"), args("GET app:1"), args("GET other"))); got != "+OK\r\n$1\r\nw\r\n-NOPERM this user has no permissions to access one of the keys used as arguments\r\n" {
+		t.Fatalf("after the restart: %q", got)
+	}
+	backend.RestartEmpty()
+	d := dial(t, addr)
+	if got := string(d.do(args("AUTH dave pd"), args("SET k:1 v"), args("SET app:1 v"))); got != "+OK\r\n+OK\r\n-NOPERM this user has no permissions to access one of the keys used as arguments\r\n" {
+		t.Fatalf("a new sign-in after the restart: %q", got)
+	}
 }
 
 // compareACL plays steps on direct and through the proxy at addr, and
