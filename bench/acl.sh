@@ -64,6 +64,7 @@ start_redis node2 node2_pid
 start_redis node3 node3_pid
 cat >"$tmp/lockproxy.yaml" <<EOF
 shutdown_timeout: 5s
+lock: {node_timeout: 250ms}
 auth:
   users: {plain: pp}
   acl:
@@ -92,8 +93,12 @@ run() {
 	shift 3
 	p0=$(ticks "$proxy_pid")
 	b0=$(ticks "$backend_pid")
-	rps=$(redis-benchmark -p "$proxy" --user "$user" -a "$pass" -c "$CLIENTS" -n "$n" -q "$@" 2>/dev/null |
-		tr '\r' '\n' | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($(i+1) == "requests") print $i}' | tail -1)
+	redis-benchmark -p "$proxy" --user "$user" -a "$pass" -c "$CLIENTS" -n "$n" -q "$@" >"$tmp/out" 2>&1 || true
+	rps=$(tr '\r' '\n' <"$tmp/out" | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($(i+1) == "requests") print $i}' | tail -1)
+	if [[ -z "$rps" ]]; then
+		log "$user $*: $(tr '\r' '\n' <"$tmp/out" | grep -v 'rps=' | grep . | tail -2 | tr '\n' ' ')"
+		rps=0
+	fi
 	awk -v r="$rps" -v n="$n" -v p="$(($(ticks "$proxy_pid") - p0))" -v b="$(($(ticks "$backend_pid") - b0))" -v hz="$hz" \
 		'BEGIN {printf "%s %.1f %.1f", r, p * 1e6 / hz / n, b * 1e6 / hz / n}'
 }
@@ -121,8 +126,8 @@ for r in $(seq "$ROUNDS"); do
 			# shellcheck disable=SC2086
 			if [[ $side == a ]]; then read -r rps_a cpu_a be_a <<<"$(run plain pp "$n" $args)"; else read -r rps_b cpu_b be_b <<<"$(run ruled pr "$n" $args)"; fi
 		done
-		ratio=$(awk -v a="$rps_a" -v b="$rps_b" 'BEGIN {printf "%.3f", b / a}')
-		ratios[$name]+="$ratio "
+		ratio=$(awk -v a="$rps_a" -v b="$rps_b" 'BEGIN {if (a > 0 && b > 0) printf "%.3f", b / a; else print "-"}')
+		[[ $ratio == - ]] || ratios[$name]+="$ratio "
 		echo "| $name | $r | $rps_a | $rps_b | $ratio | $cpu_a | $cpu_b | $be_a | $be_b |" | report
 	done
 done
@@ -131,7 +136,7 @@ echo "| test | median B/A of req/s |" | report
 echo "|---|---|" | report
 for t in "${tests[@]}"; do
 	IFS='|' read -r name _ _ <<<"$t"
-	m=$(tr ' ' '\n' <<<"${ratios[$name]}" | grep . | sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+	m=$(tr ' ' '\n' <<<"${ratios[$name]:-}" | grep . | sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
 	echo "| $name | $m |" | report
 done
 warn=$(grep -c '"level":"warn"\|WARN' "$tmp/lockproxy.log" || true)

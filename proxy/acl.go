@@ -196,17 +196,18 @@ type aclState struct {
 	p *Proxy
 
 	mu        sync.Mutex
-	users     map[string]*aclUser // the configuration's
-	userGen   uint64              // counts SetACL calls
-	installed map[string]uint64   // node address -> userGen installed there
+	users     map[string]*aclUser                 // the configuration's
+	userMap   atomic.Pointer[map[string]*aclUser] // users, read without mu
+	userGen   uint64                              // counts SetACL calls
+	installed map[string]uint64                   // node address -> userGen installed there
 	groups    map[string]*aclGroup
 	groupList atomic.Pointer[[]*sharedGroup] // the groups, for writeQueued
 
 	// gen counts ACL changes: a cached check of an older generation is
 	// asked again.
-	gen     atomic.Uint64
-	cacheMu sync.RWMutex
-	cache   map[string]aclVerdict
+	gen       atomic.Uint64
+	cache     atomic.Pointer[sync.Map] // user, access, resource -> aclVerdict
+	cacheSize atomic.Int64
 
 	ctlSlots  chan struct{} // one per control connection in use
 	ctlMu     sync.Mutex
@@ -237,7 +238,8 @@ type aclGroup struct {
 }
 
 func newACLState(p *Proxy, users []*aclUser) *aclState {
-	a := &aclState{p: p, ctlSlots: make(chan struct{}, maxControl), installed: map[string]uint64{}, groups: map[string]*aclGroup{}, cache: map[string]aclVerdict{}}
+	a := &aclState{p: p, ctlSlots: make(chan struct{}, maxControl), installed: map[string]uint64{}, groups: map[string]*aclGroup{}}
+	a.cache.Store(&sync.Map{})
 	a.setUsers(users)
 	empty := []*sharedGroup{}
 	a.groupList.Store(&empty)
@@ -251,6 +253,7 @@ func (a *aclState) setUsers(users []*aclUser) {
 	}
 	a.mu.Lock()
 	a.users = m
+	a.userMap.Store(&m)
 	a.userGen++
 	a.mu.Unlock()
 	a.changed()
@@ -262,9 +265,7 @@ func (a *aclState) changed() { a.gen.Add(1) }
 // user returns the configuration's user name, nil for a user of the
 // backend's own ACL.
 func (a *aclState) user(name string) *aclUser {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.users[name]
+	return (*a.userMap.Load())[name]
 }
 
 // parseACLUsers parses the configuration's users.
@@ -490,7 +491,7 @@ func (a *aclState) setup(ctx context.Context, be *backend, cmds [][]byte) error 
 		return err
 	}
 	if r[0] == '-' {
-		return &refusedError{Command: "AUTH", Reply: strings.TrimSpace(string(r[1:]))}
+		return &userRefusedError{refusedError{Command: "AUTH", Reply: strings.TrimSpace(string(r[1:]))}}
 	}
 	if len(cmds) == 1 {
 		return nil
@@ -507,6 +508,18 @@ func (a *aclState) dialSetup(ctx context.Context, be *backend, own [][]byte, sta
 		}
 	}
 	return a.setup(ctx, be, state.commands(nil))
+}
+
+// userRefusedError is a refusedError of a user's AUTH: the backend is up,
+// and the other clients' connections need no backoff.
+type userRefusedError struct{ refusedError }
+
+func (e *userRefusedError) Unwrap() error { return &e.refusedError }
+
+// userRefused reports whether err is a user's AUTH the backend refused.
+func userRefused(err error) bool {
+	var u *userRefusedError
+	return errors.As(err, &u)
 }
 
 // authenticate checks a user's password with the backend: nil when it
@@ -629,11 +642,9 @@ func (a *aclState) verdict(ctx context.Context, user string, resource []byte, wr
 	}
 	key = append(key, resource...)
 	gen := a.gen.Load()
-	a.cacheMu.RLock()
-	v, ok := a.cache[string(key)]
-	a.cacheMu.RUnlock()
-	if ok && v.gen == gen {
-		return v.refused, nil
+	cache := a.cache.Load()
+	if v, ok := cache.Load(string(key)); ok && v.(aclVerdict).gen == gen {
+		return v.(aclVerdict).refused, nil
 	}
 	cmd := command("ACL", "DRYRUN", user, "GET", string(resource))
 	if write {
@@ -645,12 +656,13 @@ func (a *aclState) verdict(ctx context.Context, user string, resource []byte, wr
 	}
 	refused := dryrunRefusal(r, a.old.Load())
 	if a.gen.Load() == gen {
-		a.cacheMu.Lock()
-		if len(a.cache) >= maxACLCache {
-			a.cache = map[string]aclVerdict{}
+		if a.cacheSize.Add(1) > maxACLCache {
+			// Full: start over.
+			a.cacheSize.Store(1)
+			cache = &sync.Map{}
+			a.cache.Store(cache)
 		}
-		a.cache[string(key)] = aclVerdict{gen: gen, refused: refused}
-		a.cacheMu.Unlock()
+		cache.Store(string(key), aclVerdict{gen: gen, refused: refused})
 	}
 	return refused, nil
 }

@@ -755,8 +755,8 @@ func (b *backoff) check() error {
 }
 
 func (b *backoff) record(err error) {
-	if errors.Is(err, errNoPrimary) {
-		return // nothing was dialled
+	if errors.Is(err, errNoPrimary) || userRefused(err) {
+		return // nothing was dialled, or the backend is up and refused one user
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
