@@ -17,12 +17,15 @@ func Resources(args [][]byte) (resources [][]byte, write, ok bool) {
 	if s == nil || !arityOK(s.arity, len(args)) {
 		return nil, false, false
 	}
+	if len(args) < 2 {
+		return nil, true, true // a command of no resource
+	}
 	switch s.name {
 	case "lockinfo":
 		return args[1:2], false, true
 	case "mlock":
 		n, err := strconv.ParseInt(string(args[1]), 10, 64)
-		if err != nil || n <= 0 || n > int64(len(args)-2) {
+		if err != nil || n <= 0 || n > int64(len(args)-2) || len(args) < 3 {
 			return nil, true, true
 		}
 		return args[2 : 2+n], true, true

@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -94,6 +97,38 @@ func TestACLBackendRestartedEmpty(t *testing.T) {
 	d := dial(t, addr)
 	if got := string(d.do(args("AUTH dave pd"), args("SET k:1 v"), args("SET app:1 v"))); got != "+OK\r\n+OK\r\n-NOPERM this user has no permissions to access one of the keys used as arguments\r\n" {
 		t.Fatalf("a new sign-in after the restart: %q", got)
+	}
+}
+
+// TestACLRefusedRunsNothing: a command Redis's ACL refuses through the
+// proxy runs nowhere: the backend refused it itself (its rejected_calls
+// count it, its calls do not) and the key is untouched.
+func TestACLRefusedRunsNothing(t *testing.T) {
+	_, backend, addr, _ := startACLPair(t, nil)
+	c := dial(t, addr)
+	c.do(args("AUTH alice pa"), args("FLUSHALL"), args("SET other v"), args("CONFIG SET maxmemory 1"))
+	ctx := context.Background()
+	rc := redis.NewClient(&redis.Options{Addr: backend.Addr})
+	defer rc.Close()
+	stats, err := rc.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"cmdstat_flushall:calls=0,", "cmdstat_config|set:calls=0,"} {
+		if !strings.Contains(stats, want) || !strings.Contains(stats, "rejected_calls=1") {
+			t.Errorf("commandstats lack %q:\n%s", want, stats)
+		}
+	}
+	if n, err := rc.Exists(ctx, "other").Result(); err != nil || n != 0 {
+		t.Errorf("the refused SET ran: %d %v", n, err)
+	}
+	// Redis's ACL LOG has the refusals, with the user's name.
+	log, err := rc.Do(ctx, "ACL", "LOG").Slice()
+	if err != nil || len(log) < 3 {
+		t.Fatalf("ACL LOG: %v %v", log, err)
+	}
+	if got := fmt.Sprint(log[0]); !strings.Contains(got, "username:alice") {
+		t.Errorf("ACL LOG's entry: %s", got)
 	}
 }
 
