@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -254,5 +255,41 @@ func aclEquivalence(t *testing.T, direct, backend *redistest.Server, addr string
 				}
 			})
 		}
+	}
+}
+
+// TestACLSentinelFailover: after a failover, the users are installed on
+// the new primary (Redis does not replicate its ACL), and a client signed
+// in before goes on as its user there.
+func TestACLSentinelFailover(t *testing.T) {
+	g := redistest.StartGroup(t, "aclmaster", 1, 3)
+	cfg := DefaultConfig()
+	cfg.Backend.Sentinel.MasterName = g.MasterName
+	cfg.Backend.Sentinel.Addrs = g.SentinelAddrs()
+	cfg.ACL.Users = aclUsers
+	p, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveProxy(t, p)
+	old := g.Primary.Addr
+	waitUntil(t, 10*time.Second, "the proxy knows the primary", func() bool { return p.Backend().Primary == old })
+	c := dial(t, addr)
+	if got := string(c.do(args("AUTH alice pa"), args("SET app:1 v"))); got != "+OK\r\n+OK\r\n" {
+		t.Fatalf("%q", got)
+	}
+	g.Failover()
+	waitUntil(t, 20*time.Second, "the proxy follows the new primary", func() bool {
+		return p.Backend().Primary != old && p.Backend().Primary != ""
+	})
+	waitUntil(t, 20*time.Second, "a write as alice on the new primary", func() bool {
+		return string(c.do(args("SET app:2 v"))) == "+OK\r\n"
+	})
+	if got := string(c.do(args("SET other v"), args("GET app:2"))); got != "-NOPERM this user has no permissions to access one of the keys used as arguments\r\n$1\r\nv\r\n" {
+		t.Fatalf("alice on the new primary: %q", got)
+	}
+	d := dial(t, addr)
+	if got := string(d.do(args("AUTH dave pd"), args("SET k:1 v"), args("SET app:1 v"))); got != "+OK\r\n+OK\r\n-NOPERM this user has no permissions to access one of the keys used as arguments\r\n" {
+		t.Fatalf("a sign-in after the failover: %q", got)
 	}
 }
