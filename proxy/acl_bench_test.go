@@ -1,12 +1,16 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
 
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/commands"
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
 
@@ -97,6 +101,31 @@ func BenchmarkACLForwardParallel(b *testing.B) {
 					})
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkACLLockCheck is what a lock command of a user with rules costs
+// the proxy before it goes to the lock nodes (lockDenied): its category,
+// its resource's access from the cache of ACL DRYRUN answers. The first
+// check of the resource, outside the timer, asks Redis.
+func BenchmarkACLLockCheck(b *testing.B) {
+	srv := redistest.Start(b)
+	_, p := startProxy(b, srv.Addr, func(c *Config) {
+		c.ACL.Users = []string{"user ruled on >pr ~bench:* +@lock +set +get"}
+		c.ACL.LockCategories, c.ACL.LockResources = commands.Categories(), commands.Resources
+	})
+	s := &session{p: p, ctx: context.Background(), log: zap.NewNop()}
+	s.acl = aclClient{user: "ruled", name: "ruled"}
+	lockArgs := [][]byte{[]byte("LOCK"), []byte("bench:resource"), []byte("10000")}
+	if r := s.lockDenied(lockArgs); r != nil {
+		b.Fatalf("%q", r)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if r := s.lockDenied(lockArgs); r != nil {
+			b.Fatalf("%q", r)
 		}
 	}
 }
