@@ -145,6 +145,23 @@ func TestACLLockResources(t *testing.T) {
 	expect(t, few, "[", "LOCK", "anything", 10000)
 	expect(t, locker, "[", "MLOCK", 2, "locks:b", "locks:c", 10000)
 
+	// LOCKS lists only what the user may read.
+	listed := func(c *redis.Client) string {
+		t.Helper()
+		v, err := c.Do(ctx, "LOCKS", 0, "COUNT", 1000).Slice()
+		if err != nil || len(v) != 2 {
+			t.Fatalf("LOCKS: %v %v", v, err)
+		}
+		return fmt.Sprint(v[1])
+	}
+	if got := listed(locker); !strings.Contains(got, "locks:b") || !strings.Contains(got, "locks:c") || strings.Contains(got, "anything") {
+		t.Fatalf("LOCKS as locker: %s", got)
+	}
+	if got := listed(reader); !strings.Contains(got, "locks:b") || !strings.Contains(got, "anything") {
+		t.Fatalf("LOCKS as reader: %s", got)
+	}
+	expect(t, nolock, cmdRefused("locks"), "LOCKS", 0)
+
 	// ACL DRYRUN answers for the lock commands as Redis does for its own.
 	expect(t, admin, "OK", "ACL", "DRYRUN", "locker", "LOCK", "locks:z", 1000)
 	expect(t, admin, "This user has no permissions to access the 'other' key", "ACL", "DRYRUN", "locker", "LOCK", "other", 1000)

@@ -16,11 +16,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/commands"
+	"github.com/lockproxy/lockproxy/lockspage"
 	"github.com/lockproxy/lockproxy/proxy"
 	"github.com/lockproxy/lockproxy/quorum"
 )
 
-// serveHTTP serves, on addr (metrics.listen): /metrics, /healthz (the
+// serveHTTP serves, on addr (metrics.listen): /metrics, /locks and
+// /locks.json (the page of the lock state, see lockspage), /healthz (the
 // process is alive), /readyz (the backend answers and a majority of lock
 // nodes answer with their data; otherwise it says which nodes are down or
 // recovering, and until when, or that Sentinel names no primary; ready
@@ -36,6 +38,8 @@ func serveHTTP(addr string, logger *zap.Logger, p *proxy.Proxy, locker *quorum.L
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	// The operators' page of the lock state: /locks and /locks.json.
+	lockspage.New(locker, cmds.ID()).Register(mux)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)

@@ -13,7 +13,7 @@
 //     -print-config.
 //   - tls.go: TLS configurations from certificate files.
 //   - embedded.go: in-process nodes for "embedded" addresses.
-//   - http.go: /metrics, /healthz, /readyz and pprof.
+//   - http.go: /metrics, /locks (lockspage), /healthz, /readyz and pprof.
 //   - logging.go: the zap logger, and go-redis's log lines through it.
 package main
 
@@ -158,6 +158,7 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 	}
 	pcfg.ACL.Backend = cfg.Auth.BackendACL
 	pcfg.ACL.LockCategories, pcfg.ACL.LockResources = commands.Categories(), commands.Resources
+	pcfg.ACL.FilterListed = commands.FilterListed
 	pcfg.IsLocal = cmds.Is
 	pcfg.MayWait = cmds.MayWait
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }

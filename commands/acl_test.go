@@ -25,6 +25,8 @@ func TestResources(t *testing.T) {
 		{"MLOCK x a b 1000", "[]", true, true},
 		{"MLOCK 9 a b 1000", "[]", true, true},
 		{"LOCKINFO a", "[a]", false, true},
+		{"LOCKS 0", "[]", false, true},
+		{"LOCKS 0 MATCH a* COUNT 10", "[]", false, true},
 		{"LOCK a", "[]", false, false},
 		{"LOCKINFO a b", "[]", false, false},
 		{"MLOCK 1 a", "[]", false, false},

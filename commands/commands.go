@@ -117,6 +117,10 @@ type Handler struct {
 
 	mu    sync.Mutex
 	conns map[*Conn]struct{} // open connections; guarded by mu
+	// holders indexes the connections that record each holding;
+	// records counts the holdings ever recorded (holding.seq).
+	holders *holders
+	records atomic.Uint64
 
 	// Serving a command costs one atomic add here; the rest of the
 	// metrics is computed when they are collected.
@@ -145,6 +149,7 @@ func New(l *quorum.Locker, cfg Config, logger *zap.Logger) (*Handler, error) {
 		maxResources: int64(cmp.Or(cfg.MaxResources, DefaultConfig().MaxResources)),
 		maxPerm:      cfg.MaxPermits,
 		conns:        make(map[*Conn]struct{}),
+		holders:      newHolders(),
 	}
 	if h.maxPerm == 0 {
 		h.maxPerm = defaultMaxPermits

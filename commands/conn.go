@@ -56,6 +56,10 @@ type holding struct {
 	// Guarded by the Conn's mu.
 	kept int64
 	ttl  time.Duration // of the last LOCK, for a restarted extender
+	// gone reports that the holding was released through another
+	// connection (Handler.released). Guarded by the Conn's mu.
+	gone bool
+	seq  uint64 // the Handler's count of records, this one included
 }
 
 // lost reports whether the keepalive of h gave the lock up. h may be nil.
@@ -64,7 +68,7 @@ func (h *holding) lost() bool { return h != nil && h.ext != nil && h.ext.lost.Lo
 // validAt reports whether the lock's last known validity lasts beyond now.
 // The Conn's mu must be held.
 func (h *holding) validAt(now time.Time) bool {
-	if h.lost() {
+	if h.lost() || h.gone {
 		return false
 	}
 	until := h.until
@@ -92,7 +96,9 @@ func (h *holding) validAt(now time.Time) bool {
 // successful RLOCK or LOCK ... PERMITS k (k > 1) adds a holding, replacing
 // only the record of the same token; a token-less UNLOCK or EXTEND on a
 // connection with more than one valid holding of the resource is an
-// error that names their number.
+// error that names their number. A holding whose last hold was released
+// through another connection of the Handler (by its token) is no longer
+// valid here (Handler.released).
 func (c *Conn) Serve(ctx context.Context, dst []byte, args [][]byte, resp3 bool) []byte {
 	if len(args) == 0 {
 		return appendErr(dst, errUnknown)
@@ -205,12 +211,18 @@ func (c *Conn) record(ctx context.Context, resource string, lk quorum.Lock, ttl 
 		}
 		if !exclusive && old.token != lk.Token && old.validAt(now) {
 			rest = append(rest, old)
-		} else if old.ext != nil {
+			continue
+		}
+		if old.ext != nil {
 			old.ext.stop()
 		}
+		if old.token != lk.Token {
+			c.h.holders.remove(lockID{resource, old.token}, c)
+		}
 	}
+	c.h.holders.add(lockID{resource, lk.Token}, c)
 	keepalive = kept > 0
-	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until, kept: kept, ttl: ttl}
+	h := &holding{token: lk.Token, base: context.WithoutCancel(ctx), keep: keepalive, until: until, kept: kept, ttl: ttl, seq: c.h.records.Add(1)}
 	if keepalive {
 		h.ext = c.startExtender(h.base, resource, lk.Token, ttl, until)
 	}
@@ -276,6 +288,7 @@ func (c *Conn) forget(resource string, h *holding) {
 	defer c.mu.Unlock()
 	hs := c.held[resource]
 	if i := slices.Index(hs, h); i >= 0 {
+		c.h.holders.remove(lockID{resource, h.token}, c)
 		hs = slices.Delete(hs, i, i+1)
 		if len(hs) == 0 {
 			delete(c.held, resource)
@@ -307,7 +320,7 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 			return redcon.AppendInt(dst, 0)
 		}
 	}
-	start := time.Now()
+	start, seq := time.Now(), c.h.recordSeq()
 	left, err := c.h.locker.Release(ctx, resource, token, a.hold)
 	c.h.debug("unlock", resource, start, err)
 	switch {
@@ -320,6 +333,7 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 	case err == nil:
 		c.h.count(unlockReleased)
 		c.forget(resource, h)
+		c.h.released(lockID{resource, token}, c, seq)
 		return redcon.AppendInt(dst, 1)
 	case errors.Is(err, quorum.ErrNotReentrant):
 		c.h.count(unlockBadRequest)
@@ -328,6 +342,7 @@ func (c *Conn) unlock(ctx context.Context, dst []byte, args [][]byte, _ bool) []
 	case errors.Is(err, quorum.ErrNotHeld):
 		c.h.count(unlockNotHeld)
 		c.forget(resource, h)
+		c.h.released(lockID{resource, token}, c, seq)
 		return redcon.AppendInt(dst, 0)
 	}
 	// The lock may still be held: keep the record, so that the client can
@@ -455,6 +470,11 @@ func (c *Conn) close() {
 	c.h.mu.Lock()
 	delete(c.h.conns, c)
 	c.h.mu.Unlock()
+	for resource, hs := range held {
+		for _, h := range hs {
+			c.h.holders.remove(lockID{resource, h.token}, c)
+		}
+	}
 
 	for _, hs := range held {
 		for _, h := range hs {

@@ -45,6 +45,10 @@ const (
 	lockinfoNoQuorum
 	lockinfoError
 	lockinfoBadRequest
+	locksAnswered
+	locksNoQuorum
+	locksError
+	locksBadRequest
 	numOutcomes
 )
 
@@ -81,11 +85,16 @@ var outcomeNames = [numOutcomes]string{
 	lockinfoNoQuorum:   "noquorum",
 	lockinfoError:      "error",
 	lockinfoBadRequest: "bad_request",
+
+	locksAnswered:   "answered",
+	locksNoQuorum:   "noquorum",
+	locksError:      "error",
+	locksBadRequest: "bad_request",
 }
 
 var (
 	commandsDesc = prometheus.NewDesc("lockproxy_commands_total",
-		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO), by command and outcome.",
+		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO, LOCKS), by command and outcome.",
 		[]string{"command", "outcome"}, nil)
 	keepaliveExtensionsDesc = prometheus.NewDesc("lockproxy_keepalive_extensions_total",
 		"Successful extensions of locks taken with KEEPALIVE.", nil, nil)

@@ -102,6 +102,7 @@ var specs = [...]spec{
 		outcomes: []outcome{lockinfoAnswered, lockinfoNoQuorum, lockinfoError, lockinfoBadRequest},
 		serve:    (*Conn).lockinfo,
 	},
+	locksSpec,
 }
 
 // Names returns the commands a Handler answers, in lower case, in a new

@@ -49,7 +49,7 @@ func TestSpecs(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	names := Names()
-	if want := []string{"lock", "unlock", "extend", "mlock", "rlock", "lockinfo"}; !slices.Equal(names, want) {
+	if want := []string{"lock", "unlock", "extend", "mlock", "rlock", "lockinfo", "locks"}; !slices.Equal(names, want) {
 		t.Fatalf("Names() = %q, want %q", names, want)
 	}
 	names[0] = "changed"
@@ -90,6 +90,19 @@ func TestCommandInfoAndDocs(t *testing.T) {
 			t.Errorf("AppendCommandDocs(extend) = %q, lacks %q", docs, want)
 		}
 	}
+	docs = string(AppendCommandDocs(nil, "locks", false))
+	for _, want := range []string{
+		"$6\r\ncursor\r\n$4\r\ntype\r\n$7\r\ninteger\r\n",
+		"$7\r\npattern\r\n$4\r\ntype\r\n$7\r\npattern\r\n$5\r\ntoken\r\n$5\r\nMATCH\r\n$5\r\nflags\r\n*1\r\n+optional\r\n",
+		"$5\r\ncount\r\n$4\r\ntype\r\n$7\r\ninteger\r\n$5\r\ntoken\r\n$5\r\nCOUNT\r\n",
+	} {
+		if !strings.Contains(docs, want) {
+			t.Errorf("AppendCommandDocs(locks) = %q, lacks %q", docs, want)
+		}
+	}
+	if got := string(AppendCommandInfo(nil, "locks", false)); got != "*10\r\n$5\r\nlocks\r\n:-2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*2\r\n+@read\r\n+@slow\r\n*0\r\n*0\r\n*0\r\n" {
+		t.Errorf("AppendCommandInfo(locks) = %q", got)
+	}
 	if got := string(AppendCommandDocs(nil, "get", false)); got != "*-1\r\n" {
 		t.Errorf("AppendCommandDocs(get) = %q, want a null", got)
 	}
@@ -111,7 +124,8 @@ func TestInfo(t *testing.T) {
 		"cmd_extend:extended=0,not_held=0,noquorum=0,error=0,bad_request=1\r\n" +
 		"cmd_mlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
 		"cmd_rlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
-		"cmd_lockinfo:answered=0,noquorum=0,error=0,bad_request=0\r\n"
+		"cmd_lockinfo:answered=0,noquorum=0,error=0,bad_request=0\r\n" +
+		"cmd_locks:answered=0,noquorum=0,error=0,bad_request=0\r\n"
 	if len(h.ID()) != 16 {
 		t.Errorf("ID() = %q, want 16 hex digits", h.ID())
 	}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Redis's ACL at the proxy. The users are Redis's: their rules are Redis
@@ -63,6 +65,10 @@ type ACLConfig struct {
 	// whether it changes them (else it reads them); ok is false when the
 	// command's arity is wrong, which the command answers itself.
 	LockResources func(args [][]byte) (resources [][]byte, write, ok bool)
+	// FilterListed leaves out of a lock command's reply that lists
+	// resources (LOCKS) those keep refuses; other replies are returned
+	// as they are.
+	FilterListed func(args [][]byte, reply []byte, keep func(resource []byte) (bool, error)) ([]byte, error)
 }
 
 // enabled reports whether users sign in against Redis's ACL.
@@ -385,8 +391,8 @@ func (be *backend) call(ctx context.Context, cmd []byte) ([]byte, error) {
 	}
 	var out bytes.Buffer
 	w := bufio.NewWriter(&out)
-	var ri replyInfo
-	if err := copyReply(w, be.r, &ri); err != nil {
+	var ri resp.ReplyInfo
+	if err := resp.CopyReply(w, be.r, &ri); err != nil {
 		return nil, err
 	}
 	w.Flush()

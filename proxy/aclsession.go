@@ -6,6 +6,8 @@ import (
 
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // A client's side of Redis's ACL at the proxy (acl.go): who it is
@@ -59,7 +61,7 @@ func (s *session) aclGate(name []byte, cmd *redcon.Command) (localItem, bool) {
 			break
 		}
 		var sb [24]byte
-		switch string(lower(&sb, args[1])) {
+		switch string(resp.Lower(&sb, args[1])) {
 		case "whoami":
 			if s.acl.user == "" && len(args) == 2 {
 				return localItem{reply: redcon.AppendBulkString(nil, s.acl.name), silent: s.silent()}, true
@@ -201,7 +203,7 @@ func (s *session) lockDenied(args [][]byte) []byte {
 		a.changed() // what the client's own ACL command changed
 	}
 	var nb [24]byte
-	name := string(lower(&nb, args[0]))
+	name := string(resp.Lower(&nb, args[0]))
 	if u := a.user(s.acl.user); u != nil && !u.lockAllowed(name) {
 		s.aclRefused(name, "command", nil)
 		return commandRefusal(s.acl.user, name, a.old.Load())
@@ -217,6 +219,23 @@ func (s *session) lockDenied(args [][]byte) []byte {
 		}
 	}
 	return nil
+}
+
+// lockListed leaves out of reply, a lock command's that lists resources
+// (LOCKS), those the client's user may not read.
+func (s *session) lockListed(args [][]byte, reply []byte) []byte {
+	a, f := s.p.acl, s.p.cfg.ACL.FilterListed
+	if a == nil || s.acl.user == "" || f == nil {
+		return reply
+	}
+	out, err := f(args, reply, func(res []byte) (bool, error) {
+		refused, err := a.verdict(s.ctx, s.acl.user, res, false)
+		return refused == nil, err
+	})
+	if err != nil {
+		return errorReply(&BackendError{Err: err})
+	}
+	return out
 }
 
 // aclRefused records a refused lock command where an operator looks: a
@@ -252,7 +271,7 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 		return r
 	}
 	var nb [24]byte
-	name := string(lower(&nb, args[3]))
+	name := string(resp.Lower(&nb, args[3]))
 	if u := a.user(user); u != nil && !u.lockAllowed(name) {
 		return dryrunText(a.old.Load(), user, "run the '"+name+"' command")
 	}

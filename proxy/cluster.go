@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // numSlots is Redis Cluster's number of hash slots.
@@ -52,7 +54,7 @@ type router struct {
 	gen     atomic.Uint64
 	last    time.Time // of the last reading; under refresh
 
-	table commandTable
+	table resp.Table
 	// intsetMax is the masters' set-max-intset-entries, 0 until read
 	// (clusterjoin.go).
 	intsetMax atomic.Int64
@@ -229,8 +231,8 @@ func (r *router) counter(addr string) *atomic.Uint64 {
 }
 
 // commands returns the cluster's COMMAND table.
-func (r *router) commands(ctx context.Context) (map[string]keySpec, error) {
-	return r.table.get(ctx, func(ctx context.Context) (any, error) { return r.do(ctx, "COMMAND") })
+func (r *router) commands(ctx context.Context) (map[string]resp.KeySpec, error) {
+	return r.table.Get(ctx, func(ctx context.Context) (any, error) { return r.do(ctx, "COMMAND") })
 }
 
 // keys appends the keys of a command to dst, as Redis finds them: the
@@ -239,8 +241,7 @@ func (r *router) commands(ctx context.Context) (map[string]keySpec, error) {
 // without a round trip. A command Redis does not know, or whose arguments
 // it would refuse, has no keys: Redis answers it with its error.
 func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]byte) ([][]byte, error) {
-	switch string(name) {
-	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+	if resp.Lookup(name).Has(resp.NumKeys) {
 		if len(args) < 3 {
 			return dst, nil
 		}
@@ -254,11 +255,11 @@ func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 	if err != nil {
 		return dst, err
 	}
-	spec, ok := lookupSpec(table, name, args)
+	spec, ok := resp.LookupSpec(table, name, args)
 	if !ok {
 		return dst, nil
 	}
-	if spec.movable {
+	if spec.Movable {
 		q := make([]any, 0, len(args)+2)
 		q = append(q, "COMMAND", "GETKEYS")
 		for _, a := range args {
@@ -280,15 +281,15 @@ func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 		}
 		return dst, nil
 	}
-	if spec.first <= 0 {
+	if spec.First <= 0 {
 		return dst, nil
 	}
-	last := spec.last
+	last := spec.Last
 	if last < 0 {
 		last += len(args)
 	}
-	step := max(spec.step, 1)
-	for i := spec.first; i <= last && i < len(args); i += step {
+	step := max(spec.Step, 1)
+	for i := spec.First; i <= last && i < len(args); i += step {
 		dst = append(dst, args[i])
 	}
 	return dst, nil

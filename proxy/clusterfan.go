@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // The commands that concern a whole server, in front of a Redis Cluster.
@@ -50,13 +52,14 @@ var replyClusterDisabled = []byte("-ERR This instance has cluster support disabl
 
 // serverWide routes a keyless command that concerns the whole server; it
 // reports false for the others. keyless calls it only for the commands
-// it names: a case added here must be added there.
+// the command table flags NoSlot: a case added here must be flagged there
+// (internal/resp/table.go).
 func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call, bool) {
 	args := cmd.Args
 	var sb [24]byte
 	sub := ""
 	if len(args) > 1 {
-		sub = string(lower(&sb, args[1]))
+		sub = string(resp.Lower(&sb, args[1]))
 	}
 	all := func(op mergeOp) (call, bool) { return fan(m, cmd.Raw, op), true }
 	switch string(name) {
@@ -373,7 +376,7 @@ func infoBody(r []byte) (byte, string, bool) {
 	if i < 0 {
 		return 0, "", false
 	}
-	n, ok := parseLength(r[1 : i+1])
+	n, ok := resp.ParseLength(r[1 : i+1])
 	if !ok || n < 0 || len(r) < i+1+int(n) {
 		return 0, "", false
 	}

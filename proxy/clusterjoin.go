@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Set and sorted-set reads across slots, in front of a Redis Cluster.
@@ -107,7 +109,7 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 	j.probe = len(rest) > 0
 	for i := 0; i < len(rest); i++ {
 		var sb [24]byte
-		switch opt := string(lower(&sb, rest[i])); {
+		switch opt := string(resp.Lower(&sb, rest[i])); {
 		case opt == "limit" && i+1 < len(rest):
 			i++
 			j.limit, _ = strconv.ParseInt(string(rest[i]), 10, 64)
@@ -118,7 +120,7 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 			}
 		case opt == "aggregate" && i+1 < len(rest):
 			i++
-			switch string(lower(&sb, rest[i])) {
+			switch string(resp.Lower(&sb, rest[i])) {
 			case "min":
 				j.agg = 'm'
 			case "max":
@@ -624,7 +626,7 @@ func scalarsAt(dst [][]byte, r []byte) ([][]byte, []byte, error) {
 	case '_':
 		return dst, r[i+1:], nil
 	case '$', '=':
-		n, ok := parseLength(r[1 : i+1])
+		n, ok := resp.ParseLength(r[1 : i+1])
 		if !ok || n < 0 {
 			return dst, r[i+1:], nil // a null
 		}
@@ -638,7 +640,7 @@ func scalarsAt(dst [][]byte, r []byte) ([][]byte, []byte, error) {
 		}
 		return append(dst, v), r[end+2:], nil
 	case '*', '~', '%', '>':
-		n, ok := parseLength(r[1 : i+1])
+		n, ok := resp.ParseLength(r[1 : i+1])
 		if !ok {
 			return dst, nil, errors.New("bad length")
 		}

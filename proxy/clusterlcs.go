@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // LCS of two keys in different slots, in front of a Redis Cluster: both
@@ -31,7 +33,7 @@ func (s *session) lcsCall(m *slotMap, args [][]byte) call {
 	var minLen int64
 	for i := 3; i < len(args); i++ {
 		var sb [24]byte
-		switch string(lower(&sb, args[i])) {
+		switch string(resp.Lower(&sb, args[i])) {
 		case "len":
 			getLen = true
 		case "idx":

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // MONITOR in front of a Redis Cluster. The client gets a connection of
@@ -112,8 +114,8 @@ func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
 	if err != nil {
 		return false
 	}
-	spec, ok := lookupSpec(table, name, args)
-	return ok && spec.keyspace
+	spec, ok := resp.LookupSpec(table, name, args)
+	return ok && spec.Keyspace
 }
 
 // copyMonitor copies the MONITOR lines of one master to the client until

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Pub/sub in front of a Redis Cluster. A client that subscribes is pinned
@@ -34,16 +36,6 @@ import (
 // closed and the state it learned (HELLO, AUTH, CLIENT SETNAME) is the
 // cluster session's again.
 
-// subscription reports whether name is one of the commands that
-// subscribe or unsubscribe.
-func subscription(name []byte) bool {
-	switch string(name) {
-	case "subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe":
-		return true
-	}
-	return false
-}
-
 // refuseOtherShard answers an SSUBSCRIBE or SUNSUBSCRIBE for channels of
 // another shard than the node the client's subscriptions are on.
 func refuseOtherShard(name string) []byte {
@@ -56,7 +48,7 @@ func refuseOtherShard(name string) []byte {
 // the command is routed through the cluster.
 func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, pinned bool) {
 	cs := s.cl
-	if subscription(name) {
+	if resp.Lookup(name).Has(resp.Subscribes) {
 		return s.pinFor(name, cmd)
 	}
 	if s.be == nil {
@@ -82,7 +74,7 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		return nil, true
 	case "client":
 		var sb [24]byte
-		if len(cmd.Args) > 1 && string(lower(&sb, cmd.Args[1])) == "setname" {
+		if len(cmd.Args) > 1 && string(resp.Lower(&sb, cmd.Args[1])) == "setname" {
 			return nil, true
 		}
 	}
@@ -103,9 +95,9 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		return nil, true
 	}
 	full := append([]byte(nil), name...)
-	if t, err := cs.r.commands(s.ctx); err == nil && t[string(name)].container && len(cmd.Args) > 1 {
+	if t, err := cs.r.commands(s.ctx); err == nil && t[string(name)].Container && len(cmd.Args) > 1 {
 		var sb [24]byte
-		full = append(append(full, '|'), lower(&sb, cmd.Args[1])...)
+		full = append(append(full, '|'), resp.Lower(&sb, cmd.Args[1])...)
 	}
 	return append(append([]byte(subscribedPrefix), full...), subscribedSuffix...), false
 }

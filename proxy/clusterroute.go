@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Cluster routing. The cluster*.go files own where the commands of a
@@ -55,14 +57,14 @@ const (
 )
 
 // mergeOp is how the replies of a call's parts become the client's.
-type mergeOp uint8
+type mergeOp = resp.Merge
 
 const (
-	opFirst  mergeOp = iota // the first error, else the first part's reply
-	opArray                 // MGET: the elements, put back in the client's order
-	opSum                   // DEL, EXISTS, ...: the sum of the integers
-	opConcat                // KEYS: all the elements
-	opLast                  // the last part's reply; an error before it fails the transaction
+	opFirst  = resp.MergeFirst  // the first error, else the first part's reply
+	opArray  = resp.MergeArray  // MGET: the elements, put back in the client's order
+	opSum    = resp.MergeSum    // DEL, EXISTS, ...: the sum of the integers
+	opConcat = resp.MergeConcat // KEYS: all the elements
+	opLast   = resp.MergeLast   // the last part's reply; an error before it fails the transaction
 )
 
 // part is one request of a call to one node.
@@ -264,30 +266,6 @@ func (cs *clusterSession) dropAll() {
 	}
 }
 
-// blockingCommand reports whether a command may wait on the server.
-func blockingCommand(name []byte) bool {
-	switch string(name) {
-	case "blpop", "brpop", "brpoplpush", "blmove", "blmpop", "bzpopmin", "bzpopmax", "bzmpop",
-		"xread", "xreadgroup", "wait", "waitaof":
-		return true
-	}
-	return false
-}
-
-// splitCommand reports whether a command with keys in several slots is
-// split per slot, and how its replies merge.
-func splitCommand(name []byte) (mergeOp, bool) {
-	switch string(name) {
-	case "mget":
-		return opArray, true
-	case "mset":
-		return opFirst, true
-	case "del", "unlink", "exists", "touch":
-		return opSum, true
-	}
-	return 0, false
-}
-
 // route sends cmd where the slot map says, or gives it the proxy's own
 // reply in its place when the cluster cannot take it.
 func (s *session) route(name []byte, cmd redcon.Command) {
@@ -296,7 +274,7 @@ func (s *session) route(name []byte, cmd redcon.Command) {
 		// Held back behind a command that may block (see handle).
 		s.settleCluster()
 	}
-	if blockingCommand(name) {
+	if resp.Lookup(name).Has(resp.Blocking) {
 		cs.blocking = true
 	}
 	state := setsState(name, cmd.Args)
@@ -326,7 +304,7 @@ func (cs *clusterSession) forward(s *session, name []byte, cmd redcon.Command) (
 	if string(name) == "quit" {
 		return localItem{reply: replyOK, quit: true}, false, false
 	}
-	if s.be != nil || subscription(name) {
+	if s.be != nil || resp.Lookup(name).Has(resp.Subscribes) {
 		// The pub/sub connection's replies must not pass the others.
 		s.settleCluster()
 	}
@@ -359,13 +337,7 @@ func (cs *clusterSession) dial(s *session, st replayState) (*backend, error) {
 // setsState reports whether a command sets connection state that every
 // connection of a cluster client carries (see everywhere).
 func setsState(name []byte, args [][]byte) bool {
-	switch string(name) {
-	case "auth", "hello":
-		return true
-	case "client":
-		return len(args) > 1 && len(args[1]) == 7 && bytes.EqualFold(args[1], []byte("setname"))
-	}
-	return false
+	return resp.Of(name, args).Has(resp.EveryConn)
 }
 
 // unsupported is the reply to a command the proxy does not carry to a
@@ -429,7 +401,7 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 		cs.watch.addr = m.master(slot)
 		return call{kind: callPlain, one: part{slot: slot, addr: cs.watch.addr, raw: cmd.Raw}}
 	}
-	if string(name) == "sort" || string(name) == "sort_ro" {
+	if resp.Lookup(name).Has(resp.Patterns) {
 		if c, ok := s.sortCall(m, name, args); ok {
 			return c
 		}
@@ -444,11 +416,11 @@ func (s *session) plan(name []byte, cmd redcon.Command) call {
 	if c, ok := s.crossRead(m, name, args); ok {
 		return c
 	}
-	op, ok := splitCommand(name)
-	if !ok {
+	inf := resp.Lookup(name)
+	if !inf.Has(resp.Splits) {
 		return localCall(replyCrossSlot)
 	}
-	return s.split(m, name, op, args)
+	return s.split(m, name, inf.Merge, args)
 }
 
 // planState plans the commands that set or depend on the client's
@@ -484,11 +456,11 @@ func (s *session) planState(m *slotMap, name []byte, cmd redcon.Command) (call, 
 			break
 		}
 		var sb [24]byte
-		switch string(lower(&sb, args[1])) {
+		switch string(resp.Lower(&sb, args[1])) {
 		case "setname":
 			return s.everywhere(m, cmd, name), true
 		case "reply", "tracking", "caching", "no-evict", "no-touch":
-			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", lower(&sb, args[1])))), true
+			return localCall([]byte(fmt.Sprintf("-ERR 'client %s' is not supported by lockproxy in front of a Redis Cluster\r\n", resp.Lower(&sb, args[1])))), true
 		}
 	}
 
@@ -635,12 +607,13 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 // keyless routes a command without keys: to the first master as it is,
 // unless serverWide or keylessSpecial routes it otherwise.
 //
-// Only the commands named here reach those two, whose frames (2.2 and
-// 1.6 KB: each case holds calls) would otherwise be on every client's
-// stack at its first PING: the deepest frame a goroutine reaches sets its
-// stack's size for as long as the client stays idle, and they doubled it
-// (8 KB against 4 KB for a client of one Redis). A case added to either
-// function must be added here.
+// Only the commands the command table flags NoSlot reach those two, whose
+// frames (2.2 and 1.6 KB: each case holds calls) would otherwise be on
+// every client's stack at its first PING: the deepest frame a goroutine
+// reaches sets its stack's size for as long as the client stays idle, and
+// they doubled it (8 KB against 4 KB for a client of one Redis). A case
+// added to either function must be flagged NoSlot there
+// (internal/resp/table.go).
 //
 // These commands are about the whole server or its keyspace, and are not
 // routed by a slot: they go to masters (every master, SCAN's, RANDOMKEY's,
@@ -651,10 +624,7 @@ func (s *session) inTxn(m *slotMap, name []byte, cmd redcon.Command) call {
 // command routed by a newer slot map (plan); a client owed nothing pays
 // nothing.
 func (s *session) keyless(m *slotMap, name []byte, cmd redcon.Command) call {
-	switch string(name) {
-	case "readonly", "readwrite", "info", "save", "bgsave", "bgrewriteaof", "config", "acl", "client",
-		"script", "function", "pubsub", "latency", "slowlog", // serverWide
-		"dbsize", "keys", "flushall", "flushdb", "scan", "randomkey", "wait", "waitaof": // keylessSpecial
+	if resp.Lookup(name).Has(resp.NoSlot) {
 		return s.keylessSpecial(s.settleOwed(m), name, cmd)
 	}
 	return call{kind: callPlain, one: part{slot: m.first[0], addr: m.master(m.first[0]), raw: cmd.Raw}}
@@ -693,14 +663,14 @@ func (s *session) keylessSpecial(m *slotMap, name []byte, cmd redcon.Command) ca
 		return fan(m, cmd.Raw, opFirst)
 	case "script":
 		if len(args) > 1 {
-			switch string(lower(&sb, args[1])) {
+			switch string(resp.Lower(&sb, args[1])) {
 			case "load", "flush":
 				return fan(m, cmd.Raw, opFirst)
 			}
 		}
 	case "function":
 		if len(args) > 1 {
-			switch string(lower(&sb, args[1])) {
+			switch string(resp.Lower(&sb, args[1])) {
 			case "load", "delete", "flush", "restore":
 				return fan(m, cmd.Raw, opFirst)
 			}
@@ -946,7 +916,7 @@ func merge(c *call, replies [][]byte) ([]byte, bool) {
 	case opSum:
 		var sum int64
 		for _, r := range replies {
-			n, ok := parseLength(r[1:])
+			n, ok := resp.ParseLength(r[1:])
 			if r[0] != ':' || !ok {
 				return errorReply(fmt.Errorf("unexpected reply %q", r)), true
 			}
@@ -996,7 +966,7 @@ func elements(r []byte) (int, []byte, error) {
 		return 0, nil, fmt.Errorf("unexpected reply %q", r)
 	}
 	i := bytes.IndexByte(r, '\n')
-	n, ok := parseLength(r[1 : i+1])
+	n, ok := resp.ParseLength(r[1 : i+1])
 	if i < 0 || !ok {
 		return 0, nil, fmt.Errorf("unexpected reply %q", r)
 	}
@@ -1013,7 +983,7 @@ func valueLen(b []byte) (int, error) {
 	case '+', '-', ':', '_', ',', '#', '(':
 		return i + 1, nil
 	case '$', '!', '=':
-		n, ok := parseLength(b[1 : i+1])
+		n, ok := resp.ParseLength(b[1 : i+1])
 		if !ok {
 			return 0, errors.New("bad length")
 		}
@@ -1022,7 +992,7 @@ func valueLen(b []byte) (int, error) {
 		}
 		return i + 1 + int(n) + 2, nil
 	case '*', '~', '>', '%', '|':
-		n, ok := parseLength(b[1 : i+1])
+		n, ok := resp.ParseLength(b[1 : i+1])
 		if !ok {
 			return 0, errors.New("bad length")
 		}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Shared connections per master. In front of a cluster, the stateless
@@ -161,29 +163,22 @@ func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
 	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
 		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
 		cs.st.replay.empty() && !cs.monitorOn && s.be == nil &&
-		stateless(name) && !blockingCommand(name)
+		resp.Stateless(name) && !resp.Lookup(name).Has(resp.Blocking)
 }
 
 // changesAccess reports whether a command may change which connections
 // the server lets in: CONFIG SET requirepass, ACL SETUSER, DELUSER, LOAD.
 func changesAccess(name []byte, args [][]byte) bool {
-	switch string(name) {
-	case "config":
+	if resp.Lookup(name).Has(resp.ChangesAccess) {
+		// CONFIG: when it names requirepass.
 		for _, a := range args[1:] {
 			if bytes.EqualFold(a, []byte("requirepass")) {
 				return true
 			}
 		}
-	case "acl":
-		if len(args) > 1 {
-			var sb [24]byte
-			switch string(lower(&sb, args[1])) {
-			case "setuser", "deluser", "load":
-				return true
-			}
-		}
+		return false
 	}
-	return false
+	return resp.Of(name, args).Has(resp.ChangesAccess)
 }
 
 // routeShared sends c on the shared connection to its master; it reports
@@ -237,7 +232,7 @@ func (s *session) markShared(sh *shared) {
 // replies. answered is false when the reply was a redirection: the command
 // is sent again, and its reply comes later; with err, it is false when
 // nothing of the reply reached the client.
-func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *replyInfo) (answered bool, err error) {
+func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *resp.ReplyInfo) (answered bool, err error) {
 	o := &s.cl.order
 	b, err := r.Peek(1)
 	if err != nil {
@@ -246,7 +241,7 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	if b[0] != '-' && o.ahead(ticket) {
 		// The usual case: straight to the client's sink.
 		sink.w = s.sink()
-		err = copyReply(w, r, ri)
+		err = resp.CopyReply(w, r, ri)
 		w.Flush()
 		sink.w = nil
 		if err == nil {
@@ -255,14 +250,14 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 		return true, err
 	}
 	sink.capture, sink.buf = true, sink.buf[:0]
-	err = copyReply(w, r, ri)
+	err = resp.CopyReply(w, r, ri)
 	w.Flush()
 	sink.capture = false
 	if err != nil {
 		return false, err
 	}
 	reply := sink.buf
-	if ri.typ == '-' {
+	if ri.Type == '-' {
 		if kind, target := redirected(sink.buf); kind != redirNone {
 			if !o.stays(ticket) {
 				s.redirect(redirect{ticket, kind, target})
@@ -298,7 +293,7 @@ func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
 		s.sink().Write(reply)
 	}
 	if !own {
-		s.replied(&replyInfo{typ: '-'})
+		s.replied(&resp.ReplyInfo{Type: '-'})
 	}
 	s.pushOut()
 }

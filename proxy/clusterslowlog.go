@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"strings"
-
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // The slow log in front of a Redis Cluster. A command the proxy applies
@@ -85,11 +85,8 @@ func fannedEntry(e []byte) bool {
 	if err != nil || len(args) == 0 {
 		return false
 	}
-	sub := ""
-	if len(args) > 1 {
-		sub = strings.ToLower(string(args[1]))
-	}
-	return fanned(strings.ToLower(string(args[0])), sub)
+	var nb [24]byte
+	return resp.Of(resp.Lower(&nb, args[0]), args).Has(resp.Fanned)
 }
 
 // scalarsUpTo reads at most n scalars at the start of b.
@@ -102,31 +99,4 @@ func scalarsUpTo(b []byte, n int) ([][]byte, error) {
 		}
 	}
 	return out, nil
-}
-
-// fanned reports whether the proxy sends the command name (with its
-// lower-cased first argument sub) to every master: the list of
-// serverWide and keyless.
-func fanned(name, sub string) bool {
-	switch name {
-	case "info", "save", "bgsave", "bgrewriteaof", "dbsize", "keys", "flushall", "flushdb":
-		return true
-	case "config":
-		return sub == "set" || sub == "resetstat" || sub == "rewrite"
-	case "acl":
-		return sub == "setuser" || sub == "deluser" || sub == "load" || sub == "save" || sub == "log"
-	case "client":
-		return sub == "pause" || sub == "unpause"
-	case "script":
-		return sub == "exists" || sub == "kill" || sub == "load" || sub == "flush"
-	case "function":
-		return sub == "kill" || sub == "load" || sub == "delete" || sub == "flush" || sub == "restore"
-	case "latency":
-		return sub == "reset"
-	case "pubsub":
-		return sub == "shardchannels" || sub == "shardnumsub"
-	case "slowlog":
-		return sub == "reset" || sub == "len" || sub == "get"
-	}
-	return false
 }

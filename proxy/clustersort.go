@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // SORT and SORT_RO with BY or GET patterns, in front of a Redis Cluster.
@@ -45,7 +47,7 @@ func parseSort(args [][]byte, readonly bool) sortOpts {
 	for j := 2; j < len(args); j++ {
 		left := len(args) - j - 1
 		var sb [24]byte
-		switch opt := string(lower(&sb, args[j])); {
+		switch opt := string(resp.Lower(&sb, args[j])); {
 		case opt == "asc":
 			o.desc = false
 		case opt == "desc":
@@ -87,7 +89,7 @@ func parseSort(args [][]byte, readonly bool) sortOpts {
 // sortCall plans a SORT or SORT_RO whose patterns a node would refuse; it
 // reports false for every other command, which goes where its keys are.
 func (s *session) sortCall(m *slotMap, name []byte, args [][]byte) (call, bool) {
-	if (string(name) != "sort" && string(name) != "sort_ro") || len(args) < 2 {
+	if !resp.Lookup(name).Has(resp.Patterns) || len(args) < 2 {
 		return call{}, false
 	}
 	o := parseSort(args, string(name) == "sort_ro")

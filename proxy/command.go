@@ -4,11 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Docs describes the proxy's own commands to COMMAND, COMMAND INFO, COMMAND
@@ -45,7 +45,7 @@ func (s *session) intercept(name []byte, args [][]byte) (func(resp3 bool) ([]byt
 			return func(resp3 bool) ([]byte, error) { return s.p.commandInfo(nil, resp3) }, true
 		}
 		var sb [24]byte
-		switch sub := string(lower(&sb, args[1])); {
+		switch sub := string(resp.Lower(&sb, args[1])); {
 		case sub == "count" && len(args) == 2:
 			return s.p.commandCount, true
 		case sub == "list" && len(args) == 2:
@@ -90,14 +90,14 @@ func (p *Proxy) commandList(resp3 bool) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	typ, elems, err := splitAggregate(reply)
+	typ, elems, err := resp.SplitAggregate(reply)
 	if err != nil {
 		return reply, nil // an error reply, or a backend without COMMAND LIST
 	}
 	for _, n := range p.cfg.Docs.Names {
 		elems = append(elems, redcon.AppendBulkString(nil, n))
 	}
-	return joinAggregate(typ, len(elems), elems), nil
+	return resp.JoinAggregate(typ, len(elems), elems), nil
 }
 
 // commandInfo answers COMMAND INFO names (all commands when names is
@@ -114,7 +114,7 @@ func (p *Proxy) commandInfo(names [][]byte, resp3 bool) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if typ, theirs, err = splitAggregate(reply); err != nil {
+		if typ, theirs, err = resp.SplitAggregate(reply); err != nil {
 			return reply, nil
 		}
 	}
@@ -122,7 +122,7 @@ func (p *Proxy) commandInfo(names [][]byte, resp3 bool) ([]byte, error) {
 		for _, n := range d.Names {
 			theirs = append(theirs, d.AppendInfo(nil, n, resp3))
 		}
-		return joinAggregate(typ, len(theirs), theirs), nil
+		return resp.JoinAggregate(typ, len(theirs), theirs), nil
 	}
 	out := make([][]byte, len(names))
 	for i := range names {
@@ -132,7 +132,7 @@ func (p *Proxy) commandInfo(names [][]byte, resp3 bool) ([]byte, error) {
 			out[i], theirs = theirs[0], theirs[1:]
 		}
 	}
-	return joinAggregate(typ, len(out), out), nil
+	return resp.JoinAggregate(typ, len(out), out), nil
 }
 
 // commandDocs answers COMMAND DOCS: a map from name to docs, with the
@@ -151,7 +151,7 @@ func (p *Proxy) commandDocs(names [][]byte, resp3 bool) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		t, elems, err := splitAggregate(reply)
+		t, elems, err := resp.SplitAggregate(reply)
 		// A backend whose answer is not a map of names (an embedded
 		// miniredis answers with the COMMAND table) would crash redis-cli:
 		// it gets the proxy's own docs only.
@@ -170,7 +170,7 @@ func (p *Proxy) commandDocs(names [][]byte, resp3 bool) ([]byte, error) {
 	if typ == '%' {
 		n /= 2
 	}
-	return joinAggregate(typ, n, pairs), nil
+	return resp.JoinAggregate(typ, n, pairs), nil
 }
 
 // allBulk reports whether every even element (a map key) is a bulk string.
@@ -189,7 +189,7 @@ func (p *Proxy) split(names [][]byte) (map[int]string, []string) {
 	var rest []string
 	for i, n := range names {
 		var nb [24]byte
-		ln := string(lower(&nb, n))
+		ln := string(resp.Lower(&nb, n))
 		found := false
 		for _, o := range p.cfg.Docs.Names {
 			if ln == o {
@@ -227,57 +227,10 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
-	var ri replyInfo
-	if err := copyReply(w, be.r, &ri); err != nil {
+	var ri resp.ReplyInfo
+	if err := resp.CopyReply(w, be.r, &ri); err != nil {
 		return nil, &BackendError{Err: err}
 	}
 	w.Flush()
 	return buf.Bytes(), nil
-}
-
-var errNotAggregate = errors.New("not an aggregate reply")
-
-// splitAggregate splits an array, set or map reply into its elements (a
-// map's keys and values alternate).
-func splitAggregate(reply []byte) (byte, [][]byte, error) {
-	if len(reply) == 0 || (reply[0] != '*' && reply[0] != '~' && reply[0] != '%') {
-		return 0, nil, errNotAggregate
-	}
-	r := bufio.NewReader(bytes.NewReader(reply))
-	typ, _ := r.ReadByte()
-	line, err := r.ReadSlice('\n')
-	if err != nil {
-		return 0, nil, err
-	}
-	n, ok := parseLength(line)
-	if !ok || n < 0 {
-		return 0, nil, fmt.Errorf("%w: %q", errNotAggregate, line)
-	}
-	if typ == '%' {
-		n *= 2
-	}
-	elems := make([][]byte, 0, n)
-	var ri replyInfo
-	for range n {
-		var buf bytes.Buffer
-		w := bufio.NewWriter(&buf)
-		if err := copyReply(w, r, &ri); err != nil {
-			return 0, nil, err
-		}
-		w.Flush()
-		elems = append(elems, buf.Bytes())
-	}
-	return typ, elems, nil
-}
-
-// joinAggregate writes an aggregate of type typ and n entries (pairs, for
-// a map) made of elems.
-func joinAggregate(typ byte, n int, elems [][]byte) []byte {
-	b := []byte{typ}
-	b = strconv.AppendInt(b, int64(n), 10)
-	b = append(b, '\r', '\n')
-	for _, e := range elems {
-		b = append(b, e...)
-	}
-	return b
 }

@@ -135,7 +135,7 @@
 // (clusterjoin.go, clusterlcs.go, clusterhll.go, clustersort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
-// configured limits before redcon parses it (limits.go): what Redis skips
+// configured limits before redcon parses it (internal/resp, Scanner): what Redis skips
 // (an empty line, a count of zero or less) is skipped, inline requests are
 // split by Redis's quoting rules, a malformed request gets Redis's own
 // error and a closed connection, and a declared but unsent length costs
@@ -168,8 +168,8 @@
 // Redis Sentinel when configured:
 // a follower tracks the primary and owns every backend connection dialled
 // to it, closing them all when the primary changes (dial asks it for the
-// address). spare.go keeps dedicated connections ready, reply.go copies one reply,
-// limits.go checks requests, auth.go answers AUTH, guard.go keeps
+// address). spare.go keeps dedicated connections ready, internal/resp copies one reply,
+// frames requests and holds the command table, auth.go answers AUTH, guard.go keeps
 // forwarded commands off the lock state, and command.go answers INFO
 // lockproxy and COMMAND. Files outside a part call its methods only.
 //

@@ -6,11 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // GuardError refuses a forwarded command that would touch the lock state.
@@ -21,14 +20,6 @@ func (e *GuardError) Error() string {
 		return fmt.Sprintf("'%s' is refused: the backend holds lock state", e.Command)
 	}
 	return fmt.Sprintf("key '%s' holds lock state and is not reachable through the proxy", e.Key)
-}
-
-// keySpec is where a command's keys stand, as COMMAND reports it.
-type keySpec struct {
-	first, last, step int
-	movable           bool // only COMMAND GETKEYS can tell
-	container         bool // the keys depend on the subcommand
-	keyspace          bool // flagged readonly, write or may_replicate
 }
 
 // keyGuard keeps forwarded commands away from the lock state when the
@@ -46,7 +37,7 @@ type keyGuard struct {
 	p      *Proxy
 	client *redis.Client
 
-	table commandTable
+	table resp.Table
 }
 
 func newKeyGuard(prefix string, p *Proxy) *keyGuard {
@@ -61,14 +52,13 @@ func (g *keyGuard) close() { g.client.Close() }
 // check returns a *GuardError when args would reach a protected key, or
 // a *BackendError when the backend cannot say where the keys are.
 func (g *keyGuard) check(name []byte, args [][]byte) error {
-	switch string(name) {
-	case "flushall", "flushdb", "swapdb":
+	switch inf := resp.Lookup(name); {
+	case inf.Has(resp.Wholesale):
+		// FLUSHALL, FLUSHDB and SWAPDB wipe or move the lock state; the
+		// replication stream (SYNC, PSYNC) is a copy of every key, the
+		// lock state's tokens included.
 		return &GuardError{Command: string(name)}
-	case "sync", "psync":
-		// The replication stream is a copy of every key, the lock
-		// state's tokens included.
-		return &GuardError{Command: string(name)}
-	case "sort", "sort_ro":
+	case inf.Has(resp.Patterns):
 		// BY and GET patterns read other keys by name.
 		for _, a := range args[1:] {
 			if bytes.Contains(a, g.prefix) {
@@ -80,22 +70,22 @@ func (g *keyGuard) check(name []byte, args [][]byte) error {
 	if err != nil {
 		return &BackendError{Err: err}
 	}
-	spec, ok := lookupSpec(table, name, args)
+	spec, ok := resp.LookupSpec(table, name, args)
 	if !ok {
 		return nil // Redis answers unknown commands with an error
 	}
-	if spec.movable {
+	if spec.Movable {
 		return g.checkMovable(args)
 	}
-	if spec.first <= 0 {
+	if spec.First <= 0 {
 		return nil
 	}
-	last := spec.last
+	last := spec.Last
 	if last < 0 {
 		last += len(args)
 	}
-	step := max(spec.step, 1)
-	for i := spec.first; i <= last && i < len(args); i += step {
+	step := max(spec.Step, 1)
+	for i := spec.First; i <= last && i < len(args); i += step {
 		if bytes.HasPrefix(args[i], g.prefix) {
 			return &GuardError{Key: string(args[i])}
 		}
@@ -128,94 +118,8 @@ func (g *keyGuard) checkMovable(args [][]byte) error {
 }
 
 // commands returns the backend's COMMAND table.
-func (g *keyGuard) commands() (map[string]keySpec, error) {
-	return g.table.get(context.Background(), func(ctx context.Context) (any, error) {
+func (g *keyGuard) commands() (map[string]resp.KeySpec, error) {
+	return g.table.Get(context.Background(), func(ctx context.Context) (any, error) {
 		return g.client.Do(ctx, "COMMAND").Result()
 	})
-}
-
-// commandTable is a backend's COMMAND table, loaded once, at its first use;
-// a load that fails is tried again at the next.
-type commandTable struct {
-	// table is read without a lock by every forwarded command. It is
-	// never changed once stored.
-	table atomic.Pointer[map[string]keySpec]
-	// load serialises loading the table, so that clients arriving before
-	// it is loaded wait for one COMMAND instead of each sending their own.
-	load sync.Mutex
-}
-
-// get returns the table, loading it with command (which sends COMMAND)
-// when it has none yet.
-func (t *commandTable) get(ctx context.Context, command func(context.Context) (any, error)) (map[string]keySpec, error) {
-	if m := t.table.Load(); m != nil {
-		return *m, nil
-	}
-	t.load.Lock()
-	defer t.load.Unlock()
-	if m := t.table.Load(); m != nil {
-		return *m, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	v, err := command(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("COMMAND: %w", err)
-	}
-	reply, ok := v.([]any)
-	if !ok {
-		return nil, fmt.Errorf("COMMAND: a %T instead of an array", v)
-	}
-	m := make(map[string]keySpec, len(reply)*2)
-	for _, c := range reply {
-		addSpec(m, c)
-	}
-	t.table.Store(&m)
-	return m, nil
-}
-
-// lookupSpec finds the entry of the command args (named name, in lower
-// case) in a COMMAND table: a container command's (CONFIG, XINFO, ...) is
-// its subcommand's.
-func lookupSpec(table map[string]keySpec, name []byte, args [][]byte) (keySpec, bool) {
-	spec, ok := table[string(name)]
-	if ok && spec.container && len(args) > 1 {
-		var sb [24]byte
-		sub := lower(&sb, args[1])
-		spec, ok = table[string(name)+"|"+string(sub)]
-	}
-	return spec, ok
-}
-
-// addSpec adds one COMMAND entry: name, arity, flags, first key, last key,
-// step, and from Redis 7 on, the subcommands as entries of the same shape.
-func addSpec(table map[string]keySpec, c any) {
-	e, ok := c.([]any)
-	if len(e) < 6 || !ok {
-		return
-	}
-	name, _ := e[0].(string)
-	first, _ := e[3].(int64)
-	last, _ := e[4].(int64)
-	step, _ := e[5].(int64)
-	spec := keySpec{first: int(first), last: int(last), step: int(step)}
-	if flags, ok := e[2].([]any); ok {
-		for _, f := range flags {
-			switch f {
-			case "movablekeys":
-				spec.movable = true
-			case "readonly", "write", "may_replicate":
-				spec.keyspace = true
-			}
-		}
-	}
-	if len(e) >= 10 {
-		if subs, ok := e[9].([]any); ok && len(subs) > 0 {
-			spec.container = true
-			for _, s := range subs {
-				addSpec(table, s)
-			}
-		}
-	}
-	table[strings.ToLower(name)] = spec
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Local answers the proxy's own commands on one client connection. Serve
@@ -161,7 +163,7 @@ func DefaultConfig() Config {
 		Limits: Limits{
 			MaxClients:      10000,
 			MaxBulkLen:      512 << 20,
-			MaxMultibulkLen: maxCount,
+			MaxMultibulkLen: resp.MaxCount,
 			MaxInlineLen:    64 << 10,
 		},
 		CommandTimeout: 2 * time.Minute,
@@ -611,10 +613,10 @@ func (l *listener) Accept() (net.Conn, error) {
 		order: a,
 		Conn:  c,
 		idle:  cfg.IdleTimeout,
-		sc: requestScanner{
-			maxBulk:      cfg.MaxBulkLen,
-			maxMultibulk: cfg.MaxMultibulkLen,
-			maxInline:    cfg.MaxInlineLen,
+		sc: resp.Scanner{
+			MaxBulk:      cfg.MaxBulkLen,
+			MaxMultibulk: cfg.MaxMultibulkLen,
+			MaxInline:    cfg.MaxInlineLen,
 		},
 	}, nil
 }
@@ -784,14 +786,14 @@ func (be *backend) setup(ctx context.Context, cmds [][]byte) error {
 	}
 	var reply bytes.Buffer
 	w := bufio.NewWriter(&reply)
-	var ri replyInfo
+	var ri resp.ReplyInfo
 	for _, c := range cmds {
 		reply.Reset()
-		if err := copyReply(w, be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, be.r, &ri); err != nil {
 			return err
 		}
 		w.Flush()
-		if ri.typ == '-' {
+		if ri.Type == '-' {
 			name, _ := redcon.Parse(c)
 			return &refusedError{Command: strings.ToUpper(string(name.Args[0])),
 				Reply: strings.TrimSpace(reply.String()[1:])}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // maxBacklog bounds the commands a client may pipeline behind one of the
@@ -179,7 +181,7 @@ func (q *replyQueue) waitSync(be *backend) (replica bool) {
 // account matches one reply frame copied to the client against the fifo
 // and learns the connection state it carries. It reports whether the frame
 // answered a QUIT.
-func (q *replyQueue) account(ri *replyInfo) (quit bool) {
+func (q *replyQueue) account(ri *resp.ReplyInfo) (quit bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var e *entry

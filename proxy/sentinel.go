@@ -18,6 +18,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // SentinelConfig says how to find the backend through Redis Sentinel
@@ -633,14 +635,14 @@ func (p *Proxy) role(ctx context.Context, addr string) (string, error) {
 	}
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
-	var ri replyInfo
-	if err := copyReply(w, be.r, &ri); err != nil {
+	var ri resp.ReplyInfo
+	if err := resp.CopyReply(w, be.r, &ri); err != nil {
 		return "", err
 	}
 	w.Flush()
 	// *3\r\n$6\r\nmaster\r\n...
 	lines := bytes.SplitN(buf.Bytes(), []byte("\r\n"), 4)
-	if ri.typ != '*' || len(lines) < 3 || len(lines[1]) == 0 || lines[1][0] != '$' {
+	if ri.Type != '*' || len(lines) < 3 || len(lines[1]) == 0 || lines[1][0] != '$' {
 		return "", fmt.Errorf("ROLE answered %q", bytes.TrimSpace(lines[0]))
 	}
 	return string(lines[2]), nil
@@ -655,8 +657,8 @@ var readonlyPrefix = []byte("-READONLY")
 
 // checkReply tells the follower of a -READONLY reply: the backend is no
 // longer the primary.
-func (p *Proxy) checkReply(ri *replyInfo) {
-	if ri.typ == '-' && p.follow != nil && bytes.HasPrefix(ri.lineBytes(), readonlyPrefix) {
+func (p *Proxy) checkReply(ri *resp.ReplyInfo) {
+	if ri.Type == '-' && p.follow != nil && bytes.HasPrefix(ri.Line(), readonlyPrefix) {
 		p.follow.trouble(true)
 	}
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Replies the proxy writes itself.
@@ -268,7 +270,7 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 	// The name is lowered into the session's buffer: on the stack it
 	// would move to the heap at every command, as it is passed on to
 	// the upstream through an interface.
-	name := lower(&s.nb, cmd.Args[0])
+	name := resp.Lower(&s.nb, cmd.Args[0])
 	if s.p.acl != nil {
 		if it, done := s.aclGate(name, &cmd); done {
 			return it, false
@@ -323,7 +325,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 			s.q.unsent(&e)
 			return localItem{reply: errorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
 		}
-		if s.waitStale && waitCommand(name) {
+		if s.waitStale && resp.Lookup(name).Has(resp.Waits) {
 			s.waitMark()
 		}
 		reveal, off := false, false
@@ -406,12 +408,6 @@ func (s *session) silent() bool {
 
 // waitMarkOne is waitMark's command in front of one Redis.
 var waitMarkOne = waitMarkCommand(waitMarkKey)
-
-// waitCommand reports whether a command waits for the connection's writes
-// to reach the replicas (or the disk).
-func waitCommand(name []byte) bool {
-	return string(name) == "wait" || string(name) == "waitaof"
-}
 
 // reauth follows a client's RESET, which signs the backend connection out,
 // with the proxy's own AUTH and SELECT, whose replies the client never sees.
@@ -527,7 +523,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 // answers, and learns from it. It reports false when be is done with: lost,
 // answered a QUIT, or a replication stream that was relayed until it
 // ended.
-func (s *session) frame(be *backend, first byte, ri *replyInfo) bool {
+func (s *session) frame(be *backend, first byte, ri *resp.ReplyInfo) bool {
 	// A push is always the client's, as it is.
 	kind, replace, hidden := entryPlain, []byte(nil), false
 	if first != '>' {
@@ -579,7 +575,7 @@ func (s *session) relay(be *backend) error {
 func (s *session) backendLost(be *backend, cause error) {
 	be.nc.Close()
 	owed, visible, listening, closed, quit := s.q.lose(be)
-	drop := closed || s.nc.broken.Load() || errors.Is(cause, errMidReply) || listening
+	drop := closed || s.nc.broken.Load() || errors.Is(cause, resp.ErrMidReply) || listening
 	if !closed && !quit && !errors.Is(cause, errClosed) {
 		s.log.Debug("backend connection lost", zap.Error(cause))
 		s.p.backendTrouble()
@@ -619,7 +615,7 @@ func (s *session) answer(it localItem) {
 		case t.multi:
 			reply = replyNotInMulti
 		case !t.resp3 && t.subscribed:
-			reply = append(append([]byte(subscribedPrefix), lower(&nb, it.args[0])...), subscribedSuffix...)
+			reply = append(append([]byte(subscribedPrefix), resp.Lower(&nb, it.args[0])...), subscribedSuffix...)
 		default:
 			if s.loc == nil {
 				s.loc = s.p.cfg.NewLocal()
@@ -633,7 +629,7 @@ func (s *session) answer(it localItem) {
 			s.identify(name)
 			if reply = s.lockDenied(it.args); reply == nil {
 				s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
-				reply = s.buf
+				reply = s.lockListed(it.args, s.buf)
 			}
 		}
 	}
@@ -756,7 +752,7 @@ func (s *session) sendShared(e entry) { s.q.send(&e, nil) }
 func (s *session) sink() *clientWriter { return &s.w }
 
 // replied matches a reply the shared reader copied to the sink.
-func (s *session) replied(ri *replyInfo) { s.q.account(ri) }
+func (s *session) replied(ri *resp.ReplyInfo) { s.q.account(ri) }
 
 // pushOut writes the sink to the client if the shared reader is the one
 // that writes it.
@@ -768,21 +764,6 @@ func (s *session) pushOut() {
 
 // disconnect closes the client's connection.
 func (s *session) disconnect() { s.nc.Close() }
-
-// lower writes the ASCII lower case of b into buf and returns it, or
-// returns nil when b does not fit: no command name is that long.
-func lower(buf *[24]byte, b []byte) []byte {
-	if len(b) > len(buf) {
-		return nil
-	}
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		buf[i] = c
-	}
-	return buf[:len(b)]
-}
 
 // errorReply encodes err as a Redis "-ERR ..." reply on one line.
 func errorReply(err error) []byte {

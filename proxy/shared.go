@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Batching. shared.go and order.go own how commands leave and replies
@@ -35,7 +37,7 @@ import (
 // sink.
 //
 // A client uses its shared connection until it sends a command that
-// changes or depends on its connection's state (see stateless); from then
+// changes or depends on its connection's state (see resp.Stateless); from then
 // on it has a connection of its own: a shared with one client (one),
 // whose reader copies each frame to that client's own buffered output and
 // matches it against the client's replyQueue.
@@ -477,13 +479,13 @@ func (sh *shared) read(be *backend) {
 			if s := sh.one; s != nil {
 				// Part of a reply may have reached the client: it is
 				// disconnected, as when a reply is cut short.
-				s.backendLost(be, errMidReply)
+				s.backendLost(be, resp.ErrMidReply)
 				return
 			}
 			sh.fail(be, nil)
 		}
 	}()
-	var ri replyInfo
+	var ri resp.ReplyInfo
 	var sink *sinkWriter
 	var w *bufio.Writer
 	if sh.one == nil {
@@ -539,7 +541,7 @@ func (sh *shared) read(be *backend) {
 			if s != nil {
 				sink.w = s.sink()
 			}
-			err = copyReply(w, be.r, &ri)
+			err = resp.CopyReply(w, be.r, &ri)
 			w.Flush()
 		}
 		if err != nil && s != nil && s.cl != nil && !answered {
@@ -605,7 +607,7 @@ func (sh *shared) fail(be *backend, cut *session) {
 	if cut != nil {
 		cut.disconnect()
 		if sh.own == nil {
-			cut.replied(&replyInfo{typ: '-'})
+			cut.replied(&resp.ReplyInfo{Type: '-'})
 		}
 	}
 	for i, s := range waiting {
@@ -678,24 +680,4 @@ func (w *sinkWriter) Write(b []byte) (int, error) {
 		return len(b), nil // a reply nobody waits for
 	}
 	return w.w.Write(b)
-}
-
-// stateless reports whether a command may share a backend connection with
-// other clients: it neither changes nor reads the connection's own state,
-// and it never blocks. Everything else moves the client to a dedicated
-// connection: state (SELECT, AUTH, HELLO, CLIENT ..., transactions,
-// pub/sub, MONITOR, RESET, QUIT, READONLY, CLIENT REPLY), blocking commands,
-// and commands that stall the connection for everyone (DEBUG, WAIT).
-func stateless(name []byte) bool {
-	switch string(name) {
-	case "select", "auth", "hello", "client", "reset", "quit",
-		"multi", "exec", "discard", "watch", "unwatch",
-		"subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe",
-		"monitor", "readonly", "readwrite", "asking", "sync", "psync", "replconf",
-		"wait", "waitaof", "debug", "shutdown", "failover",
-		"blpop", "brpop", "brpoplpush", "blmove", "blmpop", "bzpopmin", "bzpopmax", "bzmpop",
-		"xread", "xreadgroup":
-		return false
-	}
-	return name != nil
 }

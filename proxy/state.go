@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // entryKind says what a command changes on the connection, so that its
@@ -45,9 +47,9 @@ const (
 
 // Pub/sub families: channels, patterns, shard channels.
 const (
-	famChannel uint8 = iota
-	famPattern
-	famShard
+	famChannel = resp.FamChannel
+	famPattern = resp.FamPattern
+	famShard   = resp.FamShard
 )
 
 // replyMode is what CLIENT REPLY set: whether the client gets replies.
@@ -182,7 +184,7 @@ func (r *replayState) learnHello(raw []byte) {
 	var name []byte
 	for i := 2; i < len(cmd.Args); i++ {
 		var sb [24]byte
-		switch string(lower(&sb, cmd.Args[i])) {
+		switch string(resp.Lower(&sb, cmd.Args[i])) {
 		case "auth":
 			auth = true
 			i += 2
@@ -212,9 +214,9 @@ func classify(name []byte, cmd redcon.Command) entry {
 	args := cmd.Args
 	switch string(name) {
 	case "subscribe", "psubscribe", "ssubscribe":
-		return entry{kind: entrySubscribe, fam: family(name), n: int64(len(args) - 1)}
+		return entry{kind: entrySubscribe, fam: resp.Lookup(name).Family, n: int64(len(args) - 1)}
 	case "unsubscribe", "punsubscribe", "sunsubscribe":
-		return entry{kind: entryUnsubscribe, fam: family(name), n: int64(len(args) - 1)}
+		return entry{kind: entryUnsubscribe, fam: resp.Lookup(name).Family, n: int64(len(args) - 1)}
 	case "select":
 		return entry{kind: entrySelect, raw: cmd.Raw}
 	case "auth":
@@ -248,7 +250,7 @@ func classify(name []byte, cmd redcon.Command) entry {
 			break
 		}
 		var sb [24]byte
-		switch string(lower(&sb, args[1])) {
+		switch string(resp.Lower(&sb, args[1])) {
 		case "setname":
 			return entry{kind: entrySetName, raw: cmd.Raw}
 		case "no-evict":
@@ -260,7 +262,7 @@ func classify(name []byte, cmd redcon.Command) entry {
 				break
 			}
 			e := entry{kind: entryTracking, mode: replyOff}
-			if string(lower(&sb, args[2])) == "on" {
+			if string(resp.Lower(&sb, args[2])) == "on" {
 				e.mode = replyOn
 			}
 			return e
@@ -268,7 +270,7 @@ func classify(name []byte, cmd redcon.Command) entry {
 			if len(args) != 3 {
 				break
 			}
-			switch string(lower(&sb, args[2])) {
+			switch string(resp.Lower(&sb, args[2])) {
 			case "on":
 				return entry{kind: entryReplyMode, mode: replyOn}
 			case "off":
@@ -279,17 +281,6 @@ func classify(name []byte, cmd redcon.Command) entry {
 		}
 	}
 	return entry{}
-}
-
-// family tells the pub/sub family of a (un)subscribe command name.
-func family(name []byte) uint8 {
-	switch string(name) {
-	case "psubscribe", "punsubscribe":
-		return famPattern
-	case "ssubscribe", "sunsubscribe":
-		return famShard
-	}
-	return famChannel
 }
 
 // outcome is what a reply frame did to the commands owed a reply.
@@ -546,20 +537,20 @@ func (c *connState) refused() {
 
 // replied learns from one reply frame. head is the oldest command still
 // owed a reply, nil when none is. On confirming, head.n counts down.
-func (c *connState) replied(ri *replyInfo, head *entry) outcome {
+func (c *connState) replied(ri *resp.ReplyInfo, head *entry) outcome {
 	if o, ok := c.pubsubFrame(ri, head); ok {
 		return o
 	}
-	if ri.typ == '>' {
+	if ri.Type == '>' {
 		return unsolicited // another push, such as a client-tracking invalidation
 	}
-	if c.monitor && ri.typ == '+' && isMonitorLine(ri.lineBytes()) {
+	if c.monitor && ri.Type == '+' && isMonitorLine(ri.Line()) {
 		return unsolicited
 	}
 	if head == nil {
 		return unsolicited
 	}
-	ok := ri.typ != '-' && ri.typ != '!'
+	ok := ri.Type != '-' && ri.Type != '!'
 	if ok && c.learn(head.kind, head.raw, head.arg) {
 		return answered
 	}
@@ -590,8 +581,8 @@ func (c *connState) replied(ri *replyInfo, head *entry) outcome {
 // they are pushes; in RESP2 they are arrays, recognised only while the
 // client is subscribed or a (un)subscribe awaits its confirmations, since
 // an ordinary array reply may happen to start with "message".
-func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
-	switch ri.typ {
+func (c *connState) pubsubFrame(ri *resp.ReplyInfo, e *entry) (outcome, bool) {
+	switch ri.Type {
 	case '>':
 	case '*':
 		awaiting := e != nil && (e.kind == entrySubscribe || e.kind == entryUnsubscribe)
@@ -601,13 +592,13 @@ func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
 	default:
 		return 0, false
 	}
-	head := ri.headString()
+	head := ri.Head()
 	var fam uint8
 	switch string(head) {
 	case "message", "smessage":
-		return unsolicited, ri.n == 3
+		return unsolicited, ri.N == 3
 	case "pmessage":
-		return unsolicited, ri.n == 4
+		return unsolicited, ri.N == 4
 	case "subscribe", "unsubscribe":
 		fam = famChannel
 	case "psubscribe", "punsubscribe":
@@ -617,20 +608,20 @@ func (c *connState) pubsubFrame(ri *replyInfo, e *entry) (outcome, bool) {
 	default:
 		return 0, false
 	}
-	if ri.n != 3 || !ri.hasInt {
+	if ri.N != 3 || !ri.HasInt {
 		return 0, false
 	}
 	var before int64
 	switch fam {
 	case famChannel:
 		before = c.nChan
-		c.nChan = max(0, ri.third-c.nPat)
+		c.nChan = max(0, ri.Third-c.nPat)
 	case famPattern:
 		before = c.nPat
-		c.nPat = max(0, ri.third-c.nChan)
+		c.nPat = max(0, ri.Third-c.nChan)
 	case famShard:
 		before = c.nShard
-		c.nShard = ri.third
+		c.nShard = ri.Third
 	}
 	if e == nil || (e.kind != entrySubscribe && e.kind != entryUnsubscribe) || e.fam != fam {
 		return unsolicited, true
@@ -668,7 +659,7 @@ func (c *connState) listening() bool { return c.subscribed() || c.monitor || c.r
 
 // isMonitorLine recognises the line of MONITOR's
 // "+1700000000.123456 [0 127.0.0.1:5] ...", with or without its "+" (a
-// replyInfo's line starts after the type byte).
+// resp.ReplyInfo's line starts after the type byte).
 func isMonitorLine(b []byte) bool {
 	if len(b) > 0 && b[0] == '+' {
 		b = b[1:]

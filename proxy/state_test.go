@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // event is one event of a connection: a command sent, a reply frame
@@ -51,7 +53,7 @@ func play(t *testing.T, events []event) (trace, state string) {
 		case st.unsent != "":
 			cmd, _ := redcon.Parse(command(strings.Split(st.unsent, " ")...))
 			var nb [24]byte
-			e := classify(lower(&nb, cmd.Args[0]), cmd)
+			e := classify(resp.Lower(&nb, cmd.Args[0]), cmd)
 			c.unsent(&e)
 			words = append(words, "u")
 		case st.send != "" || st.own:
@@ -62,7 +64,7 @@ func play(t *testing.T, events []event) (trace, state string) {
 					t.Fatalf("parse %q: %v", st.send, err)
 				}
 				var nb [24]byte
-				e = classify(lower(&nb, cmd.Args[0]), cmd)
+				e = classify(resp.Lower(&nb, cmd.Args[0]), cmd)
 			}
 			if reply := c.doomed(&e); reply != nil {
 				words = append(words, doomedWords[string(reply)])
@@ -78,9 +80,9 @@ func play(t *testing.T, events []event) (trace, state string) {
 			}
 			words = append(words, w)
 		case st.reply != "":
-			var ri replyInfo
+			var ri resp.ReplyInfo
 			r := bufio.NewReader(strings.NewReader(st.reply))
-			if err := copyReply(bufio.NewWriter(io.Discard), r, &ri); err != nil || r.Buffered() != 0 {
+			if err := resp.CopyReply(bufio.NewWriter(io.Discard), r, &ri); err != nil || r.Buffered() != 0 {
 				t.Fatalf("reply %q is not one frame: %v", st.reply, err)
 			}
 			var head *entry

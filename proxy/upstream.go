@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/tidwall/redcon"
+import (
+	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
+)
 
 // upstream is what a session asks where each command goes, by the kind of
 // backend behind the proxy: which connection, other than the client's
@@ -45,7 +49,7 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 		// on the backend: the proxy answers QUIT as Redis does.
 		return localItem{reply: replyOK, silent: s.silent(), quit: true}, false, false
 	}
-	if stateless(name) {
+	if resp.Stateless(name) {
 		if err := s.sh.send(s, e, cmd.Raw); err != nil {
 			s.p.m.unavailable.Add(1)
 			return localItem{reply: errorReply(&BackendError{Err: err})}, false, false

@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync"
 	"syscall"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // clientWriter is the write side of a client connection. Replies reach it
@@ -62,16 +64,16 @@ func (w *clientWriter) output() *bufio.Writer {
 // copyFrom copies one reply from r to the client, or, when replace is set,
 // reads it and writes replace instead; it flushes when r holds nothing
 // more. The error is copyReply's, or the client's write error.
-func (w *clientWriter) copyFrom(r *bufio.Reader, ri *replyInfo, replace []byte) error {
+func (w *clientWriter) copyFrom(r *bufio.Reader, ri *resp.ReplyInfo, replace []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var err error
 	if replace != nil {
-		if err = copyReply(w.discard, r, ri); err == nil {
+		if err = resp.CopyReply(w.discard, r, ri); err == nil {
 			w.output().Write(replace)
 		}
 	} else {
-		err = copyReply(w.output(), r, ri)
+		err = resp.CopyReply(w.output(), r, ri)
 	}
 	if err == nil && r.Buffered() == 0 {
 		err = w.output().Flush()
@@ -82,8 +84,8 @@ func (w *clientWriter) copyFrom(r *bufio.Reader, ri *replyInfo, replace []byte) 
 // skip reads one reply from r that is not the client's. Only the reader
 // of the client's connection of one calls it, so the discard writer needs no lock. When r
 // holds nothing more, what earlier replies left buffered is flushed.
-func (w *clientWriter) skip(r *bufio.Reader, ri *replyInfo) error {
-	if err := copyReply(w.discard, r, ri); err != nil {
+func (w *clientWriter) skip(r *bufio.Reader, ri *resp.ReplyInfo) error {
+	if err := resp.CopyReply(w.discard, r, ri); err != nil {
 		return err
 	}
 	if r.Buffered() == 0 {

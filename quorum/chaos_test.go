@@ -3,6 +3,7 @@ package quorum
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -115,9 +116,13 @@ var faults = []fault{
 // overlapped within their validity and that no stale fence was presented.
 func TestChaos(t *testing.T) {
 	for _, n := range []int{3, 5} {
-		t.Run(fmt.Sprintf("%d nodes", n), func(t *testing.T) { chaos(t, n, 30*time.Second) })
+		t.Run(fmt.Sprintf("%d nodes", n), func(t *testing.T) { chaos(t, n, *chaosRun) })
 	}
 }
+
+// chaosRun is how long each TestChaos run injects faults: longer runs
+// (go test -run TestChaos -chaos.run 60s) find rarer interleavings.
+var chaosRun = flag.Duration("chaos.run", 30*time.Second, "how long each TestChaos run lasts")
 
 func chaos(t *testing.T, nodes int, run time.Duration) {
 	c, lockers := chaosCluster(t, nodes)

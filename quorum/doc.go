@@ -82,7 +82,11 @@
 // is stored with the lock on the nodes as an absolute value with a
 // version, never as per-node increments: every change reads the count a
 // majority holds and writes the next version to every node, and no node
-// deletes a counted lock on its own count (reentrant.go). Info reads what
+// deletes a counted lock on its own count (reentrant.go). The attempts of
+// one reentrant call carry the call's id, so that none of them counts as
+// an earlier hold what a failed attempt of the same call left on a node,
+// whatever order its cleanup arrives in (reentrant.go gives the
+// argument). Info reads what
 // a majority of the nodes report of a resource for LOCKINFO (info.go).
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"

@@ -45,6 +45,9 @@ package quorum
 //     the list and deletes the lock only when the list is empty; where the
 //     lock is free, it leaves a tombstone of the attempt (ttl ms), which
 //     makes that attempt's acquisition, arriving afterwards, do nothing.
+//     A reentrant call's later attempt replaces the call's earlier ids on
+//     the list with its own (reentrant.go): those attempts failed, so
+//     their cleanups, arriving afterwards, find nothing of theirs.
 //     Cleanups carry no deadline: they are safe whenever they arrive, so a
 //     cleanup that a node did not answer is sent again by the node's keeper
 //     once the node answers (or only times out: a link slower than

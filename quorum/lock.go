@@ -127,7 +127,7 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 	if opt.shared || opt.Permits > 1 {
 		return l.lockHash(ctx, start, resource, ttl, token, opt)
 	}
-	f := newForm(opt)
+	f := l.callForm(newForm(opt))
 	queued := l.queued(resource)
 	if queued && opt.Token != "" {
 		// The holder refreshing its lock must not queue behind waiters
@@ -177,6 +177,7 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	if reader {
 		readerCtx = ctx
 	}
+	hashOrReader := try != nil
 	w := l.enqueue(resource, token, ttl, f, try != nil, readerCtx)
 	if reader {
 		try = l.withRiders(resource, w, try)
@@ -218,9 +219,30 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		}
 	}
 	var woken time.Time // when a release notification woke this attempt
+	// An exclusive waiter that becomes the head right after an Unlock
+	// through this Locker handed the lock to the waiter ahead of it knows
+	// the lock held: it skips its first attempt, which could only fail,
+	// and waits between attempts at once, ready to be handed the lock in
+	// turn. The handing kept the waiters' mark on the nodes, so a release
+	// through another Locker is still published; a release observed
+	// meanwhile (notify) cancels the skip.
+	skip := !hashOrReader
 	for {
 		wake := l.wakeChan(resource) // before the attempt: a release during it counts
-		lk, hint, err := try(ctx)
+		var (
+			lk   Lock
+			hint time.Duration
+			err  error
+		)
+		if skip {
+			hint = l.handedFor(resource)
+			skip = false
+		}
+		if hint > 0 {
+			err = ErrNotAcquired
+		} else {
+			lk, hint, err = try(ctx)
+		}
 		if err == nil {
 			l.waitSeconds.Observe(sinceSeconds(start))
 			if !woken.IsZero() {
@@ -335,7 +357,7 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 	if f.reentrant() {
 		l.cleanupsFirst(resource, token)
 	}
-	attempt := l.newAttempt()
+	attempt := f.attemptID(l)
 	r := l.call(ctx, opAcquire, len(l.nodes), key, code, token, attempt, x)
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
@@ -363,12 +385,15 @@ func (l *Locker) attemptOnce(ctx context.Context, resource string, ttl time.Dura
 		again, err := l.failed(ctx, v.owned, resource, token, attempt, ttl, v.abstained, start, err)
 		return Lock{}, hint, again, err
 	}
+	if f.reentrant() {
+		v.fence = reentryFence(v.granted, v.fence, l.quorum, f.call) // a re-entry keeps its fence
+	}
 	if err := l.decide(ctx, &v, key, token, attempt, start, modeExclusive); err != nil {
 		return fail(err)
 	}
 	var hs holdState
 	if f.reentrant() {
-		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted); err != nil {
+		if hs, err = l.settleHolds(ctx, key, token, attempt, v.granted, f.call, v.fence, len(v.owned)); err != nil {
 			if errors.Is(err, ErrNotHeld) {
 				err = ErrNotAcquired // the lock lost its majority meanwhile
 			}
@@ -476,7 +501,8 @@ func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, att
 // granting nodes that stored a smaller fence are raised to it (nodes
 // without the marker too, so that they store the fence of the holding they
 // have). It reports whether the majority was reached within maxRounds of
-// start, when the granting round began.
+// start, when the granting round began. The grants of the nodes it raised
+// show fence afterwards.
 //
 // The bound matters for fences, not for exclusion (validity covers that).
 // A node's grant counts as proof that its counter reached its fence; if
@@ -488,12 +514,12 @@ func (l *Locker) failed(ctx context.Context, owned []*node, resource, token, att
 func (l *Locker) confirm(ctx context.Context, key, token, attempt string, granted []grant, fence int64, start time.Time) bool {
 	confirmed := 0 // counting nodes whose counter is known to be >= fence
 	var behind []*node
-	var behindCounts []bool
-	for _, g := range granted {
+	var behindAt []int // their grants' positions in granted
+	for i, g := range granted {
 		switch {
 		case g.fence != fence:
 			behind = append(behind, g.node)
-			behindCounts = append(behindCounts, g.counts)
+			behindAt = append(behindAt, i)
 		case g.counts:
 			confirmed++
 		}
@@ -502,7 +528,11 @@ func (l *Locker) confirm(ctx context.Context, key, token, attempt string, grante
 		r := l.call(ctx, opRaise, len(behind), key, codeRaise, token, attempt, fence)
 		l.fanout(behind, r, func(res []reply) {
 			for i, r := range res {
-				if r.err == nil && r.val == 1 && behindCounts[i] {
+				g := &granted[behindAt[i]]
+				if r.err == nil && r.val == 1 && g.fence < fence {
+					g.fence = fence // raised: the node stores fence now
+				}
+				if r.err == nil && r.val == 1 && g.counts {
 					confirmed++
 				}
 			}
@@ -562,6 +592,9 @@ func (l *Locker) release(ctx context.Context, nodes []*node, resource, token str
 // publish: the waiters of other Lockers then retry after their random
 // delay instead of all at once, which would split the votes again.
 func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, attempt string, ttl time.Duration, publish bool) {
+	if hook := testHookCleanup.Load(); hook != nil {
+		nodes = (*hook)(resource, token, attempt, nodes)
+	}
 	if len(nodes) == 0 {
 		return
 	}
@@ -616,7 +649,7 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		hint    time.Duration
 	)
 	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + w.form.extArg() + ":" + w.token
-	attempt := l.newAttempt()
+	attempt := w.form.attemptID(l) // one of the waiter's call (reentrant.go)
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
 	l.fanout(l.nodes, r, func(res []reply) {
 		l.settleClock(l.nodes, res, start)
@@ -655,13 +688,22 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	bg := context.WithoutCancel(ctx)
 	h := handoff{start: start}
 	if votes >= l.quorum && l.confirm(bg, key, w.token, attempt, granted, fence, start) {
+		ok := true
+		if w.form.reentrant() && !sure(granted, w.form.call, fence, len(owned)) {
+			// A node may keep another fence: the count carries the
+			// holding's (settleHolds).
+			ok = l.writeHolds(bg, key, w.token, attempt, holdState{holds: 1, version: 2, fence: fence}) == nil
+		}
 		now := time.Now()
-		if v := l.validity(w.ttl, now.Sub(start)); v > 0 {
+		if v := l.validity(w.ttl, now.Sub(start)); ok && v > 0 {
 			h.lk, h.ok = Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: w.form.freshHolds()}, true
 		}
 	}
 	if h.ok && len(held) > 0 {
 		l.schedulePlacement(resource, w.token, attempt, fence, start.Add(w.ttl), held, hint, w.form.extArg())
+	}
+	if h.ok {
+		l.noteHanded(resource, h.lk.Expires) // before w leaves the queue
 	}
 	if !h.ok {
 		// The holder's lock is gone where it was handed: a release like
@@ -673,6 +715,10 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	l.deliver(w, h)
 	return deleted, answered, counted
 }
+
+// testHookCleanup, when set, returns the nodes that a cleanup is sent to
+// now: tests hold cleanups back and deliver them later.
+var testHookCleanup atomic.Pointer[func(resource, token, attempt string, nodes []*node) []*node]
 
 // testHookHandOver, when set, runs in handOver after the handing round and
 // before its outcome is delivered.

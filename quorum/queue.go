@@ -16,6 +16,11 @@ type waitQueue struct {
 	// observed. The head takes the channel before each attempt, so a release
 	// that lands during the attempt triggers the next one at once.
 	wake chan struct{}
+	// handedUntil, when not zero, is the validity's end of the lock that
+	// an Unlock through this Locker handed to a waiter of this queue, until
+	// a release of the resource is observed (notify). The next head then
+	// knows the lock held and skips its first attempt (see wait).
+	handedUntil time.Time
 }
 
 type waiter struct {
@@ -180,6 +185,7 @@ func (l *Locker) notify(resource string) {
 	if q := l.queues[resource]; q != nil {
 		close(q.wake)
 		q.wake = make(chan struct{})
+		q.handedUntil = time.Time{}
 	}
 }
 
@@ -190,5 +196,28 @@ func (l *Locker) notifyAll() {
 	for _, q := range l.queues {
 		close(q.wake)
 		q.wake = make(chan struct{})
+		q.handedUntil = time.Time{}
 	}
+}
+
+// noteHanded records that the lock of resource was handed to a waiter of
+// its queue, valid until until (see waitQueue.handedUntil).
+func (l *Locker) noteHanded(resource string, until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.queues[resource]; q != nil {
+		q.handedUntil = until
+	}
+}
+
+// handedFor returns how long the lock of resource that this Locker handed
+// to a waiter stays valid, or 0 when no such handing is known: none was
+// made, a release was observed since, or its validity has run out.
+func (l *Locker) handedFor(resource string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.queues[resource]; q != nil && !q.handedUntil.IsZero() {
+		return max(time.Until(q.handedUntil), 0)
+	}
+	return 0
 }

@@ -767,7 +767,19 @@ func merge(a, b copied) copied {
 			mark = "1"
 		}
 		att := unionAttempts(lockAttempts(a.value), lockAttempts(b.value))
-		return copied{value: mark + strconv.FormatInt(max(fa, fb), 10) + "/" + att + laterExt(a.value, b.value) + ":" + ta, pttl: p}
+		// The larger fence, unless the readings store different versions
+		// of a count of holds: the later one's fence is the holding's
+		// (reentrant.go).
+		f := max(fa, fb)
+		_, va, _ := parseExt(valueExt(a.value))
+		_, vb, _ := parseExt(valueExt(b.value))
+		switch {
+		case va > vb:
+			f = fa
+		case vb > va:
+			f = fb
+		}
+		return copied{value: mark + strconv.FormatInt(f, 10) + "/" + att + laterExt(a.value, b.value) + ":" + ta, pttl: p}
 	default:
 		return copied{value: "0" + strconv.FormatInt(max(fa, fb), 10), pttl: p}
 	}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,68 @@ import (
 // a minority of the nodes, and then takes effect or not, like any request
 // whose reply was lost; Release with a hold number (HOLD n) makes a resent
 // release remove nothing more.
+//
+// A re-entry keeps the holding's fence. The nodes where the token holds
+// the lock reply its stored fence; a node that lacks the holding (it
+// missed the grant, or the placement of a lock won while it still showed
+// the previous holder has not reached it yet: typically right after a
+// waited grant) takes it afresh, with a fence from its own counter,
+// larger. The round's fence is then the fence of the latest count's
+// holding, not the largest reply (reentryFence); the fresh nodes' counters
+// are already past it, so the confirmation holds, and the new count,
+// written to every node, carries the fence, which such a node then stores
+// (sethold). A later holder still gets a larger fence than any node gave:
+// no counter went back. For the latest count's nodes to store the
+// holding's fence, a holding taken afresh stores a count too (1 hold,
+// version 2, with the fence) unless its round is sure that every node
+// holding it stores the fence (sure): a node whose reply was lost, one
+// that did not count or a leftover of the call's earlier attempt may
+// store a fence of its own, larger than the grant's. The confirmation
+// raises the others; a hand-over to a reentrant waiter writes the count
+// the same way, and recovery copies the fence of a count's later version
+// (merge). The extra round is paid after faults and retries only.
+//
+// A call's own failed attempts. A reentrant Lock that waits makes several
+// attempts; each that fails may leave what it did on some nodes: a
+// holding it took afresh where the lock was free, a count it stored
+// before it lost its majority. Its cleanup may reach a node after the
+// call's next attempt (it was held back by a slow link, a paused node, a
+// batch that failed after the retry was queued behind it), or never (the
+// recovery of a node that restarted empty copied the leftover from
+// another node, and no cleanup was sent to the copy). No attempt counts
+// any of it as a hold taken before the call, whatever the order:
+//
+//   - The attempts of one call have ids "<call>+<k>" (holdCall), and a
+//     node reports a holding as fresh (enter's reply) when every attempt
+//     that relies on it is the call's: the call took it, in this attempt
+//     or an earlier one. A holding taken before the call lists an attempt
+//     of the call that took it, and of every later call that re-entered
+//     it, none of them this call's. Recovery copies a holding with the
+//     attempts of every node it read it from (merge), so a copy of a
+//     leftover lists this call's attempts only and reads as fresh too.
+//   - From its second attempt on, enter first replaces the call's earlier
+//     attempts in the holding's list with its own (takeOver): only a
+//     call's last attempt succeeds, so none of the earlier ones relies on
+//     the lock, and their cleanups, arriving afterwards, find their ids
+//     gone and leave the lock that this attempt may count. A call keeps
+//     one id in a list however many attempts it makes, so a list never
+//     fills up ('*', which reads as held by earlier calls) with one
+//     call's retries.
+//   - Counts a failed attempt stored are this call's own writes: the
+//     first attempt that won a majority records the count it read
+//     (holdCall.base; none when the majority was fresh), and every later
+//     attempt counts from that, not from what the nodes show since. The
+//     count before the call cannot change meanwhile: the token is one
+//     sequential owner, and the call is its only change under way. The
+//     later attempt writes a version above every one it saw, its own
+//     earlier writes included, so the nodes that stored those take the
+//     new count.
+//
+// Hence a call that took the lock afresh has 1 hold, and a re-entry one
+// more than the count before the call, whatever its earlier attempts
+// left (TestReentrantRetryOwnLeftover, TestReentrantRetryRecoveredLeftover,
+// TestReentrantRetryOwnCount). The ids cost nothing on the plain path:
+// only reentrant calls have them, and only a retry takes over.
 
 // ErrNotReentrant is returned by Release with a hold number for a lock
 // that was taken without Options.Reentrant and never re-entered: it has no
@@ -125,7 +188,24 @@ func valueExt(v string) string {
 // from the grants whether the token took the lock afresh or re-entered its
 // holding, and writes the new count (the latest version plus one hold) to
 // every node. It returns the count after the call.
-func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, granted []grant) (holdState, error) {
+//
+// fence is the round's fence (the holding's, for a re-entry:
+// reentryFence) and owned the number of nodes where the round may have
+// taken the lock, grants or not. The new count is written with fence, so
+// that every node that stores it stores the holding's fence. A holding
+// taken afresh is written too (1 hold, version 2) unless every node where
+// it may be is a counting grant that stores fence and the call made no
+// earlier attempt: otherwise a node may keep another fence (one whose
+// reply was lost, one that did not count, a leftover of an earlier
+// attempt) that a later re-entry could take for the holding's.
+//
+// call is the Lock call's state across its attempts (nil: none). The
+// first of its attempts to get here records the count before the call
+// (none when the majority took the lock afresh), and every later one
+// takes that as the latest old count: the nodes may since show counts
+// that this call's own failed attempts wrote, which it must not count
+// again.
+func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, granted []grant, call *holdCall, fence int64, owned int) (holdState, error) {
 	var (
 		fresh, counted int
 		last, all      holdState // the latest version among counting old holdings, among all
@@ -143,14 +223,27 @@ func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, gr
 		}
 	}
 	old := last.holds > 0
-	next := holdState{holds: 1, version: all.version + 1}
+	if call != nil {
+		switch {
+		case !call.based:
+			call.based = true
+			if old && fresh < l.quorum {
+				call.base = last
+			}
+		case call.base.holds == 0:
+			old = false // what looks old is this call's own writes, or gone
+		default:
+			last = call.base
+		}
+	}
+	next := holdState{holds: 1, version: all.version + 1, fence: fence}
 	switch {
-	case !old && all.version <= 1:
-		return holdState{holds: 1, version: 1}, nil // taken afresh everywhere: every node stores 1.1
+	case !old && all.version <= 1 && sure(granted, call, fence, owned):
+		return holdState{holds: 1, version: 1}, nil // taken afresh everywhere: every node stores 1.1 and fence
 	case old && fresh < l.quorum:
 		// A majority shares a node with the one that stored the last
 		// change of the count: the token held the lock, this is one
-		// more hold.
+		// more hold (fence is the holding's).
 		next.holds = last.holds + 1
 	}
 	if err := l.writeHolds(ctx, key, token, attempt, next); err != nil {
@@ -159,11 +252,61 @@ func (l *Locker) settleHolds(ctx context.Context, key, token, attempt string, gr
 	return next, nil
 }
 
+// sure reports whether a holding taken afresh by a round with granted,
+// fence and owned is on no node but its counting grants, each storing
+// fence, and its call (nil: none) made no earlier attempt.
+func sure(granted []grant, call *holdCall, fence int64, owned int) bool {
+	if owned != len(granted) || (call != nil && call.n.Load() > 1) {
+		return false
+	}
+	for _, g := range granted {
+		if !g.counts || g.fence != fence {
+			return false
+		}
+	}
+	return true
+}
+
+// reentryFence returns the fence of a reentrant round whose grants are
+// granted and whose largest counting fence is fence: for a re-entry (the
+// counting grants show the token's holding from before the call, fewer
+// than a majority of them took it afresh, and the call did not find it
+// gone before, as settleHolds decides) the holding's fence, otherwise
+// fence. The holding's fence is what its latest count's nodes store (a
+// node that took the lock afresh in the re-entry stores a larger one from
+// its counter until the new count lowers it; one that missed a count may
+// store an older one).
+func reentryFence(granted []grant, fence int64, quorum int, call *holdCall) int64 {
+	var (
+		fresh int
+		last  holdState // the latest version among the counting old holdings
+		held  int64     // the largest fence of those with that version
+	)
+	for _, g := range granted {
+		switch {
+		case !g.counts:
+		case g.hold.fresh:
+			fresh++
+		case last.holds == 0 || g.hold.version > last.version:
+			last, held = g.hold, g.fence
+		case g.hold.version == last.version:
+			held = max(held, g.fence)
+		}
+	}
+	if last.holds == 0 || fresh >= quorum || (call != nil && call.based && call.base.holds == 0) {
+		return fence
+	}
+	return held
+}
+
 // writeHolds stores s as the hold count of token's holding on every node
-// and reports an error unless a majority of the nodes that count stored
-// it.
+// (with its fence, when s has one) and reports an error unless a
+// majority of the nodes that count stored it.
 func (l *Locker) writeHolds(ctx context.Context, key, token, attempt string, s holdState) error {
 	x := strconv.FormatInt(s.holds, 10) + "." + strconv.FormatInt(s.version, 10)
+	if s.fence > 0 {
+		x += ":" + strconv.FormatInt(s.fence, 10)
+	}
 	stored, answered := 0, 0 // of the nodes that count
 	r := l.call(ctx, opSetHold, len(l.nodes), key, codeSetHold, token, attempt, x)
 	l.fanoutSettled(r, func(res []reply) {
@@ -349,6 +492,41 @@ func (l *Locker) queryHolds(ctx context.Context, resource, token string) (seen [
 	return seen, answered
 }
 
+// holdCall is a reentrant Lock call's state across its attempts. Its
+// attempts have ids "<id>+<k>", k = 1, 2, .. in base 36, where id is an
+// attempt id of its own (unique among every Locker's): the nodes tell
+// the call's holdings from others' by it (enter, in opsScript).
+type holdCall struct {
+	id string        // "<attempt id>+"
+	n  atomic.Uint64 // the call's attempts so far
+	// base is the count of the token's holding before the call, as the
+	// call's first settled attempt read it from a majority (settleHolds);
+	// holds 0 for none. based reports that it was read. Used by the
+	// call's attempts only, which run one after the other.
+	base  holdState
+	based bool
+}
+
+// callForm returns the form of one Lock call with the form f: for a
+// reentrant one, a copy with a holdCall of its own; f itself otherwise.
+func (l *Locker) callForm(f *form) *form {
+	if !f.reentrant() {
+		return f
+	}
+	c := *f
+	c.call = &holdCall{id: l.newAttempt() + "+"}
+	return &c
+}
+
+// attemptID returns the id of a new attempt of an acquisition in form f:
+// the next of its call's, or a fresh one.
+func (f *form) attemptID(l *Locker) string {
+	if f == nil || f.call == nil {
+		return l.newAttempt()
+	}
+	return f.call.id + strconv.FormatUint(f.call.n.Add(1), 36)
+}
+
 // Holder names who acquires (Options.Holder), as LOCKINFO shows it. Make
 // one with NewHolder once per client and give it to every Lock: the work
 // of storing it is done there, not per call. The zero Holder names nobody.
@@ -369,9 +547,10 @@ func NewHolder(name string) Holder {
 // form is what an acquisition stores beyond a plain lock: a count of
 // holds, a holder. A nil *form is a plain acquisition.
 type form struct {
-	counted bool   // Options.Reentrant
-	holder  string // escaped Options.Holder
-	fresh   string // the extension of a fresh holding (extArg)
+	counted bool      // Options.Reentrant
+	holder  string    // escaped Options.Holder
+	fresh   string    // the extension of a fresh holding (extArg)
+	call    *holdCall // one reentrant call's (callForm), nil in a shared form
 }
 
 func newFormOf(counted bool, holder string) form {

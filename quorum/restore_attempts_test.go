@@ -60,6 +60,10 @@ func TestMergeKeepsAttempts(t *testing.T) {
 		{"05:T", "05/a.3:T", "05/*:T"},
 		{"05/1,2,3,4,5:T", "05/6,7,8,9:T", "05/*:T"},
 		{"05/a.1:T", "06/a.1:U", "06"},
+		// A count of holds: the later version's fence is the holding's.
+		{"09/a.1;1.1;:T", "05/a.2;2.3;h:T", "05/a.1,a.2;2.3;h:T"},
+		{"05/a.1;2.3;:T", "09/a.2;1.1;:T", "05/a.1,a.2;2.3;:T"},
+		{"05/a.1;2.3;:T", "09/a.2;2.3;:T", "09/a.1,a.2;2.3;:T"},
 	} {
 		got := merge(copied{value: tc.a, pttl: 100}, copied{value: tc.b, pttl: 200})
 		if got.value != tc.want || got.pttl != 200 {

@@ -56,8 +56,9 @@ import (
 // whole chunk, and each function it defines is a closure made anew. Only
 // the functions of a plain LOCK and UNLOCK (acquire, release), of EXTEND
 // and of an attempt's cleanup are defined on every call; the others come in
-// families (hash records, the rarer exclusive operations, the lock forms)
-// that a call defines on its first use of one (lazyFamilies).
+// families (hash records, the rarer exclusive operations, the lock forms,
+// and the handoff alone) that a call defines on its first use of one
+// (lazyFamilies).
 //
 // The call is
 //
@@ -121,11 +122,16 @@ import (
 //	       enter (LOCK ... REENTRANT): a, aw, r or rw, replying {g, holds,
 //	       version, fresh, g}: g is what those reply, holds and version the
 //	       count of the token's holding (1 and 0 without a count), fresh 1
-//	       when this attempt took the lock afresh on the node; where the key is
+//	       when this attempt's call took the lock afresh on the node (every
+//	       attempt on its list is the call's: an attempt id "<call>+<k>";
+//	       from k = 2 on, the call's earlier ids on the list are replaced
+//	       with this one first, see reentrant.go); where the key is
 //	       a hash record in another mode, acquire's {mode code, 0}.
-//	k      sethold: x is "<holds>.<version>"; store it as the count of the
-//	       token's holding unless the node stores a later version. 1 when
-//	       the token owns the lock, 0 otherwise.
+//	k      sethold: x is "<holds>.<version>[:<fence>]"; store it as the
+//	       count of the token's holding unless the node stores a later
+//	       version, with the fence (a re-entry's) as the holding's stored
+//	       fence, the counter raised to it. 1 when the token owns the lock,
+//	       0 otherwise.
 //	y      query: the token's holding as enter reports it, 0 when the token
 //	       does not own the lock. Changes nothing.
 //	v      view (LOCKINFO): {kind, pttl, header, mine, owner}, kind 'none',
@@ -219,8 +225,11 @@ local channel = ARGV[5 * n + 1]
 local nowMs
 local function now()
 	if not nowMs then
+		-- TIME's two decimal strings: Lua's arithmetic converts them, with
+		-- no call of tonumber or math.floor (about 1k instructions each).
 		local t = redis.call('TIME')
-		nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+		local us = t[2] + 0
+		nowMs = t[1] * 1000 + (us - us % 1000) / 1000
 	end
 	return nowMs
 end
@@ -322,8 +331,8 @@ end
 
 -- family returns the functions of a family of operations (see lazyFamilies):
 -- 'hash' (hash records, hashLua), 'exclusive' (the exclusive operations that
--- a plain LOCK and UNLOCK do not use) or 'forms' (LOCK ... REENTRANT,
--- LOCKINFO, MLOCK).
+-- a plain LOCK and UNLOCK do not use), 'forms' (LOCK ... REENTRANT,
+-- LOCKINFO, MLOCK) or 'handoff'.
 local family
 
 -- refresh resets the ttl of v, a lock that token owns with fence and the
@@ -500,7 +509,7 @@ local function extend(key, token, ttl)
 	return fence
 end
 
-` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily) + `
+` + lazyFamilies(hashFamily, exclusiveFamily, formsFamily, handoffFamily) + `
 -- width is the number of positions that the operation run last takes: a
 -- group's size (set before anything can fail), 1 for the others.
 local width
@@ -542,7 +551,7 @@ local function run(i)
 	elseif c == 't' then
 		return now()
 	elseif c == 'h' then
-		return family('exclusive').handoff(key, token, x, attempt)
+		return family('handoff').handoff(key, token, x, attempt)
 	elseif c == 'm' then
 		return family('forms').group(i, code, token, x, attempt)
 	elseif c == 'n' then
@@ -599,10 +608,18 @@ end
 -- The node's clock (clock.go): its TIME and its offset against the
 -- reference. A node with its marker that reads more than the band below the
 -- caller's lower bound of the reference is moved up to it.
-local clock, band, ref = ARGV[#ARGV - 2], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+-- band and ref are decimal (ref '' when the caller has none): Lua's
+-- arithmetic converts them, as it does the offset's digits.
+local na = #ARGV
+local clock, band, ref = ARGV[na - 2], ARGV[na - 1], ARGV[na]
 local t = now()
-local offset = tonumber(redis.call('GET', clock) or '0') or 0
-if ref and res[n + 1] == 1 and t - offset - ref < -band then
+local offset = redis.call('GET', clock)
+if offset then
+	offset = tonumber(offset) or 0
+else
+	offset = 0
+end
+if ref ~= '' and res[n + 1] == 1 and t - offset - ref < -band then
 	offset = t - ref
 	redis.call('SET', clock, string.format('%d', offset))
 end
@@ -612,7 +629,7 @@ return res
 `)
 
 // exclusiveFamily holds the exclusive operations that a plain LOCK and UNLOCK
-// do not use: raise (f), place (p), handoff (h) and status (s).
+// do not use: raise (f), place (p) and status (s).
 var exclusiveFamily = luaFamily{"exclusive", `
 local function raise(key, token, fence)
 	local v, f, att, ext = owned(key, token)
@@ -652,10 +669,24 @@ local function place(key, token, x, attempt)
 	return held(key)
 end
 
+local function status()
+	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
+	if not deadline then
+		return -1
+	end
+	return math.max(deadline - now(), 0)
+end
+`, []string{"raise", "place", "status"}}
+
+// handoffFamily holds handoff (h), the one operation of a contended LOCK
+// ... WAIT's cycle after the first: a family of its own, so that a handing
+// call makes one closure more than a plain call, not the exclusive
+// family's four.
+var handoffFamily = luaFamily{"handoff", `
 local function handoff(key, token, x, attempt)
-	local sep = string.find(x, ':', 1, true)
-	local ttl, ext = splitExt(string.sub(x, 1, sep - 1))
-	local next = string.sub(x, sep + 1)
+	-- One match, not a find, two subs and splitExt: the extension is
+	-- escaped (no ':'), so the first ':' ends it.
+	local ttl, ext, next = string.match(x, '^([^;:]*)([^:]*):(.*)$')
 	local v = get(redis.pcall('GET', key), attempt)
 	local released, mark = 0, '0'
 	if v == nil then
@@ -695,18 +726,11 @@ local function handoff(key, token, x, attempt)
 		end
 	end
 	local fence = redis.call('INCR', counter)
-	redis.call('SET', key, value(mark, string.format('%d', fence), attempt, next, ext), 'PX', ttl)
+	-- As acquire: below 1e14 Lua writes the digits without string.format.
+	redis.call('SET', key, value(mark, fence < 1e14 and fence or string.format('%d', fence), attempt, next, ext), 'PX', ttl)
 	return {released, fence}
 end
-
-local function status()
-	local deadline = tonumber(redis.call('HGET', recovery, 'deadline'))
-	if not deadline then
-		return -1
-	end
-	return math.max(deadline - now(), 0)
-end
-`, []string{"raise", "place", "handoff", "status"}}
+`, []string{"handoff"}}
 
 // hashFamily holds the operations on hash records (hashLua), which the
 // exclusive operations reach only in their slow branch.
@@ -715,17 +739,72 @@ var hashFamily = luaFamily{"hash", hashLua, []string{"hload", "hfind", "hdrop", 
 // formsFamily holds the operations that only the lock forms use: LOCK ...
 // REENTRANT (enter, sethold, query), LOCKINFO (view) and MLOCK (group).
 var formsFamily = luaFamily{"forms", `
+-- ofCall reports whether every attempt in the list att is one of the
+-- call's (its id starts with call, "<id>+").
+local function ofCall(att, call)
+	if att == '' or att == '*' then
+		return false
+	end
+	for a in string.gmatch(att, '[^,]+') do
+		if string.sub(a, 1, #call) ~= call then
+			return false
+		end
+	end
+	return true
+end
+
+-- takeOver replaces, in the attempts that rely on token's lock, those of
+-- the call's earlier attempts with attempt: they failed (only a call's
+-- last attempt succeeds), so none relies on the lock any more, and their
+-- cleanups, arriving later, leave it to this one. The list keeps at most
+-- one id per call, however many attempts the call makes.
+local function takeOver(key, token, call, attempt)
+	local v = redis.pcall('GET', key)
+	if type(v) ~= 'string' or string.byte(v, 1) == 120 then
+		return
+	end
+	local f, att, ext = parse(v, token)
+	if not f or att == '' or att == '*' then
+		return
+	end
+	local rest, took, has = {}, false, false
+	for a in string.gmatch(att, '[^,]+') do
+		if a == attempt then
+			has = true
+			rest[#rest + 1] = a
+		elseif string.sub(a, 1, #call) == call then
+			took = true
+		else
+			rest[#rest + 1] = a
+		end
+	end
+	if not took then
+		return
+	end
+	if not has then
+		rest[#rest + 1] = attempt
+	end
+	redis.call('SET', key, value(string.sub(v, 1, 1), f, table.concat(rest, ','), token, ext), 'KEEPTTL')
+end
+
 -- enter is acquire for LOCK ... REENTRANT: code n, nw, nr or nrw runs
 -- acquire's a, aw, r or rw and replies {g, holds, version, fresh, g}, g
 -- being what acquire replies, holds and version the count stored with the
 -- token's holding (1 and 0 for a holding without a count), fresh 1 when
--- this attempt took the lock here afresh.
+-- this attempt's call took the lock here afresh: every attempt that
+-- relies on it is this call's. A reentrant call's attempts have ids
+-- "<call>+<k>" (k from 1, base 36; reentrant.go): from the second on,
+-- the call's earlier attempts are taken over first (takeOver).
 local function enter(key, code, token, x, attempt)
 	local c = string.sub(code, 2)
 	if c == '' then
 		c = 'a'
 	elseif c == 'w' then
 		c = 'aw'
+	end
+	local call, k = string.match(attempt, '^(.+%+)(%w+)$')
+	if call and k ~= '1' then
+		takeOver(key, token, call, attempt)
 	end
 	local g = acquire(key, c, token, x, attempt)
 	if type(g) == 'table' then
@@ -737,26 +816,33 @@ local function enter(key, code, token, x, attempt)
 	local _, att, ext = parse(redis.call('GET', key), token)
 	local h, ver = holdsOf(ext)
 	local fresh = 0
-	if att == attempt then
+	if att == attempt or (call and ofCall(att, call)) then
 		fresh = 1
 	end
 	return {g, h or 1, ver or 0, fresh, g}
 end
 
--- sethold writes x, "<holds>.<version>", as the count of token's holding
--- unless the holding stores a later version; it keeps the rest of the
--- extension (the holder) and the ttl. It returns 1 when token owns the
--- lock, 0 otherwise.
+-- sethold writes x, "<holds>.<version>[:<fence>]", as the count of
+-- token's holding unless the holding stores a later version; it keeps the
+-- rest of the extension (the holder) and the ttl. With a fence (a
+-- re-entry's: the holding's), the holding stores that fence, and the
+-- counter is raised to it. It returns 1 when token owns the lock, 0
+-- otherwise.
 local function sethold(key, token, x)
 	local v, f, att, ext = owned(key, token)
 	if not v then
 		return 0
 	end
-	local dot = string.find(x, '.', 1, true)
-	local nh, nv = string.sub(x, 1, dot - 1), string.sub(x, dot + 1)
+	local nh, nv, nf = string.match(x, '^(%d+)%.(%d+):?(%d*)$')
 	local _, ver = holdsOf(ext)
 	if ver and ver > tonumber(nv) then
 		return 1
+	end
+	if nf ~= '' then
+		f = nf
+		if tonumber(redis.call('GET', counter) or '0') < tonumber(nf) then
+			redis.call('SET', counter, nf)
+		end
 	end
 	local rest = string.match(ext, '^;[^;]*(;.*)$') or ''
 	redis.call('SET', key, value(string.sub(v, 1, 1), f, att, token, ';' .. nh .. '.' .. nv .. rest), 'KEEPTTL')

@@ -67,6 +67,7 @@ type config struct {
 	lockfloorPid int    // for CPU accounting
 	nodePids     []int  // for CPU accounting
 	forms        []form // the lock family's forms measured next to LOCK, uncontended
+	nodeStats    bool   // read the nodes' INFO commandstats around every run (nodestats.go)
 }
 
 // form is one of the lock family's acquisitions, measured like LOCK: the
@@ -121,12 +122,13 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&cfg.hold, "hold", time.Millisecond, "how long a contended holder keeps the lock")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock ttl (proxy ttl-ms and redsync expiry)")
 	fs.IntVar(&cfg.poolSize, "redsync-pool", 0, "go-redis PoolSize per lock node for redsync (0: as many as clients)")
-	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"forms\": LOCK against MLOCK of 1, 3 and 10 resources, or \"reentrant\" (LOCK REENTRANT and re-entry next to plain LOCK, see reentrant.go), or \"plain\" (the proxy's LOCK+UNLOCK alone, for an A/B of two builds); forms and reentrant are not run by default")
+	fs.StringVar(&cfg.only, "only", "", "run only \"uncontended\" or \"contended\", or \"forms\": LOCK against MLOCK of 1, 3 and 10 resources, or \"reentrant\" (LOCK REENTRANT and re-entry next to plain LOCK, see reentrant.go), or \"plain\" (the proxy's LOCK+UNLOCK alone, for an A/B of two builds), or \"waits\" (the proxy's contended LOCK ... WAIT alone, for the same); forms, reentrant, plain and waits are not run by default")
 	fs.DurationVar(&cfg.maxWaitCall, "max-wait", 10*time.Second, "largest WAIT of one LOCK call (at most the proxy's lock.max_wait)")
 	fs.IntVar(&cfg.proxyPid, "proxy-pid", 0, "the proxy's process id: report its CPU time per pair (with -node-pids)")
 	nodePids := fs.String("node-pids", "", "comma-separated process ids of the lock nodes: report their CPU time per pair")
 	fs.StringVar(&cfg.lockfloor, "lockfloor", "", "bench/lockfloor's address: run the uncontended scenario through it too, as a reference")
 	fs.IntVar(&cfg.lockfloorPid, "lockfloor-pid", 0, "lockfloor's process id: report its CPU time per pair (with -proxy-pid)")
+	fs.BoolVar(&cfg.nodeStats, "node-stats", false, "read the lock nodes' INFO commandstats around every run: report node commands and script calls per operation")
 	forms := fs.String("forms", "", "comma-separated forms to measure next to LOCK, uncontended: RLOCK, PERMITS k")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -166,6 +168,7 @@ func run(args []string, out io.Writer) error {
 	runForms := cfg.only == "forms"
 	runRe := cfg.only == "reentrant"
 	runPlain := cfg.only == "plain"
+	runWaits := cfg.only == "waits"
 	type scenario struct {
 		name string
 		d    time.Duration
@@ -213,6 +216,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if runPlain {
 		groups = append(groups, []scenario{{"plain", cfg.duration, b.plainPairs, cfg.proxyPid}})
+	}
+	if runWaits {
+		groups = append(groups, []scenario{{"proxy contended", cfg.contDur, b.proxyContended, cfg.proxyPid}})
 	}
 	if cfg.warmup > 0 {
 		for _, g := range groups {
@@ -265,6 +271,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if runPlain {
 		printPlain(out, cfg, results["plain"])
+	}
+	if runWaits {
+		printWaits(out, cfg, results["proxy contended"])
 	}
 	return nil
 }
@@ -365,27 +374,44 @@ type result struct {
 	errs     int64           // other errors
 	firstErr error
 	cpu      cpuSample // CPU time during the run, with -proxy-pid and -node-pids
+	node     nodeStats // the nodes' commands during the run, with -node-stats
 }
 
 // measure runs fn for d and, when the configuration names the processes,
 // adds the CPU time they and the machine used meanwhile.
 func (b *bench) measure(fn func(time.Duration) (result, error), d time.Duration, proxyPid int) (result, error) {
-	if proxyPid == 0 {
-		return fn(d)
+	var statsBefore nodeStats
+	if b.cfg.nodeStats {
+		var err error
+		if statsBefore, err = b.readNodeStats(); err != nil {
+			return result{}, err
+		}
 	}
-	before, err := sampleCPU(proxyPid, b.cfg.nodePids)
-	if err != nil {
-		return result{}, err
+	var before cpuSample
+	if proxyPid > 0 {
+		var err error
+		if before, err = sampleCPU(proxyPid, b.cfg.nodePids); err != nil {
+			return result{}, err
+		}
 	}
 	res, err := fn(d)
 	if err != nil {
 		return res, err
 	}
-	after, err := sampleCPU(proxyPid, b.cfg.nodePids)
-	if err != nil {
-		return res, err
+	if proxyPid > 0 {
+		after, err := sampleCPU(proxyPid, b.cfg.nodePids)
+		if err != nil {
+			return res, err
+		}
+		res.cpu = after.sub(before)
 	}
-	res.cpu = after.sub(before)
+	if b.cfg.nodeStats {
+		after, err := b.readNodeStats()
+		if err != nil {
+			return res, err
+		}
+		res.node = after.sub(statsBefore, len(b.nodes))
+	}
 	return res, nil
 }
 
@@ -450,7 +476,7 @@ func (r result) summary() string {
 	if r.firstErr != nil {
 		s += fmt.Sprintf(" (first error: %v)", r.firstErr)
 	}
-	return s
+	return s + r.nodeSummary()
 }
 
 // collector gathers the workers' outcomes of one run.
@@ -856,6 +882,7 @@ func printUncontended(w io.Writer, cfg config, px, rs []result) {
 		sum(px, func(r result) int64 { return r.failed }), sum(px, func(r result) int64 { return r.errs }),
 		sum(rs, func(r result) int64 { return r.failed }), sum(rs, func(r result) int64 { return r.errs }))
 	printCPU(w, px, rs)
+	printNodeStats(w, px, rs)
 }
 
 // printFamilyForms compares the lock family's forms with a plain LOCK, through
@@ -954,6 +981,7 @@ func printContended(w io.Writer, cfg config, px, rs []result, floors []floor) {
 	fmt.Fprintf(w, "| LOCK calls that gave up / errors (all rounds) | %d / %d | %d / %d | |\n",
 		sum(px, failed), sum(px, errs), sum(rs, failed), sum(rs, errs))
 	printCPU(w, px, rs)
+	printNodeStats(w, px, rs)
 	printGapBound(w, len(cfg.nodes), px, rs, floors)
 }
 

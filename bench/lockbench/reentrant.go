@@ -133,4 +133,5 @@ func printPlain(w io.Writer, cfg config, plain []result) {
 		fmt.Fprintf(w, "| CPU µs per pair: lockproxy | %s |\n", cell(plain, "%.1f", func(r result) float64 { return usPer(r.cpu.proxy, r) }))
 		fmt.Fprintf(w, "| CPU µs per pair: the lock nodes | %s |\n", cell(plain, "%.1f", func(r result) float64 { return usPer(r.cpu.nodes, r) }))
 	}
+	printNodeStats(w, plain)
 }

@@ -1,4 +1,4 @@
-package proxy
+package resp
 
 import (
 	"bufio"
@@ -12,16 +12,16 @@ import (
 	"github.com/tidwall/redcon"
 )
 
-// scannedReader feeds r through a requestScanner the way clientConn does.
+// scannedReader feeds r through a Scanner the way clientConn does.
 type scannedReader struct {
 	r   io.Reader
-	sc  requestScanner
+	sc  Scanner
 	err error
 }
 
 func (s *scannedReader) Read(b []byte) (int, error) {
-	if len(s.sc.pend) > 0 {
-		return s.sc.drain(b), nil
+	if s.sc.Pending() {
+		return s.sc.Drain(b), nil
 	}
 	if s.err != nil {
 		return 0, s.err
@@ -29,9 +29,9 @@ func (s *scannedReader) Read(b []byte) (int, error) {
 	for {
 		n, err := s.r.Read(b)
 		if n > 0 {
-			k, verr := s.sc.scan(b[:n])
-			if k == 0 && len(s.sc.pend) > 0 {
-				k = s.sc.drain(b)
+			k, verr := s.sc.Scan(b[:n])
+			if k == 0 && s.sc.Pending() {
+				k = s.sc.Drain(b)
 			}
 			if verr != nil {
 				s.err = verr
@@ -96,7 +96,7 @@ func FuzzRequestPath(f *testing.F) {
 func readRequests(t *testing.T, data []byte, chunk int) ([]string, error) {
 	sr := &scannedReader{
 		r:  &chunked{data: data, n: chunk},
-		sc: requestScanner{maxBulk: 64, maxMultibulk: 8, maxInline: 128},
+		sc: Scanner{MaxBulk: 64, MaxMultibulk: 8, MaxInline: 128},
 	}
 	rd := redcon.NewReader(sr)
 	var out []string
@@ -140,10 +140,10 @@ func FuzzReplyReader(f *testing.F) {
 		r := bufio.NewReaderSize(bytes.NewReader(data), 16)
 		var out bytes.Buffer
 		w := bufio.NewWriterSize(&out, 16)
-		var ri replyInfo
+		var ri ReplyInfo
 		consumed := 0
 		for {
-			if err := copyReply(w, r, &ri); err != nil {
+			if err := CopyReply(w, r, &ri); err != nil {
 				return
 			}
 			w.Flush()

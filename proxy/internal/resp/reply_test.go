@@ -1,4 +1,4 @@
-package proxy
+package resp
 
 import (
 	"bufio"
@@ -41,8 +41,8 @@ func TestCopyReplyAnyDepth(t *testing.T) {
 			r := bufio.NewReaderSize(strings.NewReader(reply+next), 16)
 			var out bytes.Buffer
 			w := bufio.NewWriterSize(&out, 16)
-			var ri replyInfo
-			if err := copyReply(w, r, &ri); err != nil {
+			var ri ReplyInfo
+			if err := CopyReply(w, r, &ri); err != nil {
 				t.Fatal(err)
 			}
 			w.Flush()
@@ -50,7 +50,7 @@ func TestCopyReplyAnyDepth(t *testing.T) {
 				t.Fatalf("copied %d bytes, want the %d of the reply", out.Len(), len(reply))
 			}
 			out.Reset()
-			if err := copyReply(w, r, &ri); err != nil || w.Flush() != nil || out.String() != next {
+			if err := CopyReply(w, r, &ri); err != nil || w.Flush() != nil || out.String() != next {
 				t.Fatalf("the next reply: %q, %v", out.String(), err)
 			}
 		})
@@ -86,18 +86,18 @@ func TestCopyReplyInfo(t *testing.T) {
 			r := bufio.NewReader(strings.NewReader(tt.give))
 			var out bytes.Buffer
 			w := bufio.NewWriter(&out)
-			var ri replyInfo
-			if err := copyReply(w, r, &ri); err != nil {
+			var ri ReplyInfo
+			if err := CopyReply(w, r, &ri); err != nil {
 				t.Fatal(err)
 			}
 			w.Flush()
 			if out.String() != tt.give || r.Buffered() != 0 {
 				t.Fatalf("copied %q of %q", out.String(), tt.give)
 			}
-			if ri.typ != tt.typ || ri.n != tt.n || string(ri.headString()) != tt.head ||
-				ri.hasInt != tt.hasThird || ri.third != tt.third || string(ri.lineBytes()) != tt.line {
-				t.Fatalf("got typ %q n %d head %q third %d/%v line %q", ri.typ, ri.n, ri.headString(),
-					ri.third, ri.hasInt, ri.lineBytes())
+			if ri.Type != tt.typ || ri.N != tt.n || string(ri.Head()) != tt.head ||
+				ri.HasInt != tt.hasThird || ri.Third != tt.third || string(ri.Line()) != tt.line {
+				t.Fatalf("got typ %q n %d head %q third %d/%v line %q", ri.Type, ri.N, ri.Head(),
+					ri.Third, ri.HasInt, ri.Line())
 			}
 		})
 	}
@@ -117,7 +117,7 @@ func BenchmarkCopyReply(b *testing.B) {
 			src := bytes.NewReader(stream)
 			r := bufio.NewReaderSize(src, 64<<10)
 			w := bufio.NewWriterSize(discardWriter{}, 64<<10)
-			var ri replyInfo
+			var ri ReplyInfo
 			b.SetBytes(int64(len(tc.reply)))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -126,7 +126,7 @@ func BenchmarkCopyReply(b *testing.B) {
 					src.Reset(stream)
 					r.Reset(src)
 				}
-				if err := copyReply(w, r, &ri); err != nil {
+				if err := CopyReply(w, r, &ri); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package proxy
+package resp
 
 import (
 	"bufio"
@@ -11,51 +11,51 @@ import (
 // stream that declares absurd counts hits it before the count overflows.
 const maxPending = 1 << 62
 
-// errMidReply reports that the backend stream broke after part of a reply
+// ErrMidReply reports that the backend stream broke after part of a reply
 // was already written to the client, so the client's stream is no longer in
 // step and its connection must be closed.
-var errMidReply = errors.New("proxy: backend reply cut short")
+var ErrMidReply = errors.New("proxy: backend reply cut short")
 
-// replyInfo is what the forwarding loop needs to know about one top-level
+// ReplyInfo is what the forwarding loop needs to know about one top-level
 // reply it copied: its type, and for aggregates the first element (when it
 // is a short bulk string) and the third (when it is an integer). That is
 // enough to recognise pub/sub messages and subscription confirmations
 // without decoding anything else.
-type replyInfo struct {
-	typ     byte
-	n       int64 // element count of an aggregate
+type ReplyInfo struct {
+	Type    byte
+	N       int64 // element count of an aggregate
 	head    [16]byte
 	headLen int // -1 when the first element is not a short bulk string
-	third   int64
-	hasInt  bool // the third element was an integer
+	Third   int64
+	HasInt  bool // the third element was an integer
 	line    [64]byte
 	lineLen int // the start of a single-line reply (+, -, :)
 }
 
-func (ri *replyInfo) headString() []byte {
+func (ri *ReplyInfo) Head() []byte {
 	if ri.headLen < 0 {
 		return nil
 	}
 	return ri.head[:ri.headLen]
 }
 
-func (ri *replyInfo) lineBytes() []byte { return ri.line[:ri.lineLen] }
+func (ri *ReplyInfo) Line() []byte { return ri.line[:ri.lineLen] }
 
-// copyReply copies exactly one RESP2/RESP3 reply from r to w, byte for
+// CopyReply copies exactly one RESP2/RESP3 reply from r to w, byte for
 // byte, without buffering whole values: a 512 MB bulk string streams
 // through the bufio buffers. An attribute (|) is copied together with the
 // value it annotates, at the top level and inside aggregates. The returned
-// error is errMidReply (wrapping the cause) when some of the reply had
+// error is ErrMidReply (wrapping the cause) when some of the reply had
 // already been written.
-func copyReply(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
+func CopyReply(w *bufio.Writer, r *bufio.Reader, ri *ReplyInfo) error {
 	typ, err := r.ReadByte()
 	if err != nil {
 		return err
 	}
 	if err := w.WriteByte(typ); err != nil {
-		return fmt.Errorf("%w: %w", errMidReply, err)
+		return fmt.Errorf("%w: %w", ErrMidReply, err)
 	}
-	ri.typ, ri.n, ri.headLen, ri.hasInt, ri.lineLen = typ, 0, -1, false, 0
+	ri.Type, ri.N, ri.headLen, ri.HasInt, ri.lineLen = typ, 0, -1, false, 0
 	switch typ {
 	case '+', '-', ':', '_', ',', '#', '(':
 		err = copyLine(w, r, ri)
@@ -65,7 +65,7 @@ func copyReply(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
 		err = copyNested(w, r, typ, ri)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %w", errMidReply, err)
+		return fmt.Errorf("%w: %w", ErrMidReply, err)
 	}
 	return nil
 }
@@ -78,8 +78,8 @@ func copyReply(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
 // levels deep (a Lua script can return one) is copied like a flat one, with
 // no depth limit and no stack to exhaust. Two counters are enough because
 // the only structure that matters is the top-level aggregate's first
-// elements, for replyInfo.
-func copyNested(w *bufio.Writer, r *bufio.Reader, typ byte, ri *replyInfo) error {
+// elements, for ReplyInfo.
+func copyNested(w *bufio.Writer, r *bufio.Reader, typ byte, ri *ReplyInfo) error {
 	var (
 		children int64 // direct elements of the top-level aggregate still to come
 		sub      int64 // values still to come below the current direct element
@@ -101,13 +101,13 @@ func copyNested(w *bufio.Writer, r *bufio.Reader, typ byte, ri *replyInfo) error
 		case sub > 0:
 			sub--
 		case children > 0:
-			idx = ri.n - children
+			idx = ri.N - children
 			if typ != '|' { // an attribute is not an element
 				children--
 			}
 		default:
 			top = true
-			ri.typ, ri.n, ri.headLen, ri.hasInt, ri.lineLen = typ, 0, -1, false, 0
+			ri.Type, ri.N, ri.headLen, ri.HasInt, ri.lineLen = typ, 0, -1, false, 0
 		}
 		n, err := copyValue(w, r, typ, top, idx, ri)
 		if err != nil {
@@ -118,7 +118,7 @@ func copyNested(w *bufio.Writer, r *bufio.Reader, typ byte, ri *replyInfo) error
 		}
 		switch {
 		case top && typ != '|':
-			children, ri.n, attr = n, n, false
+			children, ri.N, attr = n, n, false
 		case top:
 			attr = true
 			sub += n
@@ -140,7 +140,7 @@ func copyNested(w *bufio.Writer, r *bufio.Reader, typ byte, ri *replyInfo) error
 // top says the value is the reply itself, idx is its index among the
 // top-level aggregate's elements (-1 when it is not one of them); both
 // decide what is recorded in ri.
-func copyValue(w *bufio.Writer, r *bufio.Reader, typ byte, top bool, idx int64, ri *replyInfo) (int64, error) {
+func copyValue(w *bufio.Writer, r *bufio.Reader, typ byte, top bool, idx int64, ri *ReplyInfo) (int64, error) {
 	switch typ {
 	case '+', '-', ':', '_', ',', '#', '(':
 		if typ == ':' && idx == 2 {
@@ -148,7 +148,7 @@ func copyValue(w *bufio.Writer, r *bufio.Reader, typ byte, top bool, idx int64, 
 			if err != nil {
 				return 0, err
 			}
-			ri.third, ri.hasInt = v, ok
+			ri.Third, ri.HasInt = v, ok
 		}
 		if top {
 			return 0, copyLine(w, r, ri)
@@ -180,7 +180,7 @@ func copyValue(w *bufio.Writer, r *bufio.Reader, typ byte, top bool, idx int64, 
 }
 
 // copyLine copies up to and including the next "\r\n".
-func copyLine(w *bufio.Writer, r *bufio.Reader, ri *replyInfo) error {
+func copyLine(w *bufio.Writer, r *bufio.Reader, ri *ReplyInfo) error {
 	first := true
 	for {
 		b, err := r.ReadSlice('\n')
@@ -210,7 +210,7 @@ func copyLength(w *bufio.Writer, r *bufio.Reader) (int64, error) {
 		}
 		return 0, err
 	}
-	n, ok := parseLength(b)
+	n, ok := ParseLength(b)
 	if !ok {
 		return 0, fmt.Errorf("invalid length %q", b)
 	}
@@ -220,8 +220,8 @@ func copyLength(w *bufio.Writer, r *bufio.Reader) (int64, error) {
 	return n, nil
 }
 
-// parseLength parses "123\r\n" or "-1\r\n".
-func parseLength(b []byte) (int64, bool) {
+// ParseLength parses "123\r\n" or "-1\r\n".
+func ParseLength(b []byte) (int64, bool) {
 	if len(b) < 3 || b[len(b)-2] != '\r' {
 		return 0, false
 	}
@@ -271,7 +271,7 @@ func copyN(w *bufio.Writer, r *bufio.Reader, n int64) error {
 
 // peekHead records a short bulk string that starts at r (its "$" already
 // read) without consuming it.
-func peekHead(r *bufio.Reader, ri *replyInfo) error {
+func peekHead(r *bufio.Reader, ri *ReplyInfo) error {
 	b, err := r.Peek(4)
 	if err != nil {
 		return err
@@ -302,7 +302,7 @@ func peekInt(r *bufio.Reader) (int64, bool, error) {
 			return 0, false, err
 		}
 		if b[i-1] == '\n' {
-			v, ok := parseLength(b)
+			v, ok := ParseLength(b)
 			return v, ok, nil
 		}
 	}

@@ -1,11 +1,7 @@
-package proxy
+package resp
 
 import (
-	"errors"
-	"net"
 	"strconv"
-	"sync/atomic"
-	"time"
 )
 
 // ProtocolError is a request that breaks the RESP protocol or one of the
@@ -25,8 +21,8 @@ var (
 	errUnbalanced   = &ProtocolError{"unbalanced quotes in request"}
 )
 
-// maxCount is the largest argument count Redis 7.0 accepts (INT_MAX).
-const maxCount = 1<<31 - 1
+// MaxCount is the largest argument count Redis 7.0 accepts (INT_MAX).
+const MaxCount = 1<<31 - 1
 
 // scanner states.
 const (
@@ -40,7 +36,7 @@ const (
 	sBulkEnd            // in the two bytes after an argument
 )
 
-// requestScanner follows the framing of the client's request stream and
+// Scanner follows the framing of the client's request stream and
 // decides, as Redis's request parser does (processInlineBuffer and
 // processMultibulkBuffer in networking.c), what each request is: a
 // command, nothing (an empty line, a count of zero or less), or a protocol
@@ -62,10 +58,10 @@ const (
 // checks that limit only while a line's end has not arrived, so there a
 // line somewhat longer than the limit passes when its end comes in the
 // same read that crosses the limit; here the limit holds for every line.
-type requestScanner struct {
-	maxBulk      int64
-	maxMultibulk int64
-	maxInline    int64
+type Scanner struct {
+	MaxBulk      int64
+	MaxMultibulk int64
+	MaxInline    int64
 
 	state   uint8
 	stuck   bool  // a NUL hid the end of the current line
@@ -139,7 +135,7 @@ type out struct {
 
 // put writes p as output; i is the end of the input consumed so far, so
 // b[w:i] is free.
-func (o *out) put(sc *requestScanner, p []byte, i int) {
+func (o *out) put(sc *Scanner, p []byte, i int) {
 	if len(sc.pend) == 0 && len(p) <= i-o.w {
 		o.w += copy(o.b[o.w:], p)
 		return
@@ -148,7 +144,7 @@ func (o *out) put(sc *requestScanner, p []byte, i int) {
 }
 
 // spill adds p to the pending output.
-func (sc *requestScanner) spill(p []byte) {
+func (sc *Scanner) spill(p []byte) {
 	if len(sc.pend) == 0 {
 		sc.pend = sc.spillBuf[:0]
 	}
@@ -158,12 +154,12 @@ func (sc *requestScanner) spill(p []byte) {
 	}
 }
 
-// scan reads b, the next bytes of the stream, and rewrites it in place. It
+// Scan reads b, the next bytes of the stream, and rewrites it in place. It
 // returns how many bytes at the start of b are output, which come before
 // sc.pend, and, if the stream broke a rule, the error, which comes after
 // both (the output then ends with the requests before the faulty one,
 // and perhaps the start of that one, which is never completed).
-func (sc *requestScanner) scan(b []byte) (int, error) {
+func (sc *Scanner) Scan(b []byte) (int, error) {
 	o := out{b: b}
 	var hdr [24]byte
 	for i := 0; i < len(b); i++ {
@@ -201,7 +197,7 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 			}
 			sc.stuck = sc.stuck || c == 0
 			sc.line++
-			if sc.line > sc.maxInline {
+			if sc.line > sc.MaxInline {
 				return o.w, errInlineLen
 			}
 			if !sc.stuck {
@@ -221,7 +217,7 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 				continue
 			}
 			sc.stuck = sc.stuck || c == 0
-			if sc.line > sc.maxInline {
+			if sc.line > sc.MaxInline {
 				if sc.state == sCount {
 					return o.w, errCountLen
 				}
@@ -233,7 +229,7 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 		case sCountEnd:
 			// Redis takes any byte after the '\r' as the line's end.
 			n, ok := sc.num.value()
-			if !ok || n > maxCount || n > sc.maxMultibulk {
+			if !ok || n > MaxCount || n > sc.MaxMultibulk {
 				return o.w, errMultibulkLen
 			}
 			if n <= 0 {
@@ -253,7 +249,7 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 				return o.w, &ProtocolError{"expected '$', got '" + string([]byte{got}) + "'"}
 			}
 			n, ok := sc.num.value()
-			if !ok || n < 0 || n > sc.maxBulk {
+			if !ok || n < 0 || n > sc.MaxBulk {
 				return o.w, errBulkLen
 			}
 			h := append(strconv.AppendInt(append(hdr[:0], '$'), n, 10), '\r', '\n')
@@ -299,9 +295,9 @@ func (sc *requestScanner) scan(b []byte) (int, error) {
 // ending in "\r\n", numbers without sign or leading zero, within the
 // limits), and 0 otherwise. Such a request is what clients send, and it
 // needs no state and no rewriting.
-func (sc *requestScanner) plain(b []byte) int {
+func (sc *Scanner) plain(b []byte) int {
 	n, i := sc.plainNumber(b, 1)
-	if n <= 0 || n > sc.maxMultibulk || n > maxCount {
+	if n <= 0 || n > sc.MaxMultibulk || n > MaxCount {
 		return 0
 	}
 	for ; n > 0; n-- {
@@ -309,7 +305,7 @@ func (sc *requestScanner) plain(b []byte) int {
 			return 0
 		}
 		size, j := sc.plainNumber(b, i+1)
-		if size < 0 || size > sc.maxBulk || size > int64(len(b)-j-2) {
+		if size < 0 || size > sc.MaxBulk || size > int64(len(b)-j-2) {
 			return 0
 		}
 		i = j + int(size) + 2
@@ -323,7 +319,7 @@ func (sc *requestScanner) plain(b []byte) int {
 // plainNumber parses the digits of a count or length line starting at
 // b[i] and ending in "\r\n" within b, and returns the number and where
 // the next line starts; the number is -1 when the line is not plain.
-func (sc *requestScanner) plainNumber(b []byte, i int) (int64, int) {
+func (sc *Scanner) plainNumber(b []byte, i int) (int64, int) {
 	start := i
 	var v int64
 	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
@@ -331,14 +327,18 @@ func (sc *requestScanner) plainNumber(b []byte, i int) (int64, int) {
 	}
 	digits := i - start
 	if digits == 0 || digits > 18 || (digits > 1 && b[start] == '0') ||
-		int64(digits+1) >= sc.maxInline || i+1 >= len(b) || b[i] != '\r' || b[i+1] != '\n' {
+		int64(digits+1) >= sc.MaxInline || i+1 >= len(b) || b[i] != '\r' || b[i+1] != '\n' {
 		return -1, 0
 	}
 	return v, i + 2
 }
 
-// drain moves pending output into b.
-func (sc *requestScanner) drain(b []byte) int {
+// Pending reports whether output waits to be delivered by Drain before
+// anything read after it.
+func (sc *Scanner) Pending() bool { return len(sc.pend) > 0 }
+
+// Drain moves pending output into b.
+func (sc *Scanner) Drain(b []byte) int {
 	n := copy(b, sc.pend)
 	sc.pend = sc.pend[n:]
 	return n
@@ -347,7 +347,7 @@ func (sc *requestScanner) drain(b []byte) int {
 // endInline ends an inline request at its '\n' (i is the end of the
 // consumed input): it splits the line as Redis does and writes the
 // arguments as a multibulk request.
-func (sc *requestScanner) endInline(o *out, i int) error {
+func (sc *Scanner) endInline(o *out, i int) error {
 	sc.state = sTop
 	line := sc.inline
 	if n := len(line); n > 0 && line[n-1] == '\r' {
@@ -367,7 +367,7 @@ func (sc *requestScanner) endInline(o *out, i int) error {
 		return errUnbalanced
 	case argc == 0:
 		return nil // Redis skips a line of blanks
-	case int64(argc) > sc.maxMultibulk:
+	case int64(argc) > sc.MaxMultibulk:
 		return errMultibulkLen
 	}
 	var hdr [24]byte
@@ -488,75 +488,4 @@ func unescape(c byte) byte {
 		return '\a'
 	}
 	return c
-}
-
-// clientConn is a client's connection as redcon sees it. Its Read enforces
-// the request limits and the idle timeout before redcon's parser runs.
-type clientConn struct {
-	net.Conn
-	sc   requestScanner
-	idle time.Duration
-	// sess is set in the accept callback, before the first Read.
-	sess *session
-	// order is the socket's place in the arrival order; nil: none.
-	order *arrival
-	err   error
-	// broken is set once a write to the client failed.
-	broken atomic.Bool
-}
-
-func (c *clientConn) Write(b []byte) (int, error) {
-	if len(b) == 0 {
-		// redcon flushes its own, always empty, writer after every batch;
-		// an empty Write would still cost a system call.
-		return 0, nil
-	}
-	n, err := c.Conn.Write(b)
-	if err != nil {
-		c.broken.Store(true)
-	}
-	return n, err
-}
-
-func (c *clientConn) Read(b []byte) (int, error) {
-	if len(c.sc.pend) > 0 {
-		return c.sc.drain(b), nil
-	}
-	if c.err != nil {
-		c.sess.protocolError(c.err)
-		return 0, c.err
-	}
-	for {
-		if c.idle > 0 {
-			c.Conn.SetReadDeadline(time.Now().Add(c.idle))
-		}
-		n, err := c.Conn.Read(b)
-		if n > 0 {
-			k, verr := c.sc.scan(b[:n])
-			if k == 0 && len(c.sc.pend) > 0 {
-				k = c.sc.drain(b)
-			}
-			if verr != nil {
-				c.err = verr
-				if k == 0 {
-					c.sess.protocolError(verr)
-					return 0, verr
-				}
-				return k, nil
-			}
-			if k > 0 || err != nil {
-				return k, err
-			}
-			// Nothing to pass on yet: a request Redis skips, or the start
-			// of a line.
-			continue
-		}
-		// Like Redis's timeout setting, the idle timeout spares clients
-		// that wait on a blocking command, a subscription or MONITOR.
-		var ne net.Error
-		if err != nil && c.idle > 0 && errors.As(err, &ne) && ne.Timeout() && c.sess.waiting() {
-			continue
-		}
-		return n, err
-	}
 }

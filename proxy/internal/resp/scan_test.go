@@ -1,4 +1,4 @@
-package proxy
+package resp
 
 import (
 	"strings"
@@ -14,14 +14,14 @@ func BenchmarkRequestScan(b *testing.B) {
 		{"SET 16KB", "*3\r\n$3\r\nSET\r\n$9\r\nbench:key\r\n$16384\r\n" + strings.Repeat("v", 16384) + "\r\n"},
 	} {
 		b.Run(tc.name+"/whole", func(b *testing.B) {
-			sc := requestScanner{maxBulk: 512 << 20, maxMultibulk: 1 << 20, maxInline: 64 << 10}
+			sc := Scanner{MaxBulk: 512 << 20, MaxMultibulk: 1 << 20, MaxInline: 64 << 10}
 			buf := make([]byte, len(tc.read))
 			b.SetBytes(int64(len(tc.read)))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
 				copy(buf, tc.read)
-				if n, err := sc.scan(buf); n != len(buf) || err != nil {
+				if n, err := sc.Scan(buf); n != len(buf) || err != nil {
 					b.Fatal(n, err)
 				}
 			}
@@ -29,7 +29,7 @@ func BenchmarkRequestScan(b *testing.B) {
 		// The same requests cut into reads of 7 bytes, which take the
 		// byte-by-byte path.
 		b.Run(tc.name+"/in reads of 7", func(b *testing.B) {
-			sc := requestScanner{maxBulk: 512 << 20, maxMultibulk: 1 << 20, maxInline: 64 << 10}
+			sc := Scanner{MaxBulk: 512 << 20, MaxMultibulk: 1 << 20, MaxInline: 64 << 10}
 			buf := make([]byte, len(tc.read))
 			var spill [64]byte
 			b.SetBytes(int64(len(tc.read)))
@@ -39,12 +39,12 @@ func BenchmarkRequestScan(b *testing.B) {
 				copy(buf, tc.read)
 				out := 0
 				for i := 0; i < len(buf); i += 7 {
-					n, err := sc.scan(buf[i:min(i+7, len(buf))])
+					n, err := sc.Scan(buf[i:min(i+7, len(buf))])
 					if err != nil {
 						b.Fatal(err)
 					}
-					for out += n; len(sc.pend) > 0; {
-						out += sc.drain(spill[:])
+					for out += n; sc.Pending(); {
+						out += sc.Drain(spill[:])
 					}
 				}
 				if out != len(buf) {

@@ -1,0 +1,292 @@
+package resp
+
+// The command table: everything the proxy needs to know about a Redis
+// command, in one place. Two sources feed it:
+//
+//   - commands, below: the static overlay, what COMMAND does not say or
+//     says differently from what the proxy needs (which commands move a
+//     client off a shared connection, which wait, which are about the whole
+//     server, how a cross-slot command is split, ...). It is known before
+//     any backend answers, and read on every forwarded command.
+//   - Table: the backend's own COMMAND reply, loaded once at first use:
+//     where each command's keys are (KeySpec).
+//
+// Every question the proxy asks about a command (by its lower-case name,
+// and for the commands with subcommands, CLIENT, CONFIG, ACL, ..., by its
+// lower-case first argument) is asked here: Lookup, Of and Stateless for
+// the overlay, LookupSpec for the backend's table.
+
+// Flag is one fact about a command.
+type Flag uint32
+
+const (
+	// Dedicated: the command sets or reads the connection's own state,
+	// blocks, or stalls the connection for everyone (DEBUG, WAIT). It
+	// never goes on a connection shared with other clients: the client
+	// moves to a connection of its own.
+	Dedicated Flag = 1 << iota
+	// Blocking: the command may wait on the server.
+	Blocking
+	// Waits: the command waits for the connection's writes to reach the
+	// replicas or the disk (WAIT, WAITAOF).
+	Waits
+	// Subscribes: a (un)subscribe command; Info.Family says which kind.
+	Subscribes
+	// EveryConn: the command sets connection state that every
+	// connection of a cluster client carries and every new one replays
+	// (AUTH, HELLO, CLIENT SETNAME).
+	EveryConn
+	// NoSlot: the command is about the whole server or keyspace and is
+	// routed by no slot in front of a cluster.
+	NoSlot
+	// Fanned: in front of a cluster the command goes to every master.
+	Fanned
+	// Splits: with keys in several slots the command is split per slot;
+	// Info.Merge says how the replies merge.
+	Splits
+	// ChangesAccess: the command may change which connections the server
+	// lets in (CONFIG only when an argument names requirepass).
+	ChangesAccess
+	// Wholesale: the command wipes, moves or copies every key (FLUSHALL,
+	// FLUSHDB, SWAPDB, SYNC, PSYNC).
+	Wholesale
+	// NumKeys: the keys are the arguments after a count given as the
+	// second argument (EVAL, FCALL and their forms), found without
+	// asking the backend.
+	NumKeys
+	// Patterns: the command reads other keys by name patterns (SORT and
+	// SORT_RO with BY or GET).
+	Patterns
+)
+
+// Merge is how the replies of a split command's parts become one.
+type Merge uint8
+
+const (
+	MergeFirst  Merge = iota // the first error, else the first part's reply
+	MergeArray               // MGET: the elements, put back in the client's order
+	MergeSum                 // DEL, EXISTS, ...: the sum of the integers
+	MergeConcat              // KEYS: all the elements
+	MergeLast                // the last part's reply; an error before it fails the transaction
+)
+
+// Pub/sub families: channels, patterns, shard channels.
+const (
+	FamChannel uint8 = iota
+	FamPattern
+	FamShard
+)
+
+// Info is what the proxy knows of a command before asking the backend.
+type Info struct {
+	Flags  Flag
+	Merge  Merge // with Splits
+	Family uint8 // with Subscribes
+	// Sub holds the facts of subcommands that differ from the command's
+	// own, by lower-case first argument.
+	Sub map[string]Info
+}
+
+// Has reports whether every flag of f is set.
+func (i Info) Has(f Flag) bool { return i.Flags&f == f }
+
+// commands is the static overlay, by lower-case name.
+var commands = map[string]Info{
+	// Connection state.
+	"select":    {Flags: Dedicated},
+	"auth":      {Flags: Dedicated | EveryConn},
+	"hello":     {Flags: Dedicated | EveryConn},
+	"reset":     {Flags: Dedicated},
+	"quit":      {Flags: Dedicated},
+	"readonly":  {Flags: Dedicated | NoSlot},
+	"readwrite": {Flags: Dedicated | NoSlot},
+	"asking":    {Flags: Dedicated},
+	"client": {Flags: Dedicated | NoSlot, Sub: map[string]Info{
+		"setname": {Flags: EveryConn},
+		"pause":   {Flags: Fanned},
+		"unpause": {Flags: Fanned},
+	}},
+
+	// Transactions.
+	"multi":   {Flags: Dedicated},
+	"exec":    {Flags: Dedicated},
+	"discard": {Flags: Dedicated},
+	"watch":   {Flags: Dedicated},
+	"unwatch": {Flags: Dedicated},
+
+	// Pub/sub and MONITOR.
+	"subscribe":    {Flags: Dedicated | Subscribes, Family: FamChannel},
+	"unsubscribe":  {Flags: Dedicated | Subscribes, Family: FamChannel},
+	"psubscribe":   {Flags: Dedicated | Subscribes, Family: FamPattern},
+	"punsubscribe": {Flags: Dedicated | Subscribes, Family: FamPattern},
+	"ssubscribe":   {Flags: Dedicated | Subscribes, Family: FamShard},
+	"sunsubscribe": {Flags: Dedicated | Subscribes, Family: FamShard},
+	"monitor":      {Flags: Dedicated},
+	"pubsub": {Flags: NoSlot, Sub: map[string]Info{
+		"shardchannels": {Flags: Fanned},
+		"shardnumsub":   {Flags: Fanned},
+	}},
+
+	// Replication.
+	"sync":     {Flags: Dedicated | Wholesale},
+	"psync":    {Flags: Dedicated | Wholesale},
+	"replconf": {Flags: Dedicated},
+	"wait":     {Flags: Dedicated | Blocking | Waits | NoSlot},
+	"waitaof":  {Flags: Dedicated | Blocking | Waits | NoSlot},
+
+	// Blocking.
+	"blpop":      {Flags: Dedicated | Blocking},
+	"brpop":      {Flags: Dedicated | Blocking},
+	"brpoplpush": {Flags: Dedicated | Blocking},
+	"blmove":     {Flags: Dedicated | Blocking},
+	"blmpop":     {Flags: Dedicated | Blocking},
+	"bzpopmin":   {Flags: Dedicated | Blocking},
+	"bzpopmax":   {Flags: Dedicated | Blocking},
+	"bzmpop":     {Flags: Dedicated | Blocking},
+	"xread":      {Flags: Dedicated | Blocking},
+	"xreadgroup": {Flags: Dedicated | Blocking},
+
+	// The server.
+	"debug":        {Flags: Dedicated},
+	"shutdown":     {Flags: Dedicated},
+	"failover":     {Flags: Dedicated},
+	"info":         {Flags: NoSlot | Fanned},
+	"save":         {Flags: NoSlot | Fanned},
+	"bgsave":       {Flags: NoSlot | Fanned},
+	"bgrewriteaof": {Flags: NoSlot | Fanned},
+	"config": {Flags: NoSlot | ChangesAccess, Sub: map[string]Info{
+		"set":       {Flags: Fanned},
+		"resetstat": {Flags: Fanned},
+		"rewrite":   {Flags: Fanned},
+	}},
+	"acl": {Flags: NoSlot, Sub: map[string]Info{
+		"setuser": {Flags: Fanned | ChangesAccess},
+		"deluser": {Flags: Fanned | ChangesAccess},
+		"load":    {Flags: Fanned | ChangesAccess},
+		"save":    {Flags: Fanned},
+		"log":     {Flags: Fanned},
+	}},
+	"script": {Flags: NoSlot, Sub: map[string]Info{
+		"exists": {Flags: Fanned},
+		"kill":   {Flags: Fanned},
+		"load":   {Flags: Fanned},
+		"flush":  {Flags: Fanned},
+	}},
+	"function": {Flags: NoSlot, Sub: map[string]Info{
+		"kill":    {Flags: Fanned},
+		"load":    {Flags: Fanned},
+		"delete":  {Flags: Fanned},
+		"flush":   {Flags: Fanned},
+		"restore": {Flags: Fanned},
+	}},
+	"latency": {Flags: NoSlot, Sub: map[string]Info{
+		"reset": {Flags: Fanned},
+	}},
+	"slowlog": {Flags: NoSlot, Sub: map[string]Info{
+		"reset": {Flags: Fanned},
+		"len":   {Flags: Fanned},
+		"get":   {Flags: Fanned},
+	}},
+
+	// The keyspace.
+	"dbsize":    {Flags: NoSlot | Fanned},
+	"keys":      {Flags: NoSlot | Fanned},
+	"flushall":  {Flags: NoSlot | Fanned | Wholesale},
+	"flushdb":   {Flags: NoSlot | Fanned | Wholesale},
+	"swapdb":    {Flags: Wholesale},
+	"scan":      {Flags: NoSlot},
+	"randomkey": {Flags: NoSlot},
+
+	// Keys.
+	"mget":       {Flags: Splits, Merge: MergeArray},
+	"mset":       {Flags: Splits, Merge: MergeFirst},
+	"del":        {Flags: Splits, Merge: MergeSum},
+	"unlink":     {Flags: Splits, Merge: MergeSum},
+	"exists":     {Flags: Splits, Merge: MergeSum},
+	"touch":      {Flags: Splits, Merge: MergeSum},
+	"eval":       {Flags: NumKeys},
+	"evalsha":    {Flags: NumKeys},
+	"eval_ro":    {Flags: NumKeys},
+	"evalsha_ro": {Flags: NumKeys},
+	"fcall":      {Flags: NumKeys},
+	"fcall_ro":   {Flags: NumKeys},
+	"sort":       {Flags: Patterns},
+	"sort_ro":    {Flags: Patterns},
+}
+
+// named is one command of the overlay, in index.
+type named struct {
+	name string
+	info *Info
+}
+
+// index finds the overlay's commands by length and first letter: every
+// forwarded command asks the overlay, and most are in no entry, which
+// this tells with a comparison or two, where a map would hash the name.
+var index = func() (x [maxName + 1]['z' - 'a' + 1][]named) {
+	for name := range commands {
+		i := commands[name]
+		x[len(name)][name[0]-'a'] = append(x[len(name)][name[0]-'a'], named{name, &i})
+	}
+	return x
+}()
+
+// maxName is the longest name in the overlay.
+const maxName = 12
+
+// find returns the overlay's entry for name (lower case), or nil.
+func find(name []byte) *Info {
+	if len(name) == 0 || len(name) > maxName || name[0] < 'a' || name[0] > 'z' {
+		return nil
+	}
+	for _, e := range index[len(name)][name[0]-'a'] {
+		if e.name == string(name) {
+			return e.info
+		}
+	}
+	return nil
+}
+
+// Lookup returns what the proxy knows of the command name (lower case).
+// A command it knows nothing special about has no flags.
+func Lookup(name []byte) Info {
+	if i := find(name); i != nil {
+		return *i
+	}
+	return Info{}
+}
+
+// Stateless reports whether a command may share a backend connection
+// with other clients: it neither changes nor reads the connection's own
+// state, and it never blocks.
+func Stateless(name []byte) bool {
+	i := find(name)
+	return name != nil && (i == nil || i.Flags&Dedicated == 0)
+}
+
+// Lower writes the ASCII lower case of b into buf and returns it, or
+// returns nil when b does not fit: no command name is that long.
+func Lower(buf *[24]byte, b []byte) []byte {
+	if len(b) > len(buf) {
+		return nil
+	}
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		buf[i] = c
+	}
+	return buf[:len(b)]
+}
+
+// Of returns the facts of a command with its arguments: the command's,
+// with those of its subcommand (args[1], in any case) added.
+func Of(name []byte, args [][]byte) Info {
+	i := Lookup(name)
+	if i.Sub != nil && len(args) > 1 {
+		var sb [24]byte
+		s := i.Sub[string(Lower(&sb, args[1]))]
+		i.Flags |= s.Flags
+	}
+	return i
+}

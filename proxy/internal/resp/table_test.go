@@ -1,0 +1,98 @@
+package resp
+
+import "testing"
+
+// TestTableConsistent checks the facts of the command table against each
+// other: a command that blocks or waits never shares a connection, one
+// that waits also blocks, a subscription is never shared, and a split
+// command has keys (no server-wide flag).
+func TestTableConsistent(t *testing.T) {
+	for name, i := range commands {
+		if i.Has(Blocking) && !i.Has(Dedicated) {
+			t.Errorf("%s blocks but may share a connection", name)
+		}
+		if i.Has(Waits) && !i.Has(Blocking) {
+			t.Errorf("%s waits but is not blocking", name)
+		}
+		if i.Has(Subscribes) && !i.Has(Dedicated) {
+			t.Errorf("%s subscribes but may share a connection", name)
+		}
+		if i.Has(Splits) && i.Has(NoSlot) {
+			t.Errorf("%s is split by slot and routed by none", name)
+		}
+		if Stateless([]byte(name)) == i.Has(Dedicated) {
+			t.Errorf("Stateless(%s) disagrees with Dedicated", name)
+		}
+		for sub, s := range i.Sub {
+			if s.Sub != nil {
+				t.Errorf("%s %s has subcommands of its own", name, sub)
+			}
+		}
+	}
+	if Stateless(nil) {
+		t.Error("no command is stateless")
+	}
+	if !Stateless([]byte("get")) {
+		t.Error("GET is stateless")
+	}
+}
+
+// TestOf checks that a subcommand's facts add to the command's, whatever
+// the case of the subcommand.
+func TestOf(t *testing.T) {
+	tests := []struct {
+		args []string
+		f    Flag
+		want bool
+	}{
+		{[]string{"client", "SetName", "x"}, EveryConn, true},
+		{[]string{"client", "setname", "x"}, Dedicated | NoSlot, true},
+		{[]string{"client", "list"}, EveryConn, false},
+		{[]string{"client"}, EveryConn, false},
+		{[]string{"auth", "pw"}, EveryConn, true},
+		{[]string{"acl", "SETUSER", "u"}, Fanned | ChangesAccess, true},
+		{[]string{"acl", "list"}, Fanned, false},
+		{[]string{"info"}, Fanned, true},
+		{[]string{"config", "get", "x"}, Fanned, false},
+		{[]string{"config", "set", "x", "y"}, Fanned, true},
+		{[]string{"slowlog", "get"}, Fanned, true},
+		{[]string{"get", "k"}, Fanned, false},
+	}
+	for _, tt := range tests {
+		args := make([][]byte, len(tt.args))
+		for i, a := range tt.args {
+			args[i] = []byte(a)
+		}
+		if got := Of(args[0], args).Has(tt.f); got != tt.want {
+			t.Errorf("Of(%q).Has(%b) = %v, want %v", tt.args, tt.f, got, tt.want)
+		}
+	}
+}
+
+// BenchmarkStateless is the cost of the question every forwarded command
+// asks.
+func BenchmarkStateless(b *testing.B) {
+	names := [][]byte{[]byte("get"), []byte("set"), []byte("blpop"), []byte("client")}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		Stateless(names[i%len(names)])
+	}
+}
+
+// TestIndex checks that the index finds every command of the overlay and
+// only those.
+func TestIndex(t *testing.T) {
+	for name, i := range commands {
+		if len(name) > maxName {
+			t.Fatalf("%s is longer than maxName", name)
+		}
+		if got := Lookup([]byte(name)); got.Flags != i.Flags || got.Merge != i.Merge || got.Family != i.Family {
+			t.Errorf("Lookup(%s) = %+v, want %+v", name, got, i)
+		}
+	}
+	for _, name := range []string{"", "get", "GET", "selec", "selectx", "zzzzzzzzzzzzzzzzzzzzzzzz", "1", "~"} {
+		if got := Lookup([]byte(name)); got.Flags != 0 {
+			t.Errorf("Lookup(%q) = %+v, want nothing", name, got)
+		}
+	}
+}
