@@ -11,8 +11,7 @@
 # others find the answer cached). Each round runs both users, alternating
 # which goes first; the report gives requests/s and the CPU time of the
 # proxy and of the backend per request (the steadier figures on a machine
-# shared with other work), per round and as the median of the rules user's
-# ratio to the password-only user's.
+# shared with other work), per round and as medians.
 #
 # Environment (defaults in brackets):
 #   ROUNDS [5]          interleaved rounds
@@ -116,7 +115,7 @@ echo "#### A user with rules (B) against a password-only user (A), $CLIENTS clie
 echo | report
 echo "| test | round | A req/s | B req/s | B/A | A proxy µs/req | B proxy µs/req | A backend µs/req | B backend µs/req |" | report
 echo "|---|---|---|---|---|---|---|---|---|" | report
-declare -A ratios
+declare -A ratios cpus_a cpus_b bes_a bes_b
 for r in $(seq "$ROUNDS"); do
 	for t in "${tests[@]}"; do
 		IFS='|' read -r name n args <<<"$t"
@@ -127,17 +126,25 @@ for r in $(seq "$ROUNDS"); do
 			if [[ $side == a ]]; then read -r rps_a cpu_a be_a <<<"$(run plain pp "$n" $args)"; else read -r rps_b cpu_b be_b <<<"$(run ruled pr "$n" $args)"; fi
 		done
 		ratio=$(awk -v a="$rps_a" -v b="$rps_b" 'BEGIN {if (a > 0 && b > 0) printf "%.3f", b / a; else print "-"}')
-		[[ $ratio == - ]] || ratios[$name]+="$ratio "
+		if [[ $ratio != - ]]; then
+			ratios[$name]+="$ratio "
+			cpus_a[$name]+="$cpu_a "
+			cpus_b[$name]+="$cpu_b "
+			bes_a[$name]+="$be_a "
+			bes_b[$name]+="$be_b "
+		fi
 		echo "| $name | $r | $rps_a | $rps_b | $ratio | $cpu_a | $cpu_b | $be_a | $be_b |" | report
 	done
 done
 echo | report
-echo "| test | median B/A of req/s |" | report
-echo "|---|---|" | report
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR] = $1} END {if (NR == 0) print "-"; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+echo "Medians over the rounds where both runs completed:" | report
+echo | report
+echo "| test | B/A req/s | A proxy µs/req | B proxy µs/req | A backend µs/req | B backend µs/req |" | report
+echo "|---|---|---|---|---|---|" | report
 for t in "${tests[@]}"; do
 	IFS='|' read -r name _ _ <<<"$t"
-	m=$(tr ' ' '\n' <<<"${ratios[$name]:-}" | grep . | sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
-	echo "| $name | $m |" | report
+	echo "| $name | $(median "${ratios[$name]:-}") | $(median "${cpus_a[$name]:-}") | $(median "${cpus_b[$name]:-}") | $(median "${bes_a[$name]:-}") | $(median "${bes_b[$name]:-}") |" | report
 done
 warn=$(grep -c '"level":"warn"\|WARN' "$tmp/lockproxy.log" || true)
 echo | report

@@ -37,15 +37,17 @@ import (
 // a user's sign-in finds it missing there (a node restarted empty).
 // Besides them, every user of the backend's own ACL may sign in.
 //
-// The lock commands are no Redis commands: they form the category @lock,
-// which the proxy evaluates from the rules the configuration gives
-// (+@lock, -@lock, +lock, -unlock, +@all, -@all, allcommands,
-// nocommands, reset), and a lock command's resources are checked as keys
-// of the same name by Redis: ACL DRYRUN <user> SET <resource> x for the
-// commands that take or change a holding, GET <resource> for those that
-// read, on a control connection of the proxy's, cached per user, resource
-// and access until an ACL command goes through the proxy or the users are
-// set again (SetACL).
+// The lock commands are no Redis commands: they form the category @lock
+// besides their @write or @read and @slow, and the proxy applies to them
+// the rules the configuration gives on those categories, on the lock
+// commands by name, +@all, -@all, allcommands, nocommands and reset, in
+// order, as Redis applies rules to its own commands (a user of the
+// backend's own ACL has them all). A lock command's resources are checked
+// as keys of the same name by Redis: ACL DRYRUN <user> SET <resource> x
+// for the commands that take or change a holding, GET <resource> for
+// those that read (LOCKS lists only what passes), on control connections
+// of the proxy's, cached per user, resource and access until an ACL
+// command goes through the proxy or the users are set again (SetACL).
 
 // ACLConfig is Redis's ACL at the proxy.
 type ACLConfig struct {

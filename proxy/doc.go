@@ -169,7 +169,9 @@
 // a follower tracks the primary and owns every backend connection dialled
 // to it, closing them all when the primary changes (dial asks it for the
 // address). spare.go keeps dedicated connections ready, internal/resp copies one reply,
-// frames requests and holds the command table, auth.go answers AUTH, guard.go keeps
+// frames requests and holds the command table, auth.go answers AUTH,
+// acl.go and aclsession.go carry Redis's ACL at the proxy (its users'
+// backend connections, the lock commands' checks), guard.go keeps
 // forwarded commands off the lock state, and command.go answers INFO
 // lockproxy and COMMAND. Files outside a part call its methods only.
 //
@@ -177,7 +179,8 @@
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
 // with a clientWriter lock, nor a writer lock with shared.mu;
 // replyOrder.mu (order.go) is taken with none of these held and takes
-// only clientWriter.sinkMu; clusterSession.mu and redirMu are leaves;
+// only clientWriter.sinkMu; clusterSession.mu and redirMu are leaves, as
+// are aclState's locks (acl.go);
 // follower.mu
 // is a leaf, taken under any of them and holding none.
 package proxy
