@@ -145,6 +145,20 @@ func TestACLLockResources(t *testing.T) {
 	expect(t, few, "[", "LOCK", "anything", 10000)
 	expect(t, locker, "[", "MLOCK", 2, "locks:b", "locks:c", 10000)
 
+	// FENCED: the resource as a key to write, and the inner command as
+	// Redis would check it alone.
+	held, err := locker.Do(ctx, "LOCK", "locks:f", 10000).Slice()
+	if err != nil || len(held) != 3 {
+		t.Fatalf("LOCK locks:f: %v %v", held, err)
+	}
+	fence := held[2]
+	expect(t, locker, "OK", "FENCED", "locks:f", fence, "SET", "locks:data", "v")
+	expect(t, locker, keyRefused, "FENCED", "locks:f", fence, "SET", "other", "v")
+	expect(t, locker, cmdRefused("del"), "FENCED", "locks:f", fence, "DEL", "locks:data")
+	expect(t, locker, keyRefused, "FENCED", "view:1", fence, "SET", "locks:data", "w")
+	expect(t, few, cmdRefused("fenced"), "FENCED", "locks:f", fence, "SET", "locks:data", "w")
+	expect(t, locker, "v", "GET", "locks:data")
+
 	// LOCKS lists only what the user may read.
 	listed := func(c *redis.Client) string {
 		t.Helper()

@@ -85,6 +85,14 @@ func TestExamples(t *testing.T) {
 		{"redis-py reentrant", func(t *testing.T) {
 			exNeed(t, []string{"python3-redis"}, "/usr/bin/python3", "-c", "import redis")
 		}, []string{"/usr/bin/python3", "examples/reentrant/python/reentrant.py"}, []string{"redis-py reentrant RESP2: ok", "redis-py reentrant RESP3: "}},
+		{"go-redis FENCED", func(t *testing.T) {
+			if out, err := exRun(3*time.Minute, "", nil, "go", "build", "-o", goBin+"-fenced", "./examples/fenced/go"); err != nil {
+				t.Fatalf("go build ./examples/fenced/go: %v\n%s", err, out)
+			}
+		}, []string{goBin + "-fenced"}, []string{"go-redis FENCED RESP2: ok", "go-redis FENCED RESP3: ok"}},
+		{"redis-py FENCED", func(t *testing.T) {
+			exNeed(t, []string{"python3-redis"}, "/usr/bin/python3", "-c", "import redis")
+		}, []string{"/usr/bin/python3", "examples/fenced/python/fenced.py"}, []string{"redis-py FENCED RESP2: ok", "redis-py FENCED RESP3: "}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

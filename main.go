@@ -162,6 +162,7 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 	pcfg.IsLocal = cmds.Is
 	pcfg.MayWait = cmds.MayWait
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
+	pcfg.Fencing = fencing(cmds)
 	pcfg.Docs = &proxy.Docs{Names: commands.Names(), AppendInfo: commands.AppendCommandInfo, AppendDocs: commands.AppendCommandDocs}
 	var p *proxy.Proxy
 	started := time.Now()
@@ -314,4 +315,27 @@ func infoSection(started time.Time, p *proxy.Proxy, locker *quorum.Locker, cmds 
 		b.WriteString("\r\n")
 	}
 	return b.String() + cmds.Info()
+}
+
+// fencing wires FENCED: cmds parses its arguments and counts its
+// outcomes, the proxy runs it on the backend.
+func fencing(cmds *commands.Handler) *proxy.Fencing {
+	return &proxy.Fencing{
+		Parse: func(args [][]byte) (proxy.FencedRequest, error) {
+			f, err := cmds.ParseFenced(args)
+			return proxy.FencedRequest{Resource: f.Resource, Fence: f.Fence, Slot: f.Slot, Command: f.Command}, err
+		},
+		Done: func(o proxy.FencedOutcome) {
+			switch o {
+			case proxy.FencedAccepted:
+				cmds.CountFenced(commands.FencedAccepted)
+			case proxy.FencedStale:
+				cmds.CountFenced(commands.FencedStale)
+			case proxy.FencedError:
+				cmds.CountFenced(commands.FencedError)
+			default:
+				cmds.CountFenced(commands.FencedBadRequest)
+			}
+		},
+	}
 }

@@ -49,6 +49,10 @@ const (
 	locksNoQuorum
 	locksError
 	locksBadRequest
+	fencedAccepted
+	fencedStale
+	fencedError
+	fencedBadRequest
 	numOutcomes
 )
 
@@ -86,15 +90,19 @@ var outcomeNames = [numOutcomes]string{
 	lockinfoError:      "error",
 	lockinfoBadRequest: "bad_request",
 
-	locksAnswered:   "answered",
-	locksNoQuorum:   "noquorum",
-	locksError:      "error",
-	locksBadRequest: "bad_request",
+	locksAnswered:    "answered",
+	locksNoQuorum:    "noquorum",
+	locksError:       "error",
+	locksBadRequest:  "bad_request",
+	fencedAccepted:   "accepted",
+	fencedStale:      "stale",
+	fencedError:      "error",
+	fencedBadRequest: "bad_request",
 }
 
 var (
 	commandsDesc = prometheus.NewDesc("lockproxy_commands_total",
-		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO, LOCKS), by command and outcome.",
+		"Lock commands served (LOCK, UNLOCK, EXTEND, MLOCK, RLOCK, LOCKINFO, LOCKS, FENCED), by command and outcome.",
 		[]string{"command", "outcome"}, nil)
 	keepaliveExtensionsDesc = prometheus.NewDesc("lockproxy_keepalive_extensions_total",
 		"Successful extensions of locks taken with KEEPALIVE.", nil, nil)

@@ -73,8 +73,8 @@ func TestMetricsLint(t *testing.T) {
 	t.Parallel()
 	e := metricsEnv(t, 1)
 	reg := registry(t, e.h)
-	if got, want := scrape(t, reg), zeroMetrics(); !maps.Equal(got, want) || len(want) != 36 {
-		t.Errorf("metrics of a new Handler = %v, want %v (36 series)", got, want)
+	if got, want := scrape(t, reg), zeroMetrics(); !maps.Equal(got, want) || len(want) != 40 {
+		t.Errorf("metrics of a new Handler = %v, want %v (40 series)", got, want)
 	}
 	problems, err := testutil.CollectAndLint(e.h)
 	if err != nil {

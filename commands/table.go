@@ -103,6 +103,7 @@ var specs = [...]spec{
 		serve:    (*Conn).lockinfo,
 	},
 	locksSpec,
+	fencedSpec,
 }
 
 // Names returns the commands a Handler answers, in lower case, in a new

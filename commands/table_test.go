@@ -49,7 +49,7 @@ func TestSpecs(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	names := Names()
-	if want := []string{"lock", "unlock", "extend", "mlock", "rlock", "lockinfo", "locks"}; !slices.Equal(names, want) {
+	if want := []string{"lock", "unlock", "extend", "mlock", "rlock", "lockinfo", "locks", "fenced"}; !slices.Equal(names, want) {
 		t.Fatalf("Names() = %q, want %q", names, want)
 	}
 	names[0] = "changed"
@@ -125,7 +125,8 @@ func TestInfo(t *testing.T) {
 		"cmd_mlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
 		"cmd_rlock:acquired=0,not_acquired=0,noquorum=0,error=0,bad_request=0\r\n" +
 		"cmd_lockinfo:answered=0,noquorum=0,error=0,bad_request=0\r\n" +
-		"cmd_locks:answered=0,noquorum=0,error=0,bad_request=0\r\n"
+		"cmd_locks:answered=0,noquorum=0,error=0,bad_request=0\r\n" +
+		"cmd_fenced:accepted=0,stale=0,error=0,bad_request=0\r\n"
 	if len(h.ID()) != 16 {
 		t.Errorf("ID() = %q, want 16 hex digits", h.ID())
 	}

@@ -238,6 +238,61 @@ func (s *session) lockListed(args [][]byte, reply []byte) []byte {
 	return out
 }
 
+// fencedDenied checks, for a user of Redis's ACL, FENCED's inner command
+// as Redis would check it sent alone (ACL DRYRUN <user> <command>): it
+// returns Redis's -NOPERM reply, or nil. The resource was checked as any
+// lock command's (lockDenied). An inner command Redis does not know is
+// left to FENCED's own error.
+func (s *session) fencedDenied(req FencedRequest) []byte {
+	a := s.p.acl
+	if a == nil || s.acl.user == "" {
+		return nil
+	}
+	args := append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(s.acl.user)}, req.Command...)
+	r, err := a.control(s.ctx, encodeCommand(args))
+	if err != nil {
+		return errorReply(&BackendError{Err: err})
+	}
+	if r[0] != '$' {
+		return nil // +OK, or no such command: FENCED answers that
+	}
+	text := r[bytes.Index(r, []byte("\r\n"))+2 : len(r)-2]
+	var nb [24]byte
+	s.aclRefused(string(resp.Lower(&nb, req.Command[0])), "fenced command", req.Resource)
+	return dryrunNoperm(text, a.old.Load())
+}
+
+// fencedAs signs a FENCED connection of a user of Redis's ACL in as the
+// proxy, which reads and writes the fence records the user may not
+// reach: the inner command was checked as the user's (fencedDenied).
+func (s *session) fencedAs(st *replayState) {
+	if s.p.acl != nil && s.acl.user != "" {
+		st.auth = nil
+	}
+}
+
+// dryrunNoperm turns ACL DRYRUN's text of a refusal into the -NOPERM
+// reply of the command refused, in the backend's wording.
+func dryrunNoperm(text []byte, old bool) []byte {
+	t := string(text)
+	switch {
+	case strings.HasSuffix(t, "' key"):
+		if old {
+			return []byte("-NOPERM this user has no permissions to access one of the keys used as arguments\r\n")
+		}
+		return []byte("-NOPERM No permissions to access a key\r\n")
+	case strings.HasSuffix(t, "' channel"):
+		if old {
+			return []byte("-NOPERM this user has no permissions to access one of the channels used as arguments\r\n")
+		}
+		return []byte("-NOPERM No permissions to access a channel\r\n")
+	}
+	if old {
+		t = strings.Replace(t, "This user", "this user", 1)
+	}
+	return []byte("-NOPERM " + t + "\r\n")
+}
+
 // aclRefused records a refused lock command where an operator looks: a
 // log line and the refusals counter.
 func (s *session) aclRefused(name, reason string, resource []byte) {

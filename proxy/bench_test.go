@@ -219,3 +219,25 @@ func BenchmarkClusterOwn(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFenced is BenchmarkForward's SET and GET, plain and as FENCED
+// (the fence check on the backend: a transaction on a connection of the
+// proxy's own), one command or a pipeline of 16 per round trip.
+func BenchmarkFenced(b *testing.B) {
+	srv := redistest.Start(b)
+	if reply, err := srv.Do("SET", "bench:key", "xxx"); err != nil || reply != "+OK" {
+		b.Fatalf("SET on the backend: %q, %v", reply, err)
+	}
+	addr, _ := startProxy(b, srv.Addr, func(c *Config) { c.Fencing = testFencing(nil) })
+	for _, depth := range []int{1, 16} {
+		for _, tc := range forwardCases {
+			fenced := forwardCase{name: "FENCED " + tc.name, cmd: append([]string{"FENCED", "bench:r", "1"}, tc.cmd...), reply: tc.reply}
+			for _, c := range []forwardCase{tc, fenced} {
+				b.Run(c.name+"/pipeline="+strconv.Itoa(depth), func(b *testing.B) {
+					bc := newBenchConn(b, addr, c, depth)
+					bc.loop(b)
+				})
+			}
+		}
+	}
+}

@@ -172,8 +172,13 @@
 // frames requests and holds the command table, auth.go answers AUTH,
 // acl.go and aclsession.go carry Redis's ACL at the proxy (its users'
 // backend connections, the lock commands' checks), guard.go keeps
-// forwarded commands off the lock state, and command.go answers INFO
-// lockproxy and COMMAND. Files outside a part call its methods only.
+// forwarded commands off the lock state, command.go answers INFO
+// lockproxy and COMMAND, and fenced.go runs FENCED: the fence check, the
+// fence record's update and the command as one WATCH/MULTI/EXEC
+// transaction on a backend connection of the proxy's own in the client's
+// state, answered in the client's order like the proxy's own commands
+// (docs/FENCED.md); it also keeps forwarded commands off the records.
+// Files outside a part call its methods only.
 //
 // Lock order (also on clientWriter): shared.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held

@@ -100,6 +100,8 @@ type Config struct {
 	// with this prefix (the lock state, when the backend is also a lock
 	// node).
 	ProtectedPrefix string
+	// Fencing, when set, makes the proxy run FENCED (fenced.go).
+	Fencing *Fencing
 }
 
 // BackendConfig says how to reach the backend Redis: at Addr, or at the
@@ -304,6 +306,7 @@ type Proxy struct {
 	log   *zap.Logger
 	srv   *redcon.Server
 	guard *keyGuard
+	fence fencedState
 	auth  *authenticator
 	acl   *aclState // nil unless Config.ACL is enabled
 	// setup is what every new backend connection is sent first: the

@@ -47,8 +47,9 @@ type localItem struct {
 	// build makes the reply of a forwardable command the proxy answers
 	// itself (INFO lockproxy, COMMAND ...), in the client's protocol.
 	build  func(resp3 bool) ([]byte, error)
-	silent bool // CLIENT REPLY OFF or SKIP is in effect
-	quit   bool // close the connection after the reply
+	silent bool     // CLIENT REPLY OFF or SKIP is in effect
+	fenced [][]byte // a FENCED's arguments (fenced.go)
+	quit   bool     // close the connection after the reply
 }
 
 // backend is one connection to the backend Redis.
@@ -122,6 +123,8 @@ type session struct {
 	// Cluster, used directly by the cluster*.go files.
 	up upstream
 	cl *clusterSession
+	// fc are the connections FENCED runs on (fenced.go).
+	fc fencedConns
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -285,6 +288,10 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 			cmd.Raw = rewritten
 		}
 	}
+	if it, ok := s.fencedItem(name, cmd.Args); ok {
+		order.wait()
+		return it, false
+	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
@@ -298,6 +305,9 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
 			return localItem{reply: errorReply(err), silent: s.silent()}, false
 		}
+	}
+	if err := s.p.guardRecords(name, cmd.Args); err != nil {
+		return localItem{reply: errorReply(err), silent: s.silent()}, false
 	}
 	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
 		return it, forwarded
@@ -615,7 +625,11 @@ func (s *session) answer(it localItem) {
 		case t.multi:
 			reply = replyNotInMulti
 		case !t.resp3 && t.subscribed:
-			reply = append(append([]byte(subscribedPrefix), resp.Lower(&nb, it.args[0])...), subscribedSuffix...)
+			reply = append(append([]byte(subscribedPrefix), resp.Lower(&nb, it.cmdName())...), subscribedSuffix...)
+		case it.fenced != nil:
+			if reply = s.lockDenied(it.fenced); reply == nil {
+				reply = s.fenced(it.fenced)
+			}
 		default:
 			if s.loc == nil {
 				s.loc = s.p.cfg.NewLocal()
@@ -738,6 +752,7 @@ func (s *session) close() {
 // state (KEEPALIVE locks are released).
 func (s *session) wait() {
 	s.wg.Wait()
+	s.fc.close()
 	if s.loc != nil {
 		s.loc.Close()
 	}

@@ -15,6 +15,9 @@ type KeySpec struct {
 	Movable           bool // only COMMAND GETKEYS can tell
 	Container         bool // the keys depend on the subcommand
 	Keyspace          bool // flagged readonly, write or may_replicate
+	Write, Readonly   bool // flagged write, readonly (FENCED)
+	Blocking          bool // flagged blocking (FENCED)
+	Arity             int  // as COMMAND reports it (FENCED)
 }
 
 // Table is a backend's COMMAND table, loaded once, at its first use;
@@ -81,7 +84,8 @@ func addSpec(table map[string]KeySpec, c any) {
 	first, _ := e[3].(int64)
 	last, _ := e[4].(int64)
 	step, _ := e[5].(int64)
-	spec := KeySpec{First: int(first), Last: int(last), Step: int(step)}
+	arity, _ := e[1].(int64)
+	spec := KeySpec{First: int(first), Last: int(last), Step: int(step), Arity: int(arity)}
 	if flags, ok := e[2].([]any); ok {
 		for _, f := range flags {
 			switch f {
@@ -89,6 +93,14 @@ func addSpec(table map[string]KeySpec, c any) {
 				spec.Movable = true
 			case "readonly", "write", "may_replicate":
 				spec.Keyspace = true
+			}
+			switch f {
+			case "write":
+				spec.Write = true
+			case "readonly":
+				spec.Readonly = true
+			case "blocking":
+				spec.Blocking = true
 			}
 		}
 	}
