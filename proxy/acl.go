@@ -322,7 +322,11 @@ func (p *Proxy) SetACL(users []string) error {
 	// to signed-in clients' next command.
 	ctx, cancel := context.WithTimeout(p.root, 2*p.cfg.Backend.DialTimeout)
 	defer cancel()
-	return p.acl.installEverywhere(ctx)
+	err = p.acl.installEverywhere(ctx)
+	// Again: a check made while the users were being installed saw the
+	// rules before.
+	p.acl.changed()
+	return err
 }
 
 // installEverywhere installs the users on every node the proxy forwards
