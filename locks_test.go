@@ -100,6 +100,11 @@ func TestLocksCommand(t *testing.T) {
 			take("LOCK", p+"sem", 30000, "PERMITS", 3)
 			take("LOCK", p+"re", 30000, "REENTRANT")
 			take("MLOCK", 2, p+"m1", p+"m2", 30000)
+			// MLOCK's resources are exclusive holdings: LOCKINFO names
+			// their holder as LOCK's.
+			if info := lockInfo(t, ctx, c, p+"m2"); info["mode"] != "exclusive" || !strings.Contains(info["holder"].(string), " via ") {
+				t.Fatalf("LOCKINFO of an MLOCK resource: %v", info)
+			}
 			take("LOCK", p+"gone", 30000)
 			if n, err := c.Do(ctx, "UNLOCK", p+"gone", tokens[len(tokens)-1]).Int64(); err != nil || n != 1 {
 				t.Fatalf("UNLOCK: %v %v", n, err)

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"image/png"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,7 +34,11 @@ type browser struct {
 	ctx    context.Context
 	mu     sync.Mutex
 	bodies map[string]string // "url #n" -> body
-	wg     sync.WaitGroup
+	missed []string          // responses whose body could not be read, and why
+	// leaving is set once the test leaves the page: a response finished
+	// after that may have no body to read any more.
+	leaving atomic.Bool
+	wg      sync.WaitGroup
 }
 
 func newBrowser(t *testing.T) *browser {
@@ -61,12 +67,18 @@ func newBrowser(t *testing.T) *browser {
 			umu.Lock()
 			url := urls[e.RequestID]
 			umu.Unlock()
+			leaving := b.leaving.Load()
 			b.wg.Add(1)
 			go func() {
 				defer b.wg.Done()
 				res, err := chromedp.Call(ctx, network.GetResponseBody, network.GetResponseBodyParams{RequestID: e.RequestID})
+				if err != nil && !leaving {
+					b.mu.Lock()
+					b.missed = append(b.missed, url+": "+err.Error())
+					b.mu.Unlock()
+				}
 				if err != nil {
-					return // the page went on; the next poll is read
+					return
 				}
 				b.mu.Lock()
 				b.bodies[fmt.Sprintf("%s #%d", url, len(b.bodies))] = string(res.Body)
@@ -241,11 +253,17 @@ func TestLocksPageInBrowser(t *testing.T) {
 	b.within(t, time.Second, "the filter in the address", `location.hash.includes("inventory")`)
 
 	// No token in any response the browser got, nor in the page.
+	stats := eval[string](t, b, `(() => {
+		const d = performance.getEntriesByType("resource").filter(e => e.name.includes("/locks.json")).map(e => e.duration).sort((a, b) => a - b);
+		return d.length + " reads of /locks.json, median " + d[d.length >> 1].toFixed(0) + " ms, max " + d[d.length - 1].toFixed(0) + " ms";
+	})()`)
+	t.Log(stats)
 	html := eval[string](t, b, "document.documentElement.outerHTML")
+	b.leaving.Store(true)
 	if err := chromedp.Do(b.ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	b.wg.Wait()
 	b.mu.Lock()
 	bodies := b.bodies
 	bodies["outerHTML"] = html
@@ -273,7 +291,30 @@ func TestLocksPageInBrowser(t *testing.T) {
 	if json < 10 {
 		t.Errorf("%d responses of /locks.json read, want many", json)
 	}
+	if len(b.missed) > 0 {
+		t.Errorf("responses whose body could not be checked: %q", b.missed)
+	}
 	t.Logf("%d responses checked for tokens", len(bodies))
+
+	// Bad parameters of /locks.json, and the headers of the page.
+	for _, q := range []string{"cursor=abc", "count=0", "count=x", "cursor=3"} {
+		resp, err := http.Get("http://" + metricsAddr + "/locks.json?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("/locks.json?%s: %d, want 400", q, resp.StatusCode)
+		}
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("/locks headers: %v", resp.Header)
+	}
 
 	// The screenshot.
 	img, err := png.Decode(bytes.NewReader(pngBuf))

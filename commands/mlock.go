@@ -96,7 +96,7 @@ func (c *Conn) mlock(ctx context.Context, dst []byte, args [][]byte, resp3 bool)
 		resources[i] = string(r)
 	}
 	start := time.Now()
-	ml, err := c.h.locker.MLock(ctx, resources, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token)})
+	ml, err := c.h.locker.MLock(ctx, resources, a.ttl, quorum.Options{Wait: a.wait, Token: string(a.token), Holder: c.holder})
 	c.h.debug("mlock", strings.Join(resources, " "), start, err)
 	switch {
 	case errors.Is(err, quorum.ErrNotAcquired):

@@ -1,8 +1,8 @@
 // Package lockspage serves the operators' page of the lock state on the
 // metrics listener: /locks, a plain HTML page (with its script and style,
 // embedded in the binary: no build step, nothing fetched from elsewhere),
-// and /locks.json, the data it polls every 300 ms: every resource
-// held on a majority of the lock nodes, a page at a time by LOCKS's cursor,
+// and /locks.json, the data it reads again 200 ms after each read: every
+// resource held on a majority of the lock nodes, a page at a time by LOCKS's cursor,
 // with what LOCKINFO reports of it, and the state and round-trip time of
 // every lock node. Neither ever holds a token: quorum.Info has none.
 package lockspage

@@ -87,7 +87,8 @@
 // an earlier hold what a failed attempt of the same call left on a node,
 // whatever order its cleanup arrives in (reentrant.go gives the
 // argument). Info reads what
-// a majority of the nodes report of a resource for LOCKINFO (info.go).
+// a majority of the nodes report of a resource for LOCKINFO (info.go);
+// Locks lists the resources a majority holds for LOCKS (locks.go).
 //
 // All keys and channels start with Config.KeyPrefix: "<prefix>lock:<resource>"
 // (a string with the holder's fence, attempts, hold count, holder and token, expiring with the

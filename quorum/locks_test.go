@@ -82,7 +82,7 @@ func TestLocksIteration(t *testing.T) {
 
 	// Cursors that no iteration over 3 nodes returns: a node index past
 	// the last, more nodes done than the node's index, or done all 2.
-	for _, cur := range []uint64{3, 1<<8 | 0, 2<<8 | 2, 255} {
+	for _, cur := range []uint64{3, 1 << 8, 2<<8 | 2, 255} {
 		if _, _, err := l.Locks(ctx, cur, "", 10); !errors.Is(err, ErrInvalidCursor) {
 			t.Errorf("Locks(%d): %v, want ErrInvalidCursor", cur, err)
 		}

@@ -1,9 +1,10 @@
-// The operators' page of the lock state: polls /locks.json every 300 ms
-// for the current page (a cursor of LOCKS), counts each validity
-// down between polls, and never holds a token (the JSON has none).
+// The operators' page of the lock state: reads /locks.json for the
+// current page (a cursor of LOCKS) 200 ms after its last read ended,
+// counts each validity down between reads, and never holds a token (the
+// JSON has none).
 "use strict";
 (function () {
-  const POLL_MS = 300;
+  const POLL_MS = 200;
   const state = { cursor: "0", history: [], match: "", count: "100", data: null, fetchedAt: 0, failures: 0 };
   const $ = (id) => document.getElementById(id);
 
