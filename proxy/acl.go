@@ -214,6 +214,7 @@ type aclState struct {
 	// gen counts ACL changes: a cached check of an older generation is
 	// asked again.
 	gen       atomic.Uint64
+	settle    atomic.Int64             // until when (unix ns) no verdict is cached
 	cache     atomic.Pointer[sync.Map] // user, access, resource -> aclVerdict
 	cacheSize atomic.Int64
 
@@ -232,7 +233,12 @@ type aclState struct {
 type aclVerdict struct {
 	gen     uint64
 	refused []byte // the -NOPERM reply; nil when allowed
+	until   int64  // unix ns: asked again after
 }
+
+// aclVerdictTTL bounds how long a verdict is kept: a change made on the
+// backend directly, not through the proxy, applies after it.
+const aclVerdictTTL = 10 * time.Second
 
 // maxACLCache bounds the cached verdicts; past it the cache starts over.
 const maxACLCache = 1 << 16
@@ -264,11 +270,20 @@ func (a *aclState) setUsers(users []*aclUser) {
 	a.userMap.Store(&m)
 	a.userGen++
 	a.mu.Unlock()
-	a.changed()
+	a.gen.Add(1)
 }
 
-// changed records an ACL change: every cached verdict is asked again.
-func (a *aclState) changed() { a.gen.Add(1) }
+// changed records an ACL change: every cached verdict is asked again,
+// and none is cached for aclSettle: a change sent through the proxy is
+// on its way to Redis, and an ACL DRYRUN another connection sends meanwhile
+// may reach Redis before it.
+func (a *aclState) changed() {
+	a.settle.Store(time.Now().Add(aclSettle).UnixNano())
+	a.gen.Add(1)
+}
+
+// aclSettle is how long after an ACL change no verdict is cached.
+const aclSettle = time.Second
 
 // user returns the configuration's user name, nil for a user of the
 // backend's own ACL.
@@ -655,7 +670,8 @@ func (a *aclState) verdict(ctx context.Context, user string, resource []byte, wr
 	key = append(key, resource...)
 	gen := a.gen.Load()
 	cache := a.cache.Load()
-	if v, ok := cache.Load(string(key)); ok && v.(aclVerdict).gen == gen {
+	now := time.Now().UnixNano()
+	if v, ok := cache.Load(string(key)); ok && v.(aclVerdict).gen == gen && now < v.(aclVerdict).until {
 		return v.(aclVerdict).refused, nil
 	}
 	cmd := command("ACL", "DRYRUN", user, "GET", string(resource))
@@ -667,14 +683,14 @@ func (a *aclState) verdict(ctx context.Context, user string, resource []byte, wr
 		return nil, err
 	}
 	refused := dryrunRefusal(r, a.old.Load())
-	if a.gen.Load() == gen {
+	if a.gen.Load() == gen && time.Now().UnixNano() > a.settle.Load() {
 		if a.cacheSize.Add(1) > maxACLCache {
 			// Full: start over.
 			a.cacheSize.Store(1)
 			cache = &sync.Map{}
 			a.cache.Store(cache)
 		}
-		cache.Store(string(key), aclVerdict{gen: gen, refused: refused})
+		cache.Store(string(key), aclVerdict{gen: gen, refused: refused, until: time.Now().Add(aclVerdictTTL).UnixNano()})
 	}
 	return refused, nil
 }
