@@ -158,6 +158,9 @@ func TestACLLockResources(t *testing.T) {
 	expect(t, locker, keyRefused, "FENCED", "view:1", fence, "SET", "locks:data", "w")
 	expect(t, few, cmdRefused("fenced"), "FENCED", "locks:f", fence, "SET", "locks:data", "w")
 	expect(t, locker, "v", "GET", "locks:data")
+	expect(t, admin, "OK", "ACL", "DRYRUN", "locker", "FENCED", "locks:f", 1, "SET", "locks:data", "v")
+	expect(t, admin, "This user has no permissions to access the 'other' key", "ACL", "DRYRUN", "locker", "FENCED", "locks:f", 1, "SET", "other", "v")
+	expect(t, admin, "This user has no permissions to access the 'view:2' key", "ACL", "DRYRUN", "locker", "FENCED", "view:2", 1, "SET", "locks:data", "v")
 
 	// LOCKS lists only what the user may read.
 	listed := func(c *redis.Client) string {

@@ -346,6 +346,18 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 			return dryrunText(a.old.Load(), user, "access the '"+string(r)+"' key")
 		}
 	}
+	if f := s.p.cfg.Fencing; f != nil && name == "fenced" {
+		// Its command, as Redis would answer for it alone.
+		req, err := f.Parse(args[3:])
+		if err != nil {
+			return errLine(err.Error())
+		}
+		r, err := a.control(s.ctx, encodeCommand(append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(user)}, req.Command...)))
+		if err != nil {
+			return errorReply(&BackendError{Err: err})
+		}
+		return r
+	}
 	return replyOK
 }
 
