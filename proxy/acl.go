@@ -209,7 +209,7 @@ type aclState struct {
 	userGen   uint64                              // counts SetACL calls
 	installed map[string]uint64                   // node address -> userGen installed there
 	groups    map[string]*aclGroup
-	groupList atomic.Pointer[[]*sharedGroup] // the groups, for writeQueued
+	groupList atomic.Pointer[[]*muxGroup] // the groups, for writeQueued
 
 	// gen counts ACL changes: a cached check of an older generation is
 	// asked again.
@@ -246,7 +246,7 @@ const maxACLCache = 1 << 16
 // aclGroup is the shared connections of one user of Redis's ACL,
 // signed in with the last password the user signed in with at the proxy.
 type aclGroup struct {
-	grp  *sharedGroup
+	grp  *muxGroup
 	auth atomic.Pointer[[]byte] // AUTH <user> <password>
 	next atomic.Uint64
 }
@@ -255,7 +255,7 @@ func newACLState(p *Proxy, users []*aclUser) *aclState {
 	a := &aclState{p: p, ctlSlots: make(chan struct{}, maxControl), installed: map[string]uint64{}, groups: map[string]*aclGroup{}}
 	a.cache.Store(&sync.Map{})
 	a.setUsers(users)
-	empty := []*sharedGroup{}
+	empty := []*muxGroup{}
 	a.groupList.Store(&empty)
 	return a
 }
@@ -575,16 +575,16 @@ func (a *aclState) authenticate(ctx context.Context, auth []byte) ([]byte, error
 
 // group returns the shared connections of a user signed in with auth
 // (AUTH <user> <password>), made at its first sign-in.
-func (a *aclState) group(name string, auth []byte) *sharedGroup {
+func (a *aclState) group(name string, auth []byte) *muxGroup {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	g := a.groups[name]
 	if g == nil {
 		n := len(a.p.shared)
-		g = &aclGroup{grp: newSharedGroup(a.p, "", n)}
+		g = &aclGroup{grp: newMuxGroup(a.p, "", n)}
 		g.grp.acl = g
 		a.groups[name] = g
-		list := append(append([]*sharedGroup(nil), *a.groupList.Load()...), g.grp)
+		list := append(append([]*muxGroup(nil), *a.groupList.Load()...), g.grp)
 		a.groupList.Store(&list)
 	}
 	g.auth.Store(&auth)
@@ -592,7 +592,7 @@ func (a *aclState) group(name string, auth []byte) *sharedGroup {
 }
 
 // pick hands out g's connections in turn.
-func (g *aclGroup) pick() *shared {
+func (g *aclGroup) pick() *muxConn {
 	return g.grp.list[g.next.Add(1)%uint64(len(g.grp.list))]
 }
 
@@ -614,7 +614,7 @@ func (a *aclState) closeGroups() {
 
 // queued counts the commands waiting on the shared connections to one
 // Redis, every user's.
-func (a *aclState) queued(g *sharedGroup) int64 {
+func (a *aclState) queued(g *muxGroup) int64 {
 	n := g.queued.Load()
 	if g != a.p.group && g.acl == nil {
 		return n // a cluster master's
@@ -647,7 +647,7 @@ func (a *aclState) writeQueued(limit uint64) {
 
 // oldestIn returns the connection of g whose batch waits since before
 // first, the longest-waiting, or oldest and first when none does.
-func oldestIn(g *sharedGroup, oldest *shared, first uint64) (*shared, uint64) {
+func oldestIn(g *muxGroup, oldest *muxConn, first uint64) (*muxConn, uint64) {
 	if g.queued.Load() == 0 {
 		return oldest, first
 	}
@@ -819,8 +819,8 @@ func commandRefusal(user, name string, old bool) []byte {
 // masterAddrs returns the masters of the slot map the proxy knows, the
 // seeds before it has read one.
 func (r *router) masterAddrs() []string {
-	if m := r.slots.Load(); m != nil {
-		return append([]string(nil), m.masters...)
+	if m := r.Slots.Load(); m != nil {
+		return append([]string(nil), m.Masters...)
 	}
-	return append([]string(nil), r.seeds...)
+	return r.Candidates()
 }

@@ -116,7 +116,7 @@ func (s *session) aclSignIn(name []byte, cmd *redcon.Command, user, pass []byte)
 	refused, err := p.acl.authenticate(s.ctx, auth)
 	if err != nil {
 		p.m.unavailable.Add(1)
-		return localItem{reply: errorReply(&BackendError{Err: err}), silent: s.silent()}, true
+		return localItem{reply: resp.ErrorReply(&BackendError{Err: err}), silent: s.silent()}, true
 	}
 	if refused != nil {
 		return localItem{reply: refused, silent: s.silent()}, true
@@ -211,7 +211,7 @@ func (s *session) lockDenied(args [][]byte) []byte {
 	for _, r := range res {
 		refused, err := a.verdict(s.ctx, s.acl.user, r, write)
 		if err != nil {
-			return errorReply(&BackendError{Err: err})
+			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		if refused != nil {
 			s.aclRefused(name, "key", r)
@@ -233,7 +233,7 @@ func (s *session) lockListed(args [][]byte, reply []byte) []byte {
 		return refused == nil, err
 	})
 	if err != nil {
-		return errorReply(&BackendError{Err: err})
+		return resp.ErrorReply(&BackendError{Err: err})
 	}
 	return out
 }
@@ -251,7 +251,7 @@ func (s *session) fencedDenied(req FencedRequest) []byte {
 	args := append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(s.acl.user)}, req.Command...)
 	r, err := a.control(s.ctx, encodeCommand(args))
 	if err != nil {
-		return errorReply(&BackendError{Err: err})
+		return resp.ErrorReply(&BackendError{Err: err})
 	}
 	if r[0] != '$' {
 		return nil // +OK, or no such command: FENCED answers that
@@ -310,7 +310,7 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 		// The caller needs ACL DRYRUN itself, as Redis tells.
 		r, err := a.control(s.ctx, command("ACL", "DRYRUN", s.acl.user, "ACL", "DRYRUN", user, "PING"))
 		if err != nil {
-			return errorReply(&BackendError{Err: err})
+			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		if !bytes.HasPrefix(r, replyOK) {
 			s.aclRefused("acl|dryrun", "command", nil)
@@ -320,7 +320,7 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 	// Redis's error for a user it does not know.
 	r, err := a.control(s.ctx, command("ACL", "DRYRUN", user, "PING"))
 	if err != nil {
-		return errorReply(&BackendError{Err: err})
+		return resp.ErrorReply(&BackendError{Err: err})
 	}
 	if r[0] == '-' {
 		return r
@@ -340,7 +340,7 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 	for _, r := range res {
 		refused, err := a.verdict(s.ctx, user, r, write)
 		if err != nil {
-			return errorReply(&BackendError{Err: err})
+			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		if refused != nil {
 			return dryrunText(a.old.Load(), user, "access the '"+string(r)+"' key")
@@ -354,7 +354,7 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 		}
 		r, err := a.control(s.ctx, encodeCommand(append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(user)}, req.Command...)))
 		if err != nil {
-			return errorReply(&BackendError{Err: err})
+			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		return r
 	}

@@ -112,13 +112,14 @@ type round struct {
 	deadline    time.Time       // of every request: ctxDeadline or NodeTimeout
 	op          *op
 	// The operation's arguments in opsScript: the lock key, the operation
-	// code, the token, x and the attempt id. The deadline argument is
-	// deadline on each node's clock (see late.go).
-	key     string
+	// code, the token, x and the attempt id, boxed once per round rather
+	// than once per node (a string put in an interface is an allocation).
+	// The deadline argument is deadline on each node's clock (see late.go).
+	key     any
 	code    any
-	token   string
+	token   any
 	x       any
-	attempt string
+	attempt any
 	more    []string // a group's keys after key (mlock.go); nil otherwise
 	anytime bool     // the operation is safe whenever it arrives: no deadline
 	keeper  bool     // the keeper's: sent while the node is unreachable, failures not counted (conn.go)
@@ -192,7 +193,7 @@ func (r *round) free() {
 		r.cntBuf[i].Store(false)
 	}
 	r.ctx, r.op, r.res, r.fin, r.counted = nil, nil, nil, nil, nil
-	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper, r.probe = "", nil, "", nil, "", false, false, false
+	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper, r.probe = nil, nil, nil, nil, nil, false, false, false
 	r.more = nil
 	rounds.Put(r)
 }

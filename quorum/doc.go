@@ -70,7 +70,10 @@
 // between attempts, Unlock hands it the lock in its own round: each node
 // releases the holder's lock and takes it for the waiter in one call, and
 // the waiter holds it once a majority did and the fences are confirmed, as
-// for any acquisition (handOver in lock.go). Otherwise waiters are woken by
+// for any acquisition (handOver in lock.go). The waiter that becomes the
+// head then knows the lock held and waits for the next Unlock without an
+// attempt of its own, so a contended lock costs the nodes one call per
+// acquisition. Otherwise waiters are woken by
 // a release notification that Unlock publishes on "<prefix>released", which
 // every Locker subscribes to on every node, so a waiter wakes about a round
 // trip after the holder released, also when the holder used another Locker.
