@@ -47,6 +47,22 @@ import (
 // either: a client that does not come to read its data cannot hold the
 // others up.
 //
+// The same queue spares a read the system call that finds nothing. A
+// goroutine that has handled its data starts its next read; Go's read
+// tries the socket first (read(2), EAGAIN) and only then waits for the
+// poller, since the poller's word that data came before the read began is
+// dropped when it begins. Here the collect at the start of the read
+// tells instead: data that came since the last read took everything the
+// socket held is in the queue (the read gets a number), or was collected
+// while its goroutine was busy (more is set). With neither, the read goes
+// straight to the poller, which wakes it for data that comes from then
+// on. So a client that sends a command and waits for its reply costs one
+// read(2) per command, not two, as in an event loop.
+//
+// A read woken by the poller that already has its number (another read's
+// collect saw its data) takes the data without collecting again: the
+// reads before it were numbered by the same collect or earlier ones.
+//
 // The order costs an epoll_wait per read and, when clients send at once,
 // a goroutine switch per read; Config.ArrivalOrder turns it off.
 type arrivals struct {
@@ -83,6 +99,10 @@ type arrival struct {
 	// numbered then waits for the poller, which checks the sockets only
 	// when the scheduler runs out of goroutines, and nobody waits for it.
 	awake atomic.Bool
+	// more: the socket may hold data that no read has taken: its last
+	// read filled the buffer, or a collect saw data come while no read
+	// was waiting for it. Guarded by o.mu.
+	more bool
 	// waited: the last read has waited for those before it. Only the
 	// client's own goroutine, which reads and then handles the commands,
 	// uses it.
@@ -131,7 +151,9 @@ func (o *arrivals) wrap(nc net.Conn) (net.Conn, *arrival, error) {
 		return nil, nil, errors.New("proxy: shut down")
 	}
 	o.nextID++
-	a := &arrival{o: o, id: o.nextID}
+	// The first read tries the socket: its data may have come before
+	// the socket joined the epoll instance.
+	a := &arrival{o: o, id: o.nextID, more: true}
 	ev := syscall.EpollEvent{
 		Events: syscall.EPOLLIN | -syscall.EPOLLET,
 		Fd:     int32(a.id),
@@ -154,7 +176,8 @@ func (o *arrivals) wrap(nc net.Conn) (net.Conn, *arrival, error) {
 }
 
 // collect numbers, in arrival order, the sockets that received data since
-// the last call while their goroutine waited in a read. o.mu is held.
+// the last call while their goroutine waited in a read; the others are
+// marked as holding more data for their next read. o.mu is held.
 func (o *arrivals) collect() {
 	if o.closed {
 		return
@@ -169,10 +192,17 @@ func (o *arrivals) collect() {
 		}
 		for _, ev := range o.events[:n] {
 			a := o.conns[uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32]
-			if a == nil || !a.waiting || a.n != 0 {
+			if a == nil {
 				continue
 			}
-			a.number()
+			if a.waiting && a.n == 0 {
+				a.number()
+			}
+			// Its goroutine may be busy with the last read's data, or
+			// be in the read(2) of this one already: this data may have
+			// come after that read took the socket's data, and the next
+			// read must look. (A read clears more before its read(2).)
+			a.more = true
 		}
 		if n < len(o.events) {
 			return
@@ -232,15 +262,28 @@ type orderedConn struct {
 func (c *orderedConn) readFD(fd uintptr) bool {
 	a := c.a
 	a.awake.Store(true)
-	a.o.mu.Lock()
-	if !a.waiting {
+	o := a.o
+	o.mu.Lock()
+	start := !a.waiting
+	if start {
 		// The read starts: whatever the last one returned has been
 		// passed on.
 		a.endLocked()
 		a.waiting = true
 	}
-	a.o.collect()
-	a.o.mu.Unlock()
+	if a.n == 0 {
+		o.collect()
+	}
+	if start && a.n == 0 && !a.more {
+		// Nothing came since the last read emptied the socket: wait
+		// for the poller, which wakes the read for what comes next.
+		o.mu.Unlock()
+		a.awake.Store(false)
+		return false
+	}
+	// Data that comes from here on is this read's or shows again.
+	a.more = false
+	o.mu.Unlock()
 	for {
 		c.n, c.rerr = syscall.Read(int(fd), c.buf)
 		if c.rerr != syscall.EINTR {
@@ -267,7 +310,7 @@ func (c *orderedConn) Read(b []byte) (int, error) {
 	if err != nil || c.rerr != nil {
 		n = 0
 	}
-	c.a.arrived(n)
+	c.a.arrived(n, n == len(b))
 	c.buf = nil
 	switch {
 	case err != nil:
@@ -284,13 +327,16 @@ func (c *orderedConn) opError(err error) error {
 	return &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
-// arrived is called after a read that returned n bytes: a read that
-// collect did not number gets the next number. It waits for nothing: see
-// wait.
-func (a *arrival) arrived(n int) {
+// arrived is called after a read that returned n bytes, full when they
+// filled the buffer (the socket may hold more): a read that collect did
+// not number gets the next number. It waits for nothing: see wait.
+func (a *arrival) arrived(n int, full bool) {
 	o := a.o
 	o.mu.Lock()
 	a.waiting = false
+	if full {
+		a.more = true
+	}
 	switch {
 	case n == 0:
 		a.endLocked()

@@ -3,6 +3,9 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -107,5 +110,81 @@ func TestArrivalOrderLocalReadWaitsForNobody(t *testing.T) {
 	}
 	if !waitedFor() {
 		t.Error("a read with a command for the backend did not wait for the read before it")
+	}
+}
+
+// TestArrivalOrderReadsMissNoData: a read that finds the socket's data
+// already collected, or none since the last read emptied it, skips the
+// read(2) and waits for the poller; data that comes while the client's
+// goroutine is busy must still wake it. Clients send commands cut at random
+// places, in pieces a few microseconds apart, some pipelined and some
+// one at a time with the reply awaited, some with values larger than a
+// read's buffer: every reply comes (a lost wake-up leaves a client
+// waiting for the rest of its command, or for its reply, for ever).
+func TestArrivalOrderReadsMissNoData(t *testing.T) {
+	srv := redistest.Start(t).Addr
+	addr, p := startProxy(t, srv, nil)
+	if p.order == nil {
+		t.Fatal("no arrival order with the default Config")
+	}
+	const clients, rounds = 8, 150
+	errs := make(chan error, clients)
+	for i := range clients {
+		c := dial(t, addr)
+		go func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 35))
+			key := fmt.Sprintf("miss:%d", i)
+			var want int
+			for r := range rounds {
+				n := 1 + rng.IntN(3)
+				var cmds [][]string
+				for range n {
+					if rng.IntN(10) == 0 {
+						cmds = append(cmds, []string{"SET", key + ":big", strings.Repeat("v", 20000+rng.IntN(50000))})
+					} else {
+						cmds = append(cmds, []string{"INCR", key})
+					}
+				}
+				raw := encode(cmds...)
+				for len(raw) > 0 {
+					k := min(len(raw), 1+rng.IntN(64))
+					if rng.IntN(8) == 0 {
+						k = len(raw)
+					}
+					if _, err := c.c.Write(raw[:k]); err != nil {
+						errs <- err
+						return
+					}
+					raw = raw[k:]
+					if rng.IntN(3) == 0 {
+						time.Sleep(time.Duration(rng.IntN(100)) * time.Microsecond)
+					}
+				}
+				got, err := c.tryRead(n, 5*time.Second)
+				if err != nil {
+					errs <- fmt.Errorf("client %d, round %d: %d replies: %v (got %q)", i, r, n, err, trunc(got))
+					return
+				}
+				var exp bytes.Buffer
+				for _, cmd := range cmds {
+					if cmd[0] == "SET" {
+						exp.WriteString("+OK\r\n")
+					} else {
+						want++
+						fmt.Fprintf(&exp, ":%d\r\n", want)
+					}
+				}
+				if !bytes.Equal(got, exp.Bytes()) {
+					errs <- fmt.Errorf("client %d, round %d: %q, want %q", i, r, trunc(got), exp.String())
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -542,7 +542,14 @@ func (sh *muxConn) read(be *backend) {
 				sink.w = s.sink()
 			}
 			err = resp.CopyReply(w, be.r, &ri)
-			w.Flush()
+			// A client's consecutive replies reach its sink together:
+			// one lock and one copy for a pipeline's run of replies, not
+			// one each. The last of the run is flushed before it is
+			// counted as answered, so a client that finds nothing owed
+			// finds every reply in the sink.
+			if err != nil || s == nil || next != s || be.r.Buffered() == 0 {
+				w.Flush()
+			}
 		}
 		if err != nil && s != nil && s.cl != nil && !answered {
 			// Nothing of the reply reached the client (it was gathered
