@@ -108,6 +108,15 @@ func TestACLLockResources(t *testing.T) {
 	few := userClient(t, addr, "few", "pf")
 	admin := userClient(t, addr, "admin", "pa")
 
+	// The lock nodes answer (a new deployment counts once every node has).
+	deadline := time.Now().Add(10 * time.Second)
+	for admin.Do(ctx, "LOCKINFO", "warmup").Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock nodes do not answer")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
 	keyRefused := "NOPERM this user has no permissions to access one of the keys used as arguments"
 	cmdRefused := func(name string) string {
 		return "NOPERM this user has no permissions to run the '" + name + "' command"
@@ -198,7 +207,7 @@ func TestACLLockResources(t *testing.T) {
 	users[0] = "user locker on >pl ~reloaded:* +@lock +set +get +@connection"
 	os.WriteFile(path, []byte(aclYAML(backend.Addr, quotedList(nodeAddrs), users...)), 0o600)
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for {
 		_, err := locker.Do(ctx, "LOCK", "reloaded:1", 10000).Slice()
 		if err == nil {
