@@ -93,13 +93,14 @@ func clusterMaster(t testing.TB, c *redistest.Cluster, slot int) *redistest.Serv
 			if int(r.Start) > slot || slot > int(r.End) {
 				continue
 			}
-			for _, sn := range sh.Nodes {
-				if sn.Role != "master" {
+			for _, n := range sh.Nodes {
+				if n.Role != "master" {
 					continue
 				}
-				for _, n := range c.Nodes {
-					if n.Port() == int(sn.Port) {
-						return n
+				addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+				for _, s := range c.Nodes {
+					if s.Addr == addr {
+						return s
 					}
 				}
 			}
@@ -322,6 +323,37 @@ func TestFencedCluster(t *testing.T) {
 	}
 	expect(px.do("FENCED", "r", "4", "SET", b, "y"), "+OK\r\n")
 	expect(px.do("GET", b), "$1\r\ny\r\n")
+
+	// While the slot of c migrates with every key of it moved already,
+	// the old master answers ASK: FENCED follows it (ASKING) and checks
+	// the record that moved.
+	ck := "{c}k"
+	expect(px.do("FENCED", "r", "2", "SET", ck, "1"), "+OK\r\n")
+	cslot := slotOf(t, c, ck)
+	from = clusterMaster(t, c, cslot)
+	for _, n := range c.Nodes[:c.Masters] {
+		if n != from {
+			to = n
+		}
+	}
+	finish = startMigration(t, cslot, from, to)
+	fc2 := redis.NewClient(&redis.Options{Addr: from.Addr})
+	defer fc2.Close()
+	keys, err := fc2.ClusterGetKeysInSlot(context.Background(), cslot, 100).Result()
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys of slot %d: %q %v", cslot, keys, err)
+	}
+	host, port, _ = net.SplitHostPort(to.Addr)
+	if err := migrateKeys(context.Background(), fc2, host, port, keys...); err != nil {
+		t.Fatal(err)
+	}
+	expect(px.do("FENCED", "r", "1", "SET", ck, "x"), "-STALEFENCE fence 1 is below 2 for 'r'\r\n")
+	expect(px.do("FENCED", "r", "3", "SET", ck, "y"), "+OK\r\n")
+	if err := finish(c); err != nil {
+		t.Fatal(err)
+	}
+	expect(px.do("GET", ck), "$1\r\ny\r\n")
+	expect(px.do("FENCED", "r", "2", "GET", ck), "-STALEFENCE fence 2 is below 3 for 'r'\r\n")
 }
 
 // TestFencedSentinel: behind a Sentinel-managed primary, the record
@@ -366,7 +398,7 @@ func TestFencedSentinel(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		rc.Close()
-		g.Failover()
+		failover(t, g)
 		g.WaitRole(next, "master", 20*time.Second)
 		// Until the proxy follows, FENCED may answer backend unavailable.
 		for {
@@ -390,5 +422,24 @@ func TestFencedSentinel(t *testing.T) {
 			t.Fatalf("value %q, want d", v)
 		}
 		g.WaitRole(old, "slave", 20*time.Second)
+	}
+}
+
+// failover asks a Sentinel to fail over, again while it answers that no
+// replica is suitable yet (a replica that was the primary a moment ago).
+func failover(t testing.TB, g *redistest.Group) {
+	t.Helper()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinels[0].Addr})
+	defer sc.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := sc.Failover(context.Background(), g.MasterName).Err()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "NOGOODSLAVE") || time.Now().After(deadline) {
+			t.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,6 +272,20 @@ func TestFencedRules(t *testing.T) {
 		}
 		expect(px.do("GET", "lockproxy:fence:r:res"), "$2\r\n20\r\n")
 		expect(record("res"), "$2\r\n20\r\n")
+		// Another client raises the record between two FENCED of this
+		// one (which keeps the record it read last under WATCH): the
+		// older fence is refused all the same.
+		other := dialRaw(t, env.proxy, resp3)
+		expect(px.do("FENCED", "seq", "5", "SET", "sq", "a"), "+OK\r\n")
+		expect(other.do("FENCED", "seq", "7", "SET", "sq", "b"), "+OK\r\n")
+		expect(px.do("FENCED", "seq", "6", "SET", "sq", "c"), "-STALEFENCE fence 6 is below 7 for 'seq'\r\n")
+		expect(px.do("FENCED", "seq", "7", "GET", "sq"), "$1\r\nb\r\n")
+		// A record removed by FLUSHALL no longer refuses anything.
+		direct.do("FLUSHALL")
+		expect(px.do("FENCED", "seq", "3", "SET", "sq", "d"), "+OK\r\n")
+		expect(direct.do("GET", "lockproxy:fence:r:seq"), "$1\r\n3\r\n")
+		direct.do("SET", "lockproxy:fence:r:res", "20") // as before the FLUSHALL
+
 		// Missing values come back in the client's protocol.
 		expect(px.do("FENCED", "res", "20", "GET", "nothing"), null)
 
@@ -430,4 +446,59 @@ func TestFencedACL(t *testing.T) {
 		}
 		direct.do("DEL", "lockproxy:fence:r:acl")
 	}
+}
+
+// TestFencedConcurrentWriters: clients race FENCED writes with fences
+// handed out in increasing order, so that some arrive after a larger one
+// (refused) and many find the record changed under their WATCH (tried
+// again): the list the writes append to never decreases, and holds exactly
+// the accepted fences.
+func TestFencedConcurrentWriters(t *testing.T) {
+	env := startFencedEnv(t)
+	var next atomic.Int64
+	var mu sync.Mutex
+	accepted := map[int64]bool{}
+	stale := 0
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			c := dialRaw(t, env.proxy, w%2 == 1)
+			for range 150 {
+				f := next.Add(1)
+				r := c.do("FENCED", "race", strconv.FormatInt(f, 10), "EVAL", "return redis.call('rpush', KEYS[1], ARGV[1])", "1", "race:list", strconv.FormatInt(f, 10))
+				mu.Lock()
+				switch {
+				case strings.HasPrefix(r, ":"):
+					accepted[f] = true
+				case strings.HasPrefix(r, "-STALEFENCE fence "):
+					stale++
+				default:
+					t.Errorf("fence %d: %q", f, r)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	direct := dialRaw(t, env.backend.Addr, false)
+	list := strings.Split(strings.TrimSpace(direct.do("LRANGE", "race:list", "0", "-1")), "\r\n")
+	var got []int64
+	for i := 2; i < len(list); i += 2 {
+		f, _ := strconv.ParseInt(list[i], 10, 64)
+		got = append(got, f)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] < got[i-1] {
+			t.Fatalf("fence %d appended after %d", got[i], got[i-1])
+		}
+	}
+	if len(got) != len(accepted) {
+		t.Errorf("%d fences in the list, %d accepted", len(got), len(accepted))
+	}
+	for _, f := range got {
+		if !accepted[f] {
+			t.Errorf("fence %d in the list was not accepted", f)
+		}
+	}
+	t.Logf("%d accepted, %d refused", len(accepted), stale)
 }

@@ -3,6 +3,8 @@ package proxy
 import (
 	"crypto/subtle"
 	"strings"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Redis's own replies for authentication.
@@ -10,9 +12,9 @@ var (
 	replyNoAuth      = []byte("-NOAUTH Authentication required.\r\n")
 	replyNoAuthHello = []byte("-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n")
 	replyWrongPass   = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")
-	replyOK          = []byte("+OK\r\n")
+	replyOK          = resp.ReplyOK
 	replyAuthArity   = []byte("-ERR wrong number of arguments for 'auth' command\r\n")
-	replySyntax      = []byte("-ERR syntax error\r\n")
+	replySyntax      = resp.ReplySyntax
 )
 
 // authenticator answers AUTH at the proxy, against its own users, when

@@ -3,12 +3,13 @@ package proxy
 import (
 	"bytes"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -367,7 +368,7 @@ func TestClusterReshard(t *testing.T) {
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	t.Logf("reshard of 200 slots took %v; %d writes, %d error replies; MOVED %d, ASK %d, slot map readings %d",
-		took.Round(time.Millisecond), len(log.written), len(log.errs), p.router.moved.Load(), p.router.asked.Load(), p.router.refreshes.Load())
+		took.Round(time.Millisecond), len(log.written), len(log.errs), p.router.Moved.Load(), p.router.Asked.Load(), p.router.Refreshes.Load())
 	metrics := scrape(t, p)
 	for _, want := range []string{"lockproxy_cluster_slot_map_refreshes_total", `lockproxy_cluster_redirections_total{kind="moved"}`, "lockproxy_cluster_commands_forwarded_total{master=\"" + to.Addr + "\"}"} {
 		if !strings.Contains(metrics, want) {
@@ -377,7 +378,7 @@ func TestClusterReshard(t *testing.T) {
 	if len(log.errs) > 0 {
 		t.Errorf("error replies during the reshard: %q", log.errs[:min(5, len(log.errs))])
 	}
-	if p.router.moved.Load() == 0 {
+	if p.router.Moved.Load() == 0 {
 		t.Errorf("no MOVED seen: the writes did not touch the moved slots")
 	}
 	checkWritten(t, addr, log)
@@ -420,7 +421,7 @@ func TestClusterFailover(t *testing.T) {
 		}
 	}
 	t.Logf("master killed: writes to all masters back after %v; longest gap between successful writes %v; %d writes, %d error replies %q; connection_lost %d; slot map readings %d",
-		back.Sub(killed).Round(time.Millisecond), gap.Round(time.Millisecond), len(log.written), len(log.errs), log.errs[:min(3, len(log.errs))], p.m.connLost.Load(), p.router.refreshes.Load())
+		back.Sub(killed).Round(time.Millisecond), gap.Round(time.Millisecond), len(log.written), len(log.errs), log.errs[:min(3, len(log.errs))], p.m.connLost.Load(), p.router.Refreshes.Load())
 	// Redis replicates asynchronously: writes the master acknowledged just
 	// before it died may not have reached the replica. Every write
 	// acknowledged after the kill must be there.

@@ -4,23 +4,26 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"time"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Sending a cluster client's calls on its own connections. A client of a
 // Redis Cluster has, besides the masters' shared connections
 // (clustershared.go), a connection of its own to each master it sends a
 // command to that cannot share one (in a transaction, after AUTH, a
-// blocking command, a command split per slot, ...). Each is a shared
+// blocking command, a command split per slot, ...). Each is a muxConn
 // (shared.go) with one client: a group of one, dialled in the client's
-// connection state, its commands batched by shared.write and its replies
-// read by shared.read into the client's replyOrder, as on the shared
+// connection state, its commands batched by muxConn.write and its replies
+// read by muxConn.read into the client's replyOrder, as on the shared
 // connections. So the forwarder never reads a backend connection: it
 // takes a ticket per reply and goes on. Unlike a shared connection's,
 // the reader of one of the client's own runs only while replies are owed
-// on it (shared.reading): an idle client keeps a connection per master it
+// on it (muxConn.reading): an idle client keeps a connection per master it
 // used, but no goroutine or buffer to read it, and a connection the node
 // closed meanwhile is found when the next command is about to go on it
-// (shared.ready).
+// (muxConn.ready).
 //
 // A call whose reply is made from several parts (a command split per
 // slot, a fan-out to every master, SCAN's cursor, the proxy's own joins)
@@ -37,7 +40,7 @@ import (
 // (session.redirectShared), on its own connection to the node named,
 // except inside a transaction, where the command's reply becomes
 // replyMovedInTxn. A lost connection answers what was pending on it with
-// replyConnLost (shared.fail); the next command dials again, in the
+// replyConnLost (muxConn.fail); the next command dials again, in the
 // client's state, and clustertx.go keeps a transaction or WATCH tied to
 // the connection it went on.
 //
@@ -45,23 +48,23 @@ import (
 // own ones go to different connections of the same masters: before one
 // goes on the other kind, the replies owed on the first kind are waited
 // for (settleCluster), as a blocking command's reply is before the next
-// command leaves, and a command routed by no slot (session.keyless) waits
+// command leaves, and a command routed by no slot (cluster.Client.keyless) waits
 // for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
-func (cs *clusterSession) ownConn(s *session, addr string) *shared {
+func (cs *clusterSession) ownConn(s *session, addr string) *muxConn {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sh := cs.own[addr]; sh != nil {
 		return sh
 	}
-	g := newSharedGroup(s.p, addr, 1)
-	g.forwarded = cs.r.counter(addr)
+	g := newMuxGroup(s.p, addr, 1)
+	g.forwarded = cs.r.Counter(addr)
 	sh := g.list[0]
 	sh.own, sh.ctx = cs, s.ctx
 	sh.retired = cs.closed
 	if cs.own == nil {
-		cs.own = map[string]*shared{}
+		cs.own = map[string]*muxConn{}
 	}
 	cs.own[addr] = sh
 	return sh
@@ -80,11 +83,11 @@ func (cs *clusterSession) ownAddrs() []string {
 
 // sendCall sends c's parts on the client's own connections and takes the
 // place of its reply in the client's order.
-func (s *session) sendCall(c *call) {
+func (s *session) sendCall(c *cluster.Call) {
 	cs := s.cl
-	if c.kind == callLocal {
-		if c.reply != nil {
-			s.place(c.reply, ticketOpts{})
+	if c.Kind == cluster.CallLocal {
+		if c.Reply != nil {
+			s.place(c.Reply, ticketOpts{})
 		}
 		return
 	}
@@ -93,37 +96,37 @@ func (s *session) sendCall(c *call) {
 	}
 	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
 	switch {
-	case c.kind == callRandom:
+	case c.Kind == cluster.CallRandom:
 		s.randomKey(c)
 		return
-	case (c.kind == callPlain || c.kind == callSkip) && c.learn == nil:
-		opts := ticketOpts{own: true, stay: inTxn(&c.one), seq: c.seq}
-		if c.kind == callSkip {
-			opts.replace = c.reply
+	case (c.Kind == cluster.CallPlain || c.Kind == cluster.CallSkip) && c.Learn == nil:
+		opts := ticketOpts{own: true, stay: inTxn(&c.One), seq: c.Seq}
+		if c.Kind == cluster.CallSkip {
+			opts.replace = c.Reply
 		}
-		s.sendPart(&c.one, opts, deadline)
+		s.sendPart(&c.One, opts, deadline)
 		return
 	}
 	s.sendParts(c, deadline)
 }
 
 // sendParts sends the parts of a call whose reply is made from theirs.
-func (s *session) sendParts(src *call, deadline time.Time) {
+func (s *session) sendParts(src *cluster.Call, deadline time.Time) {
 	cs := s.cl
 	// A copy of its own: the readers make its reply after the forwarder
 	// has moved on, and src stays on the caller's stack.
-	c := new(call)
+	c := new(cluster.Call)
 	*c = *src
-	g := newGather(c.count())
-	ticket := cs.order.add(nil, noSlot, ticketOpts{})
-	if !c.alone {
-		g.ticket, g.transform = ticket, c.result
+	g := newGather(c.Count())
+	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
+	if !c.Alone {
+		g.ticket, g.transform = ticket, c.Result
 	}
-	for i := range c.count() {
-		p := c.part(i)
+	for i := range c.Count() {
+		p := c.Part(i)
 		s.sendPart(p, ticketOpts{own: true, stay: inTxn(p), g: g, gi: i}, deadline)
 	}
-	if !c.alone {
+	if !c.Alone {
 		return
 	}
 	// Making its reply sends more (SORT's patterns): the forwarder makes
@@ -134,49 +137,29 @@ func (s *session) sendParts(src *call, deadline time.Time) {
 	case <-s.ctx.Done():
 		return // the client has gone
 	}
-	reply, _ := c.result(g.replies)
+	reply, _ := c.Result(g.replies)
 	cs.order.put(ticket, false, reply, &s.w)
 	s.pushOut()
 }
 
 // inTxn reports whether p is a command of a transaction, where a
 // redirection cannot be followed.
-func inTxn(p *part) bool { return p.tx != nil && p.tx.txn != nil }
-
-// result makes the client's reply to a call of several parts, or of one
-// whose reply is rewritten or learned from, from the replies of its
-// parts, runs its learn, and reports whether the reply is an error.
-func (c *call) result(replies [][]byte) ([]byte, bool) {
-	var reply []byte
-	var failed bool
-	switch c.kind {
-	case callScan:
-		reply, failed = rewriteScan(replies[0], c.scan, c.n), isError(replies[0])
-	case callPlain:
-		reply, failed = replies[0], isError(replies[0])
-	default:
-		reply, failed = merge(c, replies)
-	}
-	if c.learn != nil {
-		c.learn(failed)
-	}
-	return reply, failed
-}
+func inTxn(p *cluster.Part) bool { return p.Tx != nil && p.Tx.Txn != nil }
 
 // sendPart queues p on the client's own connection to its master, its
 // reply taking a ticket with opts. When the master cannot be reached, it
 // waits for the cluster to name another one, until deadline; then, or
 // when p's transaction must not go on that connection (txConn), the ticket
 // gets the proxy's own reply.
-func (s *session) sendPart(p *part, opts ticketOpts, deadline time.Time) {
+func (s *session) sendPart(p *cluster.Part, opts ticketOpts, deadline time.Time) {
 	cs := s.cl
 	for {
-		sh := cs.ownConn(s, p.addr)
+		sh := cs.ownConn(s, p.Addr)
 		be, err := sh.ready()
 		if err != nil {
 			if refused(err) || !s.again(p, deadline) {
-				p.err = err
-				if p.tx != nil {
+				p.Err = err
+				if p.Tx != nil {
 					s.txUnsent(p)
 				}
 				s.unsent(p, opts)
@@ -184,15 +167,15 @@ func (s *session) sendPart(p *part, opts ticketOpts, deadline time.Time) {
 			}
 			continue
 		}
-		if p.tx != nil && !s.txConn(p, be) {
+		if p.Tx != nil && !s.txConn(p, be) {
 			s.unsent(p, opts)
 			return
 		}
-		if p.tx != nil && p.tx.reply != nil {
-			opts.replace = p.tx.reply // sent as DISCARD (txConn)
+		if p.Tx != nil && p.Tx.Reply != nil {
+			opts.replace = p.Tx.Reply // sent as DISCARD (txConn)
 		}
-		t := cs.order.add(p.raw, p.slot, opts)
-		if !sh.queueOn(be, s, t, p.raw) {
+		t := cs.order.add(p.Raw, p.Slot, opts)
+		if !sh.queueOn(be, s, t, p.Raw) {
 			cs.order.drop(t) // lost meanwhile: ready dials again
 			continue
 		}
@@ -206,20 +189,20 @@ func (s *session) sendPart(p *part, opts ticketOpts, deadline time.Time) {
 
 // unsent gives p, which was not sent, its reply: the one its transaction
 // gives (txConn), or the error that kept it from its master.
-func (s *session) unsent(p *part, opts ticketOpts) {
+func (s *session) unsent(p *cluster.Part, opts ticketOpts) {
 	var reply []byte
 	switch {
 	case opts.g != nil:
-		reply = errorReply(&BackendError{Err: p.err})
-	case p.tx != nil && p.tx.reply != nil:
-		reply = p.tx.reply
+		reply = resp.ErrorReply(&BackendError{Err: p.Err})
+	case p.Tx != nil && p.Tx.Reply != nil:
+		reply = p.Tx.Reply
 	default:
-		err := p.err
+		err := p.Err
 		if err == nil {
 			err = errRetriesSpent
 		}
 		s.p.m.unavailable.Add(1)
-		reply = errorReply(&BackendError{Err: err})
+		reply = resp.ErrorReply(&BackendError{Err: err})
 	}
 	opts.replace = nil
 	s.place(reply, opts)
@@ -228,7 +211,7 @@ func (s *session) unsent(p *part, opts ticketOpts) {
 // place takes a ticket with opts and puts reply, the proxy's own, in it.
 func (s *session) place(reply []byte, opts ticketOpts) {
 	o := &s.cl.order
-	o.put(o.add(nil, noSlot, opts), false, reply, &s.w)
+	o.put(o.add(nil, cluster.NoSlot, opts), false, reply, &s.w)
 	s.sharedOut = true // a client whose replies are not pushed writes them in flush
 	s.pushOut()
 }
@@ -253,7 +236,7 @@ func (s *session) settleCluster() {
 // ask sends parts on the client's own connections and returns their
 // replies, or nil when the client has gone. The forwarder waits for them:
 // RANDOMKEY and SORT's patterns decide what to send next from them.
-func (s *session) ask(parts []part) [][]byte {
+func (s *session) ask(parts []cluster.Part) [][]byte {
 	g := newGather(len(parts))
 	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
 	for i := range parts {
@@ -269,22 +252,22 @@ func (s *session) ask(parts []part) [][]byte {
 }
 
 // randomKey asks the masters in a random order until one has a key.
-func (s *session) randomKey(c *call) {
+func (s *session) randomKey(c *cluster.Call) {
 	cs := s.cl
-	ticket := cs.order.add(nil, noSlot, ticketOpts{})
+	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
 	answer := func(b []byte) {
 		cs.order.put(ticket, false, b, &s.w)
 		s.pushOut()
 	}
-	m, err := cs.r.current(s.ctx)
+	m, err := cs.r.Current(s.ctx)
 	if err != nil {
 		s.p.m.unavailable.Add(1)
-		answer(errorReply(&BackendError{Err: err}))
+		answer(resp.ErrorReply(&BackendError{Err: err}))
 		return
 	}
 	var last []byte
-	for _, i := range rand.Perm(len(m.masters)) {
-		r := s.ask([]part{{slot: m.first[i], addr: m.masters[i], raw: c.one.raw}})
+	for _, i := range rand.Perm(len(m.Masters)) {
+		r := s.ask([]cluster.Part{{Slot: m.First[i], Addr: m.Masters[i], Raw: c.One.Raw}})
 		if r == nil {
 			return // the client has gone
 		}

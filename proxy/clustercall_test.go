@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 )
 
 // TestClusterMergeOutOfOrder: the parts of calls merged from several
@@ -71,7 +72,7 @@ func TestClusterOwnRedirect(t *testing.T) {
 	from, to := c.Nodes[0], c.Nodes[1]
 	idTo := nodeID(t, to)
 	k := keyOn(0, "r")
-	slot := strconv.Itoa(keySlot([]byte(k)))
+	slot := strconv.Itoa(cluster.KeySlot([]byte(k)))
 	a := dial(t, addr)
 	a.do(args("CLIENT SETNAME mover"))
 	if got := string(a.do(args("SET " + k + " v"))); got != "+OK\r\n" {
@@ -80,11 +81,11 @@ func TestClusterOwnRedirect(t *testing.T) {
 	// The slot is being migrated and k has left: the old master asks.
 	startMigrating(t, from, to, slot)
 	mustOK(t, from, "MIGRATE 127.0.0.1 "+strconv.Itoa(to.Port())+" "+k+" 0 5000")
-	asked := p.router.asked.Load()
+	asked := p.router.Asked.Load()
 	if got := string(a.do(args("GET " + k))); got != "$1\r\nv\r\n" {
 		t.Fatalf("GET during the migration: %q", got)
 	}
-	if p.router.asked.Load() == asked {
+	if p.router.Asked.Load() == asked {
 		t.Errorf("no ASK followed")
 	}
 	// The slot has moved: the old master redirects for good.
@@ -96,11 +97,11 @@ func TestClusterOwnRedirect(t *testing.T) {
 	if want := "+OK\r\n" + string(replyMovedInTxn) + string(replyExecAbort); string(txn) != want {
 		t.Errorf("transaction: %q, want %q", txn, want)
 	}
-	moved := p.router.moved.Load()
+	moved := p.router.Moved.Load()
 	if got := string(a.do(args("SET "+k+" x"), args("GET "+k))); got != "+OK\r\n$1\r\nx\r\n" {
 		t.Fatalf("after the move: %q", got)
 	}
-	if p.router.moved.Load() == moved {
+	if p.router.Moved.Load() == moved {
 		t.Errorf("no MOVED followed")
 	}
 	// Both went on connections of the client's own to the new master.
@@ -196,7 +197,7 @@ func ownReaders() int {
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "proxy.(*shared).read(")
+			return strings.Count(string(buf[:n]), "proxy.(*muxConn).read(")
 		}
 		buf = make([]byte, 2*len(buf))
 	}
@@ -263,7 +264,7 @@ func TestClusterMovedOrder(t *testing.T) {
 			k, k2 := keyOn(2, fmt.Sprintf("m%d-", i)), keyOn(0, fmt.Sprintf("m%d-", i))
 			a.do(args("PING"))
 			for _, key := range []string{k, k2} {
-				slot := strconv.Itoa(keySlot([]byte(key)))
+				slot := strconv.Itoa(cluster.KeySlot([]byte(key)))
 				for _, n := range c.Nodes[:c.Masters] {
 					mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 				}
@@ -403,12 +404,12 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 				a.do(first)
 			}
 			k := keyOn(1, fmt.Sprintf("f%d-", i))
-			slot := strconv.Itoa(keySlot([]byte(k)))
+			slot := strconv.Itoa(cluster.KeySlot([]byte(k)))
 
 			// The slot is being migrated from `from` to `to`: `from`
 			// answers a write of a new key with ASK.
 			startMigrating(t, from, to, slot)
-			asked := p.router.asked.Load()
+			asked := p.router.Asked.Load()
 			// SCAN starts on the first master, `to`: its cursor then
 			// goes on to the second.
 			busyNode(t, from.Addr, 300*time.Millisecond)
@@ -421,7 +422,7 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 			if got, err := a.tryRead(1, 5*time.Second); err != nil || !strings.Contains(string(got), "db0:keys=1,") {
 				t.Errorf("INFO keyspace: %q (%v), want db0:keys=1", got, err)
 			}
-			if p.router.asked.Load() == asked {
+			if p.router.Asked.Load() == asked {
 				t.Fatalf("the SET was not asked to go elsewhere")
 			}
 
@@ -450,16 +451,16 @@ func TestClusterFanAfterRedirect(t *testing.T) {
 			for _, n := range c.Nodes[:c.Masters] {
 				mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idTo)
 			}
-			moved := p.router.moved.Load()
+			moved := p.router.Moved.Load()
 			pipeline(t, a, "+OK\r\n*1\r\n"+bulk(k), args("SET "+k+" v"), args("KEYS *"))
-			if p.router.moved.Load() == moved {
+			if p.router.Moved.Load() == moved {
 				t.Fatalf("the SET was not moved")
 			}
 			flushCluster(t, c)
 			for _, n := range c.Nodes[:c.Masters] {
 				mustOK(t, n, "CLUSTER SETSLOT "+slot+" NODE "+idFrom)
 			}
-			p.router.reload(context.Background(), p.router.gen.Load())
+			p.router.Reload(context.Background(), p.router.Gen.Load())
 		})
 	}
 }
@@ -477,20 +478,20 @@ func TestClusterWaitAfterRedirect(t *testing.T) {
 	a := dial(t, addr)
 	a.do(args("CLIENT SETNAME waiter"))
 	k := keyOn(1, "w")
-	slot := strconv.Itoa(keySlot([]byte(k)))
+	slot := strconv.Itoa(cluster.KeySlot([]byte(k)))
 	startMigrating(t, from, to, slot)
 	t.Cleanup(func() {
 		mustOK(t, to, "CLUSTER SETSLOT "+slot+" STABLE")
 		mustOK(t, from, "CLUSTER SETSLOT "+slot+" STABLE")
 	})
 	replica.Pause()
-	asked := p.router.asked.Load()
+	asked := p.router.Asked.Load()
 	if got := string(a.do(args("SET "+k+" v"), args("WAIT 1 300"))); got != "+OK\r\n:0\r\n" {
 		replica.Resume()
 		t.Fatalf("SET, WAIT while the replica of the master that took the write is stopped: %q, want +OK and 0", got)
 	}
 	replica.Resume()
-	if p.router.asked.Load() == asked {
+	if p.router.Asked.Load() == asked {
 		t.Fatalf("the SET was not asked to go elsewhere")
 	}
 	if got := string(a.do(args("WAIT 1 5000"))); got != ":1\r\n" {

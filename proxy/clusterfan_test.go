@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 )
 
 // startClusterServer starts a cluster of 3 masters, one standalone Redis
@@ -34,7 +35,7 @@ func startClusterServer(t *testing.T) (*redistest.Cluster, *redistest.Server, st
 func keyOn(i int, prefix string) string {
 	for n := 0; ; n++ {
 		k := fmt.Sprintf("%s%d", prefix, n)
-		if keySlot([]byte(k))*3/numSlots == i {
+		if cluster.KeySlot([]byte(k))*3/cluster.NumSlots == i {
 			return k
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -24,30 +25,30 @@ import (
 // is disconnected, as when the one Redis behind the proxy goes.
 
 var (
-	replyReplicaKeyspace = []byte("-ERR Replica can't interact with the keyspace\r\n")
+	replyReplicaKeyspace = resp.ReplyReplicaKeyspace
 	cmdMonitor           = []byte("*1\r\n$7\r\nMONITOR\r\n")
 )
 
 // monitorCall starts MONITOR on every master; the commands before it are
 // answered first.
-func (s *session) monitorCall(m *slotMap) call {
+func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 	cs := s.cl
 	if cs.monitoring() {
-		return localCall(nil) // Redis ignores it, without a reply
+		return cluster.LocalCall(nil) // Redis ignores it, without a reply
 	}
 	s.settleCluster()
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
 	st := cs.st.replay
 	var conns []*backend
-	fail := func(err error) call {
+	fail := func(err error) cluster.Call {
 		for _, be := range conns {
 			be.nc.Close()
 		}
 		s.p.m.unavailable.Add(1)
-		return localCall(errorReply(&BackendError{Err: err}))
+		return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: err}))
 	}
-	for _, addr := range m.masters {
+	for _, addr := range m.Masters {
 		be, err := s.p.dialAddr(ctx, addr, st)
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", addr, err))
@@ -59,7 +60,7 @@ func (s *session) monitorCall(m *slotMap) call {
 				for _, be := range conns {
 					be.nc.Close()
 				}
-				return localCall([]byte("-" + r.Reply + "\r\n")) // the node's own refusal (NOPERM, ...)
+				return cluster.LocalCall([]byte("-" + r.Reply + "\r\n")) // the node's own refusal (NOPERM, ...)
 			}
 			return fail(fmt.Errorf("%s: %w", addr, err))
 		}
@@ -78,7 +79,7 @@ func (s *session) monitorCall(m *slotMap) call {
 		cs.monWG.Add(1)
 		go s.copyMonitor(be)
 	}
-	return localCall(nil)
+	return cluster.LocalCall(nil)
 }
 
 // monitoring reports whether the client is in MONITOR mode. Only the
@@ -110,7 +111,7 @@ func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
 	if !s.cl.monitoring() {
 		return false
 	}
-	table, err := s.cl.r.commands(s.ctx)
+	table, err := s.cl.r.Commands(s.ctx)
 	if err != nil {
 		return false
 	}

@@ -6,12 +6,13 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Pub/sub in front of a Redis Cluster. A client that subscribes is pinned
 // to one connection of its own to one node, and that connection is served
-// as the connection of one of a client of one Redis is (shared.one, read
+// as the connection of one of a client of one Redis is (muxConn.one, read
 // against the replyQueue and its connState): pushes, RESP2 and RESP3,
 // the subscription counts, and a client disconnected when the node goes.
 //
@@ -61,22 +62,17 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 		s.unpin()
 		return nil, false
 	}
-	switch string(name) {
-	case "reset":
+	switch {
+	case string(name) == "reset":
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
 		cs.dropAll()
 		cs.st = clientState{}
 		cs.stateChanged()
-		cs.txn, cs.watch = nil, nil
+		cs.Txn, cs.Watch = nil, nil
 		return nil, true
-	case "auth", "hello":
+	case setsState(name, cmd.Args): // AUTH, HELLO, CLIENT SETNAME
 		return nil, true
-	case "client":
-		var sb [24]byte
-		if len(cmd.Args) > 1 && string(resp.Lower(&sb, cmd.Args[1])) == "setname" {
-			return nil, true
-		}
 	}
 	if resp3 {
 		s.adoptPinned()
@@ -85,17 +81,17 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	// RESP2: only the subscription commands, PING, QUIT and RESET are
 	// allowed, and the node says so for the others, except for a key it
 	// does not serve, which it would redirect first.
-	keys, err := cs.r.keys(s.ctx, cs.keys[:0], name, cmd.Args)
-	cs.keys = keys
+	keys, err := cs.r.Keys(s.ctx, cs.Keys[:0], name, cmd.Args)
+	cs.Keys = keys
 	if err != nil {
 		s.p.m.unavailable.Add(1)
-		return errorReply(&BackendError{Err: err}), false
+		return resp.ErrorReply(&BackendError{Err: err}), false
 	}
 	if len(keys) == 0 {
 		return nil, true
 	}
 	full := append([]byte(nil), name...)
-	if t, err := cs.r.commands(s.ctx); err == nil && t[string(name)].Container && len(cmd.Args) > 1 {
+	if t, err := cs.r.Commands(s.ctx); err == nil && t[string(name)].Container && len(cmd.Args) > 1 {
 		var sb [24]byte
 		full = append(append(full, '|'), resp.Lower(&sb, cmd.Args[1])...)
 	}
@@ -109,21 +105,21 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	// The commands routed before it are answered first: a HELLO among
 	// them sets the protocol the new connection is brought to.
 	s.settleCluster()
-	m, err := cs.r.current(s.ctx)
+	m, err := cs.r.Current(s.ctx)
 	if err != nil {
 		s.p.m.unavailable.Add(1)
-		return errorReply(&BackendError{Err: err}), false
+		return resp.ErrorReply(&BackendError{Err: err}), false
 	}
-	target := m.master(m.first[0])
+	target := m.Master(m.First[0])
 	shard := (string(name) == "ssubscribe" || string(name) == "sunsubscribe") && len(cmd.Args) > 1
 	if shard {
-		slot := keySlot(cmd.Args[1])
+		slot := cluster.KeySlot(cmd.Args[1])
 		for _, ch := range cmd.Args[2:] {
-			if keySlot(ch) != slot {
-				return replyCrossSlot, false
+			if cluster.KeySlot(ch) != slot {
+				return cluster.ReplyCrossSlot, false
 			}
 		}
-		target = m.master(slot)
+		target = m.Master(slot)
 	}
 	if s.be != nil && !s.q.dead(s.be) {
 		if !shard || s.cl.pinAddr == target {

@@ -8,27 +8,28 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 )
 
 // namesOn returns, for each master of the proxy's slot map, n names with
 // the prefix whose slots that master serves.
 func namesOn(t *testing.T, p *Proxy, prefix string, n int) [][]string {
 	t.Helper()
-	m, err := p.router.current(context.Background())
+	m, err := p.router.Current(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([][]string, len(m.masters))
+	out := make([][]string, len(m.Masters))
 	index := map[string]int{}
-	for i, a := range m.masters {
+	for i, a := range m.Masters {
 		index[a] = i
 	}
-	for i, left := 0, n*len(m.masters); left > 0; i++ {
+	for i, left := 0, n*len(m.Masters); left > 0; i++ {
 		if i > 100000 {
 			t.Fatal("no names found on every master")
 		}
 		name := fmt.Sprintf("%s%d", prefix, i)
-		j := index[m.master(keySlot([]byte(name)))]
+		j := index[m.Master(cluster.KeySlot([]byte(name)))]
 		if len(out[j]) < n {
 			out[j] = append(out[j], name)
 			left--
@@ -123,7 +124,7 @@ func TestClusterPubsub(t *testing.T) {
 
 	// Where the cluster answers differently on purpose.
 	a := dial(t, addr)
-	if got, want := string(a.do(args("SSUBSCRIBE "+shard[0][0]+" "+shard[1][0]))), string(replyCrossSlot); got != want {
+	if got, want := string(a.do(args("SSUBSCRIBE "+shard[0][0]+" "+shard[1][0]))), string(cluster.ReplyCrossSlot); got != want {
 		t.Errorf("SSUBSCRIBE across slots: %q, want %q", got, want)
 	}
 	a.do(args("SSUBSCRIBE " + shard[0][0]))

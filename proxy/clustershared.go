@@ -3,10 +3,14 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -36,8 +40,49 @@ import (
 // (session.settleCluster); its replies take their place in the same
 // replyOrder.
 
+// router is the proxy's view of a Redis Cluster: the slot map and the
+// COMMAND table (clusterRouter), and the shared connections to each
+// master.
+type router struct {
+	*cluster.Router
+	p *Proxy
+
+	// The shared connections to each master (clustershared.go), by
+	// master and access generation, all of them, and all the groups for
+	// Proxy.writeQueued.
+	shMu      sync.Mutex
+	shared    map[groupKey]*muxGroup
+	sharedAll atomic.Pointer[[]*muxConn]
+	groups    atomic.Pointer[[]*muxGroup]
+	// access counts the commands that may have changed who the masters
+	// let in (CONFIG SET requirepass, ACL SETUSER ...): a generation of
+	// shared connections serves the clients that connected during it
+	// (see accessChanged). sessions counts each generation's clients;
+	// under shMu.
+	access   atomic.Uint64
+	sessions map[uint64]int
+}
+
+// ready reads the slot map and checks that every master answers PING.
+func (r *router) ready(ctx context.Context) error {
+	if err := r.Router.Ready(ctx); err != nil {
+		return &BackendError{Err: err}
+	}
+	return nil
+}
+
+func newRouter(p *Proxy) *router {
+	b := &p.cfg.Backend
+	return &router{p: p, Router: cluster.NewRouter(cluster.RouterConfig{
+		Seeds:   b.Cluster,
+		Timeout: b.DialTimeout,
+		TLS:     b.TLS != nil,
+		Options: b.controlOptions,
+	})}
+}
+
 // sharedList returns the shared connections to the masters.
-func (r *router) sharedList() []*shared {
+func (r *router) sharedList() []*muxConn {
 	if l := r.sharedAll.Load(); l != nil {
 		return *l
 	}
@@ -45,7 +90,7 @@ func (r *router) sharedList() []*shared {
 }
 
 // groupList returns the masters' groups of shared connections.
-func (r *router) groupList() []*sharedGroup {
+func (r *router) groupList() []*muxGroup {
 	if l := r.groups.Load(); l != nil {
 		return *l
 	}
@@ -62,21 +107,21 @@ type groupKey struct {
 // sharedConn returns the shared connection number i (modulo their number)
 // to the master at addr for the clients of access generation gen, making
 // the group on first use.
-func (r *router) sharedConn(addr string, i, gen uint64) *shared {
+func (r *router) sharedConn(addr string, i, gen uint64) *muxConn {
 	r.shMu.Lock()
 	defer r.shMu.Unlock()
 	if r.shared == nil {
-		r.shared = map[groupKey]*sharedGroup{}
+		r.shared = map[groupKey]*muxGroup{}
 	}
 	k := groupKey{addr, gen}
 	g := r.shared[k]
 	if g == nil {
-		g = newSharedGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
-		g.forwarded = r.counter(addr)
+		g = newMuxGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
+		g.forwarded = r.Counter(addr)
 		r.shared[k] = g
-		all := append(append([]*shared(nil), r.sharedList()...), g.list...)
+		all := append(append([]*muxConn(nil), r.sharedList()...), g.list...)
 		r.sharedAll.Store(&all)
-		groups := append(append([]*sharedGroup(nil), r.groupList()...), g)
+		groups := append(append([]*muxGroup(nil), r.groupList()...), g)
 		r.groups.Store(&groups)
 	}
 	return g.list[i%uint64(len(g.list))]
@@ -129,8 +174,8 @@ func (r *router) accessChanged() {
 // retire closes the shared connections of generation gen and forgets
 // them; r.shMu is held.
 func (r *router) retire(gen uint64) {
-	var all []*shared
-	var groups []*sharedGroup
+	var all []*muxConn
+	var groups []*muxGroup
 	for _, g := range r.groupList() {
 		if r.shared[groupKey{g.list[0].addr, gen}] == g {
 			delete(r.shared, groupKey{g.list[0].addr, gen})
@@ -155,13 +200,13 @@ func (r *router) closeShared() {
 }
 
 // sharesCluster reports whether a routed call goes on a shared connection.
-func (s *session) sharesCluster(name []byte, args [][]byte, c *call) bool {
+func (s *session) sharesCluster(name []byte, args [][]byte, c *cluster.Call) bool {
 	cs := s.cl
 	if changesAccess(name, args) {
 		cs.r.accessChanged()
 	}
-	return s.p.cfg.Backend.SharedConnections > 0 && c.kind == callPlain && c.one.tx == nil &&
-		c.learn == nil && !c.alone && c.one.addr != "" && cs.txn == nil && cs.watch == nil &&
+	return s.p.cfg.Backend.SharedConnections > 0 && c.Kind == cluster.CallPlain && c.One.Tx == nil &&
+		c.Learn == nil && !c.Alone && c.One.Addr != "" && cs.Txn == nil && cs.Watch == nil &&
 		cs.st.replay.empty() && !cs.monitorOn && s.be == nil &&
 		resp.Stateless(name) && !resp.Lookup(name).Has(resp.Blocking)
 }
@@ -184,32 +229,32 @@ func changesAccess(name []byte, args [][]byte) bool {
 // routeShared sends c on the shared connection to its master; it reports
 // false, having sent nothing, when that connection cannot be had (the
 // call then tries the client's own, and waits for the cluster).
-func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
+func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) bool {
 	cs := s.cl
 	if cs.ownUsed {
 		s.settleCluster() // the replies on the client's own connections come first
 	}
-	var sh *shared
+	var sh *muxConn
 	for _, c2 := range cs.sharedConns {
-		if c2.addr == c.one.addr {
+		if c2.addr == c.One.Addr {
 			sh = c2
 			break
 		}
 	}
 	if sh == nil {
-		sh = cs.r.sharedConn(c.one.addr, cs.sharedIdx, cs.access)
+		sh = cs.r.sharedConn(c.One.Addr, cs.sharedIdx, cs.access)
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
-	ticket := cs.order.add(c.one.raw, c.one.slot, ticketOpts{seq: c.seq})
+	ticket := cs.order.add(c.One.Raw, c.One.Slot, ticketOpts{seq: c.Seq})
 	e := classify(name, cmd)
-	if err := sh.queue(s, ticket, nil, c.one.raw, &e); err != nil {
+	if err := sh.queue(s, ticket, nil, c.One.Raw, &e); err != nil {
 		cs.order.drop(ticket)
 		return false
 	}
 	s.markShared(sh)
 	cs.sharedUsed = true
-	if c.seq != 0 {
-		cs.lastShared = true // see waitMark
+	if c.Seq != 0 {
+		cs.LastShared = true // see waitMark
 	}
 	s.p.m.forwarded.Add(1)
 	sh.grp.forwarded.Add(1)
@@ -217,7 +262,7 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *call) bool {
 }
 
 // markShared notes that sh has a command of the client's to write.
-func (s *session) markShared(sh *shared) {
+func (s *session) markShared(sh *muxConn) {
 	s.sharedOut = true
 	for _, d := range s.dirty {
 		if d == sh {
@@ -258,7 +303,7 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	}
 	reply := sink.buf
 	if ri.Type == '-' {
-		if kind, target := redirected(sink.buf); kind != redirNone {
+		if kind, target := cluster.Redirected(sink.buf); kind != cluster.RedirNone {
 			if !o.stays(ticket) {
 				s.redirect(redirect{ticket, kind, target})
 				return false, nil
@@ -301,7 +346,7 @@ func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
 // redirect is a redirection to follow.
 type redirect struct {
 	ticket uint64
-	kind   redirection
+	kind   cluster.Redirection
 	target string
 }
 
@@ -346,7 +391,7 @@ func (s *session) redirecting() {
 // redirectShared sends the command with ticket again where a redirection
 // says, on that master's shared connection, or the client's own
 // connection to it when it came on one.
-func (s *session) redirectShared(ticket uint64, kind redirection, target string) {
+func (s *session) redirectShared(ticket uint64, kind cluster.Redirection, target string) {
 	defer s.recoverPanic()
 	cs := s.cl
 	r := cs.r
@@ -355,27 +400,27 @@ func (s *session) redirectShared(ticket uint64, kind redirection, target string)
 		return
 	}
 	if time.Now().After(deadline) || s.ctx.Err() != nil {
-		s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}), opts.own)
+		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.own)
 		return
 	}
 	addr := target
 	var pre []byte
 	switch kind {
-	case redirMoved:
-		r.moved.Add(1)
-		r.reload(s.ctx, r.gen.Load())
-	case redirAsk:
-		r.asked.Add(1)
+	case cluster.RedirMoved:
+		r.Moved.Add(1)
+		r.Reload(s.ctx, r.Gen.Load())
+	case cluster.RedirAsk:
+		r.Asked.Add(1)
 		pre = cmdAsking
-	case redirWait:
-		p := part{slot: slot}
-		if !s.again(&p, deadline) || p.addr == "" {
-			s.answerShared(ticket, errorReply(&BackendError{Err: errRetriesSpent}), opts.own)
+	case cluster.RedirWait:
+		p := cluster.Part{Slot: slot}
+		if !s.again(&p, deadline) || p.Addr == "" {
+			s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.own)
 			return
 		}
-		addr = p.addr
+		addr = p.Addr
 	}
-	var sh *shared
+	var sh *muxConn
 	if opts.own {
 		sh = cs.ownConn(s, addr)
 	} else {
@@ -383,13 +428,11 @@ func (s *session) redirectShared(ticket uint64, kind redirection, target string)
 	}
 	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
 		s.p.m.unavailable.Add(1)
-		s.answerShared(ticket, errorReply(&BackendError{Err: err}), opts.own)
+		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: err}), opts.own)
 		return
 	}
 	if opts.seq != 0 {
-		cs.redirMu.Lock()
-		cs.movedSeq, cs.movedTo = opts.seq, addr
-		cs.redirMu.Unlock()
+		cs.NoteMoved(opts.seq, addr)
 	}
 	sh.flush()
 }

@@ -1,5 +1,7 @@
 package proxy
 
+import "github.com/lockproxy/lockproxy/proxy/internal/cluster"
+
 // What a lost connection does to a transaction or WATCH in front of a
 // Redis Cluster, as it does to one Redis (connState.doomed): a MULTI is
 // tied to the connection it was sent on, and so are the keys a WATCH
@@ -10,112 +12,90 @@ package proxy
 // than the one its WATCH went on ends with EXEC sent as DISCARD and the
 // null array of the client's protocol, as when a watched key changed.
 
-// txRole is what a part does to the transaction or WATCH it belongs to.
-type txRole uint8
-
-const (
-	txQueued  txRole = iota // a command queued in the transaction
-	txOpens                 // the MULTI that opens the transaction on its connection
-	txExec                  // the transaction's EXEC
-	txDiscard               // the transaction's DISCARD
-	txMulti                 // a MULTI inside it: Redis refuses it and queues nothing
-	txWatch                 // a WATCH inside it: the same
-)
-
-// txPart is what a part of a transaction or WATCH carries: the transaction
-// or WATCH, and, once it is sent or refused, what the client gets instead
-// of the part's reply (nil: the reply).
-type txPart struct {
-	txn   *txnState
-	watch *pin
-	role  txRole
-	reply []byte
-}
-
 // tagTx ties the parts of c, the call planned for name, to the transaction
 // or WATCH they belong to, for txConn to check when they are sent. txn and
 // watch are the client's transaction and WATCH before c was planned.
-func (s *session) tagTx(c *call, name []byte, txn *txnState, watch *pin) {
+func (s *session) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, watch *cluster.Pin) {
 	cs := s.cl
-	if c.kind == callLocal || (c.kind == callMerge && c.op != opLast) {
+	if c.Kind == cluster.CallLocal || (c.Kind == cluster.CallMerge && c.Op != cluster.OpLast) {
 		// The proxy's own reply, or AUTH, HELLO or CLIENT SETNAME, which
 		// go to every connection of the client, inside a transaction or
-		// not (everywhere).
+		// not (cluster.Client.everywhere).
 		return
 	}
 	switch {
 	case txn != nil:
-		role := txQueued
+		role := cluster.TxQueued
 		switch string(name) {
 		case "exec":
-			role = txExec
+			role = cluster.TxExec
 		case "discard":
-			role = txDiscard
+			role = cluster.TxDiscard
 		case "multi":
-			role = txMulti
+			role = cluster.TxMulti
 		case "watch":
-			role = txWatch
+			role = cluster.TxWatch
 		}
-		for i := range c.count() {
-			c.part(i).tx = &txPart{txn: txn, role: role}
+		for i := range c.Count() {
+			c.Part(i).Tx = &cluster.TxPart{Txn: txn, Role: role}
 		}
-		if c.kind == callMerge && c.op == opLast {
+		if c.Kind == cluster.CallMerge && c.Op == cluster.OpLast {
 			// The transaction moves to the master of its first key: the
 			// MULTI sent there opens it on that connection.
-			c.parts[1].tx.role = txOpens
+			c.Parts[1].Tx.Role = cluster.TxOpens
 		}
-	case cs.txn != nil:
-		cs.txn.watched, cs.txn.lost = watch, false // lost was the WATCH's
-		c.one.tx = &txPart{txn: cs.txn, role: txOpens}
-	case cs.watch != nil && string(name) == "watch":
-		c.one.tx = &txPart{watch: cs.watch}
+	case cs.Txn != nil:
+		cs.Txn.Watched, cs.Txn.Lost = watch, false // lost was the WATCH's
+		c.One.Tx = &cluster.TxPart{Txn: cs.Txn, Role: cluster.TxOpens}
+	case cs.Watch != nil && string(name) == "watch":
+		c.One.Tx = &cluster.TxPart{Watch: cs.Watch}
 	}
 }
 
 // txConn checks p, about to be written on be, against the connection of
 // its transaction or WATCH, and reports false when it must not be written:
 // p then answers p.tx.reply (p.err, in a call whose replies merge).
-func (s *session) txConn(p *part, be *backend) bool {
-	x := p.tx
-	if w := x.watch; w != nil {
-		w.lost = w.lost || (w.conn != nil && w.conn != be)
-		w.conn = be
+func (s *session) txConn(p *cluster.Part, be *backend) bool {
+	x := p.Tx
+	if w := x.Watch; w != nil {
+		w.Lost = w.Lost || (w.Conn != nil && w.Conn != be)
+		w.Conn = be
 		return true
 	}
-	t := x.txn
+	t := x.Txn
 	switch {
-	case x.role == txOpens && !t.lost:
-		t.conn = be
-		if w := t.watched; w != nil && (w.lost || w.conn != be) {
-			t.watchLost = true
+	case x.Role == cluster.TxOpens && !t.Lost:
+		t.Conn = be
+		if w := t.Watched; w != nil && (w.Lost || w.Conn != be) {
+			t.WatchLost = true
 		}
-	case t.conn != be || t.lost:
+	case t.Conn != be || t.Lost:
 		// Once lost, a transaction that moves to the master of its first
 		// key does not open again there.
-		t.lost = true
-		p.err = errTxnLost
-		switch x.role {
-		case txExec:
-			x.reply = replyExecAbort
-		case txDiscard:
-			x.reply = replyOK
-		case txMulti:
-			x.reply = replyNestedMulti
-		case txWatch:
-			x.reply = replyWatchInMulti
+		t.Lost = true
+		p.Err = errTxnLost
+		switch x.Role {
+		case cluster.TxExec:
+			x.Reply = replyExecAbort
+		case cluster.TxDiscard:
+			x.Reply = replyOK
+		case cluster.TxMulti:
+			x.Reply = replyNestedMulti
+		case cluster.TxWatch:
+			x.Reply = replyWatchInMulti
 		default:
-			t.failed.Store(true)
-			x.reply = replyTxnLost
+			t.Failed.Store(true)
+			x.Reply = replyTxnLost
 		}
 		return false
-	case x.role == txExec && (t.failed.Load() || t.watchLost):
+	case x.Role == cluster.TxExec && (t.Failed.Load() || t.WatchLost):
 		// The transaction is queued on be: throw it away.
-		p.raw = cmdDiscard
-		x.reply = replyExecAbort
-		if !t.failed.Load() {
-			x.reply = replyNull2
+		p.Raw = cmdDiscard
+		x.Reply = replyExecAbort
+		if !t.Failed.Load() {
+			x.Reply = replyNull2
 			if s.cl.st.resp3() {
-				x.reply = replyNull3
+				x.Reply = replyNull3
 			}
 		}
 	}
@@ -125,10 +105,10 @@ func (s *session) txConn(p *part, be *backend) bool {
 // txUnsent records that p, of a transaction or WATCH, could not be sent:
 // its master could not be reached. The transaction fails; the keys of the
 // WATCH count as lost.
-func (s *session) txUnsent(p *part) {
-	if w := p.tx.watch; w != nil {
-		w.lost = true
+func (s *session) txUnsent(p *cluster.Part) {
+	if w := p.Tx.Watch; w != nil {
+		w.Lost = true
 	} else {
-		p.tx.txn.failed.Store(true)
+		p.Tx.Txn.Failed.Store(true)
 	}
 }

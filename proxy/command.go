@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -62,7 +65,7 @@ func (s *session) intercept(name []byte, args [][]byte) (func(resp3 bool) ([]byt
 func (p *Proxy) infoReply(resp3 bool) ([]byte, error) {
 	body := "# Lockproxy\r\n" + p.cfg.Info()
 	if p.router != nil {
-		body += p.router.info()
+		body += p.router.Info()
 	}
 	if !resp3 {
 		return redcon.AppendBulkString(nil, body), nil
@@ -233,4 +236,25 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 	}
 	w.Flush()
 	return buf.Bytes(), nil
+}
+
+// dialAny opens a connection for one of the proxy's own queries of the
+// backend (COMMAND, see query): to the backend, or to any node of a
+// cluster, the masters first.
+func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backend, error) {
+	if p.router == nil {
+		return p.dial(ctx, st)
+	}
+	var errs []error
+	for _, addr := range p.router.Candidates() {
+		be, err := p.dialAddr(ctx, addr, st)
+		if err == nil || refused(err) {
+			return be, err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("%w: %w", cluster.ErrNoNode, errors.Join(errs...))
 }

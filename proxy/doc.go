@@ -10,8 +10,8 @@
 // state, or blocks, a client moves to a dedicated backend connection, so
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
-// stays the client's own. That connection is a shared connection with
-// one client (shared.one): written by the same batching and read by the
+// stays the client's own. That connection is a muxConn (a multiplexed
+// connection) with one client (muxConn.one): written by the same batching and read by the
 // same reader, which there asks the client's fifo (below) what each frame
 // answers, and reads for as long as the connection lives, since pushes,
 // messages and MONITOR lines come while the client sends nothing. The
@@ -27,6 +27,9 @@
 // commands in flight keeps the proxy's own replies in their place in the
 // stream, and recognises pub/sub and MONITOR traffic that answers no
 // request. session.forward asks the upstream where each command goes.
+// What the proxy knows of each Redis command (does it share a
+// connection, block, wait, subscribe, ...) is asked of one table,
+// internal/resp's.
 //
 // WAIT and WAITAOF wait for the replication offset of the connection's
 // last write, and go on the client's own connection while its writes may
@@ -84,14 +87,15 @@
 // upstream is single: the rules above. With a Redis
 // Cluster behind it (BackendConfig.Cluster), it is the client's
 // clusterSession, which routes each command by the slot of its keys to
-// the master serving it (clusterroute.go and the other cluster*.go files:
-// the routing, in one place). The stateless one-slot commands of clients
+// the master serving it: internal/cluster plans each command (the
+// routing, in one place), and the cluster*.go files here send what it
+// plans. The stateless one-slot commands of clients
 // that have set no connection state go on the master's shared
 // connections, the machinery above per master (clustershared.go): batched
 // and in arrival order at each master (commands on different masters hold
 // different keys, so each master's connections batch without waiting for
 // the others'). Everything else goes on connections of the client's own,
-// one per master, each a shared connection with one client
+// one per master, each a muxConn with one client
 // (clustercall.go): its commands are batched and its replies read by the
 // same machinery (read only while replies are owed on it), and the
 // forwarder reads no backend connection. Each
@@ -110,7 +114,7 @@
 // it is routed by a newer slot map than the client's commands in flight
 // or by no slot at all (the commands about the whole server or keyspace:
 // DBSIZE, KEYS, SCAN, RANDOMKEY, FLUSHALL, INFO, FUNCTION, WAIT, ...;
-// session.keyless), as one of those in flight may be redirected to where
+// cluster.Client.keyless), as one of those in flight may be redirected to where
 // it goes, or after a command that sets connection state or may block,
 // the replies it is owed are waited for, so that Redis runs its commands
 // in its order; a client owed none waits for nothing. WAIT goes to the
@@ -129,10 +133,10 @@
 // that of the channels' slot for SSUBSCRIBE. MONITOR opens a connection
 // of the client's own to every master and copies their lines
 // (clustermonitor.go). The commands about the whole server are applied
-// to, or merged from, every master (clusterfan.go), and the set,
+// to, or merged from, every master (internal/cluster, fan.go), and the set,
 // sorted-set, LCS and PFCOUNT reads of keys in several slots, and SORT
 // with BY/GET patterns, are computed by the proxy from each key's value
-// (clusterjoin.go, clusterlcs.go, clusterhll.go, clustersort.go).
+// (internal/cluster: join.go, lcs.go, hll.go, sort.go).
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (internal/resp, Scanner): what Redis skips
@@ -164,25 +168,40 @@
 // single-Redis kind); shared.go and order.go are the batching, in one
 // place: every backend connection a client's commands go on (shared
 // connections, and connections of one client) and the order of a cluster
-// client's replies. sentinel.go finds the backend through
-// Redis Sentinel when configured:
-// a follower tracks the primary and owns every backend connection dialled
-// to it, closing them all when the primary changes (dial asks it for the
-// address). spare.go keeps dedicated connections ready, internal/resp copies one reply,
-// frames requests and holds the command table, auth.go answers AUTH, guard.go keeps
-// forwarded commands off the lock state, command.go answers INFO
-// lockproxy and COMMAND, and fenced.go runs FENCED: the fence check, the
-// fence record's update and the command as one WATCH/MULTI/EXEC
-// transaction on a backend connection of the proxy's own in the client's
-// state, answered in the client's order like the proxy's own commands
-// (docs/FENCED.md); it also keeps forwarded commands off the records.
-// Files outside a part call its methods only.
+// client's replies. internal/sentinel finds the backend through Redis
+// Sentinel when configured: its Follower tracks the primary and owns every
+// backend connection dialled to it, closing them all when the primary
+// changes (dial asks it for the address; sentinel.go has the proxy's side). spare.go keeps dedicated connections
+// ready, clientconn.go checks requests with internal/resp's Scanner,
+// auth.go answers AUTH, guard.go keeps forwarded commands off the lock
+// state, command.go answers INFO lockproxy and COMMAND, and fenced.go
+// runs FENCED: the fence check, the fence record's update and the command
+// as one WATCH/MULTI/EXEC transaction on a backend connection of the
+// proxy's own in the client's state, answered in the client's order like
+// the proxy's own commands (docs/FENCED.md); it also keeps forwarded
+// commands off the records. Files outside a part call its methods only.
 //
-// Lock order (also on clientWriter): shared.mu before replyQueue.mu;
+// Below proxy, packages that know nothing of clients (internal/sentinel
+// above, and two that know no connection either):
+//   - internal/resp: the codec (the request Scanner, CopyReply and the
+//     ReplyInfo the forwarding reads, aggregate replies split and
+//     joined) and the command table: one declarative table of what the
+//     proxy asks about each Redis command (Lookup, Of, Stateless), with
+//     the key positions loaded once from the backend's COMMAND (Table,
+//     LookupSpec).
+//   - internal/cluster: Redis Cluster routing. The Router keeps the slot
+//     map and the COMMAND table; a Client (one per cluster client,
+//     embedded in clusterSession) plans each command into a Call of parts,
+//     asking the session (its Host, clusterhost.go) for the barriers and
+//     the state it owns; the merges of the parts' replies are functions
+//     of the replies (and of a fetch callback for SORT's patterns).
+//
+// Lock order (also on clientWriter): muxConn.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
-// with a clientWriter lock, nor a writer lock with shared.mu;
+// with a clientWriter lock, nor a writer lock with muxConn.mu;
 // replyOrder.mu (order.go) is taken with none of these held and takes
-// only clientWriter.sinkMu; clusterSession.mu and redirMu are leaves;
-// follower.mu
+// only clientWriter.sinkMu; clusterSession.mu, redirMu and
+// cluster.Client's movedMu are leaves;
+// sentinel.Follower's mu
 // is a leaf, taken under any of them and holding none.
 package proxy

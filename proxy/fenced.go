@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -141,7 +143,7 @@ type fencedPlan struct {
 	raw    []byte // the inner command, encoded
 	write  bool
 	keys   [][]byte
-	slot   int // the keys' hash slot in front of a cluster, else noSlot
+	slot   int // the keys' hash slot in front of a cluster, else cluster.NoSlot
 	record []byte
 	// refusedReply is set to the error that refused the command before
 	// it ran.
@@ -151,7 +153,7 @@ type fencedPlan struct {
 // runFenced checks what FENCED runs, refusing before anything is sent
 // what it never runs, and runs it.
 func (s *session) runFenced(ctx context.Context, req FencedRequest) ([]byte, FencedOutcome) {
-	pl := fencedPlan{req: req, slot: noSlot}
+	pl := fencedPlan{req: req, slot: cluster.NoSlot}
 	var nb [24]byte
 	name := resp.Lower(&nb, req.Command[0])
 	pl.name = string(name)
@@ -165,7 +167,7 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest) ([]byte, Fen
 	table, err := s.p.fencedCommands(ctx)
 	if err != nil {
 		s.p.m.unavailable.Add(1)
-		return errorReply(&BackendError{Err: err}), FencedError
+		return resp.ErrorReply(&BackendError{Err: err}), FencedError
 	}
 	spec, known := resp.LookupSpec(table, name, req.Command)
 	if !known || !arityOK(spec.Arity, len(req.Command)) {
@@ -193,19 +195,19 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest) ([]byte, Fen
 	pl.keys = keys
 	for _, k := range keys {
 		if bytes.HasPrefix(k, []byte(FencePrefix)) && (pl.write || !spec.Readonly) {
-			return errorReply(&RecordError{Key: string(k)}), FencedBadRequest
+			return resp.ErrorReply(&RecordError{Key: string(k)}), FencedBadRequest
 		}
 	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, req.Command); err != nil {
-			return errorReply(err), FencedBadRequest
+			return resp.ErrorReply(err), FencedBadRequest
 		}
 	}
 	if s.cl != nil {
-		pl.slot = keySlot(keys[0])
+		pl.slot = cluster.KeySlot(keys[0])
 		for _, k := range keys[1:] {
-			if keySlot(k) != pl.slot {
-				return replyCrossSlot, FencedError
+			if cluster.KeySlot(k) != pl.slot {
+				return cluster.ReplyCrossSlot, FencedError
 			}
 		}
 	}
@@ -244,8 +246,7 @@ func blockingCall(name string, spec resp.KeySpec, args [][]byte) bool {
 // instead (Redis's own errors for a script's bad numkeys).
 func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec resp.KeySpec) ([][]byte, []byte) {
 	args := pl.req.Command
-	switch pl.name {
-	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+	if resp.Lookup([]byte(pl.name)).Has(resp.NumKeys) {
 		n, err := strconv.ParseInt(string(args[2]), 10, 64)
 		switch {
 		case err != nil:
@@ -261,7 +262,7 @@ func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec resp.KeyS
 		keys, err := s.p.commandKeys(ctx, pl.name, args, spec)
 		if err != nil {
 			s.p.m.unavailable.Add(1)
-			return nil, errorReply(&BackendError{Err: err})
+			return nil, resp.ErrorReply(&BackendError{Err: err})
 		}
 		return keys, nil
 	}
@@ -287,7 +288,7 @@ func specKeys(dst [][]byte, spec resp.KeySpec, args [][]byte) [][]byte {
 // fencedCommands returns the backend's COMMAND table.
 func (p *Proxy) fencedCommands(ctx context.Context) (map[string]resp.KeySpec, error) {
 	if p.router != nil {
-		return p.router.commands(ctx)
+		return p.router.Commands(ctx)
 	}
 	return p.fence.table.Get(ctx, func(ctx context.Context) (any, error) {
 		c, err := p.controlClient()
@@ -304,7 +305,7 @@ func (p *Proxy) fencedCommands(ctx context.Context) (map[string]resp.KeySpec, er
 func (p *Proxy) controlClient() (*redis.Client, error) {
 	addr := p.cfg.Backend.Addr
 	if p.follow != nil {
-		a, _, err := p.follow.target()
+		a, _, err := p.follow.Target()
 		if err != nil {
 			return nil, err
 		}
@@ -321,7 +322,7 @@ func (p *Proxy) controlClient() (*redis.Client, error) {
 // refuse have no keys.
 func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spec resp.KeySpec) ([][]byte, error) {
 	if p.router != nil {
-		return p.router.keys(ctx, nil, []byte(name), args)
+		return p.router.Keys(ctx, nil, []byte(name), args)
 	}
 	if !spec.Movable {
 		return specKeys(nil, spec, args), nil
@@ -373,12 +374,12 @@ func recordKey(resource []byte, permit int64, slot int) []byte {
 }
 
 // slotTags are, for each hash slot, a short string whose hash slot it is.
-var slotTags = sync.OnceValue(func() *[numSlots]string {
-	var tags [numSlots]string
-	left := numSlots
+var slotTags = sync.OnceValue(func() *[cluster.NumSlots]string {
+	var tags [cluster.NumSlots]string
+	left := cluster.NumSlots
 	for i := 0; left > 0; i++ {
 		t := strconv.FormatInt(int64(i), 36)
-		slot := int(crc16([]byte(t)) % numSlots)
+		slot := cluster.KeySlot([]byte(t))
 		if tags[slot] == "" {
 			tags[slot] = t
 			left--
@@ -460,6 +461,11 @@ func guardSpec(spec resp.KeySpec, args [][]byte, hit int) error {
 type fencedConn struct {
 	be *backend
 	st replayState
+	// watched is the WATCH in effect after the last FENCED, whose GET
+	// read prefetch (nil: no record), or nil; watching: a WATCH may be in
+	// effect.
+	watched, prefetch []byte
+	watching          bool
 	// The replies read last (readReplies), reused.
 	buf     bytes.Buffer
 	w       *bufio.Writer
@@ -550,17 +556,17 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 	lost := false
 	for again := 0; again < fencedTries; {
 		if s.cl != nil && !asking {
-			m, err := s.cl.r.current(ctx)
+			m, err := s.cl.r.Current(ctx)
 			if err != nil {
 				s.p.m.unavailable.Add(1)
-				return errorReply(&BackendError{Err: err}), FencedError
+				return resp.ErrorReply(&BackendError{Err: err}), FencedError
 			}
-			gen = m.gen
-			if addr = m.master(pl.slot); addr == "" {
+			gen = m.Gen
+			if addr = m.Master(pl.slot); addr == "" {
 				if !s.fencedPause(ctx, deadline) {
 					return []byte("-CLUSTERDOWN Hash slot not served\r\n"), FencedError
 				}
-				s.cl.r.reload(ctx, gen)
+				s.cl.r.Reload(ctx, gen)
 				continue
 			}
 		}
@@ -568,9 +574,9 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 		if err != nil {
 			s.p.m.unavailable.Add(1)
 			if s.cl != nil {
-				s.cl.r.reload(ctx, gen)
+				s.cl.r.Reload(ctx, gen)
 			}
-			return errorReply(&BackendError{Err: err}), FencedError
+			return resp.ErrorReply(&BackendError{Err: err}), FencedError
 		}
 		res, reply, record, redir, err := s.attempt(ctx, c, pl, asking)
 		if err != nil {
@@ -583,7 +589,7 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 				continue
 			}
 			s.p.m.unavailable.Add(1)
-			return errorReply(&BackendError{Err: err}), FencedError
+			return resp.ErrorReply(&BackendError{Err: err}), FencedError
 		}
 		asking = false
 		switch res {
@@ -592,13 +598,13 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 				if bytes.HasPrefix(reply, readonlyReply) && s.p.follow != nil {
 					// The primary was demoted and nothing ran: the
 					// follower looks for the new one.
-					s.p.follow.trouble(true)
+					s.p.follow.Trouble(true)
 					s.dropFenced(addr)
 					if s.fencedPause(ctx, deadline) {
 						continue
 					}
 					s.p.m.unavailable.Add(1)
-					return errorReply(&BackendError{Err: errReplica}), FencedError
+					return resp.ErrorReply(&BackendError{Err: errReplica}), FencedError
 				}
 				return reply, FencedError
 			}
@@ -617,22 +623,22 @@ func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, Fence
 				return reply, FencedError
 			}
 			switch redir.kind {
-			case redirMoved:
-				s.cl.r.moved.Add(1)
-				s.cl.r.reload(ctx, gen)
-				if s.cl.r.gen.Load() == gen && !s.fencedPause(ctx, deadline) {
+			case cluster.RedirMoved:
+				s.cl.r.Moved.Add(1)
+				s.cl.r.Reload(ctx, gen)
+				if s.cl.r.Gen.Load() == gen && !s.fencedPause(ctx, deadline) {
 					// The slot map was read moments ago: wait for the
 					// next reading rather than spin.
 					return reply, FencedError
 				}
-			case redirAsk:
-				s.cl.r.asked.Add(1)
+			case cluster.RedirAsk:
+				s.cl.r.Asked.Add(1)
 				addr, asking = redir.addr, true
 			default: // TRYAGAIN, CLUSTERDOWN
 				if !s.fencedPause(ctx, deadline) {
 					return reply, FencedError
 				}
-				s.cl.r.reload(ctx, gen)
+				s.cl.r.Reload(ctx, gen)
 			}
 			if time.Now().After(deadline) {
 				return reply, FencedError
@@ -670,21 +676,28 @@ func (s *session) fencedPause(ctx context.Context, deadline time.Time) bool {
 	}
 }
 
-// fencedRedirect is a cluster's redirection of a FENCED's commands.
+// fencedRedirect is a cluster's cluster.Redirection of a FENCED's commands.
 type fencedRedirect struct {
-	kind redirection
+	kind cluster.Redirection
 	addr string
 }
 
-// parseRedirect returns the redirection an error reply is, if any.
+// parseRedirect returns the cluster.Redirection an error reply is, if any.
 func parseRedirect(reply []byte) (fencedRedirect, bool) {
-	kind, addr := redirected(reply)
-	return fencedRedirect{kind: kind, addr: addr}, kind != redirNone
+	kind, addr := cluster.Redirected(reply)
+	return fencedRedirect{kind: kind, addr: addr}, kind != cluster.RedirNone
 }
 
 // attempt runs the transaction once on c. err is set when the connection
 // failed: res is then fenceLost when nothing of the transaction had been
 // written yet beyond WATCH and GET.
+//
+// The record is read under WATCH (round one), then MULTI ... EXEC runs
+// (round two). Round two ends with the next FENCED's round one, WATCH and
+// GET of the same record again (prefetch): a client that fences the same
+// resource again finds the record read and watched, and its FENCED takes
+// one round trip. A record that changed since makes that EXEC abort, and
+// the attempt is made again with the record read after it.
 func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, asking bool) (res fenceResult, reply []byte, record []byte, redir fencedRedirect, err error) {
 	be := c.be
 	deadline, _ := ctx.Deadline()
@@ -693,7 +706,6 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	stop := context.AfterFunc(ctx, func() { be.nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	// Round one: WATCH record, GET record.
 	// In front of a cluster the command's keys are watched too: WATCH is
 	// a command of several keys, which a master that is migrating the
 	// slot answers TRYAGAIN while the record and the keys are split
@@ -705,44 +717,66 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	}
 	watch := encodeCommand(w)
 	get := encodeCommand([][]byte{[]byte("GET"), pl.record})
-	if asking {
-		be.w.Write(cmdAsking)
-	}
-	be.w.Write(watch)
-	if asking {
-		be.w.Write(cmdAsking)
-	}
-	be.w.Write(get)
-	if err := be.w.Flush(); err != nil {
-		return fenceLost, nil, nil, fencedRedirect{}, err
-	}
-	var replies [][]byte
-	n := 2
-	if asking {
-		n = 4
-	}
-	if replies, err = c.readReplies(n); err != nil {
-		return fenceLost, nil, nil, fencedRedirect{}, err
-	}
-	if asking {
-		replies = []([]byte){replies[1], replies[3]}
-	}
-	for _, r := range replies {
-		if len(r) > 0 && r[0] == '-' {
-			r = bytes.Clone(r) // unwatch reads into the same buffer
-			s.unwatch(c)
-			if rd, ok := parseRedirect(r); ok {
-				return fenceRedirect, r, nil, rd, nil
-			}
-			pl.refusedReply = r
-			return fenceDone, r, nil, fencedRedirect{}, nil
+
+	var cur []byte
+	prefetched := !asking && c.watched != nil && bytes.Equal(c.watched, watch)
+	if prefetched {
+		cur = c.prefetch
+		if rec, _ := strconv.ParseInt(string(cur), 10, 64); cur != nil && pl.req.Fence < rec {
+			// Refused only on a record read now: a FLUSHDB may have
+			// removed it since.
+			prefetched = false
 		}
 	}
-	cur, ok := bulkValue(replies[1])
-	if !ok {
-		s.unwatch(c)
-		pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
-		return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
+	c.watched = nil
+	if !prefetched {
+		// Round one: WATCH record, GET record (after UNWATCH of what
+		// another record's prefetch watched).
+		n := 2
+		if c.watching {
+			be.w.Write(cmdUnwatch)
+			n++
+		}
+		if asking {
+			be.w.Write(cmdAsking)
+		}
+		be.w.Write(watch)
+		if asking {
+			be.w.Write(cmdAsking)
+		}
+		be.w.Write(get)
+		if asking {
+			n += 2
+		}
+		c.watching = true
+		if err := be.w.Flush(); err != nil {
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
+		replies, err := c.readReplies(n)
+		if err != nil {
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
+		replies = replies[n-2-btoi(asking)*2:]
+		if asking {
+			replies = [][]byte{replies[1], replies[3]}
+		}
+		for _, r := range replies {
+			if len(r) > 0 && r[0] == '-' {
+				r = bytes.Clone(r) // unwatch reads into the same buffer
+				s.unwatch(c)
+				if rd, ok := parseRedirect(r); ok {
+					return fenceRedirect, r, nil, rd, nil
+				}
+				pl.refusedReply = r
+				return fenceDone, r, nil, fencedRedirect{}, nil
+			}
+		}
+		var ok bool
+		if cur, ok = bulkValue(replies[1]); !ok {
+			s.unwatch(c)
+			pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
+			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
+		}
 	}
 	if cur != nil {
 		rec, err := strconv.ParseInt(string(cur), 10, 64)
@@ -752,20 +786,23 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
 		}
 		if pl.req.Fence < rec {
-			cur = bytes.Clone(cur) // unwatch reads into the same buffer
-			if err := s.unwatch(c); err != nil {
-				return fenceLost, nil, nil, fencedRedirect{}, err
+			// The WATCH stays, with the record read: the next FENCED
+			// of this record may use it.
+			cur = bytes.Clone(cur)
+			if !asking {
+				c.watched, c.prefetch = watch, cur
 			}
 			return fenceStale, nil, cur, fencedRedirect{}, nil
 		}
 	}
 
-	// Round two: MULTI, SET record fence (a write), the command, EXEC.
+	// Round two: MULTI, SET record fence (a write), the command, EXEC;
+	// then the prefetch, WATCH and GET, unless following an ASK.
 	if asking {
 		be.w.Write(cmdAsking)
 	}
-	be.w.Write(cmdMulti)
-	n = 3
+	be.w.Write(resp.CmdMulti)
+	n := 3
 	if pl.write {
 		be.w.Write(encodeCommand([][]byte{[]byte("SET"), pl.record, strconv.AppendInt(nil, pl.req.Fence, 10)}))
 		n++
@@ -774,15 +811,29 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	be.w.Write(cmdExec)
 	if asking {
 		n++
+	} else {
+		be.w.Write(watch)
+		be.w.Write(get)
+		n += 2
 	}
+	c.watching = !asking
 	if err := be.w.Flush(); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			// Closed before anything was written (the follower closes
+			// the connections to a primary that was replaced).
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
 		return fenceDone, nil, nil, fencedRedirect{}, err
 	}
-	if replies, err = c.readReplies(n); err != nil {
+	replies, err := c.readReplies(n)
+	if err != nil {
 		return fenceDone, nil, nil, fencedRedirect{}, err
 	}
 	if asking {
 		replies = replies[1:]
+	} else {
+		c.keepPrefetch(watch, replies[len(replies)-2], replies[len(replies)-1])
+		replies = replies[:len(replies)-2]
 	}
 	exec := replies[len(replies)-1]
 	queued := replies[1 : len(replies)-1] // SET's (a write) and the command's
@@ -816,8 +867,31 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	return fenceDone, nil, nil, fencedRedirect{}, fmt.Errorf("unexpected EXEC reply %q", truncate(exec, 64))
 }
 
+// keepPrefetch keeps the record read by the WATCH and GET that followed an
+// EXEC, when both succeeded.
+func (c *fencedConn) keepPrefetch(watch, watchReply, getReply []byte) {
+	v, ok := bulkValue(getReply)
+	if !ok || !bytes.Equal(watchReply, replyOK) {
+		return
+	}
+	if v != nil {
+		if _, err := strconv.ParseInt(string(v), 10, 64); err != nil {
+			return
+		}
+	}
+	c.watched, c.prefetch = watch, bytes.Clone(v)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // unwatch ends the WATCH of a transaction that will not run.
 func (s *session) unwatch(c *fencedConn) error {
+	c.watched, c.watching = nil, false
 	c.be.w.Write(cmdUnwatch)
 	if err := c.be.w.Flush(); err != nil {
 		return err
@@ -907,27 +981,28 @@ func truncate(b []byte, n int) []byte {
 func (s *session) fencedProbe(ctx context.Context, pl fencedPlan) ([]byte, FencedOutcome) {
 	addr := ""
 	if s.cl != nil {
-		m, err := s.cl.r.current(ctx)
+		m, err := s.cl.r.Current(ctx)
 		if err != nil {
 			s.p.m.unavailable.Add(1)
-			return errorReply(&BackendError{Err: err}), FencedError
+			return resp.ErrorReply(&BackendError{Err: err}), FencedError
 		}
-		if addr = m.master(0); addr == "" && len(m.masters) > 0 {
-			addr = m.masters[0]
+		if addr = m.Master(0); addr == "" && len(m.Masters) > 0 {
+			addr = m.Masters[0]
 		}
 	}
 	c, _, err := s.fencedConn(ctx, addr)
 	if err != nil {
 		s.p.m.unavailable.Add(1)
-		return errorReply(&BackendError{Err: err}), FencedError
+		return resp.ErrorReply(&BackendError{Err: err}), FencedError
 	}
 	be := c.be
 	deadline, _ := ctx.Deadline()
 	be.nc.SetDeadline(deadline)
 	defer be.nc.SetDeadline(time.Time{})
-	be.w.Write(cmdMulti)
+	be.w.Write(resp.CmdMulti)
 	be.w.Write(pl.raw)
-	be.w.Write(cmdDiscard)
+	be.w.Write(cmdDiscard) // which ends any WATCH too
+	c.watched, c.watching = nil, false
 	var replies [][]byte
 	if err = be.w.Flush(); err == nil {
 		replies, err = c.readReplies(3)
@@ -935,7 +1010,7 @@ func (s *session) fencedProbe(ctx context.Context, pl fencedPlan) ([]byte, Fence
 	if err != nil {
 		s.dropFenced(addr)
 		s.p.m.unavailable.Add(1)
-		return errorReply(&BackendError{Err: err}), FencedError
+		return resp.ErrorReply(&BackendError{Err: err}), FencedError
 	}
 	if r := replies[1]; len(r) > 0 && r[0] == '-' {
 		return r, FencedError

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -39,8 +40,8 @@ func testFencing(counts map[FencedOutcome]int) *Fencing {
 func TestSlotTags(t *testing.T) {
 	tags := slotTags()
 	for slot, tag := range tags {
-		if tag == "" || strings.ContainsAny(tag, "{}") || keySlot([]byte(tag)) != slot {
-			t.Fatalf("slot %d: tag %q hashes to %d", slot, tag, keySlot([]byte(tag)))
+		if tag == "" || strings.ContainsAny(tag, "{}") || cluster.KeySlot([]byte(tag)) != slot {
+			t.Fatalf("slot %d: tag %q hashes to %d", slot, tag, cluster.KeySlot([]byte(tag)))
 		}
 	}
 	for _, tt := range []struct {
@@ -49,9 +50,9 @@ func TestSlotTags(t *testing.T) {
 		slot     int
 		want     string
 	}{
-		{"r", -1, noSlot, "lockproxy:fence:r:r"},
-		{"r", 3, noSlot, "lockproxy:fence:p3:r"},
-		{"a:b{c}", -1, noSlot, "lockproxy:fence:r:a:b{c}"},
+		{"r", -1, cluster.NoSlot, "lockproxy:fence:r:r"},
+		{"r", 3, cluster.NoSlot, "lockproxy:fence:p3:r"},
+		{"a:b{c}", -1, cluster.NoSlot, "lockproxy:fence:r:a:b{c}"},
 		{"r", -1, 0, "lockproxy:fence:{" + tags[0] + "}r:r"},
 		{"r", 2, 16383, "lockproxy:fence:{" + tags[16383] + "}p2:r"},
 	} {
@@ -59,8 +60,8 @@ func TestSlotTags(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("recordKey(%q, %d, %d) = %q, want %q", tt.resource, tt.permit, tt.slot, got, tt.want)
 		}
-		if tt.slot >= 0 && keySlot([]byte(got)) != tt.slot {
-			t.Errorf("record %q is in slot %d, want %d", got, keySlot([]byte(got)), tt.slot)
+		if tt.slot >= 0 && cluster.KeySlot([]byte(got)) != tt.slot {
+			t.Errorf("record %q is in slot %d, want %d", got, cluster.KeySlot([]byte(got)), tt.slot)
 		}
 	}
 }

@@ -95,10 +95,10 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSentinels, prometheus.GaugeValue, float64(bs.SentinelsAnswering))
 	}
 	if r := p.router; r != nil {
-		counter(descRefreshes, r.refreshes.Load())
-		counter(descRedirects, r.moved.Load(), "moved")
-		counter(descRedirects, r.asked.Load(), "ask")
-		r.perMaster.Range(func(k, v any) bool {
+		counter(descRefreshes, r.Refreshes.Load())
+		counter(descRedirects, r.Moved.Load(), "moved")
+		counter(descRedirects, r.Asked.Load(), "ask")
+		r.PerMaster.Range(func(k, v any) bool {
 			counter(descPerMaster, v.(*atomic.Uint64).Load(), k.(string))
 			return true
 		})

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
+	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
 
 // Local answers the proxy's own commands on one client connection. Serve
@@ -208,9 +209,9 @@ const defaultSpares = 2
 
 // Validate reports the first invalid field of c.
 func (c Config) Validate() error {
-	sentinel := c.Backend.Sentinel.enabled()
+	sentinel := c.Backend.Sentinel.Enabled()
 	if sentinel {
-		if err := c.Backend.Sentinel.validate(); err != nil {
+		if err := c.Backend.Sentinel.Validate(); err != nil {
 			return err
 		}
 	}
@@ -314,11 +315,11 @@ type Proxy struct {
 	backoff backoff
 
 	// follow finds the backend through Sentinel; nil for a fixed address.
-	follow *follower
+	follow *sentinel.Follower
 
-	shared     []*shared    // the backend's, group.list
-	group      *sharedGroup // nil in front of a cluster (see router)
-	router     *router      // set for a cluster backend
+	shared     []*muxConn // the backend's, group.list
+	group      *muxGroup  // nil in front of a cluster (see router)
+	router     *router    // set for a cluster backend
 	nextShared atomic.Uint64
 	// batches counts the batches of commands begun on the shared
 	// connections, which orders them (see shared).
@@ -360,7 +361,7 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	if len(cfg.Backend.Cluster) > 0 {
 		p.router = newRouter(p)
 	} else {
-		p.group = newSharedGroup(p, "", max(cfg.Backend.SharedConnections, 0))
+		p.group = newMuxGroup(p, "", max(cfg.Backend.SharedConnections, 0))
 		p.shared = p.group.list
 		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}
@@ -379,9 +380,9 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		p.guard = newKeyGuard(cfg.ProtectedPrefix, p)
 	}
 	p.root, p.cancel = context.WithCancel(context.Background())
-	if cfg.Backend.Sentinel.enabled() {
-		p.follow = newFollower(p, cfg.Backend.Sentinel, logger.Named("sentinel"))
-		p.follow.start(p.root)
+	if cfg.Backend.Sentinel.Enabled() {
+		p.follow = sentinel.NewFollower(cfg.Backend.Sentinel, logger.Named("sentinel"), p.role, func() { p.backoff.record(nil) })
+		p.follow.Start(p.root)
 	}
 	if cfg.ArrivalOrder {
 		order, err := newArrivals()
@@ -447,7 +448,7 @@ drain:
 		defer p.guard.close()
 	}
 	if p.router != nil {
-		defer p.router.close()
+		defer p.router.Close()
 	}
 	if ln != nil {
 		<-p.served
@@ -472,13 +473,13 @@ drain:
 	p.spares.close(ln != nil)
 	p.order.close()
 	if p.follow != nil {
-		p.follow.close()
+		p.follow.Close()
 	}
 	return err
 }
 
 // pickShared hands out the shared connections in turn.
-func (p *Proxy) pickShared() *shared {
+func (p *Proxy) pickShared() *muxConn {
 	if len(p.shared) == 0 {
 		return nil
 	}
@@ -614,19 +615,21 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 	if p.follow == nil {
 		return p.dialAddr(ctx, p.cfg.Backend.Addr, state)
 	}
-	addr, gen, err := p.follow.target()
+	addr, gen, err := p.follow.Target()
 	if err != nil {
 		return nil, err
 	}
 	be, err := p.dialAddr(ctx, addr, state)
 	if err != nil {
-		p.follow.trouble(false)
+		p.follow.Trouble(false)
 		return nil, err
 	}
-	if err := p.follow.track(be, gen); err != nil {
+	nc, err := p.follow.Track(be.nc, gen)
+	if err != nil {
 		be.nc.Close()
 		return nil, err
 	}
+	be.nc = nc
 	return be, nil
 }
 
@@ -730,7 +733,7 @@ func (b *backoff) check() error {
 }
 
 func (b *backoff) record(err error) {
-	if errors.Is(err, errNoPrimary) {
+	if errors.Is(err, sentinel.ErrNoPrimary) {
 		return // nothing was dialled
 	}
 	b.mu.Lock()

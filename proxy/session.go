@@ -12,20 +12,21 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Replies the proxy writes itself.
 var (
-	replyConnLost     = []byte("-ERR backend unavailable: connection lost\r\n")
+	replyConnLost     = resp.ReplyConnLost
 	replyNotInMulti   = []byte("-ERR Command not allowed inside a transaction\r\n")
-	replyExecAbort    = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
-	replyTxnLost      = errorReply(&BackendError{Err: errTxnLost})
+	replyExecAbort    = resp.ReplyExecAbort
+	replyTxnLost      = resp.ErrorReply(&BackendError{Err: errTxnLost})
 	replyNestedMulti  = []byte("-ERR MULTI calls can not be nested\r\n")
 	replyWatchInMulti = []byte("-ERR WATCH inside MULTI is not allowed\r\n")
 	replyNull2        = []byte("*-1\r\n")
 	replyNull3        = []byte("_\r\n")
-	cmdDiscard        = []byte("*1\r\n$7\r\nDISCARD\r\n")
+	cmdDiscard        = resp.CmdDiscard
 	cmdReplyOff       = command("CLIENT", "REPLY", "OFF")
 	cmdReplySkip      = command("CLIENT", "REPLY", "SKIP")
 	cmdReplyOn        = command("CLIENT", "REPLY", "ON")
@@ -57,7 +58,7 @@ type backend struct {
 	nc   net.Conn
 	r    *bufio.Reader
 	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
-	dead bool          // guarded by the session's replyQueue on a connection of one (shared.one), by shared.mu on the others
+	dead bool          // guarded by the session's replyQueue on a connection of one (muxConn.one), by muxConn.mu on the others
 	done chan struct{} // closed when the reader of a connection of one ends
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
@@ -67,7 +68,7 @@ type backend struct {
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
 // hold and next). Replies are copied to the client by the reader of the
-// backend connection they come on (shared.read): the shared connections',
+// backend connection they come on (muxConn.read): the shared connections',
 // into the client's sink, and the client's connection of one's, into its
 // buffered output, matched against its replyQueue (frame).
 //
@@ -87,21 +88,21 @@ type session struct {
 	w clientWriter
 
 	// Used only by the forwarder.
-	sh        *shared   // nil when multiplexing is off
-	dedicated bool      // the client has left its shared connection for good
-	sharedOut bool      // commands were sent on the shared connection since the last flush
-	dirty     []*shared // in front of a cluster, the masters' shared connections sent to since then
+	sh        *muxConn   // nil when multiplexing is off
+	dedicated bool       // the client has left its shared connection for good
+	sharedOut bool       // commands were sent on the shared connection since the last flush
+	dirty     []*muxConn // in front of a cluster, the masters' shared connections sent to since then
 	// replica: the backend answered the client's SYNC or PSYNC with the
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
 	replica bool
 	nb      [24]byte // the name of the command being forwarded, lowered
 	// conn is the client's connection of one, made at its first command
-	// that cannot share one (shared.one); be is its live backend
+	// that cannot share one (muxConn.one); be is its live backend
 	// connection, nil before the first and after a cluster client's
 	// pinned one was closed. connOut: commands were put on it since the
 	// last flush.
-	conn    *shared
+	conn    *muxConn
 	be      *backend
 	connOut bool
 	// waitStale: the client sent commands on another connection than its
@@ -134,9 +135,9 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.q.init(p.m)
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
-	s.up = single{}
+	s.up = single{s}
 	if p.router != nil {
-		s.cl = newClusterSession(p.router)
+		s.cl = newClusterSession(p.router, s)
 		s.up = s.cl
 	}
 	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)
@@ -291,20 +292,20 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
 	order.wait()
-	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.txn == nil) {
+	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.Txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
 		return localItem{build: build, silent: s.silent()}, false
 	}
 	if s.p.guard != nil {
 		if err := s.p.guard.check(name, cmd.Args); err != nil {
-			return localItem{reply: errorReply(err), silent: s.silent()}, false
+			return localItem{reply: resp.ErrorReply(err), silent: s.silent()}, false
 		}
 	}
 	if err := s.p.guardRecords(name, cmd.Args); err != nil {
-		return localItem{reply: errorReply(err), silent: s.silent()}, false
+		return localItem{reply: resp.ErrorReply(err), silent: s.silent()}, false
 	}
-	if it, forwarded, dedicated := s.up.forward(s, name, cmd); !dedicated {
+	if it, forwarded, dedicated := s.up.forward(name, cmd); !dedicated {
 		return it, forwarded
 	}
 	return s.forwardBackend(name, cmd)
@@ -328,7 +329,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 			}
 			s.p.m.unavailable.Add(1)
 			s.q.unsent(&e)
-			return localItem{reply: errorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
+			return localItem{reply: resp.ErrorReply(&BackendError{Err: err}), silent: s.q.silentFor(&e)}, false
 		}
 		if s.waitStale && resp.Lookup(name).Has(resp.Waits) {
 			s.waitMark()
@@ -412,7 +413,7 @@ func (s *session) silent() bool {
 }
 
 // waitMarkOne is waitMark's command in front of one Redis.
-var waitMarkOne = waitMarkCommand(waitMarkKey)
+var waitMarkOne = cluster.WaitMarkCommand(cluster.WaitMarkKey)
 
 // reauth follows a client's RESET, which signs the backend connection out,
 // with the proxy's own AUTH and SELECT, whose replies the client never sees.
@@ -501,7 +502,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 	if doomed := s.q.doomed(e); doomed != nil {
 		return doomed, nil
 	}
-	be, err := s.up.dial(s, s.q.replay())
+	be, err := s.up.dial(s.q.replay())
 	if err != nil {
 		return nil, err
 	}
@@ -606,7 +607,7 @@ func (s *session) answer(it localItem) {
 		return
 	}
 	if s.cl != nil && s.be == nil {
-		t.multi, t.resp3 = s.cl.txn != nil, s.cl.st.resp3()
+		t.multi, t.resp3 = s.cl.Txn != nil, s.cl.st.resp3()
 	}
 	reply := it.reply
 	if reply == nil {
@@ -615,7 +616,7 @@ func (s *session) answer(it localItem) {
 		case it.build != nil:
 			var err error
 			if reply, err = it.build(t.resp3); err != nil {
-				reply = errorReply(err)
+				reply = resp.ErrorReply(err)
 			}
 		case t.multi:
 			reply = replyNotInMulti
@@ -639,8 +640,8 @@ func (s *session) answer(it localItem) {
 		}
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {
-		if s.cl != nil && s.cl.txn != nil {
-			s.cl.txn.failed.Store(true)
+		if s.cl != nil && s.cl.Txn != nil {
+			s.cl.Txn.Failed.Store(true)
 		} else {
 			s.q.refused()
 		}
@@ -770,18 +771,3 @@ func (s *session) pushOut() {
 
 // disconnect closes the client's connection.
 func (s *session) disconnect() { s.nc.Close() }
-
-// errorReply encodes err as a Redis "-ERR ..." reply on one line.
-func errorReply(err error) []byte {
-	msg := err.Error()
-	b := make([]byte, 0, len(msg)+8)
-	b = append(b, "-ERR "...)
-	for i := 0; i < len(msg); i++ {
-		c := msg[i]
-		if c == '\r' || c == '\n' {
-			c = ' '
-		}
-		b = append(b, c)
-	}
-	return append(b, '\r', '\n')
-}

@@ -17,7 +17,7 @@ import (
 // shared connections to one Redis and to each master of a cluster, a
 // cluster client's own connections (groups of one, clustercall.go), and
 // the connection of one client of one Redis, or a cluster client's pinned
-// pub/sub connection (shared.one). A command is queued with the client it
+// pub/sub connection (muxConn.one). A command is queued with the client it
 // answers (and, in front of a cluster, its ticket in the client's
 // replyOrder, order.go), written with what queued meanwhile in one write,
 // and its reply is read by the connection's reader and put in the
@@ -25,8 +25,8 @@ import (
 // tells what each frame answers. Where a command goes is the upstream's
 // (upstream.go, clusterroute.go).
 
-// shared is one backend connection that carries the stateless commands of
-// many clients. Commands are appended to one write buffer. A client writes
+// muxConn is one backend connection, multiplexed: as a shared connection
+// it carries the stateless commands of many clients. Commands are appended to one write buffer. A client writes
 // the buffer itself only when the connection is idle (no command waiting for
 // its reply); otherwise the reader writes it as soon as it has handed out
 // every reply that has arrived, just before it would wait for more. So
@@ -38,7 +38,7 @@ import (
 //
 // A client uses its shared connection until it sends a command that
 // changes or depends on its connection's state (see resp.Stateless); from then
-// on it has a connection of its own: a shared with one client (one),
+// on it has a connection of its own: a muxConn with one client (one),
 // whose reader copies each frame to that client's own buffered output and
 // matches it against the client's replyQueue.
 //
@@ -48,13 +48,13 @@ import (
 // (a GET sent after a SET would miss it, if the SET waits behind another
 // client's slow script). So every write to the backend, shared or
 // dedicated, first writes whatever waits on the shared connections to the
-// same server, the longest-waiting first (sharedGroup.writeQueued). Only
+// same server, the longest-waiting first (muxGroup.writeQueued). Only
 // commands that wait at the same time can leave in another order than they
 // came, and only when they wait on different shared connections.
-type shared struct {
+type muxConn struct {
 	p    *Proxy
-	addr string       // a cluster master's; "" for the backend (see Proxy.dial)
-	grp  *sharedGroup // the connections to the same server
+	addr string    // a cluster master's; "" for the backend (see Proxy.dial)
+	grp  *muxGroup // the connections to the same server
 
 	mu      sync.Mutex
 	be      *backend // nil until dialled; replaced when it dies
@@ -105,8 +105,8 @@ type shared struct {
 // another master's command that came after it, and each master's
 // connections batch as the backend's do, whatever the other masters'
 // connections have waiting. Its methods are safe for concurrent use.
-type sharedGroup struct {
-	list []*shared // set before any connection is used
+type muxGroup struct {
+	list []*muxConn // set before any connection is used
 	// queued counts the connections of the group with commands waiting to
 	// be written.
 	queued atomic.Int64
@@ -116,10 +116,10 @@ type sharedGroup struct {
 }
 
 // newSharedGroup makes n shared connections to addr ("" for the backend).
-func newSharedGroup(p *Proxy, addr string, n int) *sharedGroup {
-	g := &sharedGroup{}
+func newMuxGroup(p *Proxy, addr string, n int) *muxGroup {
+	g := &muxGroup{}
 	for range n {
-		sh := &shared{p: p, addr: addr, grp: g}
+		sh := &muxConn{p: p, addr: addr, grp: g}
 		sh.wrote.L = &sh.mu
 		g.list = append(g.list, sh)
 	}
@@ -137,7 +137,7 @@ type pending struct {
 
 // send queues one command of s; it returns an error when the backend
 // cannot be reached.
-func (sh *shared) send(s *session, e entry, raw []byte) error {
+func (sh *muxConn) send(s *session, e entry, raw []byte) error {
 	return sh.queue(s, 0, nil, raw, &e)
 }
 
@@ -145,7 +145,7 @@ func (sh *shared) send(s *session, e entry, raw []byte) error {
 // cluster), after pre when set, whose reply nobody reads (ASKING). e, when
 // set, is recorded in s's reply queue. It returns an error when the
 // backend cannot be reached.
-func (sh *shared) queue(s *session, ticket uint64, pre, raw []byte, e *entry) error {
+func (sh *muxConn) queue(s *session, ticket uint64, pre, raw []byte, e *entry) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be == nil || sh.be.dead {
@@ -168,7 +168,7 @@ func (sh *shared) queue(s *session, ticket uint64, pre, raw []byte, e *entry) er
 
 // push appends raw, whose reply is s's with ticket, to what waits to be
 // written; sh.mu is held and the connection live.
-func (sh *shared) push(s *session, ticket uint64, raw []byte) {
+func (sh *muxConn) push(s *session, ticket uint64, raw []byte) {
 	if len(sh.wbuf) == 0 {
 		sh.since.Store(sh.p.batches.Add(1))
 		sh.grp.queued.Add(1)
@@ -184,7 +184,7 @@ func (sh *shared) push(s *session, ticket uint64, raw []byte) {
 }
 
 // startReader starts the goroutine that reads sh.be; sh.mu is held.
-func (sh *shared) startReader() {
+func (sh *muxConn) startReader() {
 	sh.reading = true
 	sh.p.sharedWG.Add(1)
 	go sh.read(sh.be)
@@ -192,7 +192,7 @@ func (sh *shared) startReader() {
 
 // stopIdle reports whether the reader of a client's own connection ends
 // now that no reply is owed on be (the next command starts another).
-func (sh *shared) stopIdle(be *backend) bool {
+func (sh *muxConn) stopIdle(be *backend) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != be || len(be.pending.sessions) > 0 || be.r.Buffered() > 0 {
@@ -203,7 +203,7 @@ func (sh *shared) stopIdle(be *backend) bool {
 }
 
 // ready returns the live connection, dialing it when there is none.
-func (sh *shared) ready() (*backend, error) {
+func (sh *muxConn) ready() (*backend, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if be := sh.be; be != nil && !be.dead && !sh.reading && !open(be) {
@@ -226,7 +226,7 @@ func (sh *shared) ready() (*backend, error) {
 
 // queueOn queues raw for s with ticket, as queue does, if be, which ready
 // returned, is still the live connection; it reports false otherwise.
-func (sh *shared) queueOn(be *backend, s *session, ticket uint64, raw []byte) bool {
+func (sh *muxConn) queueOn(be *backend, s *session, ticket uint64, raw []byte) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != be || be.dead {
@@ -236,10 +236,10 @@ func (sh *shared) queueOn(be *backend, s *session, ticket uint64, raw []byte) bo
 	return true
 }
 
-// newOne makes the connection of one of s (see shared.one); it is dialled
+// newOne makes the connection of one of s (see muxConn.one); it is dialled
 // and attached by the session.
-func newOne(s *session) *shared {
-	sh := newSharedGroup(s.p, "", 1).list[0]
+func newOne(s *session) *muxConn {
+	sh := newMuxGroup(s.p, "", 1).list[0]
 	sh.one = s
 	return sh
 }
@@ -248,7 +248,7 @@ func newOne(s *session) *shared {
 // client's connection of one, and starts its reader. What waited to be
 // written on the connection before, which was lost, is dropped: the
 // client has been answered for it (session.backendLost).
-func (sh *shared) attach(be *backend) {
+func (sh *muxConn) attach(be *backend) {
 	sh.mu.Lock()
 	if len(sh.wbuf) > 0 {
 		sh.since.Store(0)
@@ -265,7 +265,7 @@ func (sh *shared) attach(be *backend) {
 // put appends raw to what waits to be written on a client's connection
 // of one; its replies are matched by the client's replyQueue, not by the
 // pending list.
-func (sh *shared) put(raw []byte) {
+func (sh *muxConn) put(raw []byte) {
 	sh.mu.Lock()
 	if len(sh.wbuf) == 0 {
 		// since stays 0: the group of one is in no list writeQueued
@@ -278,7 +278,7 @@ func (sh *shared) put(raw []byte) {
 }
 
 // connect dials a new shared connection; sh.mu is held.
-func (sh *shared) connect() error {
+func (sh *muxConn) connect() error {
 	p := sh.p
 	var be *backend
 	var err error
@@ -318,7 +318,7 @@ func (sh *shared) connect() error {
 
 // flush writes what is buffered if the connection is idle. Otherwise the
 // reader writes it once the replies in flight have been handed out.
-func (sh *shared) flush() {
+func (sh *muxConn) flush() {
 	if sh.own != nil || sh.one != nil {
 		// One client's: its commands go out as the client's batch ends,
 		// after what waits on the shared connections (see shared).
@@ -338,7 +338,7 @@ func (sh *shared) flush() {
 // writeInOrder writes what is buffered, after what waits on the other
 // shared connections to the same server. sh.mu is held on entry and
 // released on return.
-func (sh *shared) writeInOrder() {
+func (sh *muxConn) writeInOrder() {
 	if sh.grp.queued.Load() <= 1 {
 		sh.write() // nothing waits elsewhere
 		return
@@ -349,7 +349,7 @@ func (sh *shared) writeInOrder() {
 
 // write writes everything buffered unless a write is in progress (whose
 // goroutine then writes it). sh.mu is held on entry and released on return.
-func (sh *shared) write() {
+func (sh *muxConn) write() {
 	if sh.writing {
 		sh.mu.Unlock()
 		return
@@ -385,7 +385,7 @@ func (sh *shared) write() {
 
 // writeWaiting writes the commands waiting in wbuf if they came in a batch
 // numbered limit or lower, and returns once they have been written.
-func (sh *shared) writeWaiting(limit uint64) {
+func (sh *muxConn) writeWaiting(limit uint64) {
 	sh.mu.Lock()
 	for sh.writing {
 		// The writer writes wbuf until it is empty before it stops.
@@ -420,9 +420,9 @@ func (p *Proxy) writeQueued() {
 // writeQueued writes the commands waiting on g's connections in batches
 // numbered limit or lower, the batch that has waited longest first, and
 // returns once they have been written.
-func (g *sharedGroup) writeQueued(limit uint64) {
+func (g *muxGroup) writeQueued(limit uint64) {
 	for g.queued.Load() > 0 {
-		var oldest *shared
+		var oldest *muxConn
 		first := limit + 1
 		for _, sh := range g.list {
 			if since := sh.since.Load(); since != 0 && since < first {
@@ -439,7 +439,7 @@ func (g *sharedGroup) writeQueued(limit uint64) {
 // read hands every reply on be to the client it belongs to. On a
 // client's connection of one (sh.one) it runs until be ends, and the
 // client's replyQueue tells what each frame answers (session.frame).
-func (sh *shared) read(be *backend) {
+func (sh *muxConn) read(be *backend) {
 	if s := sh.one; s != nil {
 		defer s.wg.Done()
 		defer close(be.done) // connect waits for it before a new connection's replies
@@ -565,7 +565,7 @@ func (sh *shared) read(be *backend) {
 
 // fail ends be: every client waiting on it gets a connection-lost error,
 // and cut, whose reply was cut short, is disconnected.
-func (sh *shared) fail(be *backend, cut *session) {
+func (sh *muxConn) fail(be *backend, cut *session) {
 	be.nc.Close()
 	if sh.own == nil {
 		sh.p.backendTrouble()
@@ -595,7 +595,7 @@ func (sh *shared) fail(be *backend, cut *session) {
 }
 
 // retire closes the connection for good.
-func (sh *shared) retire() {
+func (sh *muxConn) retire() {
 	sh.mu.Lock()
 	sh.retired = true
 	sh.mu.Unlock()
@@ -603,7 +603,7 @@ func (sh *shared) retire() {
 }
 
 // close closes the connection; the reader ends.
-func (sh *shared) close() {
+func (sh *muxConn) close() {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != nil {
@@ -613,7 +613,7 @@ func (sh *shared) close() {
 
 // readerBufs is a reader's output buffer and the sink it writes through.
 // A cluster client's own connection starts a reader for each batch it
-// sends and ends it once nothing is owed (shared.stopIdle), so the buffers
+// sends and ends it once nothing is owed (muxConn.stopIdle), so the buffers
 // come from a pool: neither a 4 KB buffer per batch nor one kept per idle
 // client and master.
 type readerBufs struct {

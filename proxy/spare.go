@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
 
 // spares keeps a few backend connections dialed and set up (TLS, the
@@ -83,7 +85,7 @@ func open(be *backend) bool {
 		return false
 	}
 	nc := be.nc
-	if tc, ok := nc.(*trackedConn); ok {
+	if tc, ok := nc.(*sentinel.TrackedConn); ok {
 		nc = tc.Conn // one a Sentinel follower closes at a failover
 	}
 	if tc, ok := nc.(*tls.Conn); ok {

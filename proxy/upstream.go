@@ -13,17 +13,18 @@ import (
 // Redis Cluster (clusterSession, whose slot map routes each command; see
 // clusterroute.go). Both hand their commands to the same machinery,
 // shared.go's: the shared connections, the connections of one client
-// (shared.one, which the session keeps and matches against its
+// (muxConn.one, which the session keeps and matches against its
 // connection state: session.forwardBackend, frame), and a cluster
-// client's own connections. Only the session's forwarder calls it.
+// client's own connections. Each session has its own, made with it and
+// knowing it; only the session's forwarder calls it.
 type upstream interface {
 	// forward sends cmd on the connection it goes to and reports
 	// forwarded; or returns it, the proxy's own reply in cmd's place; or
 	// reports dedicated: cmd goes on the client's connection of one,
 	// after the replies owed on the others.
-	forward(s *session, name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
+	forward(name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
 	// dial dials the client's connection of one in the state st.
-	dial(s *session, st replayState) (*backend, error)
+	dial(st replayState) (*backend, error)
 }
 
 var (
@@ -34,10 +35,11 @@ var (
 // single is one Redis behind the proxy, or the primary a Sentinel names
 // (Proxy.dial follows it). A client's stateless commands go on its shared
 // connection (session.sh) until its first other command; from then on,
-// all of them go on its connection of one (shared.one).
-type single struct{}
+// all of them go on its connection of one (muxConn.one).
+type single struct{ s *session }
 
-func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, bool, bool) {
+func (u single) forward(name []byte, cmd redcon.Command) (localItem, bool, bool) {
+	s := u.s
 	if s.sh == nil || s.dedicated {
 		return localItem{}, false, true
 	}
@@ -52,7 +54,7 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 	if resp.Stateless(name) {
 		if err := s.sh.send(s, e, cmd.Raw); err != nil {
 			s.p.m.unavailable.Add(1)
-			return localItem{reply: errorReply(&BackendError{Err: err})}, false, false
+			return localItem{reply: resp.ErrorReply(&BackendError{Err: err})}, false, false
 		}
 		s.sharedOut, s.waitStale = true, true
 		s.p.m.forwarded.Add(1)
@@ -65,6 +67,6 @@ func (single) forward(s *session, name []byte, cmd redcon.Command) (localItem, b
 	return localItem{}, false, true
 }
 
-func (single) dial(s *session, st replayState) (*backend, error) {
-	return s.p.dedicated(s.ctx, st)
+func (u single) dial(st replayState) (*backend, error) {
+	return u.s.p.dedicated(u.s.ctx, st)
 }

@@ -1,9 +1,7 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -26,12 +24,12 @@ import (
 //     REWRITE, ACL SETUSER, DELUSER, LOAD and SAVE, SLOWLOG RESET, LATENCY
 //     RESET (the sum), CLIENT PAUSE and UNPAUSE, SAVE, BGSAVE and
 //     BGREWRITEAOF, SCRIPT KILL and FUNCTION KILL (+OK from the master
-//     running the script, else the first NOTBUSY) (and, in clusterroute.go,
+//     running the script, else the first NOTBUSY) (and, in plan.go,
 //     FLUSHALL, FLUSHDB, SCRIPT LOAD/FLUSH, FUNCTION LOAD/DELETE/FLUSH/RESTORE);
 //   - merged: INFO (see mergeInfo), SLOWLOG GET (the masters' entries,
 //     newest first) and LEN (their number), each fanned command's entry
-//     counted once (clusterslowlog.go), ACL LOG (clusteracllog.go), PUBSUB
-//     SHARDCHANNELS and SHARDNUMSUB (clustershardinfo.go), SCRIPT EXISTS (known on any master:
+//     counted once (slowlog.go), ACL LOG (acllog.go), PUBSUB
+//     SHARDCHANNELS and SHARDNUMSUB (shardinfo.go), SCRIPT EXISTS (known on any master:
 //     EVAL caches a script on the master of its keys only);
 //   - answered as one Redis answers: READONLY and READWRITE, which only a
 //     cluster node accepts, and HELLO, whose reply says mode standalone;
@@ -54,54 +52,52 @@ var replyClusterDisabled = []byte("-ERR This instance has cluster support disabl
 // reports false for the others. keyless calls it only for the commands
 // the command table flags NoSlot: a case added here must be flagged there
 // (internal/resp/table.go).
-func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call, bool) {
+func ServerWide(r *Router, clients int64, m *SlotMap, name []byte, cmd redcon.Command) (Call, bool) {
 	args := cmd.Args
 	var sb [24]byte
 	sub := ""
 	if len(args) > 1 {
 		sub = string(resp.Lower(&sb, args[1]))
 	}
-	all := func(op mergeOp) (call, bool) { return fan(m, cmd.Raw, op), true }
+	all := func(op MergeOp) (Call, bool) { return Fan(m, cmd.Raw, op), true }
 	switch string(name) {
 	case "readonly", "readwrite":
-		return localCall(replyClusterDisabled), true
+		return LocalCall(replyClusterDisabled), true
 	case "info":
-		c := fan(m, cmd.Raw, opFirst)
-		clients := s.p.clients.Load()
-		c.fold = func(replies [][]byte) ([]byte, bool) {
+		c := Fan(m, cmd.Raw, OpFirst)
+		c.Fold = func(replies [][]byte) ([]byte, bool) {
 			return allOK(replies, func() []byte { return mergeInfo(replies, clients) })
 		}
 		return c, true
 	case "save", "bgsave", "bgrewriteaof":
-		return all(opFirst)
+		return all(OpFirst)
 	case "config":
 		switch sub {
 		case "set":
-			c := fan(m, cmd.Raw, opFirst)
-			r := s.cl.r
-			c.learn = func(bool) { r.intsetMax.Store(0) } // read again (clusterjoin.go)
+			c := Fan(m, cmd.Raw, OpFirst)
+			c.Learn = func(bool) { r.intsetMax.Store(0) } // read again (join.go)
 			return c, true
 		case "resetstat", "rewrite":
-			return all(opFirst)
+			return all(OpFirst)
 		}
 	case "acl":
 		switch sub {
 		case "setuser", "deluser", "load", "save":
-			return all(opFirst)
+			return all(OpFirst)
 		case "log":
-			return aclLogCall(m, args, cmd.Raw), true // clusteracllog.go
+			return aclLogCall(m, args, cmd.Raw), true // acllog.go
 		}
 	case "client":
 		switch sub {
 		case "pause", "unpause":
-			return all(opFirst)
+			return all(OpFirst)
 		}
 	case "script", "function":
 		if string(name) == "script" && sub == "exists" {
 			// EVAL caches its script on the master of its keys only: a
 			// script is known when any master knows it.
-			c := fan(m, cmd.Raw, opFirst)
-			c.fold = func(replies [][]byte) ([]byte, bool) {
+			c := Fan(m, cmd.Raw, OpFirst)
+			c.Fold = func(replies [][]byte) ([]byte, bool) {
 				return allOK(replies, func() []byte { return anyExists(replies) })
 			}
 			return c, true
@@ -109,26 +105,26 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 		if sub == "kill" {
 			// The script runs on one master at most: its +OK, or else
 			// the first master's NOTBUSY.
-			c := fan(m, cmd.Raw, opFirst)
-			c.fold = anyOK
+			c := Fan(m, cmd.Raw, OpFirst)
+			c.Fold = anyOK
 			return c, true
 		}
 	case "pubsub":
-		return shardPubsub(m, sub, cmd.Raw) // clustershardinfo.go
+		return shardPubsub(m, sub, cmd.Raw) // shardinfo.go
 	case "latency":
 		if sub == "reset" {
-			return all(opSum)
+			return all(OpSum)
 		}
 	case "slowlog":
 		switch sub {
 		case "reset":
-			return all(opFirst)
+			return all(OpFirst)
 		case "len":
 			// The masters' copies of a command the proxy sent to all of
-			// them count once (clusterslowlog.go).
-			c := fan(m, cmd.Raw, opFirst)
+			// them count once (slowlog.go).
+			c := Fan(m, cmd.Raw, OpFirst)
 			slowlogParts(&c)
-			c.fold = func(replies [][]byte) ([]byte, bool) {
+			c.Fold = func(replies [][]byte) ([]byte, bool) {
 				return allOK(replies, func() []byte { return slowlogLen(replies) })
 			}
 			return c, true
@@ -138,15 +134,15 @@ func (s *session) serverWide(m *slotMap, name []byte, cmd redcon.Command) (call,
 				// An invalid count is refused by every master.
 				count, _ = strconv.ParseInt(string(args[2]), 10, 64)
 			}
-			c := fan(m, cmd.Raw, opFirst)
+			c := Fan(m, cmd.Raw, OpFirst)
 			slowlogParts(&c)
-			c.fold = func(replies [][]byte) ([]byte, bool) {
+			c.Fold = func(replies [][]byte) ([]byte, bool) {
 				return allOK(replies, func() []byte { return mergeSlowlog(replies, count) })
 			}
 			return c, true
 		}
 	}
-	return call{}, false
+	return Call{}, false
 }
 
 var (
@@ -157,7 +153,7 @@ var (
 // standaloneHello merges the replies of a HELLO sent on every connection
 // of the client: the first error, or the first node's reply saying mode
 // standalone, as INFO does.
-func standaloneHello(replies [][]byte) ([]byte, bool) {
+func StandaloneHello(replies [][]byte) ([]byte, bool) {
 	return allOK(replies, func() []byte { return bytes.Replace(replies[0], helloCluster, helloStandalone, 1) })
 }
 
@@ -168,7 +164,7 @@ func anyExists(replies [][]byte) []byte {
 	for _, r := range replies {
 		vals, err := scalars(nil, r)
 		if err != nil {
-			return errorReply(err)
+			return resp.ErrorReply(err)
 		}
 		if out == nil {
 			out = make([]int64, len(vals))
@@ -189,11 +185,11 @@ func anyExists(replies [][]byte) []byte {
 // anyOK returns the first +OK among replies, or else the first reply.
 func anyOK(replies [][]byte) ([]byte, bool) {
 	for _, r := range replies {
-		if bytes.Equal(r, replyOK) {
+		if bytes.Equal(r, resp.ReplyOK) {
 			return r, false
 		}
 	}
-	return replies[0], isError(replies[0])
+	return replies[0], IsError(replies[0])
 }
 
 // allOK returns the first error among replies, or else what merged makes.
@@ -205,27 +201,6 @@ func allOK(replies [][]byte, merged func() []byte) ([]byte, bool) {
 	}
 	b := merged()
 	return b, b[0] == '-'
-}
-
-// dialAny opens a connection for one of the proxy's own queries of the
-// backend (COMMAND, see query): to the backend, or to any node of a
-// cluster, the masters first.
-func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backend, error) {
-	if p.router == nil {
-		return p.dial(ctx, st)
-	}
-	var errs []error
-	for _, addr := range p.router.candidates() {
-		be, err := p.dialAddr(ctx, addr, st)
-		if err == nil || refused(err) {
-			return be, err
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, fmt.Errorf("%w: %w", errNoNode, errors.Join(errs...))
 }
 
 // mergeSlowlog merges the masters' SLOWLOG GET replies (the first
@@ -241,10 +216,10 @@ func mergeSlowlog(replies [][]byte, count int64) []byte {
 	var all []entry
 	for i, r := range replies {
 		// The other masters' copies of what the proxy sent to all of
-		// them are left out (clusterslowlog.go).
+		// them are left out (slowlog.go).
 		raws, err := slowlogEntries(r, i > 0)
 		if err != nil {
-			return errorReply(err)
+			return resp.ErrorReply(err)
 		}
 		for _, raw := range raws {
 			e := entry{raw: raw}

@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // ACL LOG in front of a Redis Cluster. A command refused by the ACL is
@@ -19,8 +21,8 @@ import (
 var cmdACLLogAll = []byte("*3\r\n$3\r\nACL\r\n$3\r\nLOG\r\n$7\r\n1000000\r\n")
 
 // aclLogCall routes ACL LOG [count | RESET].
-func aclLogCall(m *slotMap, args [][]byte, raw []byte) call {
-	c := fan(m, raw, opFirst)
+func aclLogCall(m *SlotMap, args [][]byte, raw []byte) Call {
+	c := Fan(m, raw, OpFirst)
 	if len(args) > 2 && bytes.EqualFold(args[2], []byte("reset")) {
 		return c
 	}
@@ -33,10 +35,10 @@ func aclLogCall(m *slotMap, args [][]byte, raw []byte) call {
 	}
 	// The masters' whole logs: the newest entries of one are not all
 	// newer than another's, and a refusal's count is the sum of all.
-	for i := range c.parts {
-		c.parts[i].raw = cmdACLLogAll
+	for i := range c.Parts {
+		c.Parts[i].Raw = cmdACLLogAll
 	}
-	c.fold = func(replies [][]byte) ([]byte, bool) {
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		return allOK(replies, func() []byte { return mergeACLLog(replies, count) })
 	}
 	return c
@@ -57,12 +59,12 @@ func mergeACLLog(replies [][]byte, count int64) []byte {
 	for _, r := range replies {
 		n, elems, err := elements(r)
 		if err != nil {
-			return errorReply(err)
+			return resp.ErrorReply(err)
 		}
 		for range n {
 			k, err := valueLen(elems)
 			if err != nil {
-				return errorReply(err)
+				return resp.ErrorReply(err)
 			}
 			e := entry{raw: elems[:k]}
 			var key []byte

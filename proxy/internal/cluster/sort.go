@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
@@ -79,7 +79,7 @@ func parseSort(args [][]byte, readonly bool) sortOpts {
 			o.patterns = true
 			j++
 		default:
-			o.err = replySyntax
+			o.err = resp.ReplySyntax
 			return o
 		}
 	}
@@ -88,38 +88,37 @@ func parseSort(args [][]byte, readonly bool) sortOpts {
 
 // sortCall plans a SORT or SORT_RO whose patterns a node would refuse; it
 // reports false for every other command, which goes where its keys are.
-func (s *session) sortCall(m *slotMap, name []byte, args [][]byte) (call, bool) {
+func SortCall(m *SlotMap, name []byte, args [][]byte, resp3 bool, ask func([]Part) [][]byte) (Call, bool) {
 	if !resp.Lookup(name).Has(resp.Patterns) || len(args) < 2 {
-		return call{}, false
+		return Call{}, false
 	}
 	o := parseSort(args, string(name) == "sort_ro")
 	if !o.patterns || o.store {
-		return call{}, false
+		return Call{}, false
 	}
 	if o.err != nil {
-		return localCall(o.err), true
+		return LocalCall(o.err), true
 	}
 	key := args[1]
-	sl := keySlot(key)
-	addr := m.master(sl)
-	c := call{kind: callMerge, alone: true}
+	sl := KeySlot(key)
+	addr := m.Master(sl)
+	c := Call{Kind: CallMerge, Alone: true}
 	for _, raw := range [][]byte{command3("TYPE", key), command3("LRANGE", key, "0", "-1"),
 		command3("SMEMBERS", key), command3("ZRANGE", key, "0", "-1")} {
-		c.parts = append(c.parts, part{slot: sl, addr: addr, raw: raw})
+		c.Parts = append(c.Parts, Part{Slot: sl, Addr: addr, Raw: raw})
 	}
-	resp3 := s.cl.st.resp3()
-	c.fold = func(replies [][]byte) ([]byte, bool) {
-		b := s.sortReply(m, &o, replies, resp3)
-		return b, isError(b)
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
+		b := sortReply(m, &o, replies, resp3, ask)
+		return b, IsError(b)
 	}
 	return c, true
 }
 
 // sortReply answers the SORT from the key's replies (TYPE, LRANGE,
 // SMEMBERS, ZRANGE).
-func (s *session) sortReply(m *slotMap, o *sortOpts, replies [][]byte, resp3 bool) []byte {
+func sortReply(m *SlotMap, o *sortOpts, replies [][]byte, resp3 bool, ask func([]Part) [][]byte) []byte {
 	for _, r := range replies {
-		if isError(r) && !bytes.HasPrefix(r, []byte("-WRONGTYPE")) {
+		if IsError(r) && !bytes.HasPrefix(r, []byte("-WRONGTYPE")) {
 			return r
 		}
 	}
@@ -141,7 +140,7 @@ func (s *session) sortReply(m *slotMap, o *sortOpts, replies [][]byte, resp3 boo
 		return []byte("-WRONGTYPE Operation against a key holding the wrong kind of value\r\n")
 	}
 	if err != nil {
-		return errorReply(err)
+		return resp.ErrorReply(err)
 	}
 
 	// The range, as Redis clamps it.
@@ -203,7 +202,7 @@ func (s *session) sortReply(m *slotMap, o *sortOpts, replies [][]byte, resp3 boo
 			want(g, it.elem)
 		}
 	}
-	vals, errReply := s.lookup(m, reqs)
+	vals, errReply := fetchAll(m, reqs, ask)
 	if errReply != nil {
 		return errReply
 	}
@@ -337,27 +336,27 @@ func patternKey(pattern, elem []byte) (lookup, bool) {
 	return lookup{key: key, field: field}, true
 }
 
-// lookup reads the values of reqs on their masters in one round trip: nil
+// fetchAll reads the values of reqs on their masters in one round trip (ask): nil
 // for a missing key, or one of another type than a string (a hash with a
 // field). An error that is not the data's is returned as the reply.
-func (s *session) lookup(m *slotMap, reqs []lookup) ([][]byte, []byte) {
+func fetchAll(m *SlotMap, reqs []lookup, ask func([]Part) [][]byte) ([][]byte, []byte) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	parts := make([]part, len(reqs))
+	parts := make([]Part, len(reqs))
 	for i, l := range reqs {
-		sl := keySlot(l.key)
+		sl := KeySlot(l.key)
 		raw := command3("GET", l.key)
 		if l.field != nil {
 			raw = redcon.AppendArray(nil, 3)
 			raw = redcon.AppendBulkString(raw, "HGET")
 			raw = redcon.AppendBulk(redcon.AppendBulk(raw, l.key), l.field)
 		}
-		parts[i] = part{slot: sl, addr: m.master(sl), raw: raw}
+		parts[i] = Part{Slot: sl, Addr: m.Master(sl), Raw: raw}
 	}
-	replies := s.ask(parts)
+	replies := ask(parts)
 	if replies == nil {
-		return nil, replyConnLost // the client has gone
+		return nil, resp.ReplyConnLost // the client has gone
 	}
 	vals := make([][]byte, len(reqs))
 	var failed []byte
@@ -365,7 +364,7 @@ func (s *session) lookup(m *slotMap, reqs []lookup) ([][]byte, []byte) {
 		switch {
 		case failed != nil:
 		case bytes.HasPrefix(b, []byte("-WRONGTYPE")):
-		case isError(b):
+		case IsError(b):
 			failed = append([]byte(nil), b...)
 		default:
 			if v, err := scalars(nil, b); err == nil && len(v) == 1 {

@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"strconv"
@@ -14,7 +14,7 @@ import (
 // programming table and the same walk back through it, so that among
 // several subsequences of the same length it gives Redis's, and the same
 // IDX ranges). The options are checked by a node, as for the set reads
-// (clusterjoin.go). Not one snapshot: the two values are read one after
+// (join.go). Not one snapshot: the two values are read one after
 // the other.
 
 // lcsMaxCells bounds the table the proxy builds (4 bytes a cell): beyond
@@ -27,8 +27,7 @@ var (
 )
 
 // lcsCall plans LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN].
-func (s *session) lcsCall(m *slotMap, args [][]byte) call {
-	resp3 := s.cl.st.resp3()
+func lcsCall(m *SlotMap, args [][]byte, resp3 bool) Call {
 	var getLen, getIdx, withLen bool
 	var minLen int64
 	for i := 3; i < len(args); i++ {
@@ -47,26 +46,26 @@ func (s *session) lcsCall(m *slotMap, args [][]byte) call {
 			}
 		}
 	}
-	c := call{kind: callMerge}
+	c := Call{Kind: CallMerge}
 	probe := len(args) > 3
 	if probe {
-		c.parts = append(c.parts, probePart(m, args, 1, 3))
+		c.Parts = append(c.Parts, probePart(m, args, 1, 3))
 	}
 	for _, k := range args[1:3] {
-		sl := keySlot(k)
-		c.parts = append(c.parts, part{slot: sl, addr: m.master(sl), raw: command3("GET", k)})
+		sl := KeySlot(k)
+		c.Parts = append(c.Parts, Part{Slot: sl, Addr: m.Master(sl), Raw: command3("GET", k)})
 	}
-	c.fold = func(replies [][]byte) ([]byte, bool) {
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		var probeErr []byte
 		if probe {
-			if isError(replies[0]) {
+			if IsError(replies[0]) {
 				probeErr = replies[0]
 			}
 			replies = replies[1:]
 		}
 		var vals [2][]byte
 		for i, r := range replies {
-			if isError(r) {
+			if IsError(r) {
 				if len(r) > 10 && string(r[:10]) == "-WRONGTYPE" {
 					return replyLCSNotString, true
 				}
@@ -74,7 +73,7 @@ func (s *session) lcsCall(m *slotMap, args [][]byte) call {
 			}
 			v, err := scalars(nil, r)
 			if err != nil {
-				return errorReply(err), true
+				return resp.ErrorReply(err), true
 			}
 			if len(v) == 1 {
 				vals[i] = v[0]

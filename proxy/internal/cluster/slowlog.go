@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"github.com/tidwall/redcon"
@@ -21,9 +21,9 @@ var cmdSlowlogAll = []byte("*3\r\n$7\r\nSLOWLOG\r\n$3\r\nGET\r\n$2\r\n-1\r\n")
 
 // slowlogParts sends the client's SLOWLOG command to the first master of
 // c, and SLOWLOG GET -1 to the others.
-func slowlogParts(c *call) {
-	for i := 1; i < len(c.parts); i++ {
-		c.parts[i].raw = cmdSlowlogAll
+func slowlogParts(c *Call) {
+	for i := 1; i < len(c.Parts); i++ {
+		c.Parts[i].Raw = cmdSlowlogAll
 	}
 }
 
@@ -34,7 +34,7 @@ func slowlogLen(replies [][]byte) []byte {
 	for _, r := range replies[1:] {
 		entries, err := slowlogEntries(r, true)
 		if err != nil {
-			return errorReply(err)
+			return resp.ErrorReply(err)
 		}
 		n += int64(len(entries))
 	}

@@ -1,9 +1,11 @@
-package proxy
+package cluster
 
 import (
 	"strconv"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // PUBSUB SHARDCHANNELS and SHARDNUMSUB in front of a Redis Cluster. A
@@ -17,18 +19,18 @@ import (
 // shardPubsub routes PUBSUB SHARDCHANNELS (the masters' lists, one after
 // the other) and SHARDNUMSUB (each channel's counts summed); it reports
 // false for the other PUBSUB subcommands.
-func shardPubsub(m *slotMap, sub string, raw []byte) (call, bool) {
+func shardPubsub(m *SlotMap, sub string, raw []byte) (Call, bool) {
 	switch sub {
 	case "shardchannels":
-		return fan(m, raw, opConcat), true
+		return Fan(m, raw, OpConcat), true
 	case "shardnumsub":
-		c := fan(m, raw, opFirst)
-		c.fold = func(replies [][]byte) ([]byte, bool) {
+		c := Fan(m, raw, OpFirst)
+		c.Fold = func(replies [][]byte) ([]byte, bool) {
 			return allOK(replies, func() []byte { return sumNumsub(replies) })
 		}
 		return c, true
 	}
-	return call{}, false
+	return Call{}, false
 }
 
 // sumNumsub merges the masters' SHARDNUMSUB replies (channel, count, ...,
@@ -37,13 +39,13 @@ func shardPubsub(m *slotMap, sub string, raw []byte) (call, bool) {
 func sumNumsub(replies [][]byte) []byte {
 	first, err := scalars(nil, replies[0])
 	if err != nil {
-		return errorReply(err)
+		return resp.ErrorReply(err)
 	}
 	sums := make([]int64, len(first)/2)
 	for _, r := range replies {
 		vals, err := scalars(nil, r)
 		if err != nil {
-			return errorReply(err)
+			return resp.ErrorReply(err)
 		}
 		for i := 1; i < len(vals) && i/2 < len(sums); i += 2 {
 			n, _ := strconv.ParseInt(string(vals[i]), 10, 64)

@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"context"
@@ -18,74 +18,72 @@ import (
 )
 
 // numSlots is Redis Cluster's number of hash slots.
-const numSlots = 16384
+const NumSlots = 16384
 
 // noSlot is the slot of a command without keys.
-const noSlot = -1
+const NoSlot = -1
 
 // slotMap is one reading of the cluster's topology: which master serves
 // each slot. It is never changed once stored; a refresh replaces it whole.
-type slotMap struct {
-	masters []string         // addresses, in the order of their first slot
-	first   []int            // each master's first slot
-	owner   [numSlots]uint16 // index into masters; unowned when >= len(masters)
-	gen     uint64           // the reading that made it (router.gen)
+type SlotMap struct {
+	Masters []string         // addresses, in the order of their first slot
+	First   []int            // each master's first slot
+	owner   [NumSlots]uint16 // index into masters; unowned when >= len(masters)
+	Gen     uint64           // the reading that made it (router.gen)
 }
 
 // master returns the address of the master serving slot, or "".
-func (m *slotMap) master(slot int) string {
-	if i := int(m.owner[slot]); i < len(m.masters) {
-		return m.masters[i]
+func (m *SlotMap) Master(slot int) string {
+	if i := int(m.owner[slot]); i < len(m.Masters) {
+		return m.Masters[i]
 	}
 	return ""
 }
 
-// router is what the proxy knows of a Redis Cluster behind it: the slot
+// clusterRouter is what the proxy knows of a Redis Cluster behind it: the slot
 // map, the COMMAND table (where each command's keys are) and the counters
 // of redirections. Its methods are safe for concurrent use.
-type router struct {
-	p     *Proxy
-	seeds []string
+type Router struct {
+	cfg RouterConfig
 
-	slots atomic.Pointer[slotMap]
+	Slots atomic.Pointer[SlotMap]
 	// refresh serialises reading the slot map; gen counts the readings, so
 	// that clients that saw the same MOVED wait for one reading.
 	refresh sync.Mutex
-	gen     atomic.Uint64
+	Gen     atomic.Uint64
 	last    time.Time // of the last reading; under refresh
 
 	table resp.Table
 	// intsetMax is the masters' set-max-intset-entries, 0 until read
-	// (clusterjoin.go).
+	// (join.go).
 	intsetMax atomic.Int64
 
 	mu      sync.Mutex
 	control map[string]*redis.Client // per node, for CLUSTER SHARDS, COMMAND and COMMAND GETKEYS
 
-	// The shared connections to each master (clustershared.go), by
-	// master and access generation, all of them, and all the groups for
-	// Proxy.writeQueued.
-	shMu      sync.Mutex
-	shared    map[groupKey]*sharedGroup
-	sharedAll atomic.Pointer[[]*shared]
-	groups    atomic.Pointer[[]*sharedGroup]
-	// access counts the commands that may have changed who the masters
-	// let in (CONFIG SET requirepass, ACL SETUSER ...): a generation of
-	// shared connections serves the clients that connected during it
-	// (see accessChanged). sessions counts each generation's clients;
-	// under shMu.
-	access   atomic.Uint64
-	sessions map[uint64]int
-
-	refreshes, moved, asked atomic.Uint64
-	perMaster               sync.Map // address -> *atomic.Uint64, commands forwarded
+	Refreshes, Moved, Asked atomic.Uint64
+	PerMaster               sync.Map // address -> *atomic.Uint64, commands forwarded
 }
 
-func newRouter(p *Proxy) *router {
-	return &router{p: p, seeds: p.cfg.Backend.Cluster, control: map[string]*redis.Client{}}
+// RouterConfig is how a router reaches the cluster.
+type RouterConfig struct {
+	// Seeds are the nodes asked first, until a slot map names the masters.
+	Seeds []string
+	// Timeout bounds each reading of the slot map and of the masters'
+	// configuration.
+	Timeout time.Duration
+	// TLS: the nodes are reached at their TLS ports.
+	TLS bool
+	// Options are the control connection's options to the node at addr.
+	Options func(addr string) *redis.Options
 }
 
-func (r *router) close() {
+// NewRouter returns the router of the cluster cfg reaches.
+func NewRouter(cfg RouterConfig) *Router {
+	return &Router{cfg: cfg, control: map[string]*redis.Client{}}
+}
+
+func (r *Router) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, c := range r.control {
@@ -94,34 +92,34 @@ func (r *router) close() {
 }
 
 // client returns the control client of the node at addr.
-func (r *router) client(addr string) *redis.Client {
+func (r *Router) client(addr string) *redis.Client {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if c := r.control[addr]; c != nil {
 		return c
 	}
-	c := redis.NewClient(r.p.cfg.Backend.controlOptions(addr))
+	c := redis.NewClient(r.cfg.Options(addr))
 	r.control[addr] = c
 	return c
 }
 
 // candidates are the nodes to ask about the cluster: the known masters,
 // then the seeds.
-func (r *router) candidates() []string {
+func (r *Router) Candidates() []string {
 	var out []string
-	if m := r.slots.Load(); m != nil {
-		out = append(out, m.masters...)
+	if m := r.Slots.Load(); m != nil {
+		out = append(out, m.Masters...)
 	}
-	return append(out, r.seeds...)
+	return append(out, r.cfg.Seeds...)
 }
 
 // errNoNode reports that no node of the cluster answered.
-var errNoNode = errors.New("no cluster node answered")
+var ErrNoNode = errors.New("no cluster node answered")
 
 // do runs one control command on the first node that answers.
-func (r *router) do(ctx context.Context, args ...any) (any, error) {
+func (r *Router) do(ctx context.Context, args ...any) (any, error) {
 	var errs []error
-	for _, addr := range r.candidates() {
+	for _, addr := range r.Candidates() {
 		v, err := r.client(addr).Do(ctx, args...).Result()
 		var rerr redis.Error
 		if err == nil || errors.As(err, &rerr) {
@@ -129,36 +127,36 @@ func (r *router) do(ctx context.Context, args ...any) (any, error) {
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 	}
-	return nil, fmt.Errorf("%w: %w", errNoNode, errors.Join(errs...))
+	return nil, fmt.Errorf("%w: %w", ErrNoNode, errors.Join(errs...))
 }
 
 // current returns the slot map, reading it first if there is none yet.
-func (r *router) current(ctx context.Context) (*slotMap, error) {
-	if m := r.slots.Load(); m != nil {
+func (r *Router) Current(ctx context.Context) (*SlotMap, error) {
+	if m := r.Slots.Load(); m != nil {
 		return m, nil
 	}
-	if err := r.reload(ctx, r.gen.Load()); err != nil {
+	if err := r.Reload(ctx, r.Gen.Load()); err != nil {
 		return nil, err
 	}
-	return r.slots.Load(), nil
+	return r.Slots.Load(), nil
 }
 
 // reload reads the slot map again, unless it was read since the reading
 // seen was gen (another client's refresh already brought it in).
-func (r *router) reload(ctx context.Context, seen uint64) error {
+func (r *Router) Reload(ctx context.Context, seen uint64) error {
 	r.refresh.Lock()
 	defer r.refresh.Unlock()
-	if r.gen.Load() != seen && r.slots.Load() != nil {
+	if r.Gen.Load() != seen && r.Slots.Load() != nil {
 		return nil
 	}
 	if time.Since(r.last) < 10*time.Millisecond {
 		return nil // many clients asking at once: one reading is enough
 	}
 	r.last = time.Now()
-	ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	var errs []error
-	for _, addr := range r.candidates() {
+	for _, addr := range r.Candidates() {
 		shards, err := r.client(addr).ClusterShards(ctx).Result()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
@@ -174,7 +172,7 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 			for _, n := range sh.Nodes {
 				if n.Role == "master" && n.Health != "fail" {
 					port := n.Port
-					if r.p.cfg.Backend.TLS != nil && n.TLSPort != 0 {
+					if r.cfg.TLS && n.TLSPort != 0 {
 						port = n.TLSPort
 					}
 					ip := n.IP
@@ -185,13 +183,13 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 				}
 			}
 			for _, sr := range sh.Slots {
-				if master != "" && sr.Start >= 0 && sr.End < numSlots && sr.Start <= sr.End {
+				if master != "" && sr.Start >= 0 && sr.End < NumSlots && sr.Start <= sr.End {
 					ranges = append(ranges, owned{sr.Start, sr.End, master})
 				}
 			}
 		}
 		sort.Slice(ranges, func(i, j int) bool { return ranges[i].start < ranges[j].start })
-		m := &slotMap{}
+		m := &SlotMap{}
 		for i := range m.owner {
 			m.owner[i] = 0xFFFF
 		}
@@ -199,39 +197,39 @@ func (r *router) reload(ctx context.Context, seen uint64) error {
 		for _, o := range ranges {
 			i, ok := index[o.addr]
 			if !ok {
-				i = uint16(len(m.masters))
+				i = uint16(len(m.Masters))
 				index[o.addr] = i
-				m.masters = append(m.masters, o.addr)
-				m.first = append(m.first, int(o.start))
+				m.Masters = append(m.Masters, o.addr)
+				m.First = append(m.First, int(o.start))
 			}
 			for sl := o.start; sl <= o.end; sl++ {
 				m.owner[sl] = i
 			}
 		}
-		if len(m.masters) == 0 {
+		if len(m.Masters) == 0 {
 			errs = append(errs, fmt.Errorf("%s: no slots assigned", addr))
 			continue
 		}
-		m.gen = r.gen.Load() + 1 // readings are serialised by refresh
-		r.slots.Store(m)
-		r.gen.Add(1)
-		r.refreshes.Add(1)
+		m.Gen = r.Gen.Load() + 1 // readings are serialised by refresh
+		r.Slots.Store(m)
+		r.Gen.Add(1)
+		r.Refreshes.Add(1)
 		return nil
 	}
 	return fmt.Errorf("cluster shards: %w", errors.Join(errs...))
 }
 
 // counter returns the count of commands sent to the master at addr.
-func (r *router) counter(addr string) *atomic.Uint64 {
-	v, ok := r.perMaster.Load(addr)
+func (r *Router) Counter(addr string) *atomic.Uint64 {
+	v, ok := r.PerMaster.Load(addr)
 	if !ok {
-		v, _ = r.perMaster.LoadOrStore(addr, new(atomic.Uint64))
+		v, _ = r.PerMaster.LoadOrStore(addr, new(atomic.Uint64))
 	}
 	return v.(*atomic.Uint64)
 }
 
 // commands returns the cluster's COMMAND table.
-func (r *router) commands(ctx context.Context) (map[string]resp.KeySpec, error) {
+func (r *Router) Commands(ctx context.Context) (map[string]resp.KeySpec, error) {
 	return r.table.Get(ctx, func(ctx context.Context) (any, error) { return r.do(ctx, "COMMAND") })
 }
 
@@ -240,7 +238,7 @@ func (r *router) commands(ctx context.Context) (map[string]resp.KeySpec, error) 
 // move. EVAL, EVALSHA, FCALL and their read-only forms are read here
 // without a round trip. A command Redis does not know, or whose arguments
 // it would refuse, has no keys: Redis answers it with its error.
-func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]byte) ([][]byte, error) {
+func (r *Router) Keys(ctx context.Context, dst [][]byte, name []byte, args [][]byte) ([][]byte, error) {
 	if resp.Lookup(name).Has(resp.NumKeys) {
 		if len(args) < 3 {
 			return dst, nil
@@ -251,7 +249,7 @@ func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 		}
 		return append(dst, args[3:3+n]...), nil
 	}
-	table, err := r.commands(ctx)
+	table, err := r.Commands(ctx)
 	if err != nil {
 		return dst, err
 	}
@@ -298,7 +296,7 @@ func (r *router) keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 // keySlot is Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the key,
 // or of the part between the first "{" and the next "}" when that part is
 // not empty, modulo 16384.
-func keySlot(key []byte) int {
+func KeySlot(key []byte) int {
 	for i, c := range key {
 		if c == '{' {
 			for j := i + 1; j < len(key); j++ {
@@ -306,13 +304,13 @@ func keySlot(key []byte) int {
 					if j > i+1 {
 						key = key[i+1 : j]
 					}
-					return int(crc16(key)) & (numSlots - 1)
+					return int(crc16(key)) & (NumSlots - 1)
 				}
 			}
 			break
 		}
 	}
-	return int(crc16(key)) & (numSlots - 1)
+	return int(crc16(key)) & (NumSlots - 1)
 }
 
 var crcTable = func() (t [256]uint16) {
@@ -340,49 +338,49 @@ func crc16(b []byte) uint16 {
 }
 
 // clusterInfo is the part of INFO lockproxy about the cluster.
-func (r *router) info() string {
+func (r *Router) Info() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "cluster_slot_map_refreshes:%d\r\ncluster_moved:%d\r\ncluster_ask:%d\r\n",
-		r.refreshes.Load(), r.moved.Load(), r.asked.Load())
-	if m := r.slots.Load(); m != nil {
-		for i, a := range m.masters {
+		r.Refreshes.Load(), r.Moved.Load(), r.Asked.Load())
+	if m := r.Slots.Load(); m != nil {
+		for i, a := range m.Masters {
 			fmt.Fprintf(&b, "cluster_master%d:addr=%s,forwarded=%d\r\n", i, a, r.count(a))
 		}
 	}
 	return b.String()
 }
 
-func (r *router) count(addr string) uint64 {
-	if v, ok := r.perMaster.Load(addr); ok {
+func (r *Router) count(addr string) uint64 {
+	if v, ok := r.PerMaster.Load(addr); ok {
 		return v.(*atomic.Uint64).Load()
 	}
 	return 0
 }
 
-// ready reads the slot map and checks that every master answers PING.
-func (r *router) ready(ctx context.Context) error {
-	if err := r.reload(ctx, r.gen.Load()); err != nil {
-		return &BackendError{Err: err}
-	}
-	m := r.slots.Load()
-	if n := m.served(); n < numSlots {
-		return &BackendError{Err: fmt.Errorf("%d of %d slots have no master", numSlots-n, numSlots)}
-	}
-	for _, a := range m.masters {
-		if err := r.client(a).Ping(ctx).Err(); err != nil {
-			return &BackendError{Err: fmt.Errorf("%s: %w", a, err)}
-		}
-	}
-	return nil
-}
-
 // served counts the slots with a master.
-func (m *slotMap) served() int {
+func (m *SlotMap) served() int {
 	n := 0
 	for _, o := range &m.owner { // not a 32 KB copy on the stack
-		if int(o) < len(m.masters) {
+		if int(o) < len(m.Masters) {
 			n++
 		}
 	}
 	return n
+}
+
+// ready reads the slot map and checks that every master answers PING.
+func (r *Router) Ready(ctx context.Context) error {
+	if err := r.Reload(ctx, r.Gen.Load()); err != nil {
+		return err
+	}
+	m := r.Slots.Load()
+	if n := m.served(); n < NumSlots {
+		return fmt.Errorf("%d of %d slots have no master", NumSlots-n, NumSlots)
+	}
+	for _, a := range m.Masters {
+		if err := r.client(a).Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("%s: %w", a, err)
+		}
+	}
+	return nil
 }

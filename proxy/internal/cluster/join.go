@@ -1,4 +1,4 @@
-package proxy
+package cluster
 
 import (
 	"bytes"
@@ -81,20 +81,20 @@ func (k joinKind) card() bool   { return k == joinSInterCard || k == joinZInterC
 
 // crossRead plans one of the commands above whose keys are in several
 // slots; it reports false for any other command.
-func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool) {
+func CrossRead(ctx context.Context, r *Router, resp3 bool, m *SlotMap, name []byte, args [][]byte) (Call, bool) {
 	switch string(name) {
 	case "lcs":
 		if len(args) >= 3 {
-			return s.lcsCall(m, args), true
+			return lcsCall(m, args, resp3), true
 		}
 	case "pfcount":
-		return s.pfcountCall(m, args), true
+		return pfcountCall(m, args), true
 	}
 	kind, ok := joinKinds[string(name)]
 	if !ok {
-		return call{}, false
+		return Call{}, false
 	}
-	j := &join{kind: kind, agg: 's', resp3: s.cl.st.resp3()}
+	j := &join{kind: kind, agg: 's', resp3: resp3}
 	var rest [][]byte
 	switch kind {
 	case joinSInter, joinSUnion, joinSDiff:
@@ -102,7 +102,7 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 	default:
 		n, err := strconv.Atoi(string(args[1]))
 		if err != nil || n < 1 || n > len(args)-2 {
-			return call{}, false // COMMAND GETKEYS refused it: never here
+			return Call{}, false // COMMAND GETKEYS refused it: never here
 		}
 		j.keys, rest = args[2:2+n], args[2+n:]
 	}
@@ -131,28 +131,28 @@ func (s *session) crossRead(m *slotMap, name []byte, args [][]byte) (call, bool)
 		}
 	}
 	if kind == joinSUnion || kind == joinSDiff {
-		j.intsetMax = s.cl.r.intsetEntries(s.ctx)
+		j.intsetMax = r.intsetEntries(ctx)
 	}
 
-	c := call{kind: callMerge}
+	c := Call{Kind: CallMerge}
 	if j.probe { // only the commands with numkeys have options
-		c.parts = append(c.parts, probePart(m, args, 2, 2+len(j.keys)))
+		c.Parts = append(c.Parts, probePart(m, args, 2, 2+len(j.keys)))
 	}
 	for _, k := range j.keys {
-		sl := keySlot(k)
+		sl := KeySlot(k)
 		if kind.sorted() {
-			c.parts = append(c.parts, part{slot: sl, addr: m.master(sl), raw: command3("ZRANGE", k, "0", "-1", "WITHSCORES")})
+			c.Parts = append(c.Parts, Part{Slot: sl, Addr: m.Master(sl), Raw: command3("ZRANGE", k, "0", "-1", "WITHSCORES")})
 		}
-		c.parts = append(c.parts, part{slot: sl, addr: m.master(sl), raw: command3("SMEMBERS", k)})
+		c.Parts = append(c.Parts, Part{Slot: sl, Addr: m.Master(sl), Raw: command3("SMEMBERS", k)})
 	}
-	c.fold = j.fold
+	c.Fold = j.fold
 	return c, true
 }
 
 // probePart is the command args with the keys at [from, to) replaced by
 // probeKey, for probeKey's master: the node checks the options, and finds
 // no data to work on.
-func probePart(m *slotMap, args [][]byte, from, to int) part {
+func probePart(m *SlotMap, args [][]byte, from, to int) Part {
 	raw := redcon.AppendArray(nil, len(args))
 	for i, a := range args {
 		if i >= from && i < to {
@@ -160,8 +160,8 @@ func probePart(m *slotMap, args [][]byte, from, to int) part {
 		}
 		raw = redcon.AppendBulk(raw, a)
 	}
-	sl := keySlot(probeKey)
-	return part{slot: sl, addr: m.master(sl), raw: raw}
+	sl := KeySlot(probeKey)
+	return Part{Slot: sl, Addr: m.Master(sl), Raw: raw}
 }
 
 // command3 encodes a request of a command name, a key and string
@@ -192,13 +192,13 @@ func (in *joinInput) has(m []byte) (float64, bool) {
 	return in.scores[i], true
 }
 
-func isError(r []byte) bool { return len(r) > 0 && (r[0] == '-' || r[0] == '!') }
+func IsError(r []byte) bool { return len(r) > 0 && (r[0] == '-' || r[0] == '!') }
 
 // fold makes the client's reply from the probe's and the keys' replies.
 func (j *join) fold(replies [][]byte) ([]byte, bool) {
 	var probeErr []byte
 	if j.probe {
-		if isError(replies[0]) {
+		if IsError(replies[0]) {
 			probeErr = replies[0]
 		}
 		replies = replies[1:]
@@ -235,15 +235,15 @@ func (j *join) fold(replies [][]byte) ([]byte, bool) {
 func readInput(replies [][]byte, sorted bool) (*joinInput, []byte) {
 	in := &joinInput{index: map[string]int{}}
 	set := replies[len(replies)-1]
-	if sorted && !isError(replies[0]) {
+	if sorted && !IsError(replies[0]) {
 		vals, err := scalars(nil, replies[0])
 		if err != nil {
-			return nil, errorReply(err)
+			return nil, resp.ErrorReply(err)
 		}
 		for i := 0; i+1 < len(vals); i += 2 {
 			f, err := strconv.ParseFloat(string(vals[i+1]), 64)
 			if err != nil {
-				return nil, errorReply(err)
+				return nil, resp.ErrorReply(err)
 			}
 			in.add(vals[i], f)
 		}
@@ -251,7 +251,7 @@ func readInput(replies [][]byte, sorted bool) (*joinInput, []byte) {
 			return in, nil
 		}
 	}
-	if isError(set) {
+	if IsError(set) {
 		if sorted {
 			return nil, replies[0]
 		}
@@ -259,7 +259,7 @@ func readInput(replies [][]byte, sorted bool) (*joinInput, []byte) {
 	}
 	vals, err := scalars(nil, set)
 	if err != nil {
-		return nil, errorReply(err)
+		return nil, resp.ErrorReply(err)
 	}
 	for _, v := range vals {
 		in.add(v, 1)
@@ -662,11 +662,11 @@ func scalarsAt(dst [][]byte, r []byte) ([][]byte, []byte, error) {
 // intsetEntries returns the cluster's set-max-intset-entries (Redis's
 // default, 512, when no node answers), read once and again after a CONFIG
 // SET through the proxy.
-func (r *router) intsetEntries(ctx context.Context) int64 {
+func (r *Router) intsetEntries(ctx context.Context) int64 {
 	if n := r.intsetMax.Load(); n > 0 {
 		return n
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	v, err := r.do(ctx, "CONFIG", "GET", "set-max-intset-entries")
 	n := int64(512)

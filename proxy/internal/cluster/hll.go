@@ -1,9 +1,11 @@
-package proxy
+package cluster
 
 import (
 	"math"
 
 	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // PFCOUNT of keys in several slots, in front of a Redis Cluster: each
@@ -28,21 +30,21 @@ var (
 )
 
 // pfcountCall plans PFCOUNT key key ...
-func (s *session) pfcountCall(m *slotMap, args [][]byte) call {
-	c := call{kind: callMerge}
+func pfcountCall(m *SlotMap, args [][]byte) Call {
+	c := Call{Kind: CallMerge}
 	for _, k := range args[1:] {
-		sl := keySlot(k)
-		c.parts = append(c.parts, part{slot: sl, addr: m.master(sl), raw: command3("GET", k)})
+		sl := KeySlot(k)
+		c.Parts = append(c.Parts, Part{Slot: sl, Addr: m.Master(sl), Raw: command3("GET", k)})
 	}
-	c.fold = func(replies [][]byte) ([]byte, bool) {
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		var regs [hllRegisters]uint8
 		for _, r := range replies {
-			if isError(r) {
+			if IsError(r) {
 				return r, true
 			}
 			v, err := scalars(nil, r)
 			if err != nil {
-				return errorReply(err), true
+				return resp.ErrorReply(err), true
 			}
 			if len(v) == 0 {
 				continue // a missing key counts nothing
