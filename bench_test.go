@@ -78,3 +78,32 @@ func BenchmarkHandoff(b *testing.B) {
 	b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkACLLockUnlock is BenchmarkLockUnlock (3 nodes) for a
+// password-only user and for a user with Redis's ACL rules, whose lock
+// commands are checked (the category @lock, and the resource as a key,
+// by ACL DRYRUN, cached): the cost of the rules on the lock path.
+func BenchmarkACLLockUnlock(b *testing.B) {
+	backend := redistest.Start(b)
+	_, nodes := startNodes(b, 3)
+	yaml := realConfig + "\nauth:\n  users: {plain: pp}\n  acl: [\"user ruled on >pr ~bench* +@lock +set +get +@connection\"]\n"
+	addr := startApp(b, yaml, "-backend", backend.Addr, "-lock-nodes", nodes)
+	for _, u := range []struct{ name, user, pass string }{{"password-only", "plain", "pp"}, {"rules", "ruled", "pr"}} {
+		b.Run(u.name, func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: addr, Username: u.user, Password: u.pass, MaxRetries: -1, PoolSize: 1})
+			b.Cleanup(func() { c.Close() })
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				l, err := lock(ctx, c, "bench", 10000)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := c.Do(ctx, "UNLOCK", "bench", l.token).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -50,6 +50,31 @@ type serverTLS struct {
 type authConfig struct {
 	Requirepass string            `yaml:"requirepass" secret:"true"`
 	Users       map[string]string `yaml:"users" secret:"true"` // the passwords are secret
+	// ACL are users with Redis's ACL rules, one aclfile line each
+	// ("user alice on >pw ~app:* +@read +@lock"); ACLFile is a file of
+	// such lines. BackendACL lets the backend's own ACL users sign in
+	// too (implied by either).
+	ACL        []string `yaml:"acl" secret:"true"`
+	ACLFile    string   `yaml:"aclfile"`
+	BackendACL bool     `yaml:"backend_acl"`
+}
+
+// aclUsers returns the ACL users: auth.acl's lines, then auth.aclfile's.
+func (c *fileConfig) aclUsers() ([]string, error) {
+	users := append([]string(nil), c.Auth.ACL...)
+	if c.Auth.ACLFile == "" {
+		return users, nil
+	}
+	b, err := os.ReadFile(c.Auth.ACLFile)
+	if err != nil {
+		return nil, fmt.Errorf("auth.aclfile: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			users = append(users, line)
+		}
+	}
+	return users, nil
 }
 
 type metricsConfig struct {

@@ -251,7 +251,7 @@ func TestPrintConfig(t *testing.T) {
 	path := writeConfig(t, fmt.Sprintf(`
 backend: {addr: 127.0.0.1:6379, password: backend-secret, tls: {enabled: true, key_file: %s/backend.key}}
 lock: {nodes: [127.0.0.1:7000], password: lock-secret, tls: {key_file: %[1]s/lock.key}}
-auth: {requirepass: default-secret, users: {alice: alice-secret}}
+auth: {requirepass: default-secret, users: {alice: alice-secret}, acl: ["user bob on >bob-secret ~app:* +@read"]}
 tls: {cert_file: %[1]s/server.crt, key_file: %[1]s/server.key}
 `, certs))
 	var out bytes.Buffer
@@ -264,14 +264,14 @@ tls: {cert_file: %[1]s/server.crt, key_file: %[1]s/server.key}
 		t.Fatal(err)
 	}
 	printed := out.String()
-	for _, secret := range []string{"backend-secret", "lock-secret", "default-secret", "alice-secret", ".key"} {
+	for _, secret := range []string{"backend-secret", "lock-secret", "default-secret", "alice-secret", "bob-secret", ".key"} {
 		if strings.Contains(printed, secret) {
 			t.Errorf("-print-config shows %q:\n%s", secret, printed)
 		}
 	}
 	for _, want := range []string{
 		"listen: 127.0.0.1:9381", `key_prefix: 'app:'`, "node_timeout: 50ms", "max_ttl: 1h0m0s",
-		"requirepass: '" + masked + "'", "alice: '" + masked + "'", "cert_file: " + certs + "/server.crt",
+		"requirepass: '" + masked + "'", "alice: '" + masked + "'", "user bob on >" + masked + " ~app:* +@read", "cert_file: " + certs + "/server.crt",
 	} {
 		if !strings.Contains(printed, want) {
 			t.Errorf("-print-config lacks %q:\n%s", want, printed)

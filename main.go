@@ -153,6 +153,12 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 		return nil, fmt.Errorf("tls: %w", err)
 	}
 	pcfg.ProtectedPrefix = cfg.guardPrefix(backend, lockNodes)
+	if pcfg.ACL.Users, err = cfg.aclUsers(); err != nil {
+		return nil, err
+	}
+	pcfg.ACL.Backend = cfg.Auth.BackendACL
+	pcfg.ACL.LockCategories, pcfg.ACL.LockResources = commands.Categories(), commands.Resources
+	pcfg.ACL.FilterListed = commands.FilterListed
 	pcfg.IsLocal = cmds.Is
 	pcfg.MayWait = cmds.MayWait
 	pcfg.NewLocal = func() proxy.Local { return cmds.NewConn() }
@@ -173,7 +179,8 @@ func newProxy(cfg *fileConfig, backend string, lockNodes []string, locker *quoru
 		zap.Strings("lock_nodes", lockNodes),
 		zap.Bool("guard_backend", pcfg.ProtectedPrefix != ""),
 		zap.Bool("tls", pcfg.TLS != nil),
-		zap.Bool("auth", len(pcfg.Users) > 0),
+		zap.Bool("auth", len(pcfg.Users) > 0 || len(pcfg.ACL.Users) > 0 || pcfg.ACL.Backend),
+		zap.Int("acl_users", len(pcfg.ACL.Users)),
 		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)))
 	return p, nil
 }
@@ -227,8 +234,9 @@ wait:
 }
 
 // reload re-reads the configuration (file, environment, flags) on SIGHUP and
-// applies what can change while running: the log level and the client
-// limits. Everything else (addresses, nodes, TLS, authentication, timeouts)
+// applies what can change while running: the log level, the client
+// limits and the rules of Redis's ACL users (auth.acl, auth.aclfile).
+// Everything else (addresses, nodes, TLS, authentication, timeouts)
 // needs a restart.
 func reload(opts options, env []string, level zap.AtomicLevel, p *proxy.Proxy) error {
 	cfg, err := configure(opts, env)
@@ -241,6 +249,17 @@ func reload(opts options, env []string, level zap.AtomicLevel, p *proxy.Proxy) e
 	}
 	if err := p.SetLimits(cfg.clientLimits()); err != nil {
 		return err
+	}
+	users, err := cfg.aclUsers()
+	if err != nil {
+		return err
+	}
+	if len(users) > 0 || cfg.Auth.BackendACL {
+		// Redis's ACL users: installed again, applying to signed-in
+		// clients' next command.
+		if err := p.SetACL(users); err != nil {
+			return err
+		}
 	}
 	level.SetLevel(lvl)
 	return nil

@@ -289,6 +289,18 @@ func printConfig(w io.Writer, cfg *fileConfig) error {
 	return enc.Close()
 }
 
+// maskRules masks the passwords and password hashes of an ACL rule line
+// (>password, <password, #hash, !hash).
+func maskRules(line string) string {
+	words := strings.Fields(line)
+	for i, w := range words {
+		if len(w) > 1 && strings.ContainsRune("><#!", rune(w[0])) {
+			words[i] = w[:1] + masked
+		}
+	}
+	return strings.Join(words, " ")
+}
+
 // mask masks the secret fields of the struct v, which must be a copy: a map
 // is replaced, not changed.
 func mask(v reflect.Value) {
@@ -300,6 +312,13 @@ func mask(v reflect.Value) {
 		case !secret:
 		case f.Kind() == reflect.String && f.String() != "":
 			f.SetString(masked)
+		case f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.String && f.Len() > 0:
+			// ACL rules: the passwords in them.
+			l := reflect.MakeSlice(f.Type(), f.Len(), f.Len())
+			for j := range f.Len() {
+				l.Index(j).SetString(maskRules(f.Index(j).String()))
+			}
+			f.Set(l)
 		case f.Kind() == reflect.Map && f.Len() > 0:
 			m := reflect.MakeMapWithSize(f.Type(), f.Len())
 			for it := f.MapRange(); it.Next(); {

@@ -12,7 +12,7 @@ import (
 // (ParseFenced), counts its outcomes (CountFenced) and describes it to
 // COMMAND, COMMAND DOCS, INFO and the metrics.
 var fencedSpec = spec{
-	name: "fenced", arity: -4, flags: []string{"write", "movablekeys"}, acl: []string{"@write", "@slow"},
+	name: "fenced", arity: -4, flags: []string{"write", "movablekeys"}, acl: []string{"@write", "@slow", "@lock"},
 	summary: "Runs the command on the backend only when fence is not below the resource's fence record; a write raises the record to fence. Refused: -STALEFENCE.",
 	args: []arg{
 		{name: "resource", typ: "string"},

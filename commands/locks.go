@@ -22,7 +22,7 @@ var (
 
 // locksSpec is the row of LOCKS in specs.
 var locksSpec = spec{
-	name: "locks", arity: -2, flags: []string{"readonly"}, acl: []string{"@read", "@slow"},
+	name: "locks", arity: -2, flags: []string{"readonly"}, acl: []string{"@read", "@slow", "@lock"},
 	summary: "Iterates over the resources held on a majority of the lock nodes, as SCAN iterates over keys. Never shows a token.",
 	args: []arg{
 		{name: "cursor", typ: "integer"},

@@ -32,7 +32,7 @@ var (
 
 // rlockSpec is the row of RLOCK in specs.
 var rlockSpec = spec{
-	name: "rlock", arity: -3, flags: []string{"write"}, acl: []string{"@write", "@slow"},
+	name: "rlock", arity: -3, flags: []string{"write"}, acl: []string{"@write", "@slow", "@lock"},
 	summary: "Acquires a shared (read) lock on the resource for ttl-ms: any number of readers at once, never with a LOCK holder.",
 	args: []arg{
 		{name: "resource", typ: "string"},

@@ -40,7 +40,7 @@ type arg struct {
 // specs are the commands a Handler answers.
 var specs = [...]spec{
 	{
-		name: "lock", arity: -3, flags: []string{"write"}, acl: []string{"@write", "@slow"},
+		name: "lock", arity: -3, flags: []string{"write"}, acl: []string{"@write", "@slow", "@lock"},
 		summary: "Acquires a distributed lock on the resource for ttl-ms, as Redlock across the lock nodes.",
 		args: []arg{
 			{name: "resource", typ: "string"},
@@ -56,7 +56,7 @@ var specs = [...]spec{
 		mayWait:  lockMayWait,
 	},
 	{
-		name: "unlock", arity: -2, flags: []string{"write"}, acl: []string{"@write", "@slow"},
+		name: "unlock", arity: -2, flags: []string{"write"}, acl: []string{"@write", "@slow", "@lock"},
 		summary: "Releases the lock on the resource where the token still owns it; of a reentrant lock, one hold (HOLD n: the hold of the LOCK that replied n holds, idempotent).",
 		args: []arg{
 			{name: "resource", typ: "string"},
@@ -67,7 +67,7 @@ var specs = [...]spec{
 		serve:    (*Conn).unlock,
 	},
 	{
-		name: "extend", arity: -3, flags: []string{"write"}, acl: []string{"@write", "@slow"},
+		name: "extend", arity: -3, flags: []string{"write"}, acl: []string{"@write", "@slow", "@lock"},
 		summary: "Resets the lock's ttl to ttl-ms where the token still owns it.",
 		args: []arg{
 			{name: "resource", typ: "string"},
@@ -78,7 +78,7 @@ var specs = [...]spec{
 		serve:    (*Conn).extend,
 	},
 	{
-		name: "mlock", arity: -4, flags: []string{"write"}, acl: []string{"@write", "@slow"},
+		name: "mlock", arity: -4, flags: []string{"write"}, acl: []string{"@write", "@slow", "@lock"},
 		summary: "Acquires distributed locks on all of the resources for ttl-ms, or on none of them.",
 		args: []arg{
 			{name: "numresources", typ: "integer"},
@@ -94,7 +94,7 @@ var specs = [...]spec{
 	},
 	rlockSpec,
 	{
-		name: "lockinfo", arity: 2, flags: []string{"readonly"}, acl: []string{"@read", "@slow"},
+		name: "lockinfo", arity: 2, flags: []string{"readonly"}, acl: []string{"@read", "@slow", "@lock"},
 		summary: "Reports what the lock nodes know of the resource: mode, holders, holds, fence, validity, waiters, ownership and holder. Never shows a token.",
 		args: []arg{
 			{name: "resource", typ: "string"},

@@ -66,11 +66,11 @@ func TestCommandInfoAndDocs(t *testing.T) {
 	}{
 		{
 			name: "lock",
-			want: "*10\r\n$4\r\nlock\r\n:-3\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*2\r\n+@write\r\n+@slow\r\n*0\r\n*0\r\n*0\r\n",
+			want: "*10\r\n$4\r\nlock\r\n:-3\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*3\r\n+@write\r\n+@slow\r\n+@lock\r\n*0\r\n*0\r\n*0\r\n",
 		},
 		{
 			name: "unlock", resp3: true,
-			want: "*10\r\n$6\r\nunlock\r\n:-2\r\n~1\r\n+write\r\n:0\r\n:0\r\n:0\r\n~2\r\n+@write\r\n+@slow\r\n*0\r\n*0\r\n*0\r\n",
+			want: "*10\r\n$6\r\nunlock\r\n:-2\r\n~1\r\n+write\r\n:0\r\n:0\r\n:0\r\n~3\r\n+@write\r\n+@slow\r\n+@lock\r\n*0\r\n*0\r\n*0\r\n",
 		},
 		{name: "get", want: "*-1\r\n"},
 		{name: "get", resp3: true, want: "_\r\n"},
@@ -100,7 +100,7 @@ func TestCommandInfoAndDocs(t *testing.T) {
 			t.Errorf("AppendCommandDocs(locks) = %q, lacks %q", docs, want)
 		}
 	}
-	if got := string(AppendCommandInfo(nil, "locks", false)); got != "*10\r\n$5\r\nlocks\r\n:-2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*2\r\n+@read\r\n+@slow\r\n*0\r\n*0\r\n*0\r\n" {
+	if got := string(AppendCommandInfo(nil, "locks", false)); got != "*10\r\n$5\r\nlocks\r\n:-2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*3\r\n+@read\r\n+@slow\r\n+@lock\r\n*0\r\n*0\r\n*0\r\n" {
 		t.Errorf("AppendCommandInfo(locks) = %q", got)
 	}
 	if got := string(AppendCommandDocs(nil, "get", false)); got != "*-1\r\n" {

@@ -47,7 +47,13 @@ func (r *router) dedicated(ctx context.Context, addr string, state replayState) 
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
 			defer cancel()
-			if err := be.setup(ctx, cmds); err != nil {
+			setup := be.setup
+			if r.p.acl != nil && state.auth != nil {
+				// A user of Redis's ACL signs in as on a new
+				// connection (aclState.dialSetup).
+				setup = func(ctx context.Context, cmds [][]byte) error { return r.p.acl.setup(ctx, be, cmds) }
+			}
+			if err := setup(ctx, cmds); err != nil {
 				be.nc.Close()
 				return nil, err
 			}

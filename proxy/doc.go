@@ -173,13 +173,15 @@
 // backend connection dialled to it, closing them all when the primary
 // changes (dial asks it for the address; sentinel.go has the proxy's side). spare.go keeps dedicated connections
 // ready, clientconn.go checks requests with internal/resp's Scanner,
-// auth.go answers AUTH, guard.go keeps forwarded commands off the lock
-// state, command.go answers INFO lockproxy and COMMAND, and fenced.go
-// runs FENCED: the fence check, the fence record's update and the command
-// as one WATCH/MULTI/EXEC transaction on a backend connection of the
-// proxy's own in the client's state, answered in the client's order like
-// the proxy's own commands (docs/FENCED.md); it also keeps forwarded
-// commands off the records. Files outside a part call its methods only.
+// auth.go answers AUTH, acl.go and aclsession.go carry Redis's ACL at
+// the proxy (its users' backend connections, the lock commands' checks),
+// guard.go keeps forwarded commands off the lock state, command.go
+// answers INFO lockproxy and COMMAND, and fenced.go runs FENCED: the
+// fence check, the fence record's update and the command as one
+// WATCH/MULTI/EXEC transaction on a backend connection of the proxy's own
+// in the client's state, answered in the client's order like the proxy's
+// own commands (docs/FENCED.md); it also keeps forwarded commands off the
+// records. Files outside a part call its methods only.
 //
 // Below proxy, packages that know nothing of clients (internal/sentinel
 // above, and two that know no connection either):
@@ -201,7 +203,7 @@
 // with a clientWriter lock, nor a writer lock with muxConn.mu;
 // replyOrder.mu (order.go) is taken with none of these held and takes
 // only clientWriter.sinkMu; clusterSession.mu, redirMu and
-// cluster.Client's movedMu are leaves;
+// cluster.Client's movedMu are leaves, as are aclState's locks (acl.go);
 // sentinel.Follower's mu
 // is a leaf, taken under any of them and holding none.
 package proxy

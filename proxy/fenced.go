@@ -111,6 +111,10 @@ func (s *session) fenced(args [][]byte) []byte {
 		f.Done(FencedBadRequest)
 		return errLine(err.Error())
 	}
+	if reply := s.fencedDenied(req); reply != nil {
+		f.Done(FencedError)
+		return reply
+	}
 	reply, outcome := s.runFenced(s.commandContext(), req)
 	f.Done(outcome)
 	// Its write went on another connection than the client's: a WAIT
@@ -492,6 +496,7 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, boo
 	} else {
 		st = s.q.replay()
 	}
+	s.fencedAs(&st)
 	if c := s.fc[addr]; c != nil {
 		if sameReplay(&c.st, &st) {
 			return c, true, nil

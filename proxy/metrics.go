@@ -20,6 +20,7 @@ type metrics struct {
 	unavailable    atomic.Uint64
 	connLost       atomic.Uint64
 	local          atomic.Uint64
+	aclRefused     atomic.Uint64 // lock commands Redis's ACL refused at the proxy
 	sampled        atomic.Uint64
 	latency        prometheus.Histogram
 }
@@ -34,6 +35,7 @@ var (
 	descRedirects   = prometheus.NewDesc("lockproxy_cluster_redirections_total", "MOVED and ASK replies from a Redis Cluster, followed by the proxy.", []string{"kind"}, nil)
 	descPerMaster   = prometheus.NewDesc("lockproxy_cluster_commands_forwarded_total", "Commands forwarded to each master of a Redis Cluster.", []string{"master"}, nil)
 	descLocal       = prometheus.NewDesc("lockproxy_local_commands_total", "Commands the proxy answered itself (lock commands, INFO lockproxy, COMMAND, refusals).", nil, nil)
+	descACLRefused  = prometheus.NewDesc("lockproxy_acl_refused_total", "Lock commands refused by Redis's ACL rules at the proxy (the command's category @lock, or a resource checked as a key).", nil, nil)
 	descPrimary     = prometheus.NewDesc("lockproxy_backend_primary", "1 with the address commands are forwarded to; 0 with addr=\"\" while Sentinel names no primary the proxy could confirm.", []string{"addr"}, nil)
 	descFailovers   = prometheus.NewDesc("lockproxy_backend_failovers_total", "Changes of the backend primary the proxy followed (Sentinel).", nil, nil)
 	descSentinels   = prometheus.NewDesc("lockproxy_backend_sentinels_answering", "Sentinels that answered the last query for the primary.", nil, nil)
@@ -84,6 +86,9 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	counter(descForwardErrs, m.unavailable.Load(), "unavailable")
 	counter(descForwardErrs, m.connLost.Load(), "connection_lost")
 	counter(descLocal, m.local.Load())
+	if p.acl != nil {
+		counter(descACLRefused, m.aclRefused.Load())
+	}
 	bs := p.Backend()
 	known := 0.0
 	if bs.Primary != "" {

@@ -73,6 +73,12 @@ type Config struct {
 	// AUTH <password>. Clients' credentials never reach the backend. Empty:
 	// AUTH is forwarded to the backend like any command.
 	Users map[string]string
+	// ACL, when it has users or Backend, makes the proxy require
+	// authentication against Redis's ACL (acl.go): its users' forwarded
+	// commands go over backend connections signed in as them, and their
+	// lock commands are checked as Redis would check keys of the
+	// resources' names.
+	ACL ACLConfig
 	// TLS, when set, makes clients connect with TLS. Set ClientAuth and
 	// ClientCAs in it to verify client certificates.
 	TLS *tls.Config
@@ -304,6 +310,7 @@ type Proxy struct {
 	guard *keyGuard
 	fence fencedState
 	auth  *authenticator
+	acl   *aclState // nil unless Config.ACL is enabled
 	// setup is what every new backend connection is sent first: the
 	// proxy's own AUTH and SELECT.
 	setup [][]byte
@@ -367,6 +374,14 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		p.spares = newSpares(p, cfg.Backend.SpareConnections)
 	}
 	p.auth = newAuthenticator(cfg.Users)
+	if cfg.ACL.enabled() {
+		users, err := parseACLUsers(&cfg)
+		if err != nil {
+			return nil, err
+		}
+		p.acl = newACLState(p, users)
+		p.auth = &authenticator{users: cfg.Users}
+	}
 	b := &cfg.Backend
 	switch {
 	case b.Password != "" && b.Username != "":
@@ -466,6 +481,9 @@ drain:
 	}
 	for _, sh := range p.shared {
 		sh.close()
+	}
+	if p.acl != nil {
+		p.acl.closeGroups()
 	}
 	if p.router != nil {
 		p.router.closeShared()
@@ -665,6 +683,14 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 		w:    bufio.NewWriterSize(nc, 512),
 		done: make(chan struct{}),
 	}
+	if p.acl != nil && state.auth != nil {
+		// A user of Redis's ACL signs in after the proxy's own setup.
+		if err := p.acl.dialSetup(ctx, be, p.setup, state); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		return be, nil
+	}
 	setup := state.commands(append([][]byte(nil), p.setup...))
 	if len(setup) > 0 {
 		if err := be.setup(ctx, setup); err != nil {
@@ -682,7 +708,11 @@ func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backend, err
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, p.cfg.Backend.DialTimeout)
 			defer cancel()
-			if err := be.setup(ctx, cmds); err != nil {
+			setup := be.setup
+			if p.acl != nil && state.auth != nil {
+				setup = func(ctx context.Context, cmds [][]byte) error { return p.acl.setup(ctx, be, cmds) }
+			}
+			if err := setup(ctx, cmds); err != nil {
 				be.nc.Close()
 				return nil, err
 			}
@@ -735,8 +765,8 @@ func (b *backoff) check() error {
 }
 
 func (b *backoff) record(err error) {
-	if errors.Is(err, sentinel.ErrNoPrimary) {
-		return // nothing was dialled
+	if errors.Is(err, sentinel.ErrNoPrimary) || userRefused(err) {
+		return // nothing was dialled, or the backend is up and refused one user
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -109,7 +109,8 @@ type session struct {
 	// own one (the shared one, or an own one since lost), whose writes a
 	// WAIT on its own one would not wait for (see waitMark).
 	waitStale bool
-	authed    bool // under proxy authentication
+	authed    bool      // under proxy authentication
+	acl       aclClient // under Redis's ACL at the proxy (aclsession.go)
 	loc       Local
 	named     bool   // loc was told the client's name, locName
 	locName   []byte // the raw CLIENT SETNAME that named the client for loc
@@ -284,7 +285,11 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 	// would move to the heap at every command, as it is passed on to
 	// the upstream through an interface.
 	name := resp.Lower(&s.nb, cmd.Args[0])
-	if s.p.auth != nil {
+	if s.p.acl != nil {
+		if it, done := s.aclGate(name, &cmd); done {
+			return it, false
+		}
+	} else if s.p.auth != nil {
 		var reply, rewritten []byte
 		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
 		if reply != nil {
@@ -633,7 +638,9 @@ func (s *session) answer(it localItem) {
 		case !t.resp3 && t.subscribed:
 			reply = append(append([]byte(subscribedPrefix), resp.Lower(&nb, it.cmdName())...), subscribedSuffix...)
 		case it.fenced != nil:
-			reply = s.fenced(it.fenced)
+			if reply = s.lockDenied(it.fenced); reply == nil {
+				reply = s.fenced(it.fenced)
+			}
 		default:
 			if s.loc == nil {
 				s.loc = s.p.cfg.NewLocal()
@@ -645,8 +652,10 @@ func (s *session) answer(it localItem) {
 				name = s.cl.st.replay.name
 			}
 			s.identify(name)
-			s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
-			reply = s.buf
+			if reply = s.lockDenied(it.args); reply == nil {
+				s.buf = s.loc.Serve(s.commandContext(), s.buf[:0], it.args, t.resp3)
+				reply = s.lockListed(it.args, s.buf)
+			}
 		}
 	}
 	if t.multi && len(reply) > 0 && reply[0] == '-' {

@@ -113,6 +113,9 @@ type muxGroup struct {
 	// forwarded counts the commands sent to a cluster master (see
 	// router.forwarded); nil for the backend's group.
 	forwarded *atomic.Uint64
+	// acl is set on the shared connections of a user of Redis's ACL,
+	// signed in as that user (acl.go).
+	acl *aclGroup
 }
 
 // newSharedGroup makes n shared connections to addr ("" for the backend).
@@ -299,10 +302,14 @@ func (sh *muxConn) connect() error {
 		if err := p.backoff.check(); err != nil {
 			return err
 		}
+		var st replayState
+		if g := sh.grp.acl; g != nil {
+			st.auth = *g.auth.Load()
+		}
 		if sh.addr != "" {
-			be, err = p.dialAddr(p.root, sh.addr, replayState{})
+			be, err = p.dialAddr(p.root, sh.addr, st)
 		} else {
-			be, err = p.dial(p.root, replayState{})
+			be, err = p.dial(p.root, st)
 		}
 		p.backoff.record(err)
 	}
@@ -347,6 +354,20 @@ func (sh *muxConn) flush() {
 // shared connections to the same server. sh.mu is held on entry and
 // released on return.
 func (sh *muxConn) writeInOrder() {
+	if a := sh.p.acl; a != nil {
+		// Every user's shared connections to one Redis keep one order.
+		if a.queued(sh.grp) <= 1 {
+			sh.write()
+			return
+		}
+		sh.mu.Unlock()
+		if sh.addr == "" {
+			a.writeQueued(sh.p.batches.Load())
+		} else {
+			sh.grp.writeQueued(sh.p.batches.Load())
+		}
+		return
+	}
 	if sh.grp.queued.Load() <= 1 {
 		sh.write() // nothing waits elsewhere
 		return
@@ -417,6 +438,10 @@ func (p *Proxy) writeQueued() {
 	// writes next; they wait for their own turn.
 	limit := p.batches.Load()
 	if p.router == nil {
+		if p.acl != nil {
+			p.acl.writeQueued(limit)
+			return
+		}
 		p.group.writeQueued(limit)
 		return
 	}

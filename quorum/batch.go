@@ -534,29 +534,17 @@ func (l *Locker) firstReading(n *node, q []request) error {
 var errNoReading = errors.New("quorum: lock node's clock not read yet")
 
 // send runs batch on n as one pipeline and completes every request in it,
-// as opsScript calls of at most maxOps operations each. The batch waits
-// for its reply until deadline (the latest of its requests'), or until
-// NodeTimeout after it was sent if that is later: keepTimeout while the
-// node has not answered since it last failed to, since the batch may then
-// dial and shake hands first. Each caller stops waiting at its own
-// deadline all the same (fanout). A reply that comes a little late keeps
-// its connection (go-redis closes one that timed out, and over a slow link
-// the next batch would pay a dial and a handshake, and likely time out in
-// its turn), tells that the node answers, and is taken in for the calls
-// that still wait.
+// as opsScript calls of at most maxOps operations each (appendCalls). The
+// batch waits for its reply until deadline (the latest of its requests'),
+// or longer (replyWait). Each caller stops waiting at its own deadline all
+// the same (fanout). A reply that comes a little late keeps its connection
+// (go-redis closes one that timed out, and over a slow link the next batch
+// would pay a dial and a handshake, and likely time out in its turn),
+// tells that the node answers, and is taken in for the calls that still
+// wait.
 func (l *Locker) send(n *node, batch []request, deadline time.Time) {
-	wait := time.Now().Add(l.cfg.NodeTimeout)
-	if !n.reachable.Load() {
-		// It may dial and shake hands first, as the keeper's does.
-		wait = time.Now().Add(l.keepTimeout())
-	}
-	if deadline.After(wait) {
-		wait = deadline
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), wait)
+	ctx, cancel := context.WithDeadline(context.Background(), l.replyWait(n, deadline))
 	defer cancel()
-	cmds := n.cmds[:0]
-	args := n.args[:0]
 	// Whether the node may evict, as the calls leave: a reply counts only
 	// when the node did not evict before the calls nor after them. Read
 	// after the reply alone, the flag could already be cleared by a
@@ -568,6 +556,36 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	if ms, ok := l.clock.ref(l.since(sent)); ok {
 		ref = ms
 	}
+	cmds, args := l.appendCalls(ctx, n, n.cmds[:0], n.args[:0], batch, ref)
+	n.exec(ctx, cmds)
+	n.settle(cmds[0].Err(), time.Since(sent), l.cfg.NodeTimeout)
+	againWithEval(ctx, n, cmds)
+	l.completeBatch(n, batch, cmds, sent, time.Now(), evicts)
+	clear(cmds)
+	clear(args)
+	n.cmds, n.args = cmds[:0], args[:0]
+}
+
+// replyWait returns until when a batch sent to n now waits for its reply:
+// until deadline, or NodeTimeout from now if that is later; keepTimeout
+// while the node has not answered since it last failed to, since the batch
+// may then dial and shake hands first.
+func (l *Locker) replyWait(n *node, deadline time.Time) time.Time {
+	wait := time.Now().Add(l.cfg.NodeTimeout)
+	if !n.reachable.Load() {
+		// It may dial and shake hands first, as the keeper's does.
+		wait = time.Now().Add(l.keepTimeout())
+	}
+	if deadline.After(wait) {
+		wait = deadline
+	}
+	return wait
+}
+
+// appendCalls appends to cmds the opsScript calls that run batch on n, at
+// most maxOps operations each, and to args their arguments (ref: see
+// appendOpsArgs); it returns both.
+func (l *Locker) appendCalls(ctx context.Context, n *node, cmds []redis.Cmder, args []any, batch []request, ref any) ([]redis.Cmder, []any) {
 	for i := 0; i < len(batch); {
 		// At most maxOps operations per call; a group is never split.
 		j, ops := i, 0
@@ -580,11 +598,13 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		cmds = append(cmds, redis.NewCmd(ctx, args[from:len(args):len(args)]...))
 		i = j
 	}
-	n.exec(ctx, cmds)
-	n.settle(cmds[0].Err(), time.Since(sent), l.cfg.NodeTimeout)
+	return cmds, args
+}
 
-	// A node that restarted (or ran SCRIPT FLUSH) has forgotten the script:
-	// run those calls again with EVAL, which also caches it.
+// againWithEval runs the calls of cmds that found the script missing
+// again with EVAL, which also caches it: a node that restarted (or ran
+// SCRIPT FLUSH) has forgotten the script.
+func againWithEval(ctx context.Context, n *node, cmds []redis.Cmder) {
 	var again []redis.Cmder
 	for i := range cmds {
 		if isNoScript(cmds[i].Err()) {
@@ -597,8 +617,12 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 	if len(again) > 0 {
 		n.exec(ctx, again)
 	}
+}
 
-	read := time.Now()
+// completeBatch completes every request of batch with its reply from
+// cmds, the calls sent to n at sent and read at read, with the clock
+// reading of its call (judged once per call) and evicts: see send.
+func (l *Locker) completeBatch(n *node, batch []request, cmds []redis.Cmder, sent, read time.Time, evicts bool) {
 	var (
 		rd       clockReading
 		hasClock bool
@@ -632,9 +656,6 @@ func (l *Locker) send(n *node, batch []request, deadline time.Time) {
 		}
 		l.complete(n, req, rep, evicts)
 	}
-	clear(cmds)
-	clear(args)
-	n.cmds, n.args = cmds[:0], args[:0]
 }
 
 // observeReq is observe for n's request req: a failure is counted once per

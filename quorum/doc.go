@@ -14,7 +14,8 @@
 // The calls of concurrent callers share round trips: each node has one
 // goroutine that sends every call waiting for that node as one pipeline and
 // runs them all in one script call, so a node reads, writes and enters Lua
-// once for many callers. Each call keeps its own
+// once for many callers (the scripts' Lua is in lua/, embedded by lua.go;
+// scripts.go documents the key layout and every operation). Each call keeps its own
 // deadline, and a batch that times out counts as a timeout of each call in
 // it.
 //

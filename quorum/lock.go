@@ -140,7 +140,7 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 		if err == nil || opt.Wait <= 0 || !retryable(err) {
 			return lk, err
 		}
-		return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil, false)
+		return l.wait(ctx, waitCall{start: start, resource: resource, ttl: ttl, token: token, wait: opt.Wait, f: f})
 	}
 	if opt.Wait <= 0 {
 		if queued {
@@ -158,37 +158,55 @@ func (l *Locker) lock(ctx context.Context, resource string, ttl time.Duration, o
 			return Lock{}, err
 		}
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait, f, nil, false)
+	return l.wait(ctx, waitCall{start: start, resource: resource, ttl: ttl, token: token, wait: opt.Wait, f: f})
 }
 
-// wait queues for resource and, once at the head, attempts until acquired,
-// the wait runs out, ctx ends or the Locker closes. Between attempts the head
-// sleeps until whichever comes first: a release notification, the holder's
-// remaining ttl, or a random delay in [RetryMin, RetryMax]. start is when
-// Lock was called, for the wait histogram. f is what the holding stores
-// (reentrant.go). try, when set, is the attempt of a shared or semaphore
-// holding (shared.go), which is never handed a lock by an Unlock; nil
-// attempts the exclusive lock. reader is set for a shared holding: readers
-// queued together are admitted together (shared_group.go).
-func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl time.Duration, token string, wait time.Duration, f *form, try attemptFunc, reader bool) (Lock, error) {
-	deadline := time.NewTimer(wait)
+// waitCall is what a waiting Lock call keeps fixed from its start to its
+// return.
+type waitCall struct {
+	start    time.Time // when Lock was called, for the wait histogram
+	resource string
+	ttl      time.Duration
+	token    string
+	wait     time.Duration // Options.Wait
+	f        *form         // what the holding stores (reentrant.go)
+	// try, when set, is the attempt of a shared or semaphore holding
+	// (shared.go), which is never handed a lock by an Unlock; nil attempts
+	// the exclusive lock.
+	try attemptFunc
+	// reader is set for a shared holding: readers queued together are
+	// admitted together (shared_group.go).
+	reader bool
+}
+
+// wait queues for c's resource and, once at the head, attempts until
+// acquired, the wait runs out, ctx ends or the Locker closes. Between
+// attempts the head sleeps until whichever comes first: a release
+// notification, the holder's remaining ttl, or a random delay in
+// [RetryMin, RetryMax] (betweenAttempts).
+func (l *Locker) wait(ctx context.Context, c waitCall) (Lock, error) {
+	deadline := time.NewTimer(c.wait)
 	defer deadline.Stop()
 	var readerCtx context.Context
-	if reader {
+	if c.reader {
 		readerCtx = ctx
 	}
-	hashOrReader := try != nil
-	w := l.enqueue(resource, token, ttl, f, try != nil, readerCtx)
-	if reader {
-		try = l.withRiders(resource, w, try)
+	w := l.enqueue(c.resource, c.token, c.ttl, c.f, c.try != nil, readerCtx)
+	try := c.try
+	if c.reader {
+		try = l.withRiders(c.resource, w, try)
 	}
-	if try == nil {
-		try = func(ctx context.Context) (Lock, time.Duration, error) {
-			return l.attempt(ctx, resource, ttl, token, false, true, f)
-		}
+	defer l.leave(c.resource, w)
+	if lk, done, err := l.awaitTurn(ctx, &c, w, deadline); done {
+		return lk, err
 	}
-	defer l.leave(resource, w)
+	return l.attemptAsHead(ctx, &c, w, deadline, try)
+}
 
+// awaitTurn waits in the queue until w is its head, or returns the call's
+// outcome (done) when a reader ahead took it along (shared_group.go) or the
+// wait stops: it ran out, ctx ended or the Locker closed.
+func (l *Locker) awaitTurn(ctx context.Context, c *waitCall, w *waiter, deadline *time.Timer) (lk Lock, done bool, err error) {
 	for turn := false; !turn; {
 		var stop error // why to stop waiting, unless a reader ahead admitted it
 		select {
@@ -198,26 +216,34 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 			// A reader ahead took this reader along (shared_group.go);
 			// when it was not granted, it waits for its turn as before.
 			if h.ok {
-				return l.takeHandoff(ctx, resource, token, start, h, nil)
+				lk, err = l.takeHandoff(ctx, c.resource, c.token, c.start, h, nil)
+				return lk, true, err
 			}
 			continue
 		case <-deadline.C:
 			stop = ErrNotAcquired
 		case <-ctx.Done():
-			stop = fmt.Errorf("lock %q: %w", resource, ctx.Err())
+			stop = fmt.Errorf("lock %q: %w", c.resource, ctx.Err())
 		case <-l.done:
 			stop = errClosed
 		}
 		if l.activate(w, stop != nil) {
 			// Taken along meanwhile: its outcome decides.
 			if h := <-w.handed; h.ok {
-				return l.takeHandoff(ctx, resource, token, start, h, stop)
+				lk, err = l.takeHandoff(ctx, c.resource, c.token, c.start, h, stop)
+				return lk, true, err
 			}
 		}
 		if stop != nil {
-			return Lock{}, stop
+			return Lock{}, true, stop
 		}
 	}
+	return Lock{}, false, nil
+}
+
+// attemptAsHead attempts, as the head of the queue, until acquired or the
+// wait stops; try is the attempt (nil: the exclusive lock's).
+func (l *Locker) attemptAsHead(ctx context.Context, c *waitCall, w *waiter, deadline *time.Timer, try attemptFunc) (Lock, error) {
 	var woken time.Time // when a release notification woke this attempt
 	// An exclusive waiter that becomes the head right after an Unlock
 	// through this Locker handed the lock to the waiter ahead of it knows
@@ -226,25 +252,28 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 	// turn. The handing kept the waiters' mark on the nodes, so a release
 	// through another Locker is still published; a release observed
 	// meanwhile (notify) cancels the skip.
-	skip := !hashOrReader
+	skip := c.try == nil
 	for {
-		wake := l.wakeChan(resource) // before the attempt: a release during it counts
+		wake := l.wakeChan(c.resource) // before the attempt: a release during it counts
 		var (
 			lk   Lock
 			hint time.Duration
 			err  error
 		)
 		if skip {
-			hint = l.handedFor(resource)
+			hint = l.handedFor(c.resource)
 			skip = false
 		}
-		if hint > 0 {
+		switch {
+		case hint > 0:
 			err = ErrNotAcquired
-		} else {
+		case try != nil:
 			lk, hint, err = try(ctx)
+		default:
+			lk, hint, err = l.attempt(ctx, c.resource, c.ttl, c.token, false, true, c.f)
 		}
 		if err == nil {
-			l.waitSeconds.Observe(sinceSeconds(start))
+			l.waitSeconds.Observe(sinceSeconds(c.start))
 			if !woken.IsZero() {
 				l.handoffSeconds.Observe(sinceSeconds(woken))
 			}
@@ -253,7 +282,6 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		if !retryable(err) {
 			return lk, err
 		}
-		woken = time.Time{}
 		select {
 		case <-deadline.C:
 			return Lock{}, err
@@ -263,37 +291,43 @@ func (l *Locker) wait(ctx context.Context, start time.Time, resource string, ttl
 		if hint > 0 {
 			delay = min(delay, hint)
 		}
-		// Between attempts an Unlock of the holder may hand this waiter
-		// the lock in its own round (see handOver).
-		l.setIdle(w, true)
-		t := time.NewTimer(delay)
-		var stop error // why to stop waiting, if a handoff does not succeed
-		var h handoff
-		handed := false
-		select {
-		case h = <-w.handed:
-			handed = true
-		case <-wake:
-			woken = time.Now()
-		case <-t.C:
-		case <-deadline.C:
-			stop = err
-		case <-ctx.Done():
-			stop = fmt.Errorf("lock %q: %w", resource, ctx.Err())
-		case <-l.done:
-			stop = errClosed
-		}
-		t.Stop()
-		if !handed && l.setIdle(w, false) {
-			h, handed = <-w.handed, true // a handoff under way: its outcome decides
-		}
+		h, handed, woke, stop := l.betweenAttempts(ctx, c.resource, w, deadline, wake, delay, err)
+		woken = woke
 		if handed && h.ok {
-			return l.takeHandoff(ctx, resource, token, start, h, stop)
+			return l.takeHandoff(ctx, c.resource, c.token, c.start, h, stop)
 		}
 		if stop != nil {
 			return Lock{}, stop
 		}
 	}
+}
+
+// betweenAttempts is the head's sleep of at most delay after a failed
+// attempt (err). It ends when an Unlock of the holder hands the waiter the
+// lock in its own round (handed, h: see handOver), when a release
+// notification arrives on wake (woken: when), when the delay is over, or
+// when the wait stops (stop: why; err once the wait ran out).
+func (l *Locker) betweenAttempts(ctx context.Context, resource string, w *waiter, deadline *time.Timer, wake <-chan struct{}, delay time.Duration, err error) (h handoff, handed bool, woken time.Time, stop error) {
+	l.setIdle(w, true)
+	t := time.NewTimer(delay)
+	select {
+	case h = <-w.handed:
+		handed = true
+	case <-wake:
+		woken = time.Now()
+	case <-t.C:
+	case <-deadline.C:
+		stop = err
+	case <-ctx.Done():
+		stop = fmt.Errorf("lock %q: %w", resource, ctx.Err())
+	case <-l.done:
+		stop = errClosed
+	}
+	t.Stop()
+	if !handed && l.setIdle(w, false) {
+		h, handed = <-w.handed, true // a handoff under way: its outcome decides
+	}
+	return h, handed, woken, stop
 }
 
 // takeHandoff returns the lock that a waiter for resource with token,

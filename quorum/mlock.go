@@ -312,15 +312,8 @@ func (l *Locker) groupAttempt(ctx context.Context, g *group, refreshOnly, waits 
 func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, waits bool) (ml MLock, hint time.Duration, again bool, err error) {
 	start := time.Now() // monotonic
 	n := len(g.keys)
+	v := groupVotes{granted: make([][]grant, n), fences: make([]int64, n)}
 	var (
-		answered  tally // the nodes that gave a usable reply
-		abstained int   // of those, nodes that granted without a marker: no vote
-		granted   = make([][]grant, n)
-		owned     []*node // nodes where the token may hold some of the keys
-		held      []*node // nodes where another token holds some key
-		votes     int     // granted nodes that count
-		partial   []*node // nodes where the token holds part of the set
-		fences    = make([]int64, n)
 		// ownedBefore[j]: counting nodes where the token held resource j
 		// as the round began.
 		ownedBefore = make([]int, n)
@@ -328,123 +321,42 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		// held in another mode or read-held by the token (shared.go).
 		modes = make([]modeVotes, n)
 	)
-	code := codeGroup
-	switch {
-	case refreshOnly && waits:
-		code = codeGroupRefreshWait
-	case refreshOnly:
-		code = codeGroupRefresh
-	case waits:
-		code = codeGroupWait
-	}
 	attempt := l.newAttempt()
-	x := g.arg()
-	r := l.call(ctx, opGroup, len(l.nodes), g.keys[0], code, g.token, attempt, x)
+	r := l.call(ctx, opGroup, len(l.nodes), g.keys[0], groupCode(refreshOnly, waits), g.token, attempt, g.arg())
 	r.more = g.keys[1:]
 	l.countRound(ctx, r, start, func(res []reply, fresh bool) {
 		for i, r := range res {
-			l.tally(&answered, r, fresh, start)
-			if r.err == nil && len(r.vals) != n {
-				r.err = errors.New("quorum: mlock replied the wrong number of results")
-			}
-			if r.err == nil && counts(r, fresh) {
-				for j, v := range r.vals {
-					if r.val == 3 || (r.val != 1 && v > 0) {
-						ownedBefore[j]++
-					}
-				}
-			}
-			switch {
-			case r.err != nil:
-				owned = append(owned, l.nodes[i]) // it may have run the script
-			case r.val == 1 || r.val == 3:
-				owned = append(owned, l.nodes[i])
-				if l.addGroupGrant(r, counts(r, fresh), l.nodes[i], granted, fences) {
-					votes++
-				} else {
-					abstained++
-				}
-			case r.val == 2:
-				partial = append(partial, l.nodes[i])
-			case r.val == 4:
-				held = append(held, l.nodes[i])
-				if counts(r, fresh) {
-					for j, v := range r.vals {
-						if v != 0 {
-							modes[j].add(v)
-						}
-					}
-				}
-			case r.val == 0:
-				held = append(held, l.nodes[i])
-				for _, v := range r.vals {
-					if v < 0 {
-						hint = max(hint, time.Duration(-v)*time.Millisecond)
-					}
-				}
-			}
+			l.tally(&v.answered, r, fresh, start)
+			l.addGroupReply(&v, l.nodes[i], r, fresh, ownedBefore, modes)
 		}
 	})
 	fail := func(err error) (MLock, time.Duration, bool, error) {
-		l.cleanupAll(context.WithoutCancel(ctx), owned, g, attempt, false)
+		l.cleanupAll(context.WithoutCancel(ctx), v.owned, g, attempt, false)
 		if cerr := ctxErr(ctx); cerr != nil {
-			return MLock{}, hint, false, fmt.Errorf("mlock: %w", cerr)
+			return MLock{}, v.hint, false, fmt.Errorf("mlock: %w", cerr)
 		}
-		if abstained > 0 {
+		if v.abstained > 0 {
 			l.awaitInit(ctx)
 		}
-		return MLock{}, hint, abstained > 0 && l.seenSince(start), err
+		return MLock{}, v.hint, v.abstained > 0 && l.seenSince(start), err
 	}
-	if answered.nodes-abstained < l.quorum {
-		return fail(answered.noQuorum(len(l.nodes)))
+	heldBefore, err := l.groupRefusal(&v, ownedBefore, modes)
+	if err != nil {
+		return fail(err)
 	}
-	// -LOCKMODE (a resource held as a semaphore) before -DEADLOCK (one
-	// read-held by the token, or the set held in part), each decided by a
-	// majority of the nodes that count.
-	var deadlock error
-	for _, m := range modes {
-		if err := m.err(l.quorum, modeExclusive); isModeErr(err) {
-			return fail(err)
-		} else if err != nil && deadlock == nil {
-			deadlock = err
-		}
-	}
-	if deadlock != nil {
-		return fail(deadlock)
-	}
-	// The token held resource j when a majority of the nodes that count
-	// said so. Holding some of the set but not all is a deadlock.
-	heldBefore := 0
-	for _, c := range ownedBefore {
-		if c >= l.quorum {
-			heldBefore++
-		}
-	}
-	if heldBefore > 0 && heldBefore < n {
-		return fail(&DeadlockError{Why: errPartial})
-	}
-	if votes < l.quorum && heldBefore == n && len(partial) > 0 {
+	if v.votes < l.quorum && heldBefore == n && len(v.partial) > 0 {
 		// The token holds every resource, but not all of them on the same
 		// majority (nodes failed since it took them): the refresh takes
 		// the free keys on the nodes that hold the set in part too.
-		owned = append(owned, partial...)
-		votes += l.groupTakeRest(ctx, g, attempt, partial, granted, fences)
+		v.owned = append(v.owned, v.partial...)
+		v.votes += l.groupTakeRest(ctx, g, attempt, v.partial, v.granted, v.fences)
 	}
-	if votes < l.quorum {
+	if v.votes < l.quorum || !l.groupConfirm(ctx, g, attempt, v.granted, v.fences, start) {
 		return fail(ErrNotAcquired)
 	}
-	confirmed := make([]bool, n)
-	forEach(n, func(j int) {
-		confirmed[j] = l.confirm(ctx, g.keys[j], g.token, attempt, granted[j], fences[j], start)
-	})
-	for _, ok := range confirmed {
-		if !ok {
-			return fail(ErrNotAcquired)
-		}
-	}
 	now := time.Now() // Expires counts from the validity's measurement
-	v := l.validity(g.ttl, now.Sub(start))
-	if v <= 0 {
+	valid := l.validity(g.ttl, now.Sub(start))
+	if valid <= 0 {
 		return fail(ErrNotAcquired)
 	}
 	if err := ctxErr(ctx); err != nil {
@@ -452,14 +364,137 @@ func (l *Locker) groupAttemptOnce(ctx context.Context, g *group, refreshOnly, wa
 		l.cleanupAll(context.WithoutCancel(ctx), l.nodes, g, attempt, true)
 		return MLock{}, 0, false, fmt.Errorf("mlock: %w", err)
 	}
-	if len(held) > 0 {
+	if len(v.held) > 0 {
 		// As in attemptOnce: the nodes that refused because another token
 		// held some key get each resource once it is free there.
 		for j, resource := range g.resources {
-			l.schedulePlacement(resource, g.token, attempt, fences[j], start.Add(g.ttl), held, hint, g.ext)
+			l.schedulePlacement(resource, g.token, attempt, v.fences[j], start.Add(g.ttl), v.held, v.hint, g.ext)
 		}
 	}
-	return MLock{Token: g.token, Validity: v, Expires: now.Add(v), Fences: fences}, 0, false, nil
+	return MLock{Token: g.token, Validity: valid, Expires: now.Add(valid), Fences: v.fences}, 0, false, nil
+}
+
+// groupCode is the code of a group acquisition (scripts.go): m, or mr to
+// only refresh, mw and mrw to mark the keys that another token holds.
+func groupCode(refreshOnly, waits bool) any {
+	switch {
+	case refreshOnly && waits:
+		return codeGroupRefreshWait
+	case refreshOnly:
+		return codeGroupRefresh
+	case waits:
+		return codeGroupWait
+	}
+	return codeGroup
+}
+
+// groupVotes is what the replies of one group round (groupAttemptOnce)
+// said, as roundVotes is for one resource.
+type groupVotes struct {
+	answered  tally         // the nodes that gave a usable reply
+	abstained int           // of those, nodes that granted without a marker: no vote
+	votes     int           // granted nodes that count
+	granted   [][]grant     // granted[j]: every node that granted resource j
+	fences    []int64       // fences[j]: the largest fence of resource j that counts
+	owned     []*node       // nodes where the token may hold some of the keys
+	held      []*node       // nodes where another token holds some key
+	partial   []*node       // nodes where the token holds part of the set
+	hint      time.Duration // when the keys another token holds are free at the latest
+}
+
+// addGroupReply takes r, node nd's reply to a group, in v, and counts in
+// ownedBefore and modes (see groupAttemptOnce) what it says of each
+// resource when nd counts (fresh: see counts).
+func (l *Locker) addGroupReply(v *groupVotes, nd *node, r reply, fresh bool, ownedBefore []int, modes []modeVotes) {
+	if r.err == nil && len(r.vals) != len(v.granted) {
+		r.err = errors.New("quorum: mlock replied the wrong number of results")
+	}
+	if r.err == nil && counts(r, fresh) {
+		for j, x := range r.vals {
+			if r.val == 3 || (r.val != 1 && x > 0) {
+				ownedBefore[j]++
+			}
+		}
+	}
+	switch {
+	case r.err != nil:
+		v.owned = append(v.owned, nd) // it may have run the script
+	case r.val == 1 || r.val == 3:
+		v.owned = append(v.owned, nd)
+		if l.addGroupGrant(r, counts(r, fresh), nd, v.granted, v.fences) {
+			v.votes++
+		} else {
+			v.abstained++
+		}
+	case r.val == 2:
+		v.partial = append(v.partial, nd)
+	case r.val == 4:
+		v.held = append(v.held, nd)
+		if counts(r, fresh) {
+			for j, x := range r.vals {
+				if x != 0 {
+					modes[j].add(x)
+				}
+			}
+		}
+	case r.val == 0:
+		v.held = append(v.held, nd)
+		for _, x := range r.vals {
+			if x < 0 {
+				v.hint = max(v.hint, time.Duration(-x)*time.Millisecond)
+			}
+		}
+	}
+}
+
+// groupRefusal returns why v's round cannot hold the group whatever its
+// votes, each decided by a majority of the nodes that count: too few of
+// them answered, -LOCKMODE for a resource held as a semaphore, then
+// -DEADLOCK for one read-held by the token (modes) or for the set held in
+// part (ownedBefore). heldBefore is how many of the resources the token
+// held as the round began.
+func (l *Locker) groupRefusal(v *groupVotes, ownedBefore []int, modes []modeVotes) (heldBefore int, err error) {
+	if v.answered.nodes-v.abstained < l.quorum {
+		return 0, v.answered.noQuorum(len(l.nodes))
+	}
+	var deadlock error
+	for _, m := range modes {
+		if err := m.err(l.quorum, modeExclusive); isModeErr(err) {
+			return 0, err
+		} else if err != nil && deadlock == nil {
+			deadlock = err
+		}
+	}
+	if deadlock != nil {
+		return 0, deadlock
+	}
+	// The token held resource j when a majority of the nodes that count
+	// said so. Holding some of the set but not all is a deadlock.
+	for _, c := range ownedBefore {
+		if c >= l.quorum {
+			heldBefore++
+		}
+	}
+	if heldBefore > 0 && heldBefore < len(ownedBefore) {
+		return heldBefore, &DeadlockError{Why: errPartial}
+	}
+	return heldBefore, nil
+}
+
+// groupConfirm confirms the fence of every resource of the group, as
+// attemptOnce confirms one (confirm), and reports whether all held.
+func (l *Locker) groupConfirm(ctx context.Context, g *group, attempt string, granted [][]grant, fences []int64, start time.Time) bool {
+	n := len(g.keys)
+	confirmed := make([]bool, n)
+	forEach(n, func(j int) {
+		confirmed[j] = l.confirm(ctx, g.keys[j], g.token, attempt, granted[j], fences[j], start)
+	})
+	for _, ok := range confirmed {
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // addGroupGrant records n's grant of a group, r, in granted and, when it

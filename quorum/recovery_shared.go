@@ -1,6 +1,7 @@
 package quorum
 
 import (
+	_ "embed"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,102 +32,16 @@ import (
 // hdumpLua is spliced into dumpScript and peekScript: hdump(key) reads the
 // hash record at key as one value: "" for a hash without a mode (held by
 // no token), "x" when nothing in it lives (no lock), else "H...".
-const hdumpLua = `
-local function hdump(key)
-	local all = redis.call('HGETALL', key)
-	local t = redis.call('TIME')
-	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-	local function ns(s)
-		return #s .. ':' .. s
-	end
-	local mode, out = nil, {}
-	for i = 1, #all, 2 do
-		local f, v = all[i], all[i + 1]
-		local c = string.byte(f, 1)
-		if f == 'm' then
-			mode = v
-		elseif c == 35 or c == 64 then
-			local bar = string.find(v, '|', 1, true)
-			local left = tonumber(string.sub(v, 1, bar - 1)) - now
-			if left > 0 then
-				out[#out + 1] = ns(f) .. ns(string.format('%d', left)) .. ns(string.sub(v, bar + 1))
-			end
-		end
-	end
-	if not mode then
-		return ''
-	end
-	if #out == 0 then
-		return 'x'
-	end
-	return 'H' .. ns(mode) .. table.concat(out)
-end
-`
+//
+//go:embed lua/hdump.lua
+var hdumpLua string
 
 // hrestoreLua is spliced into restoreScript after its union function:
 // hrestore(key, v) writes the hash record v (hdump's) onto key and returns
 // a table, so that the caller skips its string-lock path.
-const hrestoreLua = `
-local function hrestore(key, v)
-	local pos = 2
-	local function take()
-		local c = string.find(v, ':', pos, true)
-		local n = tonumber(string.sub(v, pos, c - 1))
-		pos = c + n + 1
-		return string.sub(v, c + 1, c + n)
-	end
-	local function split(rest)
-		local sep = string.find(rest, ':', 1, true)
-		local h = string.sub(rest, 1, sep - 1)
-		local slash = string.find(h, '/', 1, true)
-		return tonumber(string.sub(h, 1, slash - 1)), string.sub(h, slash + 1), string.sub(rest, sep + 1)
-	end
-	local t = redis.call('TIME')
-	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-	local mode = take()
-	local have, last = {}, 0
-	local cur = redis.pcall('HGETALL', key)
-	if cur.err then
-		redis.call('DEL', key) -- a string lock written after the loss: it never counted
-	else
-		local curMode
-		for j = 1, #cur, 2 do
-			if cur[j] == 'm' then
-				curMode = cur[j + 1]
-			else
-				have[cur[j]] = cur[j + 1]
-			end
-		end
-		if #cur > 0 and curMode ~= mode then
-			redis.call('DEL', key) -- another mode, written after the loss
-			have = {}
-		end
-	end
-	for f, x in pairs(have) do
-		local bar = string.find(x, '|', 1, true)
-		last = math.max(last, tonumber(bar and string.sub(x, 1, bar - 1) or x) or 0)
-	end
-	redis.call('HSET', key, 'm', mode)
-	while pos <= #v do
-		local f, left, rest = take(), tonumber(take()), take()
-		local exp = now + left
-		local old = have[f]
-		local bar = old and string.find(old, '|', 1, true)
-		if bar then
-			local fence, att, token = split(rest)
-			local ofence, oatt, otoken = split(string.sub(old, bar + 1))
-			if otoken == token then
-				exp = math.max(exp, tonumber(string.sub(old, 1, bar - 1)))
-				rest = string.format('%d', math.max(fence, ofence)) .. '/' .. union(att, oatt) .. ':' .. token
-			end
-		end
-		redis.call('HSET', key, f, string.format('%d', exp) .. '|' .. rest)
-		last = math.max(last, exp)
-	end
-	redis.call('PEXPIRE', key, math.max(last - now, 1))
-	return {}
-end
-`
+//
+//go:embed lua/hrestore.lua
+var hrestoreLua string
 
 // hashHold is one holding of a copied hash record.
 type hashHold struct {

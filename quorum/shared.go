@@ -175,7 +175,7 @@ func (l *Locker) lockHash(ctx context.Context, start time.Time, resource string,
 			return Lock{}, err
 		}
 	}
-	return l.wait(ctx, start, resource, ttl, token, opt.Wait, nil, try(false, true), k == 0)
+	return l.wait(ctx, waitCall{start: start, resource: resource, ttl: ttl, token: token, wait: opt.Wait, try: try(false, true), reader: k == 0})
 }
 
 // MaxPermits is the largest Options.Permits: the nodes report a permit's
