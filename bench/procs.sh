@@ -1,7 +1,8 @@
-# Process helpers shared by bench/run.sh, bench/cluster.sh,
-# bench/clientsuite.sh and compat/run.sh: free loopback ports, waiting for
-# PING, making a cluster, stopping processes, reading how busy the CPUs are.
-# Source it after defining log.
+# Helpers shared by the bench/*.sh scripts and compat/run.sh: free loopback
+# ports, starting redis-servers, building lockproxy, waiting for PING,
+# making a cluster, stopping processes, reading how busy the CPUs and the
+# processes are, writing the report. Source it after defining log, root,
+# tmp and pids.
 
 used=" " # ports handed out by freeport
 
@@ -106,3 +107,61 @@ _stop_on_exit() {
 # machineticks: busy and total time of all CPUs so far, in clock ticks
 # (/proc/stat; busy is all but idle and iowait).
 machineticks() { awk 'NR == 1 { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
+
+# ticks PID...: user+system clock ticks of the processes so far, together
+# (/proc/PID/stat; hz ticks make a second).
+ticks() {
+	local pid t=0 f
+	for pid in "$@"; do
+		f=$(cut -d')' -f2- "/proc/$pid/stat")
+		t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
+	done
+	echo "$t"
+}
+hz=$(getconf CLK_TCK)
+
+# redis_server PORT [ARGS...]: start a redis-server on 127.0.0.1:PORT
+# without persistence (folder and log in $tmp/redis-PORT, ARGS added to its
+# options), add it to pids, set redis_pid to its process id and wait until
+# it answers PING.
+redis_server() {
+	local port=$1 dir="$tmp/redis-$1"
+	shift
+	mkdir -p "$dir"
+	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+		--daemonize no --protected-mode no --logfile "$dir/redis.log" "$@" &
+	pids+=($!)
+	redis_pid=$!
+	waitping "$port" redis-server || {
+		tail -5 "$dir/redis.log" >&2
+		return 1
+	}
+}
+
+# start_redis VAR [PIDVAR]: start a redis-server on a free port, set VAR to
+# its port (and PIDVAR to its process id).
+start_redis() {
+	local port
+	freeport port
+	redis_server "$port"
+	[[ -z "${2:-}" ]] || printf -v "$2" '%s' "$redis_pid"
+	printf -v "$1" '%s' "$port"
+}
+
+# build_lockproxy BINARY [REVISION]: build lockproxy from the working tree
+# (or from the git REVISION, exported into a folder of tmp) into BINARY.
+build_lockproxy() {
+	if [[ -z "${2:-}" ]]; then
+		(cd "$root" && go build -o "$1" .)
+		return
+	fi
+	mkdir "$tmp/base"
+	git -C "$root" archive "$2" | tar -x -C "$tmp/base"
+	(cd "$tmp/base" && go build -o "$1" .)
+}
+
+# report_to_out: empty OUT, when set, for report.
+report_to_out() { [[ -z "${OUT:-}" ]] || : >"$OUT"; }
+
+# report: copy stdin to stdout and, when OUT is set, to the end of OUT.
+report() { if [[ -n "${OUT:-}" ]]; then tee -a "$OUT"; else cat; fi; }
