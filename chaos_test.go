@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,12 +59,7 @@ func startProxyProcess(t testing.TB, yaml string, flags ...string) *proxyProcess
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := unusedAddr(t)
 	out, err := os.Create(filepath.Join(dir, "lockproxy.log"))
 	if err != nil {
 		t.Fatal(err)
