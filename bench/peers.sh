@@ -53,21 +53,6 @@ SYSCALLS=${SYSCALLS:-1}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 
-if [[ -z "${PREDIXY:-}" || ! -x "${PREDIXY:-}" ]]; then
-	log "PREDIXY must name the predixy binary (build it from github.com/joyieldInc/predixy; see bench/README.md)"
-	exit 1
-fi
-for bin in redis-server redis-cli redis-benchmark nutcracker go; do
-	command -v "$bin" >/dev/null 2>&1 || {
-		log "$bin is not on PATH (redis-server, redis-tools, nutcracker and Go are needed)"
-		exit 1
-	}
-done
-if ((SYSCALLS)) && ! perf stat -e raw_syscalls:sys_enter,context-switches -o /dev/null true 2>/dev/null; then
-	log "perf stat cannot count raw_syscalls:sys_enter here: no system call counts (SYSCALLS=0)"
-	SYSCALLS=0
-fi
-
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp=$(mktemp -d /tmp/lockproxy-peers-bench.XXXXXX)
 pids=()
@@ -77,23 +62,28 @@ source "$root/bench/procs.sh"
 
 stop_on_exit # the processes in pids and the folder tmp
 
+if [[ -z "${PREDIXY:-}" || ! -x "${PREDIXY:-}" ]]; then
+	log "PREDIXY must name the predixy binary (build it from github.com/joyieldInc/predixy; see bench/README.md)"
+	exit 1
+fi
+require "redis-server, redis-tools, nutcracker and Go" redis-server redis-cli redis-benchmark nutcracker go
+if ((SYSCALLS)) && ! perf stat -e raw_syscalls:sys_enter,context-switches -o /dev/null true 2>/dev/null; then
+	log "perf stat cannot count raw_syscalls:sys_enter here: no system call counts (SYSCALLS=0)"
+	SYSCALLS=0
+fi
+
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 log "building lockproxy"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
+build_lockproxy "$tmp/lockproxy"
 
 # start_redis VAR [ARGS...]: start a redis-server, set VAR to its port and
 # VAR_pid to its process id.
 start_redis() {
-	local var=$1 port dir
+	local var=$1 port
 	shift
 	freeport port 20000 2700 bus
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" "$@" &
-	pids+=($!)
-	printf -v "${var}_pid" '%s' $!
-	waitping "$port" redis-server || { tail -5 "$dir/redis.log" >&2; return 1; }
+	redis_server "$port" "$@"
+	printf -v "${var}_pid" '%s' "$redis_pid"
 	printf -v "$var" '%s' "$port"
 }
 
@@ -226,18 +216,6 @@ declare -A redis_of=([direct]=$single_pid [twemproxy→redis]=$single_pid [predi
 	[lockproxy→cluster]=$masters)
 log "redis :$single, cluster ${cluster[*]}, twemproxy :$twem, predixy :$predixy_single and :$predixy_cluster," \
 	"lockproxy :$lockproxy_single and :$lockproxy_cluster"
-
-hz=$(getconf CLK_TCK)
-
-# ticks PID...: user+system clock ticks of the processes, together.
-ticks() {
-	local pid t=0 f
-	for pid in "$@"; do
-		f=$(cut -d')' -f2- "/proc/$pid/stat")
-		t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
-	done
-	echo "$t"
-}
 
 # perf_start FILE PID...: count the system calls and context switches of
 # the processes (all their threads) into FILE until perf_stop; sets perf_pid.

@@ -120,6 +120,18 @@ ticks() {
 }
 hz=$(getconf CLK_TCK)
 
+# require WHAT BIN...: exit unless every BIN is on PATH; WHAT names what
+# provides them.
+require() {
+	local bin
+	for bin in "${@:2}"; do
+		command -v "$bin" >/dev/null 2>&1 || {
+			log "$bin is not on PATH ($1 are needed)"
+			exit 1
+		}
+	done
+}
+
 # redis_server PORT [ARGS...]: start a redis-server on 127.0.0.1:PORT
 # without persistence (folder and log in $tmp/redis-PORT, ARGS added to its
 # options), add it to pids, set redis_pid to its process id and wait until
