@@ -97,13 +97,7 @@ start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -log-level warn "$@" \
-		>>"$tmp/lockproxy-$port.log" 2>&1 &
-	pids+=($!)
-	waitping "$port" lockproxy || {
-		tail -5 "$tmp/lockproxy-$port.log" >&2
-		return 1
-	}
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy-$port.log" -config "$tmp/$cfg" "$@"
 	printf -v "$var" '%s' "$port"
 }
 

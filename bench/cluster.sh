@@ -84,11 +84,8 @@ start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -lock-nodes "$lock_nodes" \
-		-log-level warn "$@" >>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	pid_of[$port]=$!
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy.log" -config "$tmp/$cfg" -lock-nodes "$lock_nodes" "$@"
+	pid_of[$port]=$lockproxy_pid
 	printf -v "$var" '%s' "$port"
 }
 

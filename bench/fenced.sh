@@ -36,10 +36,8 @@ start_redis backend
 start_redis node
 freeport proxy
 echo "shutdown_timeout: 5s" >"$tmp/lockproxy.yaml"
-"$tmp/lockproxy" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$proxy" -backend "127.0.0.1:$backend" \
-	-lock-nodes "127.0.0.1:$node" -set metrics.listen= -log-level warn >>"$tmp/lockproxy.log" 2>&1 &
-pids+=($!)
-waitping "$proxy" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; exit 1; }
+lockproxy_server "$tmp/lockproxy" "$proxy" "$tmp/lockproxy.log" -config "$tmp/lockproxy.yaml" \
+	-backend "127.0.0.1:$backend" -lock-nodes "127.0.0.1:$node" -set metrics.listen=
 redis-cli -p "$proxy" SET bench:key xxx >/dev/null
 
 report_to_out

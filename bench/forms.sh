@@ -45,11 +45,9 @@ fi
 start_proxy() {
 	local port
 	freeport port
-	"$1" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" \
-		-log-level warn >>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	printf -v "$3" '%s' "$!"
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$1" "$port" "$tmp/lockproxy.log" -config "$tmp/lockproxy.yaml" -backend "127.0.0.1:$backend" \
+		-lock-nodes "$lock_nodes"
+	printf -v "$3" '%s' "$lockproxy_pid"
 	printf -v "$2" '%s' "$port"
 }
 

@@ -52,11 +52,9 @@ start_proxy() {
 	freeport port
 	printf 'shutdown_timeout: 5s\nlock:\n  key_prefix: "%s:"\n' "$1" >"$tmp/$1.yaml"
 	[[ -z "${NODE_TIMEOUT:-}" ]] || printf '  node_timeout: %s\n' "$NODE_TIMEOUT" >>"$tmp/$1.yaml"
-	"$tmp/lockproxy-$1" -config "$tmp/$1.yaml" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" \
-		-lock-nodes "$lock_nodes" -log-level warn >>"$tmp/lockproxy-$1.log" 2>&1 &
-	pids+=($!)
-	printf -v "$3" '%s' "$!"
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy-$1.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy-$1" "$port" "$tmp/lockproxy-$1.log" -config "$tmp/$1.yaml" \
+		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes"
+	printf -v "$3" '%s' "$lockproxy_pid"
 	printf -v "$2" '%s' "$port"
 }
 

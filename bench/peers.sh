@@ -92,11 +92,8 @@ start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -lock-nodes "$lock_nodes" \
-		-log-level warn "$@" >>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	printf -v "${var}_pid" '%s' $!
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy.log" -config "$tmp/$cfg" -lock-nodes "$lock_nodes" "$@"
+	printf -v "${var}_pid" '%s' "$lockproxy_pid"
 	printf -v "$var" '%s' "$port"
 }
 
@@ -140,24 +137,7 @@ done
 log "creating the cluster ${cluster[*]}"
 create_cluster "$tmp/create.log" "${cluster[@]}"
 
-freeport twem
-freeport twem_stats
-cat >"$tmp/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$twem
-  hash: fnv1a_64
-  distribution: ketama
-  redis: true
-  server_connections: 1
-  auto_eject_hosts: false
-  servers:
-   - 127.0.0.1:$single:1
-EOF
-nutcracker -c "$tmp/nutcracker.yml" -s "$twem_stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
-	-o "$tmp/nutcracker.log" -v 4 &
-pids+=($!)
-twem_pid=$!
-waitping "$twem" twemproxy
+start_twemproxy twem twem_pid "$single"
 
 start_predixy predixy_single "StandaloneServerPool {
     RefreshMethod fixed

@@ -160,6 +160,48 @@ start_redis() {
 	printf -v "$1" '%s' "$port"
 }
 
+# lockproxy_server BINARY PORT LOG [FLAGS...]: start the lockproxy BINARY
+# on 127.0.0.1:PORT with FLAGS, logging warnings and worse to LOG, add it
+# to pids, set lockproxy_pid to its process id and wait until it answers
+# PING (on failure, the end of LOG goes to stderr).
+lockproxy_server() {
+	local bin=$1 port=$2 out=$3
+	shift 3
+	"$bin" -listen "127.0.0.1:$port" -log-level warn "$@" >>"$out" 2>&1 &
+	pids+=($!)
+	lockproxy_pid=$!
+	waitping "$port" lockproxy || {
+		tail -5 "$out" >&2
+		return 1
+	}
+}
+
+# start_twemproxy VAR PIDVAR SERVER: start twemproxy (nutcracker) on a free
+# port in front of the redis-server on port SERVER, with one connection to
+# it; set VAR to its port and PIDVAR to its process id.
+start_twemproxy() {
+	local port stats
+	freeport port
+	freeport stats
+	cat >"$tmp/nutcracker.yml" <<EOF
+bench:
+  listen: 127.0.0.1:$port
+  hash: fnv1a_64
+  distribution: ketama
+  redis: true
+  server_connections: 1
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:$3:1
+EOF
+	nutcracker -c "$tmp/nutcracker.yml" -s "$stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
+		-o "$tmp/nutcracker.log" -v 4 &
+	pids+=($!)
+	printf -v "$2" '%s' "$!"
+	waitping "$port" twemproxy
+	printf -v "$1" '%s' "$port"
+}
+
 # build_lockproxy BINARY [REVISION]: build lockproxy from the working tree
 # (or from the git REVISION, exported into a folder of tmp) into BINARY.
 build_lockproxy() {

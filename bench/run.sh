@@ -106,12 +106,9 @@ start_redis() {
 start_proxy() {
 	local port
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/${3:-lockproxy.yaml}" -listen "127.0.0.1:$port" \
-		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" -log-level warn \
-		>>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	printf -v "$2" '%s' "$!"
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy.log" -config "$tmp/${3:-lockproxy.yaml}" \
+		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes"
+	printf -v "$2" '%s' "$lockproxy_pid"
 	printf -v "$1" '%s' "$port"
 }
 
@@ -121,24 +118,7 @@ start_redis node2 node2_pid
 start_redis node3 node3_pid
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
 
-freeport twem
-freeport twem_stats
-cat >"$tmp/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$twem
-  hash: fnv1a_64
-  distribution: ketama
-  redis: true
-  server_connections: 1
-  auto_eject_hosts: false
-  servers:
-   - 127.0.0.1:$backend:1
-EOF
-nutcracker -c "$tmp/nutcracker.yml" -s "$twem_stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
-	-o "$tmp/nutcracker.log" -v 4 &
-pids+=($!)
-twem_pid=$!
-waitping "$twem" twemproxy
+start_twemproxy twem twem_pid "$backend"
 
 # The flags give the addresses; the file raises max_clients above the
 # memory measurement's 10,000 clients.
