@@ -121,14 +121,13 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 echo | report
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR] = $1} END {if (NR == 0) print "-"; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 echo "Medians over the rounds where both runs completed:" | report
 echo | report
 echo "| test | B/A req/s | A proxy µs/req | B proxy µs/req | A backend µs/req | B backend µs/req |" | report
 echo "|---|---|---|---|---|---|" | report
 for t in "${tests[@]}"; do
 	IFS='|' read -r name _ _ <<<"$t"
-	echo "| $name | $(median "${ratios[$name]:-}") | $(median "${cpus_a[$name]:-}") | $(median "${cpus_b[$name]:-}") | $(median "${bes_a[$name]:-}") | $(median "${bes_b[$name]:-}") |" | report
+	echo "| $name | $(median <<<"${ratios[$name]:-}") | $(median <<<"${cpus_a[$name]:-}") | $(median <<<"${cpus_b[$name]:-}") | $(median <<<"${bes_a[$name]:-}") | $(median <<<"${bes_b[$name]:-}") |" | report
 done
 warn=$(grep -c '"level":"warn"\|WARN' "$tmp/lockproxy.log" || true)
 echo | report

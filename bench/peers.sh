@@ -295,11 +295,7 @@ done
 col() {
 	awk -F'\t' -v t="$1" -v x="$2" -v P="$3" -v k="$4" '$1 == t && $2 == x && $3 == P && $k != "-" {print $k}' "$rows" |
 		sort -g >"$tmp/v"
-	if [[ -s "$tmp/v" ]]; then
-		awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}' "$tmp/v"
-	else
-		echo -
-	fi
+	median <"$tmp/v"
 }
 
 # ratio A B: A / B with two decimals and an x, or "–".

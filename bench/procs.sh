@@ -120,6 +120,13 @@ ticks() {
 }
 hz=$(getconf CLK_TCK)
 
+# median: the median of the numbers on stdin (blanks between them; of an
+# even count, the mean of the middle two), or "-" if there are none.
+median() {
+	tr -s ' \t' '\n\n' | awk NF | sort -g |
+		awk '{v[NR] = $1} END {if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
 # require WHAT BIN...: exit unless every BIN is on PATH; WHAT names what
 # provides them.
 require() {
