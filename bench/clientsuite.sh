@@ -104,15 +104,10 @@ start_proxy() {
 # start_cluster VAR: a 3-master cluster without replicas; VAR is set to
 # its seed addresses, comma-separated.
 start_cluster() {
-	local var=$1 addrs=() i
-	for i in 1 2 3; do
-		start_redis node --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
-		addrs+=("127.0.0.1:$node")
-	done
-	create_cluster "$tmp/create.log" "${addrs[@]}"
-	printf -v "$var" '%s' "$(
+	start_cluster_nodes
+	printf -v "$1" '%s' "$(
 		IFS=,
-		echo "${addrs[*]}"
+		echo "${cluster[*]}"
 	)"
 }
 

@@ -94,14 +94,7 @@ start_redis node1
 start_redis node2
 start_redis node3
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
-cluster=()
-for i in 1 2 3; do
-	start_redis "c$i" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
-	v="c$i"
-	cluster+=("127.0.0.1:${!v}")
-done
-log "creating the cluster ${cluster[*]}"
-create_cluster "$tmp/create.log" "${cluster[@]}"
+start_cluster_nodes
 
 cat >"$tmp/single.yaml" <<EOF2
 shutdown_timeout: 5s

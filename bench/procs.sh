@@ -38,6 +38,21 @@ waitping() {
 	return 1
 }
 
+# start_cluster_nodes: start three redis-servers in cluster mode with the
+# script's own start_redis VAR ARGS... (their ports in c1, c2 and c3, their
+# addresses in the array cluster) and make them a cluster of three masters.
+start_cluster_nodes() {
+	local i v
+	cluster=()
+	for i in 1 2 3; do
+		start_redis "c$i" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
+		v="c$i"
+		cluster+=("127.0.0.1:${!v}")
+	done
+	log "creating the cluster ${cluster[*]}"
+	create_cluster "$tmp/create.log" "${cluster[@]}"
+}
+
 # create_cluster LOG ADDR...: make a cluster of the nodes at ADDR... (cluster
 # mode on, empty), every one a master, with redis-cli --cluster create
 # (its output in LOG), and wait until each reports cluster_state:ok.
