@@ -26,19 +26,25 @@ func BenchmarkLockUnlock(b *testing.B) {
 	for _, n := range []int{3, 5} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			c := newClient(b, startBenchApp(b, n), 2)
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				l, err := lock(ctx, c, "bench", 10000)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := c.Do(ctx, "UNLOCK", "bench", l.token).Err(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchLockUnlock(b, c)
 		})
+	}
+}
+
+// benchLockUnlock runs b.N uncontended LOCK+UNLOCK pairs of one resource
+// on c, with allocations reported.
+func benchLockUnlock(b *testing.B, c *redis.Client) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l, err := lock(ctx, c, "bench", 10000)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Do(ctx, "UNLOCK", "bench", l.token).Err(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -92,18 +98,7 @@ func BenchmarkACLLockUnlock(b *testing.B) {
 		b.Run(u.name, func(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: addr, Username: u.user, Password: u.pass, MaxRetries: -1, PoolSize: 1})
 			b.Cleanup(func() { c.Close() })
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				l, err := lock(ctx, c, "bench", 10000)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := c.Do(ctx, "UNLOCK", "bench", l.token).Err(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchLockUnlock(b, c)
 		})
 	}
 }

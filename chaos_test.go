@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,12 +59,7 @@ func startProxyProcess(t testing.TB, yaml string, flags ...string) *proxyProcess
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := unusedAddr(t)
 	out, err := os.Create(filepath.Join(dir, "lockproxy.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +135,28 @@ func (p *proxyProcess) stop() {
 // reply's validity and before the reply left it (or a client scheduled
 // late after reading it) hands over a holding that may have ended, which
 // no lock service can prevent and which fences exist for.
+// runWorkers starts n goroutines in wg, worker w with a client of one
+// connection to addrs[w%len(addrs)] (no retries, readTimeout), each
+// calling step with it over and over until stop is closed.
+func runWorkers(wg *sync.WaitGroup, stop <-chan struct{}, n int, addrs []string, readTimeout time.Duration,
+	step func(ctx context.Context, c *redis.Client)) {
+	for w := range n {
+		wg.Go(func() {
+			c := redis.NewClient(&redis.Options{Addr: addrs[w%len(addrs)], MaxRetries: -1, ReadTimeout: readTimeout, PoolSize: 1})
+			defer c.Close()
+			ctx := context.Background()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				step(ctx, c)
+			}
+		})
+	}
+}
+
 func TestChaosProxies(t *testing.T) {
 	for _, n := range []int{3, 5} {
 		t.Run(fmt.Sprintf("%d nodes", n), func(t *testing.T) { chaosProxies(t, n, 15*time.Second) })
@@ -172,51 +188,40 @@ func chaosProxies(t *testing.T, n int, run time.Duration) {
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Go(func() {
-			c := redis.NewClient(&redis.Options{Addr: proxies[w%2].addr, MaxRetries: -1, ReadTimeout: 5 * time.Second, PoolSize: 1})
-			defer c.Close()
-			ctx := context.Background()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
+	runWorkers(&wg, stop, 16, []string{proxies[0].addr, proxies[1].addr}, 5*time.Second,
+		func(ctx context.Context, c *redis.Client) {
+			r := resources[rand.IntN(len(resources))]
+			sent := time.Now()
+			l, err := lock(ctx, c, r, 1000, "WAIT", 1000)
+			start := time.Now()
+			mu.Lock()
+			attempts++
+			switch {
+			case err == nil:
+				grants++
+			case errors.Is(err, redis.Nil):
+				notGotten++
+			case strings.HasPrefix(err.Error(), "NOQUORUM"):
+				noQuorum++
+			default:
+				other = append(other, err.Error())
+			}
+			mu.Unlock()
+			if err != nil {
+				if !errors.Is(err, redis.Nil) {
+					time.Sleep(10 * time.Millisecond)
 				}
-				r := resources[rand.IntN(len(resources))]
-				sent := time.Now()
-				l, err := lock(ctx, c, r, 1000, "WAIT", 1000)
-				start := time.Now()
-				mu.Lock()
-				attempts++
-				switch {
-				case err == nil:
-					grants++
-				case errors.Is(err, redis.Nil):
-					notGotten++
-				case strings.HasPrefix(err.Error(), "NOQUORUM"):
-					noQuorum++
-				default:
-					other = append(other, err.Error())
-				}
-				mu.Unlock()
-				if err != nil {
-					if !errors.Is(err, redis.Nil) {
-						time.Sleep(10 * time.Millisecond)
-					}
-					continue
-				}
-				end := start.Add(l.validity)
-				ck.hold(r, l.fence, sent, start, end)
-				time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
-				released := time.Now()
-				c.Do(ctx, "UNLOCK", r, l.token)
-				if released.Before(end) {
-					ck.release(r, l.fence, released)
-				}
+				return
+			}
+			end := start.Add(l.validity)
+			ck.hold(r, l.fence, sent, start, end)
+			time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
+			released := time.Now()
+			c.Do(ctx, "UNLOCK", r, l.token)
+			if released.Before(end) {
+				ck.release(r, l.fence, released)
 			}
 		})
-	}
 
 	injected := map[string]int{}
 	deadline := time.Now().Add(run)

@@ -54,62 +54,51 @@ func TestFencedChaos(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for w := range 6 {
-		wg.Go(func() {
-			c := redis.NewClient(&redis.Options{Addr: proxies[w%2], MaxRetries: -1, ReadTimeout: 15 * time.Second, PoolSize: 1})
-			defer c.Close()
-			ctx := context.Background()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				l, err := lock(ctx, c, "acct", 400, "WAIT", 1000)
-				if err != nil {
-					switch {
-					case errors.Is(err, redis.Nil):
-						note("not acquired")
-					case allowed(err):
-						note("lock error")
-					default:
-						mu.Lock()
-						bad = append(bad, "LOCK: "+err.Error())
-						mu.Unlock()
-					}
-					time.Sleep(5 * time.Millisecond)
-					continue
-				}
-				note("locked")
-				if rand.IntN(4) == 0 {
-					// Paused past the lock's validity (a GC, a stopped VM).
-					note("paused")
-					time.Sleep(l.validity + time.Duration(50+rand.IntN(200))*time.Millisecond)
-				}
-				o := outcome{fence: l.fence}
-				_, err = c.Do(ctx, "FENCED", "acct", l.fence, "EVAL", fencedAppend, 2, "acct:fences", "acct:count", l.fence).Int64()
+	runWorkers(&wg, stop, 6, proxies[:2], 15*time.Second,
+		func(ctx context.Context, c *redis.Client) {
+			l, err := lock(ctx, c, "acct", 400, "WAIT", 1000)
+			if err != nil {
 				switch {
-				case err == nil:
-					o.accepted = true
-					n, werr := c.Do(ctx, "WAIT", 1, 2000).Int64()
-					o.durable = werr == nil && n == 1
-				case strings.HasPrefix(err.Error(), "STALEFENCE "):
-					o.refused = true
+				case errors.Is(err, redis.Nil):
+					note("not acquired")
 				case allowed(err):
-					o.uncertain = true
+					note("lock error")
 				default:
 					mu.Lock()
-					bad = append(bad, "FENCED: "+err.Error())
+					bad = append(bad, "LOCK: "+err.Error())
 					mu.Unlock()
-					o.uncertain = true
 				}
-				mu.Lock()
-				outcomes = append(outcomes, o)
-				mu.Unlock()
-				c.Do(ctx, "UNLOCK", "acct", l.token)
+				time.Sleep(5 * time.Millisecond)
+				return
 			}
+			note("locked")
+			if rand.IntN(4) == 0 {
+				// Paused past the lock's validity (a GC, a stopped VM).
+				note("paused")
+				time.Sleep(l.validity + time.Duration(50+rand.IntN(200))*time.Millisecond)
+			}
+			o := outcome{fence: l.fence}
+			_, err = c.Do(ctx, "FENCED", "acct", l.fence, "EVAL", fencedAppend, 2, "acct:fences", "acct:count", l.fence).Int64()
+			switch {
+			case err == nil:
+				o.accepted = true
+				n, werr := c.Do(ctx, "WAIT", 1, 2000).Int64()
+				o.durable = werr == nil && n == 1
+			case strings.HasPrefix(err.Error(), "STALEFENCE "):
+				o.refused = true
+			case allowed(err):
+				o.uncertain = true
+			default:
+				mu.Lock()
+				bad = append(bad, "FENCED: "+err.Error())
+				mu.Unlock()
+				o.uncertain = true
+			}
+			mu.Lock()
+			outcomes = append(outcomes, o)
+			mu.Unlock()
+			c.Do(ctx, "UNLOCK", "acct", l.token)
 		})
-	}
 
 	faults := map[string]int{}
 	start := time.Now()

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -259,12 +258,7 @@ func cmdstat(t testing.TB, s *redistest.Server, command string) int64 {
 func TestLocksTenThousand(t *testing.T) {
 	backend := redistest.Start(t)
 	nodes, addrs := startNodes(t, 3)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := ln.Addr().String()
-	ln.Close()
+	metricsAddr := unusedAddr(t)
 	addr := startApp(t, fmt.Sprintf("metrics: {listen: %q}\nlock: {node_timeout: 1s}\n", metricsAddr),
 		"-backend", backend.Addr, "-lock-nodes", addrs)
 	warmProxy(t, addr)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"image/png"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -136,12 +135,7 @@ func row(resource, col string) string {
 func TestLocksPageInBrowser(t *testing.T) {
 	backend := redistest.Start(t)
 	nodes, addrs := startNodes(t, 3)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := ln.Addr().String()
-	ln.Close()
+	metricsAddr := unusedAddr(t)
 	addr := startApp(t, fmt.Sprintf("metrics: {listen: %q}\nlock: {node_timeout: 250ms, max_permits: 8}\n", metricsAddr),
 		"-backend", backend.Addr, "-lock-nodes", addrs)
 	warmProxy(t, addr)

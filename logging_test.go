@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -43,12 +42,7 @@ func TestRedisLogsThroughZap(t *testing.T) {
 	redis.SetLogger(redisLogger{zap.New(core).Named("go-redis")})
 	t.Cleanup(func() { redis.SetLogger(redisLogger{zap.NewNop()}) })
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nobody listens there now
+	addr := unusedAddr(t) // nobody listens there
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
 	defer c.Close()
 	if err := c.Ping(context.Background()).Err(); err == nil {

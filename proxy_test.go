@@ -96,6 +96,17 @@ func newClient(t testing.TB, addr string, protocol int) *redis.Client {
 	return c
 }
 
+// unusedAddr is a loopback address that nothing listened on a moment ago:
+// a port the kernel handed out, its listener closed again.
+func unusedAddr(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 // lockReply is LOCK's success reply.
 type lockReply struct {
 	token    string
@@ -566,12 +577,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 func TestObservability(t *testing.T) {
 	backend := redistest.Start(t)
 	nodes, addrs := startNodes(t, 3)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := ln.Addr().String()
-	ln.Close()
+	metricsAddr := unusedAddr(t)
 	addr := startApp(t, fmt.Sprintf("metrics: {listen: %q}\nlock: {node_timeout: 250ms}\n", metricsAddr),
 		"-backend", backend.Addr, "-lock-nodes", addrs)
 	ctx := context.Background()

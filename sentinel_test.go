@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,12 +19,7 @@ import (
 func TestSentinelObservability(t *testing.T) {
 	g := redistest.StartGroup(t, "mymaster", 0, 1)
 	_, nodes := startNodes(t, 1)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := ln.Addr().String()
-	ln.Close()
+	metricsAddr := unusedAddr(t)
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + metricsAddr + path)
 		if err != nil {
@@ -54,12 +48,7 @@ func TestSentinelObservability(t *testing.T) {
 		return code == 503 && strings.Contains(body, `backend unavailable: no primary known for master "nosuch"`)
 	})
 
-	ln, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr = ln.Addr().String()
-	ln.Close()
+	metricsAddr = unusedAddr(t)
 	cfg := fmt.Sprintf("metrics: {listen: %q}\nbackend:\n  sentinel: {master_name: mymaster, addrs: [%s]}\n", metricsAddr, g.Sentinels[0].Addr)
 	addr := startApp(t, cfg, "-lock-nodes", nodes)
 	c := newClient(t, addr, 2)

@@ -42,20 +42,7 @@ source "$root/bench/procs.sh"
 stop_on_exit # the processes in pids and the folder tmp
 
 log "building lockproxy"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
-
-start_redis() {
-	local port dir
-	freeport port
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" &
-	pids+=($!)
-	printf -v "$2" '%s' "$!"
-	waitping "$port" redis-server
-	printf -v "$1" '%s' "$port"
-}
+build_lockproxy "$tmp/lockproxy"
 
 start_redis backend backend_pid
 start_redis node1 node1_pid
@@ -79,11 +66,8 @@ for _ in $(seq 200); do
 	sleep 0.05
 done
 
-report() { if [[ -n "${OUT:-}" ]]; then tee -a "$OUT"; else cat; fi; }
-[[ -z "${OUT:-}" ]] || : >"$OUT"
+report_to_out
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
 
 # run USER PASS N ARGS...: requests/s, then the proxy's and the backend's
 # CPU µs per request.
@@ -137,14 +121,13 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 echo | report
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR] = $1} END {if (NR == 0) print "-"; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 echo "Medians over the rounds where both runs completed:" | report
 echo | report
 echo "| test | B/A req/s | A proxy µs/req | B proxy µs/req | A backend µs/req | B backend µs/req |" | report
 echo "|---|---|---|---|---|---|" | report
 for t in "${tests[@]}"; do
 	IFS='|' read -r name _ _ <<<"$t"
-	echo "| $name | $(median "${ratios[$name]:-}") | $(median "${cpus_a[$name]:-}") | $(median "${cpus_b[$name]:-}") | $(median "${bes_a[$name]:-}") | $(median "${bes_b[$name]:-}") |" | report
+	echo "| $name | $(median <<<"${ratios[$name]:-}") | $(median <<<"${cpus_a[$name]:-}") | $(median <<<"${cpus_b[$name]:-}") | $(median <<<"${bes_a[$name]:-}") | $(median <<<"${bes_b[$name]:-}") |" | report
 done
 warn=$(grep -c '"level":"warn"\|WARN' "$tmp/lockproxy.log" || true)
 echo | report

@@ -54,12 +54,7 @@ if [[ -n "${KEEP:-}" ]]; then
 	trap 'rc=$?; trap - EXIT INT TERM; stop_reverse "${pids[@]}"; log "kept $tmp"; exit $rc' EXIT
 fi
 
-for bin in redis-server redis-cli go python3; do
-	command -v "$bin" >/dev/null 2>&1 || {
-		log "$bin is not on PATH (redis-server, redis-tools, Go and python3 are needed)"
-		exit 1
-	}
-done
+require "redis-server, redis-tools, Go and python3" redis-server redis-cli go python3
 
 # --- the suite ----------------------------------------------------------------
 
@@ -81,26 +76,19 @@ fi
 redis_version=$(redis-server --version | sed -n 's/.*v=\([0-9]*\.[0-9]*\).*/\1/p')
 
 log "building lockproxy $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '')"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
+build_lockproxy "$tmp/lockproxy"
 
 # --- processes ------------------------------------------------------------------
 
 # start_redis VAR [ARGS...]: start a fresh redis-server, set VAR to its port.
 start_redis() {
-	local var=$1 port dir
+	local var=$1 port
 	shift
 	# A cluster node also takes port+10000: below 32768, where the kernel
 	# picks no client ports, so that no connection takes it meanwhile.
 	freeport port 20000 2700 bus
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --logfile "$dir/redis.log" "$@" &
-	pids+=($!)
-	waitping "$port" redis-server || {
-		tail -5 "$dir/redis.log" >&2
-		return 1
-	}
+	# Redis's own default protected mode, as the suite expects of a server.
+	redis_server "$port" --protected-mode yes "$@"
 	printf -v "$var" '%s' "$port"
 }
 
@@ -109,28 +97,17 @@ start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -log-level warn "$@" \
-		>>"$tmp/lockproxy-$port.log" 2>&1 &
-	pids+=($!)
-	waitping "$port" lockproxy || {
-		tail -5 "$tmp/lockproxy-$port.log" >&2
-		return 1
-	}
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy-$port.log" -config "$tmp/$cfg" "$@"
 	printf -v "$var" '%s' "$port"
 }
 
 # start_cluster VAR: a 3-master cluster without replicas; VAR is set to
 # its seed addresses, comma-separated.
 start_cluster() {
-	local var=$1 addrs=() i
-	for i in 1 2 3; do
-		start_redis node --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
-		addrs+=("127.0.0.1:$node")
-	done
-	create_cluster "$tmp/create.log" "${addrs[@]}"
-	printf -v "$var" '%s' "$(
+	start_cluster_nodes
+	printf -v "$1" '%s' "$(
 		IFS=,
-		echo "${addrs[*]}"
+		echo "${cluster[*]}"
 	)"
 }
 

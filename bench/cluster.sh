@@ -59,33 +59,23 @@ source "$root/bench/procs.sh"
 
 stop_on_exit # the processes in pids and the folder tmp
 
-for bin in redis-server redis-cli redis-benchmark go; do
-	command -v "$bin" >/dev/null 2>&1 || {
-		log "$bin is not on PATH (redis-server, redis-tools and Go are needed)"
-		exit 1
-	}
-done
+require "redis-server, redis-tools and Go" redis-server redis-cli redis-benchmark go
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 log "building lockproxy and idleconns"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
+build_lockproxy "$tmp/lockproxy"
 (cd "$root/bench" && go build -o "$tmp/idleconns" ./idleconns)
 declare -A pid_of # port -> process id
 
 # start_redis VAR [ARGS...]: start a redis-server, set VAR to its port.
 start_redis() {
-	local var=$1 port dir
+	local var=$1 port
 	shift
 	# A cluster node also takes port+10000: below 32768, where the kernel
 	# picks no client ports, so that no connection takes it meanwhile.
 	freeport port 20000 2700 bus
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" "$@" &
-	pids+=($!)
-	pid_of[$port]=$!
-	waitping "$port" redis-server || { tail -5 "$dir/redis.log" >&2; return 1; }
+	redis_server "$port" "$@"
+	pid_of[$port]=$redis_pid
 	printf -v "$var" '%s' "$port"
 }
 
@@ -94,11 +84,8 @@ start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -lock-nodes "$lock_nodes" \
-		-log-level warn "$@" >>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	pid_of[$port]=$!
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy.log" -config "$tmp/$cfg" -lock-nodes "$lock_nodes" "$@"
+	pid_of[$port]=$lockproxy_pid
 	printf -v "$var" '%s' "$port"
 }
 
@@ -107,14 +94,7 @@ start_redis node1
 start_redis node2
 start_redis node3
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
-cluster=()
-for i in 1 2 3; do
-	start_redis "c$i" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
-	v="c$i"
-	cluster+=("127.0.0.1:${!v}")
-done
-log "creating the cluster ${cluster[*]}"
-create_cluster "$tmp/create.log" "${cluster[@]}"
+start_cluster_nodes
 
 cat >"$tmp/single.yaml" <<EOF2
 shutdown_timeout: 5s
@@ -168,16 +148,6 @@ if [[ -n "${ONE_MASTER:-}" ]]; then
 	redis_of["lockproxy→1-master cluster"]=${pid_of[$one]}
 fi
 
-# ticks PID...: user+system clock ticks of the processes, together.
-ticks() {
-	local pid t=0 f
-	for pid in "$@"; do
-		f=$(cut -d')' -f2- "/proc/$pid/stat")
-		t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
-	done
-	echo "$t"
-}
-
 # sample_conns FILE: until killed, append the largest connected_clients of
 # the masters (less this connection) to FILE every 0.2 s.
 sample_conns() {
@@ -192,8 +162,6 @@ sample_conns() {
 		sleep 0.2
 	done
 }
-
-hz=$(getconf CLK_TCK)
 
 # bench TARGET TEST P N: one redis-benchmark run; appends a row to $rows:
 # target, test, P, rps, p50, p99, CPU µs/cmd of the target's own processes,

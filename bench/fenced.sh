@@ -30,32 +30,17 @@ source "$root/bench/procs.sh"
 stop_on_exit # the processes in pids and the folder tmp
 
 log "building lockproxy"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
-
-start_redis() {
-	local port dir
-	freeport port
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" &
-	pids+=($!)
-	waitping "$port" redis-server
-	printf -v "$1" '%s' "$port"
-}
+build_lockproxy "$tmp/lockproxy"
 
 start_redis backend
 start_redis node
 freeport proxy
 echo "shutdown_timeout: 5s" >"$tmp/lockproxy.yaml"
-"$tmp/lockproxy" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$proxy" -backend "127.0.0.1:$backend" \
-	-lock-nodes "127.0.0.1:$node" -set metrics.listen= -log-level warn >>"$tmp/lockproxy.log" 2>&1 &
-pids+=($!)
-waitping "$proxy" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; exit 1; }
+lockproxy_server "$tmp/lockproxy" "$proxy" "$tmp/lockproxy.log" -config "$tmp/lockproxy.yaml" \
+	-backend "127.0.0.1:$backend" -lock-nodes "127.0.0.1:$node" -set metrics.listen=
 redis-cli -p "$proxy" SET bench:key xxx >/dev/null
 
-report() { if [[ -n "${OUT:-}" ]]; then tee -a "$OUT"; else cat; fi; }
-[[ -z "${OUT:-}" ]] || : >"$OUT"
+report_to_out
 
 # run P CMD...: one redis-benchmark run; prints "rps p50 p99".
 run() {

@@ -35,36 +35,19 @@ source "$root/bench/procs.sh"
 stop_on_exit # the processes in pids and the folder tmp
 
 log "building lockproxy and lockbench"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
+build_lockproxy "$tmp/lockproxy"
 (cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench)
 if [[ -n "$BASE" ]]; then
-	mkdir "$tmp/base"
-	git -C "$root" archive "$BASE" | tar -x -C "$tmp/base"
-	(cd "$tmp/base" && go build -o "$tmp/lockproxy-base" .)
+	build_lockproxy "$tmp/lockproxy-base" "$BASE"
 fi
-
-start_redis() {
-	local port dir
-	freeport port
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" &
-	pids+=($!)
-	printf -v "$2" '%s' "$!"
-	waitping "$port" redis-server
-	printf -v "$1" '%s' "$port"
-}
 
 # start_proxy BINARY VAR PIDVAR
 start_proxy() {
 	local port
 	freeport port
-	"$1" -config "$tmp/lockproxy.yaml" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" \
-		-log-level warn >>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	printf -v "$3" '%s' "$!"
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$1" "$port" "$tmp/lockproxy.log" -config "$tmp/lockproxy.yaml" -backend "127.0.0.1:$backend" \
+		-lock-nodes "$lock_nodes"
+	printf -v "$3" '%s' "$lockproxy_pid"
 	printf -v "$2" '%s' "$port"
 }
 
@@ -78,8 +61,7 @@ lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
 node_pids="$node1_pid,$node2_pid,$node3_pid"
 start_proxy "$tmp/lockproxy" proxy proxy_pid
 
-report() { if [[ -n "${OUT:-}" ]]; then tee -a "$OUT"; else cat; fi; }
-[[ -z "${OUT:-}" ]] || : >"$OUT"
+report_to_out
 
 bench() {
 	"$tmp/lockbench" -nodes "$lock_nodes" -rounds 1 -duration "$DURATION" -clients "$CLIENTS" \

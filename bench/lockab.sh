@@ -42,24 +42,9 @@ source "$root/bench/procs.sh"
 stop_on_exit # the processes in pids and the folder tmp
 
 log "building lockproxy (working tree and $BASE) and lockbench"
-(cd "$root" && go build -o "$tmp/lockproxy-b" .)
+build_lockproxy "$tmp/lockproxy-b"
 (cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench)
-mkdir "$tmp/base"
-git -C "$root" archive "$BASE" | tar -x -C "$tmp/base"
-(cd "$tmp/base" && go build -o "$tmp/lockproxy-a" .)
-
-start_redis() {
-	local port dir
-	freeport port
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" &
-	pids+=($!)
-	printf -v "$2" '%s' "$!"
-	waitping "$port" redis-server
-	printf -v "$1" '%s' "$port"
-}
+build_lockproxy "$tmp/lockproxy-a" "$BASE"
 
 # start_proxy SIDE VAR PIDVAR: lockproxy-SIDE with key prefix "SIDE:".
 start_proxy() {
@@ -67,11 +52,9 @@ start_proxy() {
 	freeport port
 	printf 'shutdown_timeout: 5s\nlock:\n  key_prefix: "%s:"\n' "$1" >"$tmp/$1.yaml"
 	[[ -z "${NODE_TIMEOUT:-}" ]] || printf '  node_timeout: %s\n' "$NODE_TIMEOUT" >>"$tmp/$1.yaml"
-	"$tmp/lockproxy-$1" -config "$tmp/$1.yaml" -listen "127.0.0.1:$port" -backend "127.0.0.1:$backend" \
-		-lock-nodes "$lock_nodes" -log-level warn >>"$tmp/lockproxy-$1.log" 2>&1 &
-	pids+=($!)
-	printf -v "$3" '%s' "$!"
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy-$1.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy-$1" "$port" "$tmp/lockproxy-$1.log" -config "$tmp/$1.yaml" \
+		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes"
+	printf -v "$3" '%s' "$lockproxy_pid"
 	printf -v "$2" '%s' "$port"
 }
 
@@ -84,8 +67,7 @@ node_pids="$node1_pid,$node2_pid,$node3_pid"
 start_proxy a proxy_a pid_a
 start_proxy b proxy_b pid_b
 
-report() { if [[ -n "${OUT:-}" ]]; then tee -a "$OUT"; else cat; fi; }
-[[ -z "${OUT:-}" ]] || : >"$OUT"
+report_to_out
 
 # bench SIDE ARGS...: one lockbench round against SIDE's proxy; its
 # markdown report on stdout.

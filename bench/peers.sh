@@ -53,21 +53,6 @@ SYSCALLS=${SYSCALLS:-1}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 
-if [[ -z "${PREDIXY:-}" || ! -x "${PREDIXY:-}" ]]; then
-	log "PREDIXY must name the predixy binary (build it from github.com/joyieldInc/predixy; see bench/README.md)"
-	exit 1
-fi
-for bin in redis-server redis-cli redis-benchmark nutcracker go; do
-	command -v "$bin" >/dev/null 2>&1 || {
-		log "$bin is not on PATH (redis-server, redis-tools, nutcracker and Go are needed)"
-		exit 1
-	}
-done
-if ((SYSCALLS)) && ! perf stat -e raw_syscalls:sys_enter,context-switches -o /dev/null true 2>/dev/null; then
-	log "perf stat cannot count raw_syscalls:sys_enter here: no system call counts (SYSCALLS=0)"
-	SYSCALLS=0
-fi
-
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp=$(mktemp -d /tmp/lockproxy-peers-bench.XXXXXX)
 pids=()
@@ -77,23 +62,28 @@ source "$root/bench/procs.sh"
 
 stop_on_exit # the processes in pids and the folder tmp
 
+if [[ -z "${PREDIXY:-}" || ! -x "${PREDIXY:-}" ]]; then
+	log "PREDIXY must name the predixy binary (build it from github.com/joyieldInc/predixy; see bench/README.md)"
+	exit 1
+fi
+require "redis-server, redis-tools, nutcracker and Go" redis-server redis-cli redis-benchmark nutcracker go
+if ((SYSCALLS)) && ! perf stat -e raw_syscalls:sys_enter,context-switches -o /dev/null true 2>/dev/null; then
+	log "perf stat cannot count raw_syscalls:sys_enter here: no system call counts (SYSCALLS=0)"
+	SYSCALLS=0
+fi
+
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 log "building lockproxy"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
+build_lockproxy "$tmp/lockproxy"
 
 # start_redis VAR [ARGS...]: start a redis-server, set VAR to its port and
 # VAR_pid to its process id.
 start_redis() {
-	local var=$1 port dir
+	local var=$1 port
 	shift
 	freeport port 20000 2700 bus
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --logfile "$dir/redis.log" "$@" &
-	pids+=($!)
-	printf -v "${var}_pid" '%s' $!
-	waitping "$port" redis-server || { tail -5 "$dir/redis.log" >&2; return 1; }
+	redis_server "$port" "$@"
+	printf -v "${var}_pid" '%s' "$redis_pid"
 	printf -v "$var" '%s' "$port"
 }
 
@@ -102,11 +92,8 @@ start_proxy() {
 	local var=$1 cfg=$2 port
 	shift 2
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/$cfg" -listen "127.0.0.1:$port" -lock-nodes "$lock_nodes" \
-		-log-level warn "$@" >>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	printf -v "${var}_pid" '%s' $!
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy.log" -config "$tmp/$cfg" -lock-nodes "$lock_nodes" "$@"
+	printf -v "${var}_pid" '%s' "$lockproxy_pid"
 	printf -v "$var" '%s' "$port"
 }
 
@@ -141,33 +128,9 @@ start_redis node1
 start_redis node2
 start_redis node3
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
-cluster=()
-for i in 1 2 3; do
-	start_redis "c$i" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000
-	v="c$i"
-	cluster+=("127.0.0.1:${!v}")
-done
-log "creating the cluster ${cluster[*]}"
-create_cluster "$tmp/create.log" "${cluster[@]}"
+start_cluster_nodes
 
-freeport twem
-freeport twem_stats
-cat >"$tmp/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$twem
-  hash: fnv1a_64
-  distribution: ketama
-  redis: true
-  server_connections: 1
-  auto_eject_hosts: false
-  servers:
-   - 127.0.0.1:$single:1
-EOF
-nutcracker -c "$tmp/nutcracker.yml" -s "$twem_stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
-	-o "$tmp/nutcracker.log" -v 4 &
-pids+=($!)
-twem_pid=$!
-waitping "$twem" twemproxy
+start_twemproxy twem twem_pid "$single"
 
 start_predixy predixy_single "StandaloneServerPool {
     RefreshMethod fixed
@@ -226,18 +189,6 @@ declare -A redis_of=([direct]=$single_pid [twemproxy→redis]=$single_pid [predi
 	[lockproxy→cluster]=$masters)
 log "redis :$single, cluster ${cluster[*]}, twemproxy :$twem, predixy :$predixy_single and :$predixy_cluster," \
 	"lockproxy :$lockproxy_single and :$lockproxy_cluster"
-
-hz=$(getconf CLK_TCK)
-
-# ticks PID...: user+system clock ticks of the processes, together.
-ticks() {
-	local pid t=0 f
-	for pid in "$@"; do
-		f=$(cut -d')' -f2- "/proc/$pid/stat")
-		t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
-	done
-	echo "$t"
-}
 
 # perf_start FILE PID...: count the system calls and context switches of
 # the processes (all their threads) into FILE until perf_stop; sets perf_pid.
@@ -337,11 +288,7 @@ done
 col() {
 	awk -F'\t' -v t="$1" -v x="$2" -v P="$3" -v k="$4" '$1 == t && $2 == x && $3 == P && $k != "-" {print $k}' "$rows" |
 		sort -g >"$tmp/v"
-	if [[ -s "$tmp/v" ]]; then
-		awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}' "$tmp/v"
-	else
-		echo -
-	fi
+	median <"$tmp/v"
 }
 
 # ratio A B: A / B with two decimals and an x, or "–".

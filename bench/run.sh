@@ -84,7 +84,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 log "open files limit $(ulimit -n)"
 
 log "building lockproxy, lockbench and idleconns"
-(cd "$root" && go build -o "$tmp/lockproxy" .)
+build_lockproxy "$tmp/lockproxy"
 (cd "$root/bench" && go build -o "$tmp/lockbench" ./lockbench && go build -o "$tmp/idleconns" ./idleconns &&
 	go build -o "$tmp/lockfloor" ./lockfloor)
 
@@ -93,15 +93,10 @@ log "building lockproxy, lockbench and idleconns"
 # start_redis VAR [PIDVAR]: start a redis-server, set VAR to its port (and
 # PIDVAR to its process id).
 start_redis() {
-	local port dir
+	local port
 	freeport port
-	dir="$tmp/redis-$port"
-	mkdir -p "$dir"
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
-		--daemonize no --protected-mode no --maxclients 20000 --logfile "$dir/redis.log" &
-	pids+=($!)
-	[[ -z "${2:-}" ]] || printf -v "$2" '%s' "$!"
-	waitping "$port" redis-server
+	redis_server "$port" --maxclients 20000
+	[[ -z "${2:-}" ]] || printf -v "$2" '%s' "$redis_pid"
 	printf -v "$1" '%s' "$port"
 }
 
@@ -111,12 +106,9 @@ start_redis() {
 start_proxy() {
 	local port
 	freeport port
-	"$tmp/lockproxy" -config "$tmp/${3:-lockproxy.yaml}" -listen "127.0.0.1:$port" \
-		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes" -log-level warn \
-		>>"$tmp/lockproxy.log" 2>&1 &
-	pids+=($!)
-	printf -v "$2" '%s' "$!"
-	waitping "$port" lockproxy || { tail -5 "$tmp/lockproxy.log" >&2; return 1; }
+	lockproxy_server "$tmp/lockproxy" "$port" "$tmp/lockproxy.log" -config "$tmp/${3:-lockproxy.yaml}" \
+		-backend "127.0.0.1:$backend" -lock-nodes "$lock_nodes"
+	printf -v "$2" '%s' "$lockproxy_pid"
 	printf -v "$1" '%s' "$port"
 }
 
@@ -126,24 +118,7 @@ start_redis node2 node2_pid
 start_redis node3 node3_pid
 lock_nodes="127.0.0.1:$node1,127.0.0.1:$node2,127.0.0.1:$node3"
 
-freeport twem
-freeport twem_stats
-cat >"$tmp/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$twem
-  hash: fnv1a_64
-  distribution: ketama
-  redis: true
-  server_connections: 1
-  auto_eject_hosts: false
-  servers:
-   - 127.0.0.1:$backend:1
-EOF
-nutcracker -c "$tmp/nutcracker.yml" -s "$twem_stats" -a 127.0.0.1 -p "$tmp/nutcracker.pid" \
-	-o "$tmp/nutcracker.log" -v 4 &
-pids+=($!)
-twem_pid=$!
-waitping "$twem" twemproxy
+start_twemproxy twem twem_pid "$backend"
 
 # The flags give the addresses; the file raises max_clients above the
 # memory measurement's 10,000 clients.
@@ -190,11 +165,6 @@ if ! skipped forward; then
 	# Whose CPU time is reported: the proxy's own, or Redis's when direct.
 	declare -A pid_of=([direct]=$backend_pid [twemproxy]=$twem_pid [lockproxy]=$proxy_pid [lockproxy-allcpus]=$proxyall_pid
 		[lockproxy-unordered]=$proxyun_pid)
-	hz=$(getconf CLK_TCK)
-	# cputicks PID: user and system time of PID so far, in clock ticks
-	# (fields 14 and 15 of /proc/PID/stat; the name, field 2, has no
-	# spaces here).
-	cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 	# us TIME HZ: TIME (in 1/HZ s) as µs per request of the test ($n).
 	us() { awk -v k="$1" -v hz="$2" -v n="$n" 'BEGIN { printf "%.2f", k * 1e6 / hz / n }'; }
 	# awk_median: an awk function, median(s), of the numbers in the
@@ -226,8 +196,8 @@ if ! skipped forward; then
 				# that test's.
 				for op in set get; do
 					csv="$tmp/rb-$r-$p-$t-$op.csv"
-					before=$(cputicks "${pid_of[$t]}")
-					backend_before=$(cputicks "$backend_pid")
+					before=$(ticks "${pid_of[$t]}")
+					backend_before=$(ticks "$backend_pid")
 					read -r busy_before total_before < <(machineticks)
 					# The subshell's children's times are redis-benchmark's.
 					(
@@ -238,8 +208,8 @@ if ! skipped forward; then
 						log "redis-benchmark against $t failed: $(tail -2 "$csv.err")"
 						exit 1
 					}
-					ticks=$(($(cputicks "${pid_of[$t]}") - before))
-					backend_ticks=$(($(cputicks "$backend_pid") - backend_before))
+					ticks=$(($(ticks "${pid_of[$t]}") - before))
+					backend_ticks=$(($(ticks "$backend_pid") - backend_before))
 					read -r busy_after total_after < <(machineticks)
 					# times: "0m0.001s 0m0.002s" for the shell, then the same for its children.
 					bench_s=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, k, /[ms]/); print u[1] * 60 + u[2] + k[1] * 60 + k[2] }' "$csv.times")

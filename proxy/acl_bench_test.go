@@ -3,9 +3,7 @@ package proxy
 import (
 	"context"
 	"io"
-	"runtime"
 	"strconv"
-	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -78,26 +76,10 @@ func BenchmarkACLForwardParallel(b *testing.B) {
 		for _, tc := range forwardCases {
 			for _, u := range aclBenchUsers {
 				b.Run(tc.name+"/pipeline="+strconv.Itoa(depth)+"/"+u.name, func(b *testing.B) {
-					conns := make([]*benchConn, perProc*runtime.GOMAXPROCS(0))
-					for i := range conns {
-						conns[i] = newBenchConn(b, addr, tc, depth)
-						conns[i].signIn(b, u.user, u.pass)
-						if err := conns[i].roundTrip(); err != nil {
-							b.Fatal(err)
-						}
-					}
-					var next atomic.Int64
-					b.SetParallelism(perProc)
-					b.ReportAllocs()
-					b.ResetTimer()
-					b.RunParallel(func(pb *testing.PB) {
-						bc := conns[next.Add(1)-1]
-						for pb.Next() {
-							if err := bc.roundTrip(); err != nil {
-								b.Error(err)
-								return
-							}
-						}
+					benchParallel(b, perProc, func() *benchConn {
+						bc := newBenchConn(b, addr, tc, depth)
+						bc.signIn(b, u.user, u.pass)
+						return bc
 					})
 				})
 			}

@@ -147,28 +147,35 @@ func BenchmarkForwardParallel(b *testing.B) {
 	addr := startBenchProxy(b)
 	for _, tc := range forwardCases {
 		b.Run(tc.name, func(b *testing.B) {
-			conns := make([]*benchConn, perProc*runtime.GOMAXPROCS(0))
-			for i := range conns {
-				conns[i] = newBenchConn(b, addr, tc, 1)
-				if err := conns[i].roundTrip(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			var next atomic.Int64
-			b.SetParallelism(perProc)
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				bc := conns[next.Add(1)-1]
-				for pb.Next() {
-					if err := bc.roundTrip(); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
+			benchParallel(b, perProc, func() *benchConn { return newBenchConn(b, addr, tc, 1) })
 		})
 	}
+}
+
+// benchParallel opens perProc connections per GOMAXPROCS with open, each
+// checked by one round trip before the timer starts, and spreads b.N round
+// trips over perProc goroutines per GOMAXPROCS, one connection each.
+func benchParallel(b *testing.B, perProc int, open func() *benchConn) {
+	conns := make([]*benchConn, perProc*runtime.GOMAXPROCS(0))
+	for i := range conns {
+		conns[i] = open()
+		if err := conns[i].roundTrip(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	b.SetParallelism(perProc)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		bc := conns[next.Add(1)-1]
+		for pb.Next() {
+			if err := bc.roundTrip(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkGuardCheck runs the key guard's check of a GET from many

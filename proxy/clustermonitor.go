@@ -24,10 +24,7 @@ import (
 // RESET ends the monitoring. When a master's connection breaks, the client
 // is disconnected, as when the one Redis behind the proxy goes.
 
-var (
-	replyReplicaKeyspace = resp.ReplyReplicaKeyspace
-	cmdMonitor           = []byte("*1\r\n$7\r\nMONITOR\r\n")
-)
+var cmdMonitor = []byte("*1\r\n$7\r\nMONITOR\r\n")
 
 // monitorCall starts MONITOR on every master; the commands before it are
 // answered first.

@@ -26,11 +26,9 @@ func TestHandoffNextHeadSkipsAttempt(t *testing.T) {
 	ctx := ctxT(t)
 	warm(t, c, l)
 	holder := mustLock(t, l, "orders", 10*time.Second, Options{})
-	first := lockAsync(t, ctx, l, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, l, "orders", 1)
+	first := waitOrders(t, ctx, l, 1)
 	waitIdle(t, l, "orders")
-	second := lockAsync(t, ctx, l, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, l, "orders", 2)
+	second := waitOrders(t, ctx, l, 2)
 
 	before := c.pttlCalls(t)
 	mustUnlock(t, l, "orders", holder.Token)
@@ -61,18 +59,12 @@ func TestHandoffNextHeadSkipsAttempt(t *testing.T) {
 // another Locker: the handing kept the waiters' mark on the nodes, so the
 // release is published.
 func TestHandoffSkipWokenByReleaseElsewhere(t *testing.T) {
-	c := startCluster(t, 3)
-	a := newLocker(t, c, noFallback(testConfig()))
-	b := newLocker(t, c, noFallback(testConfig()))
+	a, b := twoLockers(t)
 	ctx := ctxT(t)
-	warm(t, c, a)
-	c.waitSubscribed(t, 2)
 	holder := mustLock(t, a, "orders", 10*time.Second, Options{})
-	first := lockAsync(t, ctx, a, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, a, "orders", 1)
+	first := waitOrders(t, ctx, a, 1)
 	waitIdle(t, a, "orders")
-	second := lockAsync(t, ctx, a, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, a, "orders", 2)
+	second := waitOrders(t, ctx, a, 2)
 
 	mustUnlock(t, a, "orders", holder.Token)
 	one := recv(t, first)

@@ -114,22 +114,35 @@ func TestHandoffToWaiterThatLeft(t *testing.T) {
 	mustLock(t, l, "orders", time.Second, Options{})
 }
 
+// twoLockers starts three lock nodes and two Lockers on them without the
+// fallback retry, both subscribed to the nodes' release notifications.
+func twoLockers(t *testing.T) (a, b *Locker) {
+	c := startCluster(t, 3)
+	a = newLocker(t, c, noFallback(testConfig()))
+	b = newLocker(t, c, noFallback(testConfig()))
+	warm(t, c, a)
+	c.waitSubscribed(t, 2)
+	return a, b
+}
+
+// waitOrders starts a LOCK of "orders" on l (10 s validity, waiting up to
+// 10 s) and returns once it is the n-th waiter l has queued for it.
+func waitOrders(t *testing.T, ctx context.Context, l *Locker, n int) <-chan lockResult {
+	ch := lockAsync(t, ctx, l, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
+	waitQueued(t, l, "orders", n)
+	return ch
+}
+
 // TestHandoffThenOtherLocker: waiters on another Locker are not handed the
 // lock, but acquire by notification once the releasing Locker has nobody
 // left waiting.
 func TestHandoffThenOtherLocker(t *testing.T) {
-	c := startCluster(t, 3)
-	a := newLocker(t, c, noFallback(testConfig()))
-	b := newLocker(t, c, noFallback(testConfig()))
+	a, b := twoLockers(t)
 	ctx := ctxT(t)
-	warm(t, c, a)
-	c.waitSubscribed(t, 2)
 	holder := mustLock(t, a, "orders", 10*time.Second, Options{})
-	local := lockAsync(t, ctx, a, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, a, "orders", 1)
+	local := waitOrders(t, ctx, a, 1)
 	waitIdle(t, a, "orders")
-	remote := lockAsync(t, ctx, b, "orders", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, b, "orders", 1)
+	remote := waitOrders(t, ctx, b, 1)
 	waitIdle(t, b, "orders")
 
 	mustUnlock(t, a, "orders", holder.Token)
