@@ -239,6 +239,7 @@ func TestDefaultsAreThePackages(t *testing.T) {
 	// The shipped file differs from the defaults in the addresses only.
 	shipped.Backend.Addr, shipped.Lock.Nodes, shipped.Metrics.Listen = "", nil, ""
 	shipped.Auth.Users = nil // users: {} in the file
+	shipped.Auth.ACL = nil   // acl: [] in the file
 	if !reflect.DeepEqual(*shipped, def) {
 		t.Errorf("config.yaml states other values than the defaults:\n%+v\nwant\n%+v", *shipped, def)
 	}
@@ -305,7 +306,7 @@ func TestSecretsTagged(t *testing.T) {
 				walk(f.Type, key+".")
 				continue
 			}
-			looksSecret := strings.Contains(key, "pass") || strings.HasSuffix(key, "key_file") || key == "auth.users"
+			looksSecret := strings.Contains(key, "pass") || strings.HasSuffix(key, "key_file") || key == "auth.users" || key == "auth.acl"
 			if looksSecret != (f.Tag.Get("secret") == "true") {
 				t.Errorf("%s: secret tag %q", key, f.Tag.Get("secret"))
 			}
