@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"slices"
 	"strconv"
@@ -270,45 +271,34 @@ func mergeLatencyLatest(replies [][]byte) ([]byte, bool) {
 		}
 		var order []string
 		byName := map[string]*latest{}
-		for _, r := range replies {
-			n, rest, err := elements(r)
+		err := eachRow(replies, func(e []byte) error {
+			name, kn, err := bulkAt(e)
 			if err != nil {
-				return resp.ErrorReply(err)
+				return err
 			}
-			for range n {
-				k, err := valueLen(rest)
-				if err != nil {
-					return resp.ErrorReply(err)
+			e = e[kn:]
+			var v [3]int64
+			for i := range v {
+				if v[i], err = IntAt(e); err != nil {
+					return err
 				}
-				_, e, err := elements(rest[:k])
-				rest = rest[k:]
-				if err != nil {
-					return resp.ErrorReply(err)
-				}
-				name, kn, err := bulkAt(e)
-				if err != nil {
-					return resp.ErrorReply(err)
-				}
-				e = e[kn:]
-				var v [3]int64
-				for i := range v {
-					if v[i], err = IntAt(e); err != nil {
-						return resp.ErrorReply(err)
-					}
-					kv, _ := valueLen(e)
-					e = e[kv:]
-				}
-				l := byName[name]
-				if l == nil {
-					order = append(order, name)
-					byName[name] = &latest{name: []byte(name), at: v[0], last: v[1], highest: v[2]}
-					continue
-				}
-				if v[0] > l.at {
-					l.at, l.last = v[0], v[1]
-				}
-				l.highest = max(l.highest, v[2])
+				kv, _ := valueLen(e)
+				e = e[kv:]
 			}
+			l := byName[name]
+			if l == nil {
+				order = append(order, name)
+				byName[name] = &latest{name: []byte(name), at: v[0], last: v[1], highest: v[2]}
+				return nil
+			}
+			if v[0] > l.at {
+				l.at, l.last = v[0], v[1]
+			}
+			l.highest = max(l.highest, v[2])
+			return nil
+		})
+		if err != nil {
+			return resp.ErrorReply(err)
 		}
 		out := redcon.AppendArray(nil, len(order))
 		for _, name := range order {
@@ -327,34 +317,23 @@ func mergeLatencyLatest(replies [][]byte) ([]byte, bool) {
 func mergeLatencyHistory(replies [][]byte) ([]byte, bool) {
 	return allOK(replies, func() []byte {
 		var samples [][2]int64
-		for _, r := range replies {
-			n, rest, err := elements(r)
+		err := eachRow(replies, func(e []byte) error {
+			at, err := IntAt(e)
 			if err != nil {
-				return resp.ErrorReply(err)
+				return err
 			}
-			for range n {
-				k, err := valueLen(rest)
-				if err != nil {
-					return resp.ErrorReply(err)
-				}
-				_, e, err := elements(rest[:k])
-				rest = rest[k:]
-				if err != nil {
-					return resp.ErrorReply(err)
-				}
-				at, err := IntAt(e)
-				if err != nil {
-					return resp.ErrorReply(err)
-				}
-				kv, _ := valueLen(e)
-				ms, err := IntAt(e[kv:])
-				if err != nil {
-					return resp.ErrorReply(err)
-				}
-				samples = append(samples, [2]int64{at, ms})
+			kv, _ := valueLen(e)
+			ms, err := IntAt(e[kv:])
+			if err != nil {
+				return err
 			}
+			samples = append(samples, [2]int64{at, ms})
+			return nil
+		})
+		if err != nil {
+			return resp.ErrorReply(err)
 		}
-		slices.SortStableFunc(samples, func(a, b [2]int64) int { return int(a[0] - b[0]) })
+		slices.SortStableFunc(samples, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
 		if len(samples) > latencyHistoryMax {
 			samples = samples[len(samples)-latencyHistoryMax:]
 		}
@@ -366,4 +345,31 @@ func mergeLatencyHistory(replies [][]byte) ([]byte, bool) {
 		}
 		return out
 	})
+}
+
+// eachRow calls row with the elements of each array in each master's
+// reply, an array of arrays (LATENCY LATEST's events, HISTORY's samples),
+// and stops at the first error.
+func eachRow(replies [][]byte, row func(e []byte) error) error {
+	for _, r := range replies {
+		n, rest, err := elements(r)
+		if err != nil {
+			return err
+		}
+		for range n {
+			k, err := valueLen(rest)
+			if err != nil {
+				return err
+			}
+			_, e, err := elements(rest[:k])
+			rest = rest[k:]
+			if err != nil {
+				return err
+			}
+			if err := row(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
