@@ -592,19 +592,6 @@ func TestClusterTracking(t *testing.T) {
 			t.Errorf("RESP3 invalidation of %s: %q", k, got)
 		}
 	}
-	// A flush's invalidation comes after the reply of the command that
-	// flushed (Redis's "flushdb tracking invalidation message is not
-	// interleaved with transaction response"), many times over.
-	for i := range 20 {
-		// On the slot-0 master, where the transaction's FLUSHDB runs.
-		k := keyOn(0, "flushed"+strconv.Itoa(i)+":")
-		r3.do(args("SET "+k+" 1"), args("GET "+k))
-		want := "+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n>2\r\n$10\r\ninvalidate\r\n_\r\n"
-		r3.send(encode(args("MULTI"), args("FLUSHDB"), args("EXEC")))
-		if got := string(r3.read(4)); got != want {
-			t.Fatalf("MULTI FLUSHDB EXEC: %q, want %q", got, want)
-		}
-	}
 }
 
 // TestClusterSlowlogMaxLen checks that the merged slow log holds at most

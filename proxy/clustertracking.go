@@ -322,10 +322,6 @@ func (t *tracking) deliver(keys []byte, null bool) {
 		}
 		target = v.(*session)
 	}
-	// After the replies the target was owed when the invalidation came,
-	// as Redis writes one after the command that caused it (a FLUSHDB in
-	// a transaction: after EXEC's reply).
-	target.cl.order.waitPast(target.cl.order.mark(), time.Second)
 	subscribed, resp3 := target.q.pubsub()
 	if !subscribed {
 		resp3 = target.cl.proto3.Load()

@@ -29,9 +29,6 @@ type replyOrder struct {
 	// from the client (CLIENT REPLY; session.muteReplies): the tickets
 	// taken meanwhile, but a part's, get mute.
 	muting bool
-	// pastWaiters counts the goroutines in waitPast, which every reply
-	// written wakes.
-	pastWaiters int
 }
 
 // orderSlot is one reply owed: to a command sent, or the proxy's own.
@@ -158,7 +155,7 @@ func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWri
 		}
 		o.head++
 	}
-	if o.head == len(o.slots) || o.pastWaiters > 0 {
+	if o.head == len(o.slots) {
 		o.cond.Broadcast()
 	}
 }
@@ -229,22 +226,4 @@ func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, sl
 		sl.deadline = time.Now().Add(retry)
 	}
 	return append([]byte(nil), sl.raw...), sl.slot, sl.ticketOpts, sl.deadline, true
-}
-
-// mark returns the ticket the next reply owed will take: waitPast(mark)
-// waits for the replies owed now.
-func (o *replyOrder) mark() uint64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.first + uint64(len(o.slots))
-}
-
-// waitPast waits, for d at most, until every reply owed before mark has
-// been written, or the client has gone.
-func (o *replyOrder) waitPast(mark uint64, d time.Duration) {
-	o.mu.Lock()
-	o.pastWaiters++
-	condWait(&o.cond, d, func() bool { return o.first+uint64(o.head) >= mark || o.closed })
-	o.pastWaiters--
-	o.mu.Unlock()
 }
