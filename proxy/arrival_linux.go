@@ -29,7 +29,9 @@ import (
 // been read meanwhile. So each read collects the queue (one epoll_wait
 // with no timeout) after the poller woke its goroutine and before it takes
 // the data, and numbers, in order, the sockets whose goroutine is in a
-// read; a read that finds no number of its own gets the next one after it.
+// read, and those whose goroutine is still busy with its last read (the
+// client sent again as soon as the replies came), for their next read; a
+// read that finds no number of its own gets the next one after it.
 // Before the first of its commands that goes to the backend, a numbered
 // read then waits for the newest read numbered before it until that one's
 // commands have been passed on: until that client's goroutine
@@ -92,6 +94,10 @@ type arrival struct {
 	// The fields below are guarded by o.mu.
 	waiting bool   // its goroutine is in a read
 	n       uint64 // the number of its read not yet passed on; 0: none
+	// next is the number of data that came while its goroutine was busy
+	// with the last read's commands: the next read's, taken when it
+	// starts. 0: none.
+	next uint64
 	// done, made when a read waits for this one, is closed when it has
 	// been passed on.
 	done chan struct{}
@@ -195,8 +201,15 @@ func (o *arrivals) collect() {
 			if a == nil {
 				continue
 			}
-			if a.waiting && a.n == 0 {
+			switch {
+			case a.waiting && a.n == 0:
 				a.number()
+			case !a.waiting && a.next == 0:
+				// Its goroutine is busy with the last read's commands
+				// (the client sent again as soon as their replies came):
+				// this data came now, before the data of sockets
+				// collected after it, and its read keeps that place.
+				a.numberNext()
 			}
 			// Its goroutine may be busy with the last read's data, or
 			// be in the read(2) of this one already: this data may have
@@ -218,12 +231,24 @@ func (a *arrival) number() {
 	o.queue = append(o.queue, ticket{n: a.n, a: a})
 }
 
+// numberNext gives the socket's next read the next number. o.mu is held.
+func (a *arrival) numberNext() {
+	o := a.o
+	o.last++
+	a.next = o.last
+	o.queue = append(o.queue, ticket{n: a.next, a: a})
+}
+
+// live reports whether t is a read not yet passed on: the socket's
+// current one or its next. o.mu is held.
+func (t ticket) live() bool { return t.a.n == t.n || t.a.next == t.n }
+
 // before returns the newest read not yet passed on that is numbered
 // below n: the one a read numbered n waits for, as that one waits for
 // those before it. o.mu is held.
 func (o *arrivals) before(n uint64) (ticket, bool) {
 	passed := 0
-	for passed < len(o.queue) && o.queue[passed].a.n != o.queue[passed].n {
+	for passed < len(o.queue) && !o.queue[passed].live() {
 		passed++
 	}
 	if passed > 0 {
@@ -234,7 +259,7 @@ func (o *arrivals) before(n uint64) (ticket, bool) {
 		o.queue = o.queue[:n]
 	}
 	for i := len(o.queue) - 1; i >= 0; i-- {
-		if t := o.queue[i]; t.n < n && t.a.n == t.n {
+		if t := o.queue[i]; t.n < n && t.live() {
 			return t, true
 		}
 	}
@@ -270,6 +295,7 @@ func (c *orderedConn) readFD(fd uintptr) bool {
 		// passed on.
 		a.endLocked()
 		a.waiting = true
+		a.n, a.next = a.next, 0 // numbered while the goroutine was busy
 	}
 	if a.n == 0 {
 		o.collect()
@@ -446,6 +472,7 @@ func (a *arrival) remove() {
 	}
 	a.o.mu.Lock()
 	a.endLocked()
+	a.next = 0
 	delete(a.o.conns, a.id)
 	a.o.mu.Unlock()
 }
