@@ -18,6 +18,11 @@ func TestClusterTransactionOpensWhereItRuns(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addr, _ := startClusterProxy(t, c)
 	a := dial(t, addr)
+	// A sign-in the masters refuse leaves the client on the proxy's
+	// identity, and its MULTI held.
+	if got := string(a.do(args("AUTH not-real"))); !strings.HasPrefix(got, "-") {
+		t.Fatalf("AUTH not-real: %q", got)
+	}
 	if got := string(a.do(args("CONFIG RESETSTAT"))); got != "+OK\r\n" {
 		t.Fatalf("CONFIG RESETSTAT: %q", got)
 	}
@@ -51,6 +56,17 @@ func TestClusterTransactionOpensWhereItRuns(t *testing.T) {
 			if line := strings.ToLower(string(m.read(1))); !strings.Contains(line, want) {
 				t.Fatalf("MONITOR line for the transaction on %s: %q, want one with %s", k, line, want)
 			}
+		}
+	}
+	// A command Redis refuses while queuing: the transaction opens with
+	// it on the slot-0 master, which aborts it at EXEC.
+	if got := string(a.do(args("MULTI"), args("SYNTAX error"), args("EXEC"))); !strings.HasPrefix(got, "+OK\r\n-ERR unknown command 'SYNTAX'") ||
+		!strings.HasSuffix(got, "-EXECABORT Transaction discarded because of previous errors.\r\n") {
+		t.Errorf("transaction with an unknown command: %q", got)
+	}
+	for _, want := range []string{`"multi"`, `"exec"`} {
+		if line := strings.ToLower(string(m.read(1))); !strings.Contains(line, want) {
+			t.Fatalf("MONITOR line for the transaction with an unknown command: %q, want one with %s", line, want)
 		}
 	}
 	// A transaction refused before anything reached a master: the MONITOR

@@ -27,8 +27,9 @@ type Client struct {
 	Txn   *TxnState
 	Watch *Pin // the node and slot of the keys WATCHed, nil when none
 	// OwnIdentity: the client signed in to the masters itself (AUTH, or
-	// HELLO with AUTH, forwarded): its ACL may refuse a MULTI, which is
-	// then not held (TxnState.Held).
+	// HELLO with AUTH, forwarded, and accepted): its ACL may refuse a
+	// MULTI, which is then not held (TxnState.Held). Set by the call's
+	// learn, which the forwarder waits for.
 	OwnIdentity bool
 	// last is the master the client's last command with keys in one slot
 	// was routed to, whose replicas WAIT waits for; lastSeq numbers those
@@ -197,9 +198,6 @@ func (cl *Client) planState(h Host, m *SlotMap, name []byte, cmd redcon.Command)
 	case "quit":
 		return LocalCall(resp.ReplyOK), true // the session closes after it (see forward)
 	case "auth", "hello":
-		if string(name) == "auth" || helloAuth(args) {
-			cl.OwnIdentity = true
-		}
 		return cl.everywhere(h, m, cmd, name), true
 	case "client":
 		if len(args) < 2 {
@@ -280,9 +278,13 @@ func (cl *Client) everywhere(h Host, m *SlotMap, cmd redcon.Command, name []byte
 	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
 	}
+	signIn := kind == "auth" || (kind == "hello" && helloAuth(cmd.Args))
 	c.Learn = func(failed bool) {
 		if !failed {
 			h.Learned(kind, raw, proto)
+			if signIn {
+				cl.OwnIdentity = true
+			}
 		}
 	}
 	return c
