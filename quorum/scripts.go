@@ -230,11 +230,11 @@ var coreFamily = luaFamily{name: "core", body: coreLua, exports: []string{"now",
 // do not use: raise (f), place (p) and status (s).
 var exclusiveFamily = luaFamily{name: "exclusive", body: exclusiveLua, exports: []string{"raise", "place", "status"}}
 
-// handoffFamily holds handoff (h), the one operation of a contended LOCK
-// ... WAIT's cycle after the first: a family of its own, so that a handing
-// call makes one closure more than a plain call, not the exclusive
-// family's four. It calls family('core') itself, only off the way of a
-// plain lock (ownBase), so that handing a plain lock makes no other.
+// handoffFamily holds handoff (h) of anything but the token's own plain
+// lock, which release hands on with no function made (the cycle of a
+// contended LOCK ... WAIT): a hash record's last reader, a count of holds,
+// a lock the token does not hold. It calls family('core') itself, only
+// where a lock exists (ownBase).
 var handoffFamily = luaFamily{name: "handoff", body: handoffLua, exports: []string{"handoff"}, ownBase: true}
 
 // hashFamily holds the operations on hash records (hashLua), which the

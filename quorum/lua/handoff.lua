@@ -1,24 +1,14 @@
 
--- handoff runs h. The token's own plain lock (as release's plain UNLOCK
--- finds it: a string that is no tombstone, the token's, with no count of
--- holds) and a lock that does not exist are handed with no function of
--- core: the cycle of a contended LOCK ... WAIT makes no other closure.
+-- handoff runs h where release (ops.lua) did not hand the lock on: a lock
+-- that is not the token's own plain one, or none (handed with no function
+-- of core).
 local function handoff(key, token, x, attempt)
 	-- One match, not a find, two subs and splitExt: the extension is
 	-- escaped (no ':'), so the first ':' ends it.
 	local ttl, ext, next = string.match(x, '^([^;:]*)([^:]*):(.*)$')
 	local v = redis.pcall('GET', key)
 	local released, mark = 0, '0'
-	local plain = not v
-	if v and not v.err and string.byte(v, 1) ~= 120 then
-		local sep = string.find(v, ':', 2, true)
-		if sep and string.sub(v, sep + 1) == token and not string.find(v, '^[^;:]*;%d') then
-			-- Keep the mark of waiters elsewhere, so that the next release
-			-- is published.
-			plain, released, mark = true, 1, string.sub(v, 1, 1)
-		end
-	end
-	if not plain then
+	if v then
 		local k = family('core')
 		v = k.get(v, attempt)
 		if v == nil then
@@ -46,6 +36,8 @@ local function handoff(key, token, x, attempt)
 					-- A count of holds: not released here (see release).
 					return {-1, h, ver, 0, tf}
 				end
+				-- Keep the mark of waiters elsewhere, so that the next
+				-- release is published.
 				released, mark = 1, string.sub(v, 1, 1)
 			else
 				local f, att, old = k.parse(v, next)

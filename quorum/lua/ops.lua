@@ -74,9 +74,12 @@ local function acquire(key, code, token, x, attempt)
 	return k.held(key)
 end
 
-local function release(key, code, token, resource)
+-- release runs u, up, uf and ul, and h (handoff): the token's own plain
+-- lock is handed on here, everything else by the family 'handoff'.
+local function release(key, code, token, resource, attempt)
 	local v = redis.pcall('GET', key)
-	if v and not v.err and (code == 'up' or code == 'u') then
+	local h = code == 'h'
+	if v and not v.err and (code == 'up' or code == 'u' or h) then
 		-- The plain UNLOCK of a string (v.err is the string library's, nil;
 		-- no call of type): a value that token owns and that stores no count
 		-- of holds (no digit after its header's first ';') is dropped
@@ -85,12 +88,24 @@ local function release(key, code, token, resource)
 		if mark ~= 120 then -- not a tombstone (get)
 			local sep = string.find(v, ':', 2, true)
 			if not sep or string.sub(v, sep + 1) ~= token then
+				if h then
+					return family('handoff').handoff(key, token, resource, attempt)
+				end
 				return family('hash').hrelease(key, token, code ~= 'u', resource)
 			end
 			-- Anchored: one try over the header, where ';%d' unanchored
 			-- would try every position of the value, holder and token too.
 			-- The holder is escaped: no ';' or ':' in it.
 			if not string.find(v, '^[^;:]*;%d') then
+				if h then
+					-- Handed to the next token (x, here resource: see
+					-- handoff), the waiters' mark kept, with no function
+					-- made: the cycle of a contended LOCK ... WAIT.
+					local ttl, ext, next = string.match(resource, '^([^;:]*)([^:]*):(.*)$')
+					local fence = redis.call('INCR', counter)
+					redis.call('SET', key, string.sub(v, 1, 1) .. (fence < 1e14 and fence or string.format('%d', fence)) .. '/' .. attempt .. ext .. ':' .. next, 'PX', ttl)
+					return {1, fence}
+				end
 				redis.call('DEL', key)
 				if code == 'up' and mark == 49 then
 					redis.call('PUBLISH', channel, resource)
@@ -98,6 +113,9 @@ local function release(key, code, token, resource)
 				return 1
 			end
 		end
+	end
+	if h then
+		return family('handoff').handoff(key, token, resource, attempt)
 	end
 	local k = family('core')
 	v = k.get(v)
@@ -146,8 +164,8 @@ local function run(i)
 	end
 	if c == 'a' or c == 'r' then
 		return acquire(key, code, token, x, attempt)
-	elseif c == 'u' then
-		return release(key, code, token, x)
+	elseif c == 'u' or c == 'h' then
+		return release(key, code, token, x, attempt)
 	elseif c == 'q' then
 		return family('hash').hacquire(key, code, token, x, attempt)
 	elseif c == 'c' then
@@ -162,8 +180,6 @@ local function run(i)
 		return family('exclusive').status()
 	elseif c == 't' then
 		return nowMs
-	elseif c == 'h' then
-		return family('handoff').handoff(key, token, x, attempt)
 	elseif c == 'm' then
 		return family('forms').group(i, code, token, x, attempt)
 	elseif c == 'n' then
