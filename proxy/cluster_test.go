@@ -124,6 +124,11 @@ func TestCluster(t *testing.T) {
 			send("a", "MULTI", "SET x", "EXEC"),
 			send("a", "MULTI", "SET y 1", "DISCARD", "EXEC", "GET y"),
 			send("a", "MULTI", "SET {y}1 1", "SET {y}2 2", "EXEC", "MGET {y}1 {y}2"),
+			send("a", "MULTI", "EXEC", "MULTI", "DISCARD", "EXEC"),
+			send("a", "MULTI", "MULTI", "SET z 1", "EXEC", "GET z"),
+			send("a", "MULTI", "NOSUCH", "SET z 2", "EXEC", "GET z"),
+			send("a", "MULTI", "SET z", "PING", "EXEC", "GET z"),
+			send("a", "MULTI", "DISCARD", "GET z"),
 		}},
 		{"blocking", []step{
 			sendNoRead("a", "BLPOP q 10"),
