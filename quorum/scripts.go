@@ -265,9 +265,9 @@ type luaFamily struct {
 // garbage for the node's Lua collector afterwards): the functions of a
 // family that a call does not use cost it nothing but this one closure,
 // whatever the number of families. The exports of the first family, base,
-// are locals of the same names in every other but one that fetches them
-// itself (ownBase): making such a family makes base first. A table per
-// call holds the families made.
+// are locals of the same names in every other family, which makes base
+// first, except in one with ownBase, which calls family(<base>) itself
+// where it needs them. A table per call holds the families made.
 func lazyFamilies(base luaFamily, fams ...luaFamily) string {
 	var b strings.Builder
 	b.WriteString("local families\nfamily = function(name)\n\tif not families then\n\t\tfamilies = {}\n\tend\n\tlocal f = families[name]\n\tif f then\n\t\treturn f\n\tend\n")
@@ -279,22 +279,11 @@ func lazyFamilies(base luaFamily, fams ...luaFamily) string {
 			b.WriteString("\telseif")
 		}
 		b.WriteString(" name == '" + fam.name + "' then\n\t\tf = (function()\n")
-		if i > 0 && !fam.ownBase {
-			b.WriteString("local " + strings.Join(base.exports, ", ") + "\ndo\n\tlocal base = family('" + base.name + "')\n\t")
-			for j, e := range base.exports {
-				if j > 0 {
-					b.WriteString(", ")
-				}
-				b.WriteString(e)
-			}
-			b.WriteString(" = ")
-			for j, e := range base.exports {
-				if j > 0 {
-					b.WriteString(", ")
-				}
-				b.WriteString("base." + e)
-			}
-			b.WriteString("\nend\n")
+		if i > 0 && !fam.ownBase && len(base.exports) > 0 {
+			// base's exports as locals of the same names.
+			names := strings.Join(base.exports, ", ")
+			fields := "base." + strings.Join(base.exports, ", base.")
+			b.WriteString("local " + names + "\ndo\n\tlocal base = family('" + base.name + "')\n\t" + names + " = " + fields + "\nend\n")
 		}
 		b.WriteString(fam.body)
 		b.WriteString("\nreturn {")
