@@ -129,6 +129,10 @@ func TestCluster(t *testing.T) {
 			send("a", "MULTI", "NOSUCH", "SET z 2", "EXEC", "GET z"),
 			send("a", "MULTI", "SET z", "PING", "EXEC", "GET z"),
 			send("a", "MULTI", "DISCARD", "GET z"),
+			sendNoRead("a", "CLIENT REPLY OFF", "MULTI", "SET rz 1", "EXEC", "CLIENT REPLY ON", "GET rz"),
+			readOn("a", 2),
+			sendNoRead("a", "CLIENT REPLY SKIP", "MULTI", "SET rz 2", "EXEC", "GET rz"),
+			readOn("a", 3),
 		}},
 		{"blocking", []step{
 			sendNoRead("a", "BLPOP q 10"),
