@@ -215,7 +215,7 @@ func TestLocksHeld(t *testing.T) {
 
 	check("no locks", 0)
 	plain := a.lock("LOCK", "plain", "10000")
-	a.lock("LOCK", "kept", "300", "KEEPALIVE") // outlives its first validity
+	a.lock("LOCK", "kept", "600", "KEEPALIVE") // outlives its first validity (about 450ms)
 	a.lock("LOCK", "extended", "1000")         // extended below
 	shortStart := time.Now()
 	short := a.lock("LOCK", "short", "1000")     // runs out
