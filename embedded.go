@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
 )
@@ -11,22 +10,27 @@ import (
 // embeddedNodes are in-process Redis-compatible servers (miniredis) for a
 // configuration that names "embedded" instead of an address: for trying
 // lockproxy out, not for production (they keep nothing and implement a
-// subset of Redis). Their owner calls close, which stops the clock
-// goroutine and the servers.
+// subset of Redis). Their owner calls close, which stops the servers.
 type embeddedNodes struct {
 	nodes []*miniredis.Miniredis
-	stop  chan struct{}
-	done  chan struct{}
 }
 
 // resolve returns addr, or for "embedded" the address of a new embedded
 // node.
+//
+// The node's clock is the wall clock (miniredis's ClockTTL): keys expire as
+// time passes, and TIME, which the lock engine reads on every call to
+// place the node's clock, is always the current time. A clock set by a
+// ticker (SetTime every few ms) stood still between ticks and lagged
+// behind on a loaded machine, then jumped: the lock engine took the jump
+// for a clock that ran ahead and the node for one that lost its data.
 func (e *embeddedNodes) resolve(addr string) (string, error) {
 	addr = strings.TrimSpace(addr)
 	if addr != embedded { // "" too: the backend is a cluster
 		return addr, nil
 	}
 	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
 	if err := m.StartAddr("127.0.0.1:0"); err != nil {
 		return "", fmt.Errorf("embedded node: %w", err)
 	}
@@ -34,47 +38,15 @@ func (e *embeddedNodes) resolve(addr string) (string, error) {
 	return m.Addr(), nil
 }
 
-// tick starts advancing the embedded nodes' clocks: miniredis expires keys
-// only when told that time has passed, and locks must expire. It does
-// nothing when there are no embedded nodes.
-func (e *embeddedNodes) tick() {
-	if len(e.nodes) == 0 {
-		return
-	}
-	e.stop, e.done = make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(e.done)
-		t := time.NewTicker(5 * time.Millisecond)
-		defer t.Stop()
-		last := time.Now()
-		for {
-			select {
-			case <-e.stop:
-				return
-			case now := <-t.C:
-				for _, m := range e.nodes {
-					m.SetTime(now)
-					m.FastForward(now.Sub(last))
-				}
-				last = now
-			}
-		}
-	}()
-}
-
-// close stops the clock and the nodes.
+// close stops the nodes.
 func (e *embeddedNodes) close() {
-	if e.stop != nil {
-		close(e.stop)
-		<-e.done
-	}
 	for _, m := range e.nodes {
 		m.Close()
 	}
 }
 
 // start resolves the backend's and the lock nodes' addresses in cfg,
-// starting an embedded node for each "embedded", and starts their clock.
+// starting an embedded node for each "embedded".
 func (e *embeddedNodes) start(cfg *fileConfig) (backend string, lock []string, err error) {
 	if backend, err = e.resolve(cfg.Backend.Addr); err != nil {
 		return "", nil, err
@@ -85,6 +57,5 @@ func (e *embeddedNodes) start(cfg *fileConfig) (backend string, lock []string, e
 			return "", nil, err
 		}
 	}
-	e.tick()
 	return backend, lock, nil
 }
