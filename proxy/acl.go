@@ -220,7 +220,7 @@ type aclState struct {
 
 	ctlSlots  chan struct{} // one per control connection in use
 	ctlMu     sync.Mutex
-	ctlIdle   []*backend // control connections (ACL DRYRUN), signed in as the proxy
+	ctlIdle   []*backendConn // control connections (ACL DRYRUN), signed in as the proxy
 	ctlClosed bool
 	// old: the backend words its refusals as Redis 7.0 does ("this
 	// user has no permissions ..."), not as 7.2 and later ("User <name>
@@ -383,15 +383,15 @@ func (a *aclState) installMissing(ctx context.Context) {
 
 // nodeDialers returns how to dial each node the users live on: the
 // backend, or each master of a cluster.
-func (p *Proxy) nodeDialers() []func(context.Context) (*backend, error) {
+func (p *Proxy) nodeDialers() []func(context.Context) (*backendConn, error) {
 	if p.router == nil {
-		return []func(context.Context) (*backend, error){func(ctx context.Context) (*backend, error) {
+		return []func(context.Context) (*backendConn, error){func(ctx context.Context) (*backendConn, error) {
 			return p.dial(ctx, replayState{})
 		}}
 	}
-	var out []func(context.Context) (*backend, error)
+	var out []func(context.Context) (*backendConn, error)
 	for _, addr := range p.router.masterAddrs() {
-		out = append(out, func(ctx context.Context) (*backend, error) {
+		out = append(out, func(ctx context.Context) (*backendConn, error) {
 			return p.dialAddr(ctx, addr, replayState{})
 		})
 	}
@@ -400,7 +400,7 @@ func (p *Proxy) nodeDialers() []func(context.Context) (*backend, error) {
 
 // call sends cmd on be, a connection of the proxy's, and returns its
 // reply whole.
-func (be *backend) call(ctx context.Context, cmd []byte) ([]byte, error) {
+func (be *backendConn) call(ctx context.Context, cmd []byte) ([]byte, error) {
 	deadline, _ := ctx.Deadline()
 	be.nc.SetDeadline(deadline)
 	defer be.nc.SetDeadline(time.Time{})
@@ -423,7 +423,7 @@ func (be *backend) call(ctx context.Context, cmd []byte) ([]byte, error) {
 // prepare installs the configuration's users on be's node if they have
 // not been since the proxy started or they last changed. be is signed in
 // as the proxy.
-func (a *aclState) prepare(ctx context.Context, be *backend) error {
+func (a *aclState) prepare(ctx context.Context, be *backendConn) error {
 	node := be.nc.RemoteAddr().String()
 	a.mu.Lock()
 	gen := a.userGen
@@ -456,7 +456,7 @@ func (a *aclState) userList() []*aclUser {
 }
 
 // install runs u's ACL SETUSER on be.
-func (a *aclState) install(ctx context.Context, be *backend, u *aclUser) error {
+func (a *aclState) install(ctx context.Context, be *backendConn, u *aclUser) error {
 	r, err := be.call(ctx, u.setuser)
 	if err != nil {
 		return err
@@ -470,7 +470,7 @@ func (a *aclState) install(ctx context.Context, be *backend, u *aclUser) error {
 // ensure installs on be's node the configuration's users it lacks (it
 // restarted empty, or a user was deleted there): a user's sign-in found
 // it missing.
-func (a *aclState) ensure(ctx context.Context, be *backend, name string) error {
+func (a *aclState) ensure(ctx context.Context, be *backendConn, name string) error {
 	u := a.user(name)
 	if u == nil {
 		return nil
@@ -488,7 +488,7 @@ func (a *aclState) ensure(ctx context.Context, be *backend, name string) error {
 // signIn sends the user's AUTH on be, a connection signed in as the
 // proxy, installing the user first where it is missing. It returns the
 // backend's reply.
-func (a *aclState) signIn(ctx context.Context, be *backend, auth []byte) ([]byte, error) {
+func (a *aclState) signIn(ctx context.Context, be *backendConn, auth []byte) ([]byte, error) {
 	if err := a.prepare(ctx, be); err != nil {
 		a.p.log.Warn("acl: installing users", zap.Error(err))
 	}
@@ -509,7 +509,7 @@ func (a *aclState) signIn(ctx context.Context, be *backend, auth []byte) ([]byte
 
 // setup brings be, a new connection signed in as the proxy, to state,
 // whose first command is a user's AUTH (under Redis's ACL at the proxy).
-func (a *aclState) setup(ctx context.Context, be *backend, cmds [][]byte) error {
+func (a *aclState) setup(ctx context.Context, be *backendConn, cmds [][]byte) error {
 	if len(cmds) == 0 {
 		return nil
 	}
@@ -528,7 +528,7 @@ func (a *aclState) setup(ctx context.Context, be *backend, cmds [][]byte) error 
 
 // dialSetup brings be, just dialled, to state under Redis's ACL: the
 // proxy's own setup, then the user's AUTH and the rest.
-func (a *aclState) dialSetup(ctx context.Context, be *backend, own [][]byte, state replayState) error {
+func (a *aclState) dialSetup(ctx context.Context, be *backendConn, own [][]byte, state replayState) error {
 	if len(own) > 0 {
 		if err := be.setup(ctx, own); err != nil {
 			return err
@@ -738,7 +738,7 @@ func (a *aclState) control(ctx context.Context, cmd []byte) ([]byte, error) {
 const maxControl = 4
 
 // controlConn returns an idle control connection, or dials one.
-func (a *aclState) controlConn(ctx context.Context) (*backend, error) {
+func (a *aclState) controlConn(ctx context.Context) (*backendConn, error) {
 	a.ctlMu.Lock()
 	if n := len(a.ctlIdle); n > 0 {
 		be := a.ctlIdle[n-1]
@@ -759,7 +759,7 @@ func (a *aclState) controlConn(ctx context.Context) (*backend, error) {
 }
 
 // learnVersion learns from be how the backend words its refusals, once.
-func (a *aclState) learnVersion(ctx context.Context, be *backend) {
+func (a *aclState) learnVersion(ctx context.Context, be *backendConn) {
 	if a.versioned.Load() {
 		return
 	}
@@ -771,7 +771,7 @@ func (a *aclState) learnVersion(ctx context.Context, be *backend) {
 
 // putControl keeps be for the next control command, or closes it once
 // the proxy is shutting down.
-func (a *aclState) putControl(be *backend) {
+func (a *aclState) putControl(be *backendConn) {
 	a.ctlMu.Lock()
 	defer a.ctlMu.Unlock()
 	if a.ctlClosed {

@@ -46,7 +46,7 @@ type mirrors struct {
 // mirror is one master's mirror connection.
 type mirror struct {
 	addr string
-	be   *backend
+	be   *backendConn
 	acks chan struct{} // a (p)subscribe confirmation came
 }
 

@@ -37,7 +37,7 @@ func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
 	st := cs.st.replay
-	var conns []*backend
+	var conns []*backendConn
 	fail := func(err error) cluster.Call {
 		for _, be := range conns {
 			be.nc.Close()
@@ -119,7 +119,7 @@ func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
 // copyMonitor copies the MONITOR lines of one master to the client until
 // the connection ends. It disconnects the client when the master's
 // connection broke while the client was still monitoring.
-func (s *session) copyMonitor(be *backend, other bool) {
+func (s *session) copyMonitor(be *backendConn, other bool) {
 	defer s.wg.Done()
 	defer s.cl.monWG.Done()
 	defer s.recoverPanic()

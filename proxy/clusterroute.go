@@ -48,7 +48,7 @@ type clusterSession struct {
 	closed bool
 	// monitors are the MONITOR connections, one per master, while the
 	// client monitors (clustermonitor.go).
-	monitors []*backend
+	monitors []*backendConn
 	monWG    sync.WaitGroup // their readers
 	// monitorOn: the client is in MONITOR mode; the forwarder's own.
 	monitorOn bool
@@ -227,7 +227,7 @@ func (cs *clusterSession) forward(name []byte, cmd redcon.Command) (localItem, b
 
 // dial is the cluster's upstream.dial: the client's pub/sub connection,
 // to the node it is pinned to.
-func (cs *clusterSession) dial(st replayState) (*backend, error) {
+func (cs *clusterSession) dial(st replayState) (*backendConn, error) {
 	s := cs.s
 	be, err := s.p.dialAddr(s.ctx, cs.pinAddr, st)
 	if err != nil {

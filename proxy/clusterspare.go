@@ -39,7 +39,7 @@ func (r *router) keepSpares(masters []string) {
 // dedicated returns a connection of a client's own to the master at
 // addr, brought to state: a spare one when there is one, a new one
 // otherwise.
-func (r *router) dedicated(ctx context.Context, addr string, state replayState) (*backend, error) {
+func (r *router) dedicated(ctx context.Context, addr string, state replayState) (*backendConn, error) {
 	r.spMu.Lock()
 	sp := r.spares[addr]
 	r.spMu.Unlock()

@@ -52,7 +52,7 @@ type tracking struct {
 
 // sink is one master's connection the client's invalidations go to.
 type sink struct {
-	be *backend
+	be *backendConn
 	id int64
 }
 
@@ -226,7 +226,7 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 }
 
 // roundTrip sends cmds on be and returns their replies.
-func roundTrip(ctx context.Context, be *backend, cmds ...[]byte) ([][]byte, error) {
+func roundTrip(ctx context.Context, be *backendConn, cmds ...[]byte) ([][]byte, error) {
 	deadline, _ := ctx.Deadline()
 	be.nc.SetDeadline(deadline)
 	defer be.nc.SetDeadline(time.Time{})

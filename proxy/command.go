@@ -241,7 +241,7 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 // dialAny opens a connection for one of the proxy's own queries of the
 // backend (COMMAND, see query): to the backend, or to any node of a
 // cluster, the masters first.
-func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backend, error) {
+func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backendConn, error) {
 	if p.router == nil {
 		return p.dial(ctx, st)
 	}

@@ -463,7 +463,7 @@ func guardSpec(spec resp.KeySpec, args [][]byte, hit int) error {
 // fencedConn is a backend connection of the proxy's own that runs a
 // client's FENCED transactions, in the client's state.
 type fencedConn struct {
-	be *backend
+	be *backendConn
 	st replayState
 	// watched is the WATCH in effect after the last FENCED, whose GET
 	// read prefetch (nil: no record), or nil; watching: a WATCH may be in
@@ -504,7 +504,7 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, boo
 		c.be.nc.Close()
 		delete(s.fc, addr)
 	}
-	var be *backend
+	var be *backendConn
 	var err error
 	if s.cl != nil {
 		be, err = s.p.dialAddr(ctx, addr, st)

@@ -19,6 +19,7 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
@@ -90,7 +91,7 @@ type Config struct {
 	Docs *Docs
 	// ArrivalOrder passes different clients' commands to the backend in
 	// the order their bytes reached the proxy, as Redis, reading its
-	// clients with one thread, runs them (arrival_linux.go; Linux only).
+	// clients with one thread, runs them (internal/backend, Arrivals; Linux only).
 	// It costs throughput when many clients send at once: 2-25% of the
 	// commands per second of 50 clients without pipelining on 2 CPUs, up
 	// to 13% with 16 commands per pipeline (README.md, Performance). Reads
@@ -332,9 +333,9 @@ type Proxy struct {
 	// batches counts the batches of commands begun on the shared
 	// connections, which orders them (see shared).
 	batches  atomic.Uint64
-	spares   *spares        // nil when there are none
-	order    *arrivals      // nil where the platform keeps no arrival order
-	sharedWG sync.WaitGroup // the shared connections' readers
+	spares   *spares           // nil when there are none
+	order    *backend.Arrivals // nil where the platform keeps no arrival order
+	sharedWG sync.WaitGroup    // the shared connections' readers
 	limits   atomic.Pointer[Limits]
 	wg       sync.WaitGroup // one per session, until its cleanup is done
 
@@ -401,7 +402,7 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		p.follow.Start(p.root)
 	}
 	if cfg.ArrivalOrder {
-		order, err := newArrivals()
+		order, err := backend.NewArrivals()
 		if err != nil {
 			return nil, fmt.Errorf("proxy: arrival order: %w", err)
 		}
@@ -491,7 +492,7 @@ drain:
 	}
 	p.sharedWG.Wait()
 	p.spares.close(ln != nil)
-	p.order.close()
+	p.order.Close()
 	if p.follow != nil {
 		p.follow.Close()
 	}
@@ -568,7 +569,7 @@ func (p *Proxy) closed(conn redcon.Conn, err error) {
 	if !ok {
 		return
 	}
-	s.nc.order.remove()
+	s.nc.order.Remove()
 	s.close()
 	go func() {
 		defer p.wg.Done()
@@ -603,9 +604,9 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		return nil, err
 	}
-	// The socket is read in arrival order (arrival_linux.go) below TLS,
+	// The socket is read in arrival order (internal/backend, Arrivals) below TLS,
 	// so that a partial TLS record never holds other clients up.
-	oc, a, err := l.p.order.wrap(c)
+	oc, a, err := l.p.order.Wrap(c)
 	if err != nil {
 		l.p.log.Warn("arrival order", zap.Error(err))
 	} else {
@@ -631,7 +632,7 @@ func (l *listener) Accept() (net.Conn, error) {
 // credentials and database first, then what the client had set. The
 // address is the fixed one, or the primary the follower knows, which then
 // owns the connection and closes it when the primary changes.
-func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
+func (p *Proxy) dial(ctx context.Context, state replayState) (*backendConn, error) {
 	if p.follow == nil {
 		return p.dialAddr(ctx, p.cfg.Backend.Addr, state)
 	}
@@ -654,7 +655,7 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 }
 
 // dialAddr opens a backend connection to addr and brings it to state.
-func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*backend, error) {
+func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*backendConn, error) {
 	b := &p.cfg.Backend
 	network := "tcp"
 	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "unix:") {
@@ -677,7 +678,7 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 	}
 	// Only the proxy's own commands go through w (setup, COMMAND): the
 	// clients' commands leave from a shared's write buffer.
-	be := &backend{
+	be := &backendConn{
 		nc:   nc,
 		r:    bufio.NewReaderSize(nc, 16<<10),
 		w:    bufio.NewWriterSize(nc, 512),
@@ -703,7 +704,7 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 
 // dedicated returns a backend connection of one client's own, brought to
 // state: a spare one when there is one, a new one otherwise.
-func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backend, error) {
+func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backendConn, error) {
 	if be := p.spares.take(); be != nil {
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, p.cfg.Backend.DialTimeout)
@@ -780,7 +781,7 @@ func (b *backoff) record(err error) {
 
 // setup sends cmds in one write and checks that none failed. It gives up
 // when ctx ends (the spares' filler at shutdown, a client that left).
-func (be *backend) setup(ctx context.Context, cmds [][]byte) error {
+func (be *backendConn) setup(ctx context.Context, cmds [][]byte) error {
 	deadline, _ := ctx.Deadline()
 	be.nc.SetDeadline(deadline)
 	defer be.nc.SetDeadline(time.Time{})

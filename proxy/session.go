@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -53,8 +54,8 @@ type localItem struct {
 	quit   bool     // close the connection after the reply
 }
 
-// backend is one connection to the backend Redis.
-type backend struct {
+// backendConn is one connection to the backend Redis.
+type backendConn struct {
 	nc   net.Conn
 	r    *bufio.Reader
 	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
@@ -103,7 +104,7 @@ type session struct {
 	// pinned one was closed. connOut: commands were put on it since the
 	// last flush.
 	conn    *muxConn
-	be      *backend
+	be      *backendConn
 	connOut bool
 	// waitStale: the client sent commands on another connection than its
 	// own one (the shared one, or an own one since lost), whose writes a
@@ -167,7 +168,7 @@ func (s *session) handle(cmd redcon.Command) {
 	// answered by the proxy, never to the backend, and a lock command
 	// takes a round trip to the nodes or waits: other clients' commands
 	// do not wait for it, nor for what follows it in this read.
-	s.nc.order.end()
+	s.nc.order.End()
 	// A command that is quick to answer, with no reply due before it, is
 	// answered here, on redcon's goroutine; the others get a goroutine of
 	// their own, so that this one goes on reading and sees the client hang
@@ -266,8 +267,8 @@ func (s *session) drainBacklog() {
 // answer locally in its place. order is the arrival order of the read cmd
 // came in, when it is the read just made on redcon's goroutine: a command
 // that is not the proxy's own waits there for the commands other clients
-// sent before it (arrival_linux.go).
-func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) {
+// sent before it (internal/backend, Arrivals).
+func (s *session) forward(cmd redcon.Command, order *backend.Arrival) (localItem, bool) {
 	if s.cl != nil && s.cl.quit {
 		// After a cluster client's QUIT, which closes the connection
 		// (one Redis runs QUIT itself).
@@ -300,13 +301,13 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		}
 	}
 	if it, ok := s.fencedItem(name, cmd.Args); ok {
-		order.wait()
+		order.Wait()
 		return it, false
 	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
-	order.wait()
+	order.Wait()
 	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.Txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
@@ -447,7 +448,7 @@ func (s *session) flush() {
 		if !s.w.pushed() {
 			// A TLS client's replies are written by its own goroutine.
 			// The commands have left: other clients' need not wait.
-			s.nc.order.end()
+			s.nc.order.End()
 			s.drainShared()
 		}
 	}
@@ -544,7 +545,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 // answers, and learns from it. It reports false when be is done with: lost,
 // answered a QUIT, or a replication stream that was relayed until it
 // ended.
-func (s *session) frame(be *backend, first byte, ri *resp.ReplyInfo) bool {
+func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 	// A push is always the client's, as it is.
 	kind, replace, hidden := entryPlain, []byte(nil), false
 	if first != '>' {
@@ -582,7 +583,7 @@ func (s *session) frame(be *backend, first byte, ri *resp.ReplyInfo) bool {
 // until either side ends it: the RDB payload (which has no CRLF after it,
 // or ends with an EOF mark), the newlines before it, and the commands after
 // it are not replies and are not parsed.
-func (s *session) relay(be *backend) error {
+func (s *session) relay(be *backendConn) error {
 	if ce := s.log.Check(zap.DebugLevel, "replication stream"); ce != nil {
 		ce.Write()
 	}
@@ -593,7 +594,7 @@ func (s *session) relay(be *backend) error {
 // marks be dead. A client whose stream broke mid-reply, or that was
 // subscribed or monitoring, is disconnected instead: its state is gone and
 // it must notice, as it would if Redis itself had dropped it.
-func (s *session) backendLost(be *backend, cause error) {
+func (s *session) backendLost(be *backendConn, cause error) {
 	be.nc.Close()
 	owed, visible, listening, closed, quit := s.q.lose(be)
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, resp.ErrMidReply) || listening

@@ -57,10 +57,10 @@ type muxConn struct {
 	grp  *muxGroup // the connections to the same server
 
 	mu      sync.Mutex
-	be      *backend // nil until dialled; replaced when it dies
-	wbuf    []byte   // commands waiting to be written
-	wn      int      // how many commands wbuf holds
-	out     int      // commands written whose replies have not been read
+	be      *backendConn // nil until dialled; replaced when it dies
+	wbuf    []byte       // commands waiting to be written
+	wn      int          // how many commands wbuf holds
+	out     int          // commands written whose replies have not been read
 	spare   []byte
 	writing bool
 	// since orders the batches waiting on the shared connections: the
@@ -195,7 +195,7 @@ func (sh *muxConn) startReader() {
 
 // stopIdle reports whether the reader of a client's own connection ends
 // now that no reply is owed on be (the next command starts another).
-func (sh *muxConn) stopIdle(be *backend) bool {
+func (sh *muxConn) stopIdle(be *backendConn) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != be || len(be.pending.sessions) > 0 || be.r.Buffered() > 0 {
@@ -206,7 +206,7 @@ func (sh *muxConn) stopIdle(be *backend) bool {
 }
 
 // ready returns the live connection, dialing it when there is none.
-func (sh *muxConn) ready() (*backend, error) {
+func (sh *muxConn) ready() (*backendConn, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if be := sh.be; be != nil && !be.dead && !sh.reading && !open(be) {
@@ -229,7 +229,7 @@ func (sh *muxConn) ready() (*backend, error) {
 
 // queueOn queues raw for s with ticket, as queue does, if be, which ready
 // returned, is still the live connection; it reports false otherwise.
-func (sh *muxConn) queueOn(be *backend, s *session, ticket uint64, raw []byte) bool {
+func (sh *muxConn) queueOn(be *backendConn, s *session, ticket uint64, raw []byte) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != be || be.dead {
@@ -251,7 +251,7 @@ func newOne(s *session) *muxConn {
 // client's connection of one, and starts its reader. What waited to be
 // written on the connection before, which was lost, is dropped: the
 // client has been answered for it (session.backendLost).
-func (sh *muxConn) attach(be *backend) {
+func (sh *muxConn) attach(be *backendConn) {
 	sh.mu.Lock()
 	if len(sh.wbuf) > 0 {
 		sh.since.Store(0)
@@ -283,7 +283,7 @@ func (sh *muxConn) put(raw []byte) {
 // connect dials a new shared connection; sh.mu is held.
 func (sh *muxConn) connect() error {
 	p := sh.p
-	var be *backend
+	var be *backendConn
 	var err error
 	switch {
 	case sh.own != nil:
@@ -472,7 +472,7 @@ func (g *muxGroup) writeQueued(limit uint64) {
 // read hands every reply on be to the client it belongs to. On a
 // client's connection of one (sh.one) it runs until be ends, and the
 // client's replyQueue tells what each frame answers (session.frame).
-func (sh *muxConn) read(be *backend) {
+func (sh *muxConn) read(be *backendConn) {
 	if s := sh.one; s != nil {
 		defer s.wg.Done()
 		defer close(be.done) // connect waits for it before a new connection's replies
@@ -605,7 +605,7 @@ func (sh *muxConn) read(be *backend) {
 
 // fail ends be: every client waiting on it gets a connection-lost error,
 // and cut, whose reply was cut short, is disconnected.
-func (sh *muxConn) fail(be *backend, cut *session) {
+func (sh *muxConn) fail(be *backendConn, cut *session) {
 	be.nc.Close()
 	if sh.own == nil {
 		sh.p.backendTrouble()

@@ -27,7 +27,7 @@ type spares struct {
 	addr string // a cluster master's (clusterspare.go); "" for the backend
 
 	mu     sync.Mutex
-	idle   []*backend
+	idle   []*backendConn
 	closed bool
 
 	wake chan struct{} // one pending signal: a connection was taken
@@ -51,7 +51,7 @@ func (sp *spares) start() {
 
 // take returns a spare connection that is still open, or nil when there is
 // none, and has the filler replace it.
-func (sp *spares) take() *backend {
+func (sp *spares) take() *backendConn {
 	if sp == nil {
 		return nil
 	}
@@ -81,7 +81,7 @@ func (sp *spares) take() *backend {
 // read: Redis may have closed it since (its timeout setting, CLIENT KILL, a
 // restart). It peeks at the socket without waiting; a deadline would not
 // do, since Go reports an expired one without reading.
-func open(be *backend) bool {
+func open(be *backendConn) bool {
 	if be.r.Buffered() > 0 {
 		return false
 	}
@@ -128,7 +128,7 @@ func (sp *spares) fill() {
 				return
 			}
 		}
-		var be *backend
+		var be *backendConn
 		var err error
 		if sp.addr != "" {
 			be, err = sp.p.dialAddr(root, sp.addr, replayState{})
