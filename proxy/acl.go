@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,10 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
-
-	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Redis's ACL at the proxy. The users are Redis's: their rules are Redis
@@ -355,7 +353,7 @@ func (a *aclState) installEverywhere(ctx context.Context) error {
 			continue
 		}
 		errs = append(errs, a.prepare(ctx, be))
-		be.nc.Close()
+		be.NC.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -377,7 +375,7 @@ func (a *aclState) installMissing(ctx context.Context) {
 		if err := a.prepare(ctx, be); err != nil {
 			a.p.log.Warn("acl: installing users", zap.String("node", addr), zap.Error(err))
 		}
-		be.nc.Close()
+		be.NC.Close()
 	}
 }
 
@@ -398,33 +396,11 @@ func (p *Proxy) nodeDialers() []func(context.Context) (*backendConn, error) {
 	return out
 }
 
-// call sends cmd on be, a connection of the proxy's, and returns its
-// reply whole.
-func (be *backendConn) call(ctx context.Context, cmd []byte) ([]byte, error) {
-	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	if _, err := be.w.Write(cmd); err != nil {
-		return nil, err
-	}
-	if err := be.w.Flush(); err != nil {
-		return nil, err
-	}
-	var out bytes.Buffer
-	w := bufio.NewWriter(&out)
-	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, be.r, &ri); err != nil {
-		return nil, err
-	}
-	w.Flush()
-	return out.Bytes(), nil
-}
-
 // prepare installs the configuration's users on be's node if they have
 // not been since the proxy started or they last changed. be is signed in
 // as the proxy.
 func (a *aclState) prepare(ctx context.Context, be *backendConn) error {
-	node := be.nc.RemoteAddr().String()
+	node := be.NC.RemoteAddr().String()
 	a.mu.Lock()
 	gen := a.userGen
 	done := a.installed[node] == gen
@@ -457,7 +433,7 @@ func (a *aclState) userList() []*aclUser {
 
 // install runs u's ACL SETUSER on be.
 func (a *aclState) install(ctx context.Context, be *backendConn, u *aclUser) error {
-	r, err := be.call(ctx, u.setuser)
+	r, err := be.Call(ctx, u.setuser)
 	if err != nil {
 		return err
 	}
@@ -475,7 +451,7 @@ func (a *aclState) ensure(ctx context.Context, be *backendConn, name string) err
 	if u == nil {
 		return nil
 	}
-	r, err := be.call(ctx, command("ACL", "GETUSER", name))
+	r, err := be.Call(ctx, command("ACL", "GETUSER", name))
 	if err != nil {
 		return err
 	}
@@ -492,7 +468,7 @@ func (a *aclState) signIn(ctx context.Context, be *backendConn, auth []byte) ([]
 	if err := a.prepare(ctx, be); err != nil {
 		a.p.log.Warn("acl: installing users", zap.Error(err))
 	}
-	r, err := be.call(ctx, auth)
+	r, err := be.Call(ctx, auth)
 	if err != nil || !bytes.HasPrefix(r, []byte("-WRONGPASS")) {
 		return r, err
 	}
@@ -504,7 +480,7 @@ func (a *aclState) signIn(ctx context.Context, be *backendConn, auth []byte) ([]
 		a.p.log.Warn("acl: installing a user", zap.Error(err))
 		return r, nil
 	}
-	return be.call(ctx, auth)
+	return be.Call(ctx, auth)
 }
 
 // setup brings be, a new connection signed in as the proxy, to state,
@@ -518,30 +494,30 @@ func (a *aclState) setup(ctx context.Context, be *backendConn, cmds [][]byte) er
 		return err
 	}
 	if r[0] == '-' {
-		return &userRefusedError{refusedError{Command: "AUTH", Reply: strings.TrimSpace(string(r[1:]))}}
+		return &userRefusedError{backend.RefusedError{Command: "AUTH", Reply: strings.TrimSpace(string(r[1:]))}}
 	}
 	if len(cmds) == 1 {
 		return nil
 	}
-	return be.setup(ctx, cmds[1:])
+	return be.Setup(ctx, cmds[1:])
 }
 
 // dialSetup brings be, just dialled, to state under Redis's ACL: the
 // proxy's own setup, then the user's AUTH and the rest.
 func (a *aclState) dialSetup(ctx context.Context, be *backendConn, own [][]byte, state replayState) error {
 	if len(own) > 0 {
-		if err := be.setup(ctx, own); err != nil {
+		if err := be.Setup(ctx, own); err != nil {
 			return err
 		}
 	}
 	return a.setup(ctx, be, state.commands(nil))
 }
 
-// userRefusedError is a refusedError of a user's AUTH: the backend is up,
+// userRefusedError is a backend.RefusedError of a user's AUTH: the backend is up,
 // and the other clients' connections need no backoff.
-type userRefusedError struct{ refusedError }
+type userRefusedError struct{ backend.RefusedError }
 
-func (e *userRefusedError) Unwrap() error { return &e.refusedError }
+func (e *userRefusedError) Unwrap() error { return &e.RefusedError }
 
 // userRefused reports whether err is a user's AUTH the backend refused.
 func userRefused(err error) bool {
@@ -558,7 +534,7 @@ func (a *aclState) authenticate(ctx context.Context, auth []byte) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	defer be.nc.Close()
+	defer be.NC.Close()
 	if a.p.router != nil {
 		a.installMissing(ctx)
 	}
@@ -606,7 +582,7 @@ func (a *aclState) closeGroups() {
 	a.ctlMu.Lock()
 	a.ctlClosed = true
 	for _, be := range a.ctlIdle {
-		be.nc.Close()
+		be.NC.Close()
 	}
 	a.ctlIdle = nil
 	a.ctlMu.Unlock()
@@ -713,7 +689,7 @@ func (a *aclState) control(ctx context.Context, cmd []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		r, err := be.call(ctx, cmd)
+		r, err := be.Call(ctx, cmd)
 		if err == nil {
 			if bytes.HasPrefix(r, []byte("-ERR User '")) && attempt == 0 {
 				// Missing on a node that restarted empty?
@@ -727,7 +703,7 @@ func (a *aclState) control(ctx context.Context, cmd []byte) ([]byte, error) {
 			a.putControl(be)
 			return r, nil
 		}
-		be.nc.Close()
+		be.NC.Close()
 		if attempt > 0 || ctx.Err() != nil {
 			return nil, err
 		}
@@ -763,7 +739,7 @@ func (a *aclState) learnVersion(ctx context.Context, be *backendConn) {
 	if a.versioned.Load() {
 		return
 	}
-	if info, err := be.call(ctx, command("INFO", "server")); err == nil && info[0] != '-' {
+	if info, err := be.Call(ctx, command("INFO", "server")); err == nil && info[0] != '-' {
 		a.old.Store(oldWording(info))
 		a.versioned.Store(true)
 	}
@@ -775,7 +751,7 @@ func (a *aclState) putControl(be *backendConn) {
 	a.ctlMu.Lock()
 	defer a.ctlMu.Unlock()
 	if a.ctlClosed {
-		be.nc.Close()
+		be.NC.Close()
 		return
 	}
 	a.ctlIdle = append(a.ctlIdle, be)

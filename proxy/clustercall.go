@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -160,7 +161,7 @@ func (s *session) sendPart(p *cluster.Part, opts ticketOpts, deadline time.Time)
 		sh := cs.ownConn(s, p.Addr)
 		be, err := sh.ready()
 		if err != nil {
-			if refused(err) || !s.again(p, deadline) {
+			if backend.Refused(err) || !s.again(p, deadline) {
 				p.Err = err
 				if p.Tx != nil {
 					s.txUnsent(p)

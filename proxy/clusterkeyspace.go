@@ -90,8 +90,8 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 		if len(conns) > 0 {
 			raw := encodeArgs(args)
 			for _, m := range conns {
-				m.be.nc.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.DialTimeout))
-				m.be.nc.Write(raw)
+				m.be.NC.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.DialTimeout))
+				m.be.NC.Write(raw)
 			}
 		}
 		return
@@ -116,8 +116,8 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 	raw := encodeArgs(cmd)
 	deadline := time.Now().Add(s.p.cfg.Backend.DialTimeout)
 	for _, m := range conns {
-		m.be.nc.SetWriteDeadline(deadline)
-		if _, err := m.be.nc.Write(raw); err != nil {
+		m.be.NC.SetWriteDeadline(deadline)
+		if _, err := m.be.NC.Write(raw); err != nil {
 			continue
 		}
 	}
@@ -182,7 +182,7 @@ func (cs *clusterSession) closeMirrors() {
 	clear(mr.patterns)
 	mr.mu.Unlock()
 	for _, c := range conns {
-		c.be.nc.Close()
+		c.be.NC.Close()
 	}
 }
 
@@ -197,7 +197,7 @@ func (s *session) readMirror(c *mirror) {
 	mr := &s.cl.mirrors
 	for {
 		buf.Reset()
-		if err := resp.CopyReply(w, c.be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, c.be.R, &ri); err != nil {
 			return
 		}
 		w.Flush()
@@ -236,7 +236,7 @@ func (s *session) readMirror(c *mirror) {
 		}
 		out := s.w.lockOutput()
 		out.Write(frame)
-		if c.be.r.Buffered() == 0 {
+		if c.be.R.Buffered() == 0 {
 			out.Flush()
 		}
 		s.w.unlock()

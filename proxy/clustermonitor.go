@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -40,7 +41,7 @@ func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 	var conns []*backendConn
 	fail := func(err error) cluster.Call {
 		for _, be := range conns {
-			be.nc.Close()
+			be.NC.Close()
 		}
 		s.p.m.unavailable.Add(1)
 		return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: err}))
@@ -51,11 +52,11 @@ func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 			return fail(fmt.Errorf("%s: %w", addr, err))
 		}
 		conns = append(conns, be)
-		if err := be.setup(ctx, [][]byte{cmdMonitor}); err != nil {
-			var r *refusedError
+		if err := be.Setup(ctx, [][]byte{cmdMonitor}); err != nil {
+			var r *backend.RefusedError
 			if errors.As(err, &r) {
 				for _, be := range conns {
-					be.nc.Close()
+					be.NC.Close()
 				}
 				return cluster.LocalCall([]byte("-" + r.Reply + "\r\n")) // the node's own refusal (NOPERM, ...)
 			}
@@ -86,7 +87,7 @@ func (cs *clusterSession) monitoring() bool { return cs.monitorOn }
 // stopMonitor closes the MONITOR connections; cs.mu is held.
 func (cs *clusterSession) stopMonitor() {
 	for _, be := range cs.monitors {
-		be.nc.Close()
+		be.NC.Close()
 	}
 	cs.monitors = nil
 }
@@ -125,7 +126,7 @@ func (s *session) copyMonitor(be *backendConn, other bool) {
 	defer s.recoverPanic()
 	var line []byte
 	for {
-		b, err := be.r.ReadSlice('\n')
+		b, err := be.R.ReadSlice('\n')
 		line = append(line, b...)
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
@@ -139,7 +140,7 @@ func (s *session) copyMonitor(be *backendConn, other bool) {
 		}
 		w := s.w.lockOutput()
 		w.Write(line)
-		if !hasLine(be.r) {
+		if !hasLine(be.R) {
 			w.Flush()
 		}
 		s.w.unlock()

@@ -244,14 +244,6 @@ func setsState(name []byte, args [][]byte) bool {
 	return resp.Of(name, args).Has(resp.EveryConn)
 }
 
-// refused reports whether a dial failed because the node refused the
-// client's state (its AUTH, say): the error is the client's at once, as
-// waiting for the cluster cannot change the node's answer.
-func refused(err error) bool {
-	var r *refusedError
-	return errors.As(err, &r)
-}
-
 // again waits a little, reads the slot map again and routes p by its slot
 // once more; it reports false when it is too late to try again.
 func (s *session) again(p *cluster.Part, deadline time.Time) bool {

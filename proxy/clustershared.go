@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -65,7 +66,7 @@ type router struct {
 	// spares are each master's spare connections (clusterspare.go),
 	// under spMu; spClosed, that the proxy shut them down.
 	spMu     sync.Mutex
-	spares   map[string]*spares
+	spares   map[string]*backend.Spares
 	spClosed bool
 	// clientIDs are the clients by the id CLIENT ID gave them, for
 	// CLIENT TRACKING ... REDIRECT (clustertracking.go).

@@ -208,12 +208,12 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 	}
 	replies, err := roundTrip(ctx, be, cmdClientID, subscribeInvalid)
 	if err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return err
 	}
 	id, err := cluster.IntAt(replies[0])
 	if err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return fmt.Errorf("CLIENT ID: %q", replies[0])
 	}
 	sk := &sink{be: be, id: id}
@@ -228,12 +228,12 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 // roundTrip sends cmds on be and returns their replies.
 func roundTrip(ctx context.Context, be *backendConn, cmds ...[]byte) ([][]byte, error) {
 	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
+	be.NC.SetDeadline(deadline)
+	defer be.NC.SetDeadline(time.Time{})
 	for _, c := range cmds {
-		be.w.Write(c)
+		be.W.Write(c)
 	}
-	if err := be.w.Flush(); err != nil {
+	if err := be.W.Flush(); err != nil {
 		return nil, err
 	}
 	var out [][]byte
@@ -242,7 +242,7 @@ func roundTrip(ctx context.Context, be *backendConn, cmds ...[]byte) ([][]byte, 
 	var ri resp.ReplyInfo
 	for range cmds {
 		buf.Reset()
-		if err := resp.CopyReply(w, be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, be.R, &ri); err != nil {
 			return nil, err
 		}
 		w.Flush()
@@ -258,7 +258,7 @@ func (t *tracking) close() {
 	t.sinks = map[string]*sink{}
 	t.mu.Unlock()
 	for _, sk := range sinks {
-		sk.be.nc.Close()
+		sk.be.NC.Close()
 	}
 }
 
@@ -281,7 +281,7 @@ func (t *tracking) read(sk *sink, first bool) {
 	var ri resp.ReplyInfo
 	for {
 		buf.Reset()
-		if err := resp.CopyReply(w, sk.be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, sk.be.R, &ri); err != nil {
 			return
 		}
 		w.Flush()

@@ -43,8 +43,8 @@ func (s *session) unblockCall(args [][]byte) bool {
 	target.mu.Lock()
 	for addr, sh := range target.own {
 		sh.mu.Lock()
-		if be := sh.be; be != nil && !be.dead {
-			conns = append(conns, conn{addr, be.nc.LocalAddr().String()})
+		if be := sh.be; be != nil && !be.Dead {
+			conns = append(conns, conn{addr, be.NC.LocalAddr().String()})
 		}
 		sh.mu.Unlock()
 	}

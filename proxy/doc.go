@@ -16,7 +16,7 @@
 // answers, and reads for as long as the connection lives, since pushes,
 // messages and MONITOR lines come while the client sends nothing. The
 // move takes one of a few connections kept
-// dialed and set up in the background (spare.go), so it costs no dial: a
+// dialed and set up in the background (internal/backend, Spares), so it costs no dial: a
 // dial on the request path would let a command another client sends right
 // after reach Redis first. A command waiting for its shared connection
 // (behind the replies in flight on it) is written before any later
@@ -171,7 +171,7 @@
 // client's replies. internal/sentinel finds the backend through Redis
 // Sentinel when configured: its Follower tracks the primary and owns every
 // backend connection dialled to it, closing them all when the primary
-// changes (dial asks it for the address; sentinel.go has the proxy's side). spare.go keeps dedicated connections
+// changes (dial asks it for the address; sentinel.go has the proxy's side). internal/backend's Spares keep dedicated connections
 // ready, clientconn.go checks requests with internal/resp's Scanner,
 // auth.go answers AUTH, acl.go and aclsession.go carry Redis's ACL at
 // the proxy (its users' backend connections, the lock commands' checks),

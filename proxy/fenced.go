@@ -483,7 +483,7 @@ type fencedConns map[string]*fencedConn
 
 func (fc fencedConns) close() {
 	for _, c := range fc {
-		c.be.nc.Close()
+		c.be.NC.Close()
 	}
 }
 
@@ -501,7 +501,7 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, boo
 		if sameReplay(&c.st, &st) {
 			return c, true, nil
 		}
-		c.be.nc.Close()
+		c.be.NC.Close()
 		delete(s.fc, addr)
 	}
 	var be *backendConn
@@ -524,7 +524,7 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, boo
 
 func (s *session) dropFenced(addr string) {
 	if c := s.fc[addr]; c != nil {
-		c.be.nc.Close()
+		c.be.NC.Close()
 		delete(s.fc, addr)
 	}
 }
@@ -706,9 +706,9 @@ func parseRedirect(reply []byte) (fencedRedirect, bool) {
 func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, asking bool) (res fenceResult, reply []byte, record []byte, redir fencedRedirect, err error) {
 	be := c.be
 	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { be.nc.SetDeadline(time.Unix(1, 0)) })
+	be.NC.SetDeadline(deadline)
+	defer be.NC.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { be.NC.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
 	// In front of a cluster the command's keys are watched too: WATCH is
@@ -739,22 +739,22 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 		// another record's prefetch watched).
 		n := 2
 		if c.watching {
-			be.w.Write(cmdUnwatch)
+			be.W.Write(cmdUnwatch)
 			n++
 		}
 		if asking {
-			be.w.Write(cmdAsking)
+			be.W.Write(cmdAsking)
 		}
-		be.w.Write(watch)
+		be.W.Write(watch)
 		if asking {
-			be.w.Write(cmdAsking)
+			be.W.Write(cmdAsking)
 		}
-		be.w.Write(get)
+		be.W.Write(get)
 		if asking {
 			n += 2
 		}
 		c.watching = true
-		if err := be.w.Flush(); err != nil {
+		if err := be.W.Flush(); err != nil {
 			return fenceLost, nil, nil, fencedRedirect{}, err
 		}
 		replies, err := c.readReplies(n)
@@ -804,25 +804,25 @@ func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, as
 	// Round two: MULTI, SET record fence (a write), the command, EXEC;
 	// then the prefetch, WATCH and GET, unless following an ASK.
 	if asking {
-		be.w.Write(cmdAsking)
+		be.W.Write(cmdAsking)
 	}
-	be.w.Write(resp.CmdMulti)
+	be.W.Write(resp.CmdMulti)
 	n := 3
 	if pl.write {
-		be.w.Write(encodeCommand([][]byte{[]byte("SET"), pl.record, strconv.AppendInt(nil, pl.req.Fence, 10)}))
+		be.W.Write(encodeCommand([][]byte{[]byte("SET"), pl.record, strconv.AppendInt(nil, pl.req.Fence, 10)}))
 		n++
 	}
-	be.w.Write(pl.raw)
-	be.w.Write(cmdExec)
+	be.W.Write(pl.raw)
+	be.W.Write(cmdExec)
 	if asking {
 		n++
 	} else {
-		be.w.Write(watch)
-		be.w.Write(get)
+		be.W.Write(watch)
+		be.W.Write(get)
 		n += 2
 	}
 	c.watching = !asking
-	if err := be.w.Flush(); err != nil {
+	if err := be.W.Flush(); err != nil {
 		if errors.Is(err, net.ErrClosed) {
 			// Closed before anything was written (the follower closes
 			// the connections to a primary that was replaced).
@@ -897,8 +897,8 @@ func btoi(b bool) int {
 // unwatch ends the WATCH of a transaction that will not run.
 func (s *session) unwatch(c *fencedConn) error {
 	c.watched, c.watching = nil, false
-	c.be.w.Write(cmdUnwatch)
-	if err := c.be.w.Flush(); err != nil {
+	c.be.W.Write(cmdUnwatch)
+	if err := c.be.W.Flush(); err != nil {
 		return err
 	}
 	_, err := c.readReplies(1)
@@ -915,7 +915,7 @@ func (c *fencedConn) readReplies(n int) ([][]byte, error) {
 	c.ends = c.ends[:0]
 	var ri resp.ReplyInfo
 	for range n {
-		if err := resp.CopyReply(c.w, c.be.r, &ri); err != nil {
+		if err := resp.CopyReply(c.w, c.be.R, &ri); err != nil {
 			return nil, err
 		}
 		c.w.Flush()
@@ -1002,14 +1002,14 @@ func (s *session) fencedProbe(ctx context.Context, pl fencedPlan) ([]byte, Fence
 	}
 	be := c.be
 	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	be.w.Write(resp.CmdMulti)
-	be.w.Write(pl.raw)
-	be.w.Write(cmdDiscard) // which ends any WATCH too
+	be.NC.SetDeadline(deadline)
+	defer be.NC.SetDeadline(time.Time{})
+	be.W.Write(resp.CmdMulti)
+	be.W.Write(pl.raw)
+	be.W.Write(cmdDiscard) // which ends any WATCH too
 	c.watched, c.watching = nil, false
 	var replies [][]byte
-	if err = be.w.Flush(); err == nil {
+	if err = be.W.Flush(); err == nil {
 		replies, err = c.readReplies(3)
 	}
 	if err != nil {

@@ -50,7 +50,7 @@ func (q *replyQueue) init(m *metrics) {
 func (q *replyQueue) send(e *entry, be *backendConn) (ok, replies bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if be != nil && (be.dead || q.st.holds(e)) {
+	if be != nil && (be.Dead || q.st.holds(e)) {
 		return false, false // connect again, or be refused (see doomed)
 	}
 	if replies = q.st.sent(e); replies {
@@ -172,7 +172,7 @@ func (q *replyQueue) replicate() {
 func (q *replyQueue) waitSync(be *backendConn) (replica bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for !q.st.replica && q.head < len(q.fifo) && !be.dead && !q.closed {
+	for !q.st.replica && q.head < len(q.fifo) && !be.Dead && !q.closed {
 		q.cond.Wait()
 	}
 	return q.st.replica
@@ -228,7 +228,7 @@ func (q *replyQueue) attach(be *backendConn) error {
 func (q *replyQueue) dead(be *backendConn) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return be.dead
+	return be.Dead
 }
 
 // replay returns the state a new backend connection must be brought to.
@@ -272,7 +272,7 @@ func (q *replyQueue) adopt(st clientState) {
 func (q *replyQueue) lose(be *backendConn) (owed, visible int, listening, closed, quit bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	be.dead = true
+	be.Dead = true
 	q.cond.Broadcast() // a forwarder in waitSync
 	owed = len(q.fifo) - q.head
 	for _, e := range q.fifo[q.head:] {

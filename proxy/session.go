@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"sync"
 	"time"
 
@@ -56,11 +54,7 @@ type localItem struct {
 
 // backendConn is one connection to the backend Redis.
 type backendConn struct {
-	nc   net.Conn
-	r    *bufio.Reader
-	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
-	dead bool          // guarded by the session's replyQueue on a connection of one (muxConn.one), by muxConn.mu on the others
-	done chan struct{} // closed when the reader of a connection of one ends
+	backend.Conn
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }
@@ -511,7 +505,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		}
 		// The old reader answers what was pending before the new
 		// connection's replies may start.
-		<-s.be.done
+		<-s.be.Done
 		s.be = nil
 		s.waitStale = true
 	}
@@ -523,7 +517,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		return nil, err
 	}
 	if err := s.q.attach(be); err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return nil, err
 	}
 	if s.conn == nil {
@@ -560,9 +554,9 @@ func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 	}
 	var err error
 	if hidden {
-		err = s.w.skip(be.r, ri)
+		err = s.w.skip(be.R, ri)
 	} else {
-		err = s.w.copyFrom(be.r, ri, replace)
+		err = s.w.copyFrom(be.R, ri, replace)
 	}
 	if err != nil {
 		s.backendLost(be, err)
@@ -587,7 +581,7 @@ func (s *session) relay(be *backendConn) error {
 	if ce := s.log.Check(zap.DebugLevel, "replication stream"); ce != nil {
 		ce.Write()
 	}
-	return s.w.relay(be.r)
+	return s.w.relay(be.R)
 }
 
 // backendLost answers every command still waiting on be with an error and
@@ -595,7 +589,7 @@ func (s *session) relay(be *backendConn) error {
 // subscribed or monitoring, is disconnected instead: its state is gone and
 // it must notice, as it would if Redis itself had dropped it.
 func (s *session) backendLost(be *backendConn, cause error) {
-	be.nc.Close()
+	be.NC.Close()
 	owed, visible, listening, closed, quit := s.q.lose(be)
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, resp.ErrMidReply) || listening
 	if !closed && !quit && !errors.Is(cause, errClosed) {
@@ -753,7 +747,7 @@ func (s *session) close() {
 	}
 	s.cancel()
 	if be != nil {
-		be.nc.Close()
+		be.NC.Close()
 	}
 	if s.cl != nil {
 		s.cl.close()

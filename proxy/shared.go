@@ -151,7 +151,7 @@ func (sh *muxConn) send(s *session, e entry, raw []byte) error {
 func (sh *muxConn) queue(s *session, ticket uint64, pre, raw []byte, e *entry) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be == nil || sh.be.dead {
+	if sh.be == nil || sh.be.Dead {
 		if sh.retired {
 			return errClusterClosed
 		}
@@ -198,7 +198,7 @@ func (sh *muxConn) startReader() {
 func (sh *muxConn) stopIdle(be *backendConn) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be != be || len(be.pending.sessions) > 0 || be.r.Buffered() > 0 {
+	if sh.be != be || len(be.pending.sessions) > 0 || be.R.Buffered() > 0 {
 		return false
 	}
 	sh.reading = false
@@ -209,14 +209,14 @@ func (sh *muxConn) stopIdle(be *backendConn) bool {
 func (sh *muxConn) ready() (*backendConn, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if be := sh.be; be != nil && !be.dead && !sh.reading && !open(be) {
+	if be := sh.be; be != nil && !be.Dead && !sh.reading && !be.Open() {
 		// Closed while idle, with no reader to notice (the node's
 		// timeout, CLIENT KILL, a restart): dial again, as for a
 		// connection found lost.
-		be.nc.Close()
-		be.dead = true
+		be.NC.Close()
+		be.Dead = true
 	}
-	if sh.be == nil || sh.be.dead {
+	if sh.be == nil || sh.be.Dead {
 		if sh.retired {
 			return nil, errClusterClosed
 		}
@@ -232,7 +232,7 @@ func (sh *muxConn) ready() (*backendConn, error) {
 func (sh *muxConn) queueOn(be *backendConn, s *session, ticket uint64, raw []byte) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be != be || be.dead {
+	if sh.be != be || be.Dead {
 		return false
 	}
 	sh.push(s, ticket, raw)
@@ -293,13 +293,13 @@ func (sh *muxConn) connect() error {
 		if cmd := sh.own.trackingFor(sh.addr); err == nil && cmd != nil {
 			// Tracking on again (clustertracking.go).
 			ctx, cancel := context.WithTimeout(sh.ctx, p.cfg.Backend.DialTimeout)
-			if err = be.setup(ctx, [][]byte{cmd}); err != nil {
-				be.nc.Close()
+			if err = be.Setup(ctx, [][]byte{cmd}); err != nil {
+				be.NC.Close()
 			}
 			cancel()
 		}
 	default:
-		if err := p.backoff.check(); err != nil {
+		if err := p.backoff.Check(); err != nil {
 			return err
 		}
 		var st replayState
@@ -311,7 +311,7 @@ func (sh *muxConn) connect() error {
 		} else {
 			be, err = p.dial(p.root, st)
 		}
-		p.backoff.record(err)
+		p.backoff.Record(err)
 	}
 	if err != nil {
 		return err
@@ -391,10 +391,10 @@ func (sh *muxConn) write() {
 		sh.since.Store(0)
 		sh.grp.queued.Add(-1)
 		sh.mu.Unlock()
-		be.nc.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
-		_, err := be.nc.Write(buf)
+		be.NC.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
+		_, err := be.NC.Write(buf)
 		if err != nil {
-			be.nc.Close() // the reader answers everything pending with an error
+			be.NC.Close() // the reader answers everything pending with an error
 		}
 		sh.mu.Lock()
 		if cap(buf) <= 64<<10 {
@@ -475,7 +475,7 @@ func (g *muxGroup) writeQueued(limit uint64) {
 func (sh *muxConn) read(be *backendConn) {
 	if s := sh.one; s != nil {
 		defer s.wg.Done()
-		defer close(be.done) // connect waits for it before a new connection's replies
+		defer close(be.Done) // connect waits for it before a new connection's replies
 	} else {
 		defer sh.p.sharedWG.Done()
 	}
@@ -505,7 +505,7 @@ func (sh *muxConn) read(be *backendConn) {
 		sink, w = &rb.sink, rb.w
 	}
 	for {
-		b, err := be.r.Peek(1)
+		b, err := be.R.Peek(1)
 		if err != nil {
 			if s := sh.one; s != nil {
 				s.backendLost(be, err)
@@ -544,18 +544,18 @@ func (sh *muxConn) read(be *backendConn) {
 		sink.w = nil
 		answered := true
 		if s != nil && s.cl != nil {
-			answered, err = s.sharedReply(be.r, ticket, w, sink, &ri)
+			answered, err = s.sharedReply(be.R, ticket, w, sink, &ri)
 		} else {
 			if s != nil {
 				sink.w = s.sink()
 			}
-			err = resp.CopyReply(w, be.r, &ri)
+			err = resp.CopyReply(w, be.R, &ri)
 			// A client's consecutive replies reach its sink together:
 			// one lock and one copy for a pipeline's run of replies, not
 			// one each. The last of the run is flushed before it is
 			// counted as answered, so a client that finds nothing owed
 			// finds every reply in the sink.
-			if err != nil || s == nil || next != s || be.r.Buffered() == 0 {
+			if err != nil || s == nil || next != s || be.R.Buffered() == 0 {
 				w.Flush()
 			}
 		}
@@ -573,7 +573,7 @@ func (sh *muxConn) read(be *backendConn) {
 			sh.fail(be, s)
 			return
 		}
-		idle := be.r.Buffered() == 0 // the reader would wait for more next
+		idle := be.R.Buffered() == 0 // the reader would wait for more next
 		sh.p.checkReply(&ri)
 		if s != nil && answered && sh.own == nil {
 			s.replied(&ri)
@@ -606,12 +606,12 @@ func (sh *muxConn) read(be *backendConn) {
 // fail ends be: every client waiting on it gets a connection-lost error,
 // and cut, whose reply was cut short, is disconnected.
 func (sh *muxConn) fail(be *backendConn, cut *session) {
-	be.nc.Close()
+	be.NC.Close()
 	if sh.own == nil {
 		sh.p.backendTrouble()
 	}
 	sh.mu.Lock()
-	be.dead = true
+	be.Dead = true
 	if sh.be == be {
 		sh.reading = false
 	}
@@ -647,7 +647,7 @@ func (sh *muxConn) close() {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != nil {
-		sh.be.nc.Close()
+		sh.be.NC.Close()
 	}
 }
 
