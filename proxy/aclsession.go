@@ -249,7 +249,7 @@ func (s *session) fencedDenied(req FencedRequest) []byte {
 		return nil
 	}
 	args := append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(s.acl.user)}, req.Command...)
-	r, err := a.control(s.ctx, encodeCommand(args))
+	r, err := a.control(s.ctx, resp.Encode(args))
 	if err != nil {
 		return resp.ErrorReply(&BackendError{Err: err})
 	}
@@ -352,7 +352,7 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 		if err != nil {
 			return errLine(err.Error())
 		}
-		r, err := a.control(s.ctx, encodeCommand(append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(user)}, req.Command...)))
+		r, err := a.control(s.ctx, resp.Encode(append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(user)}, req.Command...)))
 		if err != nil {
 			return resp.ErrorReply(&BackendError{Err: err})
 		}
