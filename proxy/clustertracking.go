@@ -457,6 +457,6 @@ func (s *session) endCaching(c *cluster.Call) {
 			continue
 		}
 		p := cluster.Part{Slot: m.First[i], Addr: addr, Raw: cmdPing}
-		s.sendPart(&p, ticketOpts{own: true, mute: true}, deadline)
+		s.sendPart(&p, cluster.TicketOpts{Own: true, Mute: true}, deadline)
 	}
 }

@@ -51,9 +51,9 @@ func (s *session) unblockCall(args [][]byte) bool {
 	target.mu.Unlock()
 
 	s.settleCluster()
-	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
+	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.put(ticket, false, b, &s.w)
+		cs.order.Put(ticket, false, b, &s.w)
 		s.pushOut()
 	}
 	m := cs.r.Slots.Load()

@@ -489,7 +489,7 @@ func (s *session) flushDirty() {
 func (s *session) drainShared() {
 	s.q.waitEmpty()
 	if s.cl != nil {
-		s.cl.order.wait()
+		s.cl.order.Wait()
 	}
 	s.w.drain()
 }
@@ -610,7 +610,7 @@ func (s *session) backendLost(be *backendConn, cause error) {
 func (s *session) answer(it localItem) {
 	s.p.m.local.Add(1)
 	if s.cl != nil {
-		s.cl.order.wait() // the replies routed before it
+		s.cl.order.Wait() // the replies routed before it
 	}
 	t, ok := s.q.waitTurn()
 	if !ok {
@@ -711,7 +711,7 @@ func (s *session) protocolError(err error) {
 	start := time.Now()
 	s.q.waitIdle(time.Second)
 	if s.cl != nil {
-		s.cl.order.waitFor(time.Second - time.Since(start))
+		s.cl.order.WaitFor(time.Second - time.Since(start))
 	}
 	s.w.write([]byte("-ERR " + err.Error() + "\r\n"))
 }

@@ -12,14 +12,14 @@ import (
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
-// Batching. shared.go and order.go own how commands leave and replies
+// Batching. shared.go and internal/cluster's Order own how commands leave and replies
 // come back on every backend connection a client's commands go on: the
 // shared connections to one Redis and to each master of a cluster, a
 // cluster client's own connections (groups of one, clustercall.go), and
 // the connection of one client of one Redis, or a cluster client's pinned
 // pub/sub connection (muxConn.one). A command is queued with the client it
 // answers (and, in front of a cluster, its ticket in the client's
-// replyOrder, order.go), written with what queued meanwhile in one write,
+// cluster.Order), written with what queued meanwhile in one write,
 // and its reply is read by the connection's reader and put in the
 // client's order; on a connection of one client, the client's replyQueue
 // tells what each frame answers. Where a command goes is the upstream's
@@ -594,7 +594,7 @@ func (sh *muxConn) read(be *backendConn) {
 		// the client is then pushed to once more than needed. A cluster
 		// client's replies still owed on other masters' connections are
 		// pushed by the reader that puts the last of them in place.
-		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.drained()) {
+		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.Drained()) {
 			s.pushOut()
 		}
 		if sh.own != nil && idle && sh.stopIdle(be) {
