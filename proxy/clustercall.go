@@ -17,7 +17,7 @@ import (
 // blocking command, a command split per slot, ...). Each is a muxConn
 // (shared.go) with one client: a group of one, dialled in the client's
 // connection state, its commands batched by muxConn.write and its replies
-// read by muxConn.read into the client's cluster.Order, as on the shared
+// read by muxConn.readShared into the client's cluster.Order, as on the shared
 // connections. So the forwarder never reads a backend connection: it
 // takes a ticket per reply and goes on. Unlike a shared connection's,
 // the reader of one of the client's own runs only while replies are owed

@@ -63,7 +63,7 @@ type backendConn struct {
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
 // hold and next). Replies are copied to the client by the reader of the
-// backend connection they come on (muxConn.read): the shared connections',
+// backend connection they come on (muxConn.readShared and readOne): the shared connections',
 // into the client's sink, and the client's connection of one's, into its
 // buffered output, matched against its replyQueue (frame).
 //

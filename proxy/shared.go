@@ -190,7 +190,7 @@ func (sh *muxConn) push(s *session, ticket uint64, raw []byte) {
 func (sh *muxConn) startReader() {
 	sh.reading = true
 	sh.p.sharedWG.Add(1)
-	go sh.read(sh.be)
+	go sh.readShared(sh.be)
 }
 
 // stopIdle reports whether the reader of a client's own connection ends
@@ -262,7 +262,7 @@ func (sh *muxConn) attach(be *backendConn) {
 	sh.reading = true
 	sh.mu.Unlock()
 	sh.one.wg.Add(1)
-	go sh.read(be)
+	go sh.readOne(be)
 }
 
 // put appends raw to what waits to be written on a client's connection
@@ -469,56 +469,62 @@ func (g *muxGroup) writeQueued(limit uint64) {
 	}
 }
 
-// read hands every reply on be to the client it belongs to. On a
-// client's connection of one (sh.one) it runs until be ends, and the
-// client's replyQueue tells what each frame answers (session.frame).
-func (sh *muxConn) read(be *backendConn) {
-	if s := sh.one; s != nil {
-		defer s.wg.Done()
-		defer close(be.Done) // connect waits for it before a new connection's replies
-	} else {
-		defer sh.p.sharedWG.Done()
+// readOne hands every frame on be, a client's connection of one
+// (sh.one), to the client, until be ends: the client's replyQueue tells
+// what each frame answers (session.frame), and its buffered output gets
+// it.
+func (sh *muxConn) readOne(be *backendConn) {
+	s := sh.one
+	defer s.wg.Done()
+	defer close(be.Done) // connect waits for it before a new connection's replies
+	defer func() {
+		// A panic here ends this backend connection, not the process: the
+		// next command dials.
+		if r := recover(); r != nil {
+			sh.p.log.Error("panic reading a backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+			// Part of a reply may have reached the client: it is
+			// disconnected, as when a reply is cut short.
+			s.backendLost(be, resp.ErrMidReply)
+		}
+	}()
+	var ri resp.ReplyInfo
+	for {
+		b, err := be.R.Peek(1)
+		if err != nil {
+			s.backendLost(be, err)
+			return
+		}
+		if !s.frame(be, b[0], &ri) {
+			return
+		}
 	}
+}
+
+// readShared hands every reply on be, a shared connection or a cluster
+// client's own, to the client it belongs to, in the order of the pending
+// list: into the client's sink, or, in front of a cluster, into its
+// cluster.Order.
+func (sh *muxConn) readShared(be *backendConn) {
+	defer sh.p.sharedWG.Done()
 	defer func() {
 		// A panic here ends this backend connection, not the process: its
 		// clients get connection-lost errors and the next command dials.
 		if r := recover(); r != nil {
 			sh.p.log.Error("panic reading a backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
-			if s := sh.one; s != nil {
-				// Part of a reply may have reached the client: it is
-				// disconnected, as when a reply is cut short.
-				s.backendLost(be, resp.ErrMidReply)
-				return
-			}
 			sh.fail(be, nil)
 		}
 	}()
 	var ri resp.ReplyInfo
-	var sink *sinkWriter
-	var w *bufio.Writer
-	if sh.one == nil {
-		// The pending list's clients get their replies through a pooled
-		// buffer into their sinks; the client of a connection of one
-		// gets them straight into its buffered output (frame).
-		rb := readerPool.Get().(*readerBufs)
-		defer rb.release()
-		sink, w = &rb.sink, rb.w
-	}
+	// The pending list's clients get their replies through a pooled
+	// buffer into their sinks.
+	rb := readerPool.Get().(*readerBufs)
+	defer rb.release()
+	sink, w := &rb.sink, rb.w
 	for {
-		b, err := be.R.Peek(1)
+		_, err := be.R.Peek(1)
 		if err != nil {
-			if s := sh.one; s != nil {
-				s.backendLost(be, err)
-				return
-			}
 			sh.fail(be, nil)
 			return
-		}
-		if s := sh.one; s != nil {
-			if !s.frame(be, b[0], &ri) {
-				return
-			}
-			continue
 		}
 		// One lock per reply: take its session, count it as answered
 		// (a client that finds nothing in flight writes its command
