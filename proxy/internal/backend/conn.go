@@ -183,6 +183,7 @@ type RefusedError struct {
 	Reply   string // the backend's error, whole, without its "-" and CRLF
 }
 
+// Error returns the command and the backend's reply.
 func (e *RefusedError) Error() string { return e.Command + ": " + e.Reply }
 
 // Refused reports whether err is, or wraps, a *RefusedError.

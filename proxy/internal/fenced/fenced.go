@@ -154,6 +154,7 @@ var slotTags = sync.OnceValue(func() *[cluster.NumSlots]string {
 // FENCED changes them.
 type RecordError struct{ Key string }
 
+// Error says which key is a fence record.
 func (e *RecordError) Error() string {
 	return fmt.Sprintf("key '%s' is a fence record: only FENCED changes it", e.Key)
 }
