@@ -258,35 +258,9 @@ func attempt(ctx context.Context, clustered bool, c *Conn, pl *Plan, asking bool
 	}
 	c.watched = nil
 	if !prefetched {
-		// Round one: WATCH record, GET record (after UNWATCH of what
-		// another record's prefetch watched).
-		n := 2
-		if c.watching {
-			be.W.Write(cmdUnwatch)
-			n++
-		}
-		if asking {
-			be.W.Write(cmdAsking)
-		}
-		be.W.Write(watch)
-		if asking {
-			be.W.Write(cmdAsking)
-		}
-		be.W.Write(get)
-		if asking {
-			n += 2
-		}
-		c.watching = true
-		if err := be.W.Flush(); err != nil {
-			return fenceLost, nil, nil, fencedRedirect{}, err
-		}
-		replies, err := c.readReplies(n)
+		replies, err := c.watchRecord(watch, get, asking)
 		if err != nil {
 			return fenceLost, nil, nil, fencedRedirect{}, err
-		}
-		replies = replies[n-2-btoi(asking)*2:]
-		if asking {
-			replies = [][]byte{replies[1], replies[3]}
 		}
 		for _, r := range replies {
 			if len(r) > 0 && r[0] == '-' {
@@ -323,9 +297,60 @@ func attempt(ctx context.Context, clustered bool, c *Conn, pl *Plan, asking bool
 			return fenceStale, nil, cur, fencedRedirect{}, nil
 		}
 	}
+	exec, queued, lost, err := c.exec(pl, watch, get, asking)
+	if err != nil {
+		if lost {
+			return fenceLost, nil, nil, fencedRedirect{}, err
+		}
+		return fenceDone, nil, nil, fencedRedirect{}, err
+	}
+	res, reply, redir, err = execOutcome(pl, exec, queued)
+	return res, reply, nil, redir, err
+}
 
-	// Round two: MULTI, SET record fence (a write), the command, EXEC;
-	// then the prefetch, WATCH and GET, unless following an ASK.
+// watchRecord is round one: WATCH record, GET record (after UNWATCH of
+// what another record's prefetch watched; each after ASKING when
+// following an ASK). It returns the replies to WATCH and GET.
+func (c *Conn) watchRecord(watch, get []byte, asking bool) ([][]byte, error) {
+	be := c.be
+	n := 2
+	if c.watching {
+		be.W.Write(cmdUnwatch)
+		n++
+	}
+	if asking {
+		be.W.Write(cmdAsking)
+	}
+	be.W.Write(watch)
+	if asking {
+		be.W.Write(cmdAsking)
+	}
+	be.W.Write(get)
+	if asking {
+		n += 2
+	}
+	c.watching = true
+	if err := be.W.Flush(); err != nil {
+		return nil, err
+	}
+	replies, err := c.readReplies(n)
+	if err != nil {
+		return nil, err
+	}
+	replies = replies[n-2-btoi(asking)*2:]
+	if asking {
+		replies = [][]byte{replies[1], replies[3]}
+	}
+	return replies, nil
+}
+
+// exec is round two: MULTI, SET record fence (a write), the command,
+// EXEC; then the prefetch, WATCH and GET, unless following an ASK. It
+// returns EXEC's reply and the replies to the commands queued (SET's and
+// the command's). lost is set with err when the connection was closed
+// before anything was written.
+func (c *Conn) exec(pl *Plan, watch, get []byte, asking bool) (exec []byte, queued [][]byte, lost bool, err error) {
+	be := c.be
 	if asking {
 		be.W.Write(cmdAsking)
 	}
@@ -346,16 +371,13 @@ func attempt(ctx context.Context, clustered bool, c *Conn, pl *Plan, asking bool
 	}
 	c.watching = !asking
 	if err := be.W.Flush(); err != nil {
-		if errors.Is(err, net.ErrClosed) {
-			// Closed before anything was written (the follower closes
-			// the connections to a primary that was replaced).
-			return fenceLost, nil, nil, fencedRedirect{}, err
-		}
-		return fenceDone, nil, nil, fencedRedirect{}, err
+		// Closed before anything was written: the follower closes the
+		// connections to a primary that was replaced.
+		return nil, nil, errors.Is(err, net.ErrClosed), err
 	}
 	replies, err := c.readReplies(n)
 	if err != nil {
-		return fenceDone, nil, nil, fencedRedirect{}, err
+		return nil, nil, false, err
 	}
 	if asking {
 		replies = replies[1:]
@@ -363,8 +385,12 @@ func attempt(ctx context.Context, clustered bool, c *Conn, pl *Plan, asking bool
 		c.keepPrefetch(watch, replies[len(replies)-2], replies[len(replies)-1])
 		replies = replies[:len(replies)-2]
 	}
-	exec := replies[len(replies)-1]
-	queued := replies[1 : len(replies)-1] // SET's (a write) and the command's
+	return replies[len(replies)-1], replies[1 : len(replies)-1], false, nil
+}
+
+// execOutcome tells what EXEC's reply, exec, and the replies to the
+// commands queued before it make of the attempt.
+func execOutcome(pl *Plan, exec []byte, queued [][]byte) (fenceResult, []byte, fencedRedirect, error) {
 	switch {
 	case len(exec) == 0:
 	case exec[0] == '-':
@@ -373,26 +399,25 @@ func attempt(ctx context.Context, clustered bool, c *Conn, pl *Plan, asking bool
 		for i := len(queued) - 1; i >= 0; i-- {
 			if q := queued[i]; len(q) > 0 && q[0] == '-' {
 				if rd, ok := parseRedirect(q); ok {
-					return fenceRedirect, q, nil, rd, nil
+					return fenceRedirect, q, rd, nil
 				}
 				pl.RefusedReply = q
-				return fenceDone, q, nil, fencedRedirect{}, nil
+				return fenceDone, q, fencedRedirect{}, nil
 			}
 		}
 		if rd, ok := parseRedirect(exec); ok {
-			return fenceRedirect, exec, nil, rd, nil
+			return fenceRedirect, exec, rd, nil
 		}
 		pl.RefusedReply = exec
-		return fenceDone, exec, nil, fencedRedirect{}, nil
+		return fenceDone, exec, fencedRedirect{}, nil
 	case bytes.Equal(exec, replyNull2) || bytes.Equal(exec, replyNull3):
-		return fenceAgain, nil, nil, fencedRedirect{}, nil
+		return fenceAgain, nil, fencedRedirect{}, nil
 	case exec[0] == '*':
-		body, ok := execBody(exec, pl.Write)
-		if ok {
-			return fenceDone, body, nil, fencedRedirect{}, nil
+		if body, ok := execBody(exec, pl.Write); ok {
+			return fenceDone, body, fencedRedirect{}, nil
 		}
 	}
-	return fenceDone, nil, nil, fencedRedirect{}, fmt.Errorf("unexpected EXEC reply %q", truncate(exec, 64))
+	return fenceDone, nil, fencedRedirect{}, fmt.Errorf("unexpected EXEC reply %q", truncate(exec, 64))
 }
 
 // keepPrefetch keeps the record read by the WATCH and GET that followed an
