@@ -12,6 +12,9 @@
 #   predixy→redis        predixy in front of it (StandaloneServerPool, 2
 #                        worker threads)
 #   lockproxy→redis      lockproxy in front of it (shipped defaults)
+#   floor→redis          bench/forwardfloor in front of it: a forwarding
+#                        event loop in Go, one thread (a reference, not a
+#                        proxy: see its doc comment)
 #   direct cluster       a cluster of 3 masters, redis-benchmark --cluster
 #   predixy→cluster      predixy in front of it (ClusterServerPool, 2 worker
 #                        threads)
@@ -73,8 +76,9 @@ if ((SYSCALLS)) && ! perf stat -e raw_syscalls:sys_enter,context-switches -o /de
 fi
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-log "building lockproxy"
+log "building lockproxy and bench/forwardfloor"
 build_lockproxy "$tmp/lockproxy"
+(cd "$root/bench" && go build -o "$tmp/forwardfloor" ./forwardfloor)
 
 # start_redis VAR [ARGS...]: start a redis-server, set VAR to its port and
 # VAR_pid to its process id.
@@ -160,9 +164,14 @@ backend:
   cluster: [$seeds]
 EOF
 start_proxy lockproxy_single single.yaml -backend "127.0.0.1:$single"
+freeport floor
+"$tmp/forwardfloor" -listen "127.0.0.1:$floor" -backend "127.0.0.1:$single" -loops 1 >>"$tmp/floor.log" 2>&1 &
+pids+=($!)
+floor_pid=$!
+waitping "$floor" forwardfloor || { tail -5 "$tmp/floor.log" >&2; exit 1; }
 start_proxy lockproxy_cluster cluster.yaml
 
-all_targets=(direct twemproxy→redis predixy→redis lockproxy→redis "direct cluster" predixy→cluster lockproxy→cluster)
+all_targets=(direct twemproxy→redis predixy→redis lockproxy→redis floor→redis "direct cluster" predixy→cluster lockproxy→cluster)
 if [[ -n "${TARGETS:-}" ]]; then
 	targets=()
 	for t in "${all_targets[@]}"; do
@@ -177,18 +186,18 @@ else
 fi
 masters="$c1_pid $c2_pid $c3_pid"
 declare -A port_of=([direct]=$single [twemproxy→redis]=$twem [predixy→redis]=$predixy_single
-	[lockproxy→redis]=$lockproxy_single ["direct cluster"]=$c1 [predixy→cluster]=$predixy_cluster
+	[lockproxy→redis]=$lockproxy_single [floor→redis]=$floor ["direct cluster"]=$c1 [predixy→cluster]=$predixy_cluster
 	[lockproxy→cluster]=$lockproxy_cluster)
 declare -A extra_of=(["direct cluster"]=--cluster)
 # The proxy's process (none when direct) and the Redis processes that answer.
 declare -A proxy_of=([twemproxy→redis]=$twem_pid [predixy→redis]=$predixy_single_pid
-	[lockproxy→redis]=$lockproxy_single_pid [predixy→cluster]=$predixy_cluster_pid
+	[lockproxy→redis]=$lockproxy_single_pid [floor→redis]=$floor_pid [predixy→cluster]=$predixy_cluster_pid
 	[lockproxy→cluster]=$lockproxy_cluster_pid)
 declare -A redis_of=([direct]=$single_pid [twemproxy→redis]=$single_pid [predixy→redis]=$single_pid
-	[lockproxy→redis]=$single_pid ["direct cluster"]=$masters [predixy→cluster]=$masters
+	[lockproxy→redis]=$single_pid [floor→redis]=$single_pid ["direct cluster"]=$masters [predixy→cluster]=$masters
 	[lockproxy→cluster]=$masters)
 log "redis :$single, cluster ${cluster[*]}, twemproxy :$twem, predixy :$predixy_single and :$predixy_cluster," \
-	"lockproxy :$lockproxy_single and :$lockproxy_cluster"
+	"lockproxy :$lockproxy_single and :$lockproxy_cluster, forwardfloor :$floor"
 
 # perf_start FILE PID...: count the system calls and context switches of
 # the processes (all their threads) into FILE until perf_stop; sets perf_pid.
@@ -333,17 +342,18 @@ report="$tmp/report.md"
 	echo
 	echo "The forwarding targets, lockproxy's medians against its peers' in front of the same backend:"
 	echo
-	echo "| test | req/s vs twemproxy (→redis) | vs predixy (→redis) | vs predixy (→cluster) | p99 ms lockproxy / twemproxy (→redis) | proxy CPU µs lockproxy / predixy (→redis) | (→cluster) |"
-	echo "|---|---:|---:|---:|---:|---:|---:|"
+	echo "| test | req/s vs twemproxy (→redis) | vs predixy (→redis) | vs predixy (→cluster) | p99 ms lockproxy / twemproxy (→redis) | proxy CPU µs lockproxy / predixy (→redis) | (→cluster) | forwardfloor's CPU µs (→redis) |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 	for P in $PIPELINES; do
 		for test in SET GET; do
-			printf '| %s -P %s | %s | %s | %s | %s / %s | %s / %s | %s / %s |\n' "$test" "$P" \
+			printf '| %s -P %s | %s | %s | %s | %s / %s | %s / %s | %s / %s | %s |\n' "$test" "$P" \
 				"$(ratio "$(col lockproxy→redis "$test" "$P" 4)" "$(col twemproxy→redis "$test" "$P" 4)")" \
 				"$(ratio "$(col lockproxy→redis "$test" "$P" 4)" "$(col predixy→redis "$test" "$P" 4)")" \
 				"$(ratio "$(col lockproxy→cluster "$test" "$P" 4)" "$(col predixy→cluster "$test" "$P" 4)")" \
 				"$(col lockproxy→redis "$test" "$P" 6)" "$(col twemproxy→redis "$test" "$P" 6)" \
 				"$(col lockproxy→redis "$test" "$P" 7)" "$(col predixy→redis "$test" "$P" 7)" \
-				"$(col lockproxy→cluster "$test" "$P" 7)" "$(col predixy→cluster "$test" "$P" 7)"
+				"$(col lockproxy→cluster "$test" "$P" 7)" "$(col predixy→cluster "$test" "$P" 7)" \
+				"$(col floor→redis "$test" "$P" 7)"
 		done
 	done
 	echo

@@ -890,14 +890,21 @@ func TestStalledGrantNotSent(t *testing.T) {
 }
 
 // TestKeepAliveShortValidity keeps alive a lock whose validity (ttl less
-// the drift and the clock tolerance, 150ms here) is shorter than a third
+// the drift and the clock tolerance, 600ms here) is shorter than a third
 // of its ttl: the extensions must come before the validity runs out, not
-// every ttl/3.
+// every ttl/3. (An 850ms ttl leaves about 240ms of validity, against 283ms
+// for ttl/3: room for a node's round trip on a loaded machine, which the
+// 50ms a 200ms ttl left with newEnv's 150ms tolerance was not.)
 func TestKeepAliveShortValidity(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
+	qcfg := quorum.DefaultConfig()
+	qcfg.NodeTimeout = 250 * time.Millisecond
+	qcfg.ClockTolerance = 600 * time.Millisecond
+	e := newEnvQuorum(t, 3, qcfg)
 	a := e.client(t, false)
-	a.lock("LOCK", "r", "200", "KEEPALIVE")
+	if got := a.lock("LOCK", "r", "850", "KEEPALIVE"); got.validity*3 >= 850 {
+		t.Fatalf("validity %dms, want less than a third of the ttl", got.validity)
+	}
 	e.waitExtensions(t, 3)
 	if reply := a.do("UNLOCK", "r"); reply != ":1\r\n" {
 		t.Fatalf("UNLOCK = %q, want :1", reply)

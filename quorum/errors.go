@@ -31,6 +31,11 @@ type NoQuorumError struct {
 	// (a memory limit with a policy other than noeviction): they never
 	// count.
 	Evicting int
+	// Unplaced is, of those that answered, the nodes whose clock reading
+	// could not be placed against the reference clock (a round trip longer
+	// than half the clock tolerance, or no reference yet): their replies
+	// cannot count, as nothing bounds how far their clocks moved.
+	Unplaced int
 }
 
 // Error returns, for example, "quorum: 1 of 3 lock nodes answered", with
@@ -44,7 +49,8 @@ func (e *NoQuorumError) Error() string {
 // EXTEND answer it after "NOQUORUM ": for example "1 of 3 lock nodes
 // answered", with ", 1 recovering from lost data" or ", 2 new: a new
 // deployment is used once every node has answered" after it when nodes
-// that answered could not count.
+// that answered could not count (also ", 1 may evict keys ..." and ", 1
+// with a clock reading not placed ...").
 func (e *NoQuorumError) Reply() string {
 	s := fmt.Sprintf("%d of %d lock nodes answered", e.Answered, e.Total)
 	if e.Recovering > 0 {
@@ -52,6 +58,9 @@ func (e *NoQuorumError) Reply() string {
 	}
 	if e.Evicting > 0 {
 		s += fmt.Sprintf(", %d may evict keys (maxmemory-policy is not noeviction)", e.Evicting)
+	}
+	if e.Unplaced > 0 {
+		s += fmt.Sprintf(", %d with a clock reading not placed (a round trip over half the clock tolerance, or no reference yet)", e.Unplaced)
 	}
 	if e.Unmarked > 0 {
 		s += fmt.Sprintf(", %d new: a new deployment is used once every node has answered", e.Unmarked)

@@ -67,6 +67,7 @@ func (l *Locker) Info(ctx context.Context, resource, token string) (Info, error)
 	start := time.Now()
 	var (
 		answered int
+		unplaced int // of those, nodes whose clock reading was not placed
 		views    []nodeView
 	)
 	r := l.call(ctx, opView, len(l.nodes), l.lockPrefix+resource, codeView, token, "", "")
@@ -77,6 +78,9 @@ func (l *Locker) Info(ctx context.Context, resource, token string) (Info, error)
 				continue
 			}
 			answered++
+			if r.clock == clockUnjudged {
+				unplaced++
+			}
 			views = append(views, v)
 		}
 	})
@@ -92,7 +96,7 @@ func (l *Locker) Info(ctx context.Context, resource, token string) (Info, error)
 	case counting < l.quorum:
 		// Too few answered, or nodes that do not count yet (a clock not
 		// placed, lost data): what a majority holds is not known.
-		return Info{}, &NoQuorumError{Answered: answered, Total: len(l.nodes)}
+		return Info{}, &NoQuorumError{Answered: answered, Total: len(l.nodes), Unplaced: unplaced}
 	}
 	other := 0 // counting nodes with a hash record: shared or semaphore
 	for _, v := range views {

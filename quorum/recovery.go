@@ -272,7 +272,7 @@ func (l *Locker) checkEviction(ctx context.Context, n *node) {
 // tally counts the nodes that answered a round, and why those that cannot
 // count do not, for a NoQuorumError.
 type tally struct {
-	nodes, recovering, unmarked, evicting int
+	nodes, recovering, unmarked, evicting, unplaced int
 }
 
 // tally adds r, one node's reply to a round begun at start, to t.
@@ -286,6 +286,8 @@ func (l *Locker) tally(t *tally, r reply, fresh bool, start time.Time) {
 		t.evicting++
 	case l.lostState(r, start) || r.clock == clockAhead:
 		t.recovering++
+	case r.clock != clockGood:
+		t.unplaced++
 	case !counts(r, fresh):
 		t.unmarked++
 	}
@@ -293,7 +295,7 @@ func (l *Locker) tally(t *tally, r reply, fresh bool, start time.Time) {
 
 // noQuorum is the error for a round that t's nodes could not decide.
 func (t tally) noQuorum(total int) *NoQuorumError {
-	return &NoQuorumError{Answered: t.nodes, Total: total, Recovering: t.recovering, Unmarked: t.unmarked, Evicting: t.evicting}
+	return &NoQuorumError{Answered: t.nodes, Total: total, Recovering: t.recovering, Unmarked: t.unmarked, Evicting: t.evicting, Unplaced: t.unplaced}
 }
 
 // lostState reports whether the state in a reply to a round made at start
