@@ -213,14 +213,17 @@ func (r *replayState) learnHello(raw []byte) {
 // to the connection is the command table's (resp.Effect); its arguments
 // say the rest.
 func classify(name []byte, cmd redcon.Command) entry {
+	if !resp.Affects(name) {
+		return entry{} // most commands
+	}
 	args := cmd.Args
-	i := resp.Of(name, args)
-	switch i.Effect {
+	effect, fam := resp.EffectOf(name, args)
+	switch effect {
 	case resp.NoEffect:
 	case resp.EffectSubscribe:
-		return entry{kind: entrySubscribe, fam: i.Family, n: int64(len(args) - 1)}
+		return entry{kind: entrySubscribe, fam: fam, n: int64(len(args) - 1)}
 	case resp.EffectUnsubscribe:
-		return entry{kind: entryUnsubscribe, fam: i.Family, n: int64(len(args) - 1)}
+		return entry{kind: entryUnsubscribe, fam: fam, n: int64(len(args) - 1)}
 	case resp.EffectSelect:
 		return entry{kind: entrySelect, raw: cmd.Raw}
 	case resp.EffectAuth:

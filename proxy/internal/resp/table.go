@@ -321,6 +321,31 @@ func Lower(buf *[24]byte, b []byte) []byte {
 	return buf[:len(b)]
 }
 
+// Affects reports whether the command name may change its connection's
+// state (EffectOf tells how): a check cheap enough for every command,
+// which most fail.
+func Affects(name []byte) bool {
+	i := find(name)
+	return i != nil && (i.Effect != NoEffect || i.Sub != nil)
+}
+
+// EffectOf returns what a command with its arguments does to its
+// connection, and its pub/sub family: Of(name, args).Effect and .Family,
+// without copying the rest.
+func EffectOf(name []byte, args [][]byte) (Effect, uint8) {
+	i := find(name)
+	if i == nil {
+		return NoEffect, 0
+	}
+	if i.Sub != nil && len(args) > 1 {
+		var sb [24]byte
+		if s := i.Sub[string(Lower(&sb, args[1]))]; s.Effect != NoEffect {
+			return s.Effect, i.Family
+		}
+	}
+	return i.Effect, i.Family
+}
+
 // Of returns the facts of a command with its arguments: the command's,
 // with those of its subcommand (args[1], in any case) added, and the
 // subcommand's Effect.

@@ -106,6 +106,14 @@ func TestEffect(t *testing.T) {
 		if i.Effect != NoEffect && !i.Has(Dedicated) {
 			t.Errorf("%s changes its connection but may share one", name)
 		}
+		if i.Effect != NoEffect && !Affects([]byte(name)) {
+			t.Errorf("Affects(%s) is false", name)
+		}
+		for sub, si := range i.Sub {
+			if si.Effect != NoEffect && !Affects([]byte(name)) {
+				t.Errorf("Affects(%s) is false, and %s %s has an Effect", name, name, sub)
+			}
+		}
 		if i.Has(Subscribes) != (i.Effect == EffectSubscribe || i.Effect == EffectUnsubscribe) {
 			t.Errorf("%s: Subscribes and Effect %d disagree", name, i.Effect)
 		}
@@ -131,6 +139,9 @@ func TestEffect(t *testing.T) {
 		}
 		if got := Of(args[0], args).Effect; got != tt.want {
 			t.Errorf("Of(%q).Effect = %d, want %d", tt.give, got, tt.want)
+		}
+		if got, _ := EffectOf(args[0], args); got != tt.want {
+			t.Errorf("EffectOf(%q) = %d, want %d", tt.give, got, tt.want)
 		}
 	}
 }
