@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tidwall/redcon"
-
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -88,7 +86,7 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 		conns := mr.conns
 		mr.mu.Unlock()
 		if len(conns) > 0 {
-			raw := encodeArgs(args)
+			raw := resp.Encode(args)
 			for _, m := range conns {
 				m.be.NC.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.DialTimeout))
 				m.be.NC.Write(raw)
@@ -113,7 +111,7 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 	mr.mu.Unlock()
 	conns := s.openMirrors()
 	cmd := append([][]byte{args[0]}, subs...)
-	raw := encodeArgs(cmd)
+	raw := resp.Encode(cmd)
 	deadline := time.Now().Add(s.p.cfg.Backend.DialTimeout)
 	for _, m := range conns {
 		m.be.NC.SetWriteDeadline(deadline)
@@ -264,13 +262,4 @@ func bulks(frame []byte) [][]byte {
 		rest = rest[k:]
 	}
 	return out
-}
-
-// encodeArgs is the RESP command of args.
-func encodeArgs(args [][]byte) []byte {
-	b := redcon.AppendArray(nil, len(args))
-	for _, a := range args {
-		b = redcon.AppendBulk(b, a)
-	}
-	return b
 }

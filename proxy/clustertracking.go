@@ -180,7 +180,7 @@ func (t *tracking) command(addr string) []byte {
 		return nil
 	}
 	args := append(append([][]byte(nil), t.opts...), []byte("REDIRECT"), []byte(strconv.FormatInt(sk.id, 10)))
-	return encodeArgs(args)
+	return resp.Encode(args)
 }
 
 // trackingFor returns the command that brings a new connection of the

@@ -7,6 +7,7 @@ import (
 	"github.com/tidwall/redcon"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // CLIENT UNBLOCK in front of a cluster. The id a client has is the one
@@ -79,7 +80,7 @@ func (s *session) unblockCall(args [][]byte) bool {
 		if len(args) == 4 {
 			cmd = append(cmd, args[3])
 		}
-		r = s.ask([]cluster.Part{{Slot: slot, Addr: c.addr, Raw: encodeArgs(cmd)}})
+		r = s.ask([]cluster.Part{{Slot: slot, Addr: c.addr, Raw: resp.Encode(cmd)}})
 		if r == nil {
 			return true
 		}

@@ -748,10 +748,4 @@ func (p *Proxy) Ready(ctx context.Context) error {
 }
 
 // command encodes args as a RESP request.
-func command(args ...string) []byte {
-	b := redcon.AppendArray(nil, len(args))
-	for _, a := range args {
-		b = redcon.AppendBulkString(b, a)
-	}
-	return b
-}
+func command(args ...string) []byte { return resp.Command(args...) }
