@@ -81,27 +81,28 @@ const (
 // state from it, and replays that state on a new connection.
 type Effect uint8
 
+// The effects, by Info.Effect.
 const (
-	NoEffect          Effect = iota
-	EffectSubscribe          // SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE: Info.Family says which kind
-	EffectUnsubscribe        // their UNSUBSCRIBE
-	EffectSelect             // SELECT
-	EffectAuth               // AUTH
-	EffectHello              // HELLO
-	EffectSetName            // CLIENT SETNAME
-	EffectNoEvict            // CLIENT NO-EVICT
-	EffectNoTouch            // CLIENT NO-TOUCH
-	EffectTracking           // CLIENT TRACKING
-	EffectReplyMode          // CLIENT REPLY
-	EffectMonitor            // MONITOR
-	EffectSync               // SYNC, PSYNC: the replication stream answers
-	EffectReset              // RESET
-	EffectQuit               // QUIT
-	EffectMulti              // MULTI
-	EffectExec               // EXEC
-	EffectDiscard            // DISCARD
-	EffectWatch              // WATCH
-	EffectUnwatch            // UNWATCH
+	NoEffect          Effect = iota // the command changes nothing on its connection
+	EffectSubscribe                 // SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE: Info.Family says which kind
+	EffectUnsubscribe               // their UNSUBSCRIBE
+	EffectSelect                    // SELECT
+	EffectAuth                      // AUTH
+	EffectHello                     // HELLO
+	EffectSetName                   // CLIENT SETNAME
+	EffectNoEvict                   // CLIENT NO-EVICT
+	EffectNoTouch                   // CLIENT NO-TOUCH
+	EffectTracking                  // CLIENT TRACKING
+	EffectReplyMode                 // CLIENT REPLY
+	EffectMonitor                   // MONITOR
+	EffectSync                      // SYNC, PSYNC: the replication stream answers
+	EffectReset                     // RESET
+	EffectQuit                      // QUIT
+	EffectMulti                     // MULTI
+	EffectExec                      // EXEC
+	EffectDiscard                   // DISCARD
+	EffectWatch                     // WATCH
+	EffectUnwatch                   // UNWATCH
 )
 
 // Pub/sub families: channels, patterns, shard channels.
