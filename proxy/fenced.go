@@ -358,8 +358,12 @@ func sameReplay(a, b *replayState) bool {
 		bytes.Equal(a.db, b.db) && bytes.Equal(a.noEvict, b.noEvict) && bytes.Equal(a.noTouch, b.noTouch)
 }
 
-// fencedEnv is what internal/fenced needs of the session to run a FENCED.
+// fencedEnv is what internal/fenced needs of the session to run a FENCED,
+// made once per session.
 func (s *session) fencedEnv() *fenced.Env {
+	if s.fenv != nil {
+		return s.fenv
+	}
 	env := &fenced.Env{
 		Follow:      s.p.follow,
 		Conn:        s.fencedConn,
@@ -370,6 +374,7 @@ func (s *session) fencedEnv() *fenced.Env {
 	if s.cl != nil {
 		env.Router = s.cl.r.Router
 	}
+	s.fenv = env
 	return env
 }
 

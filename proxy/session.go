@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/fenced"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -120,7 +121,8 @@ type session struct {
 	up upstream
 	cl *clusterSession
 	// fc are the connections FENCED runs on (fenced.go).
-	fc fencedConns
+	fc   fencedConns
+	fenv *fenced.Env // what internal/fenced needs of the session, made at its first FENCED
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
