@@ -77,7 +77,7 @@ func (s *session) aclGate(name []byte, cmd *redcon.Command) (localItem, bool) {
 		}
 	}
 	var reply, rewritten []byte
-	reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, args)
+	reply, rewritten, s.authed = s.p.auth.Gate(s.authed, name, args)
 	if reply != nil {
 		return localItem{reply: reply, silent: s.silent()}, true
 	}
@@ -91,10 +91,10 @@ func (s *session) aclGate(name []byte, cmd *redcon.Command) (localItem, bool) {
 // signs the client in as user.
 func (s *session) aclSignIn(name []byte, cmd *redcon.Command, user, pass []byte) (localItem, bool) {
 	p := s.p
-	if _, ok := p.auth.users[string(user)]; ok {
+	if p.auth.Has(user) {
 		// A password-only user: the proxy's own identity, checked here.
-		if !p.auth.check(user, pass) {
-			return localItem{reply: replyWrongPass, silent: s.silent()}, true
+		if !p.auth.Check(user, pass) {
+			return localItem{reply: acl.ReplyWrongPass, silent: s.silent()}, true
 		}
 		was := s.acl.user
 		s.authed, s.acl = true, aclClient{name: string(user)}

@@ -174,7 +174,8 @@
 // state a cluster client has (its own connections, transaction, pub/sub
 // connection, MONITOR, tracking). sentinel.go is the proxy's side of
 // internal/sentinel, clientconn.go checks requests with internal/resp's
-// Scanner, auth.go answers AUTH, acl.go and aclsession.go are the
+// Scanner, internal/acl's Passwords answer AUTH against the proxy's
+// password-only users, acl.go and aclsession.go are the
 // session's side of Redis's ACL (its users' shared connections, which
 // checks each command needs), guard.go keeps forwarded commands off the
 // lock state, command.go answers INFO lockproxy and COMMAND, and
@@ -205,7 +206,9 @@
 //     users the configuration defines (ParseUser; their rules on the lock
 //     commands stay here, the others are installed on each node), their
 //     sign-in, and the lock resources' checks with ACL DRYRUN on control
-//     connections, cached (Engine.Verdict), in Redis's wording.
+//     connections, cached (Engine.Verdict), in Redis's wording; and
+//     the proxy's own password-only users, whose AUTH it answers
+//     (Passwords).
 //   - internal/resp: the codec (the request Scanner, CopyReply and the
 //     ReplyInfo the forwarding reads, aggregate replies split and
 //     joined, Encode) and the command table: one declarative table of

@@ -17,6 +17,7 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/acl"
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
@@ -308,8 +309,8 @@ type Proxy struct {
 	srv   *redcon.Server
 	guard *keyGuard
 	fence fencedState
-	auth  *authenticator
-	acl   *aclState // nil unless Config.ACL is enabled
+	auth  *acl.Passwords // nil: no password required
+	acl   *aclState      // nil unless Config.ACL is enabled
 	// setup is what every new backend connection is sent first: the
 	// proxy's own AUTH and SELECT.
 	setup [][]byte
@@ -374,14 +375,14 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 			return p.spare(ctx, "")
 		})
 	}
-	p.auth = newAuthenticator(cfg.Users)
+	p.auth = acl.NewPasswords(cfg.Users)
 	if cfg.ACL.enabled() {
 		users, err := parseACLUsers(&cfg)
 		if err != nil {
 			return nil, err
 		}
 		p.acl = newACLState(p, users)
-		p.auth = &authenticator{users: cfg.Users}
+		p.auth = acl.Required(cfg.Users)
 	}
 	b := &cfg.Backend
 	switch {

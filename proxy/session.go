@@ -18,6 +18,8 @@ import (
 
 // Replies the proxy writes itself.
 var (
+	replyOK           = resp.ReplyOK
+	replySyntax       = resp.ReplySyntax
 	replyConnLost     = resp.ReplyConnLost
 	replyNotInMulti   = []byte("-ERR Command not allowed inside a transaction\r\n")
 	replyExecAbort    = resp.ReplyExecAbort
@@ -288,7 +290,7 @@ func (s *session) forward(cmd redcon.Command, order *backend.Arrival) (localItem
 		}
 	} else if s.p.auth != nil {
 		var reply, rewritten []byte
-		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
+		reply, rewritten, s.authed = s.p.auth.Gate(s.authed, name, cmd.Args)
 		if reply != nil {
 			return localItem{reply: reply, silent: s.silent()}, false
 		}

@@ -6,6 +6,8 @@
 // checks of lock commands' resources, asked of Redis with ACL DRYRUN on
 // control connections of the proxy's and cached (Verdict), with Redis's
 // own wording of each refusal (CommandRefusal, DryrunNoperm, DryrunText).
+// Passwords answers AUTH against the proxy's own password-only users,
+// when the proxy requires a password.
 // The proxy's session decides which checks a command needs
 // (proxy/aclsession.go) and keeps each user's shared connections
 // (proxy/acl.go).
