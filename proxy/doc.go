@@ -177,8 +177,9 @@
 // Scanner, internal/acl's Passwords answer AUTH against the proxy's
 // password-only users, acl.go and aclsession.go are the
 // session's side of Redis's ACL (its users' shared connections, which
-// checks each command needs), guard.go keeps forwarded commands off the
-// lock state, command.go answers INFO lockproxy and COMMAND, and
+// checks each command needs), internal/guard keeps forwarded commands
+// off the lock state (guard.go has the proxy's side), command.go answers
+// INFO lockproxy and COMMAND, and
 // fenced.go answers FENCED in the client's order like the proxy's own
 // commands: it checks the inner command against the backend's COMMAND
 // table and keeps the session's FENCED connections in the client's
@@ -209,6 +210,9 @@
 //     connections, cached (Engine.Verdict), in Redis's wording; and
 //     the proxy's own password-only users, whose AUTH it answers
 //     (Passwords).
+//   - internal/guard: the key guard, which refuses the forwarded commands
+//     that would reach the lock state when the backend is also a lock
+//     node (Config.ProtectedPrefix).
 //   - internal/resp: the codec (the request Scanner, CopyReply and the
 //     ReplyInfo the forwarding reads, aggregate replies split and
 //     joined, Encode) and the command table: one declarative table of

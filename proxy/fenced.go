@@ -153,7 +153,7 @@ func (s *session) runFenced(ctx context.Context, req FencedRequest) ([]byte, Fen
 		}
 	}
 	if s.p.guard != nil {
-		if err := s.p.guard.check(name, req.Command); err != nil {
+		if err := s.p.guardCheck(name, req.Command); err != nil {
 			return resp.ErrorReply(err), FencedBadRequest
 		}
 	}

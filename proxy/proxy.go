@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/proxy/internal/acl"
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/guard"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
@@ -307,7 +308,7 @@ type Proxy struct {
 	cfg   Config
 	log   *zap.Logger
 	srv   *redcon.Server
-	guard *keyGuard
+	guard *guard.Guard
 	fence fencedState
 	auth  *acl.Passwords // nil: no password required
 	acl   *aclState      // nil unless Config.ACL is enabled
@@ -467,7 +468,7 @@ drain:
 	close(p.release)
 	p.cancel()
 	if p.guard != nil {
-		defer p.guard.close()
+		defer p.guard.Close()
 	}
 	if p.router != nil {
 		defer p.router.Close()

@@ -312,7 +312,7 @@ func (s *session) forward(cmd redcon.Command, order *backend.Arrival) (localItem
 		return localItem{build: build, silent: s.silent()}, false
 	}
 	if s.p.guard != nil {
-		if err := s.p.guard.check(name, cmd.Args); err != nil {
+		if err := s.p.guardCheck(name, cmd.Args); err != nil {
 			return localItem{reply: resp.ErrorReply(err), silent: s.silent()}, false
 		}
 	}
