@@ -19,7 +19,6 @@ import (
 // Replies the proxy writes itself.
 var (
 	replyOK           = resp.ReplyOK
-	replySyntax       = resp.ReplySyntax
 	replyConnLost     = resp.ReplyConnLost
 	replyNotInMulti   = []byte("-ERR Command not allowed inside a transaction\r\n")
 	replyExecAbort    = resp.ReplyExecAbort
