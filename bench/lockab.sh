@@ -129,4 +129,9 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
 	done
 	echo
 	echo "lockproxy warnings: a $(grep -c . "$tmp/lockproxy-a.log" || true), b $(grep -c . "$tmp/lockproxy-b.log" || true)"
+	# The first few of each side's, cut short: a warning is a node timeout,
+	# a clock verdict or a loss, which explains a slow round.
+	for side in a b; do
+		grep . "$tmp/lockproxy-$side.log" | head -3 | cut -c1-240 | sed "s/^/    $side: /" || true
+	done
 } | report

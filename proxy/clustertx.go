@@ -40,9 +40,10 @@ func (s *session) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, wat
 			c.Part(i).Tx = &cluster.TxPart{Txn: txn, Role: role}
 		}
 		if c.Kind == cluster.CallMerge && c.Op == cluster.OpLast {
-			// The transaction moves to the master of its first key: the
-			// MULTI sent there opens it on that connection.
-			c.Parts[1].Tx.Role = cluster.TxOpens
+			// The transaction opens with its first command, or moves to
+			// the master of its first key: the MULTI sent there opens it
+			// on that connection.
+			c.Parts[c.Opens].Tx.Role = cluster.TxOpens
 		}
 	case cs.Txn != nil:
 		cs.Txn.Watched, cs.Txn.Lost = watch, false // lost was the WATCH's

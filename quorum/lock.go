@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -747,6 +748,13 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 		l.notify(resource)
 	}
 	l.deliver(w, h)
+	if h.ok {
+		// The waiter's caller answers its client next, before this Unlock
+		// returns: a contended lock's next cycle waits for that answer, not
+		// for the holder's (on one thread, the rest of the Unlock and its
+		// reply would otherwise run first, about 35µs of each handoff gap).
+		runtime.Gosched()
+	}
 	return deleted, answered, counted
 }
 

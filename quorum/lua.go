@@ -13,6 +13,8 @@ import (
 var (
 	//go:embed lua/ops.lua
 	opsLua string
+	//go:embed lua/core.lua
+	coreLua string
 	//go:embed lua/exclusive.lua
 	exclusiveLua string
 	//go:embed lua/handoff.lua

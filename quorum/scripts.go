@@ -54,11 +54,13 @@ import (
 // node's CPU per lock low.
 // So is defining few Lua functions per call: every call runs the script's
 // whole chunk, and each function it defines is a closure made anew. Only
-// the functions of a plain LOCK and UNLOCK (acquire, release), of EXTEND
-// and of an attempt's cleanup are defined on every call; the others come in
-// families (hash records, the rarer exclusive operations, the lock forms,
-// and the handoff alone) that a call defines on its first use of one
-// (lazyFamilies).
+// acquire, release, the loop's run and the families' dispatcher are
+// defined on every call, and a plain LOCK of a free lock, the UNLOCK of
+// the token's own plain lock and the handing of it to the next waiter
+// call no other; the others come in families (core: what parses,
+// refreshes, marks and cleans up lock values, and extend; hash records;
+// the rarer exclusive operations; the lock forms; the handoff alone) that
+// a call defines on its first use of one (lazyFamilies).
 //
 // The call is
 //
@@ -216,33 +218,43 @@ import (
 // lock's list, so that one attempt's cleanup never deletes a lock that
 // another relies on; a holding-level release (u, up, h) ends it whatever
 // the list.
-var opsScript = newScript(splice(opsLua, "-- lazyFamilies(hashFamily, exclusiveFamily, formsFamily, handoffFamily)", lazyFamilies(hashFamily, exclusiveFamily, formsFamily, handoffFamily)))
+var opsScript = newScript(splice(opsLua, "-- lazyFamilies(coreFamily, hashFamily, exclusiveFamily, formsFamily, handoffFamily)", lazyFamilies(coreFamily, hashFamily, exclusiveFamily, formsFamily, handoffFamily)))
+
+// coreFamily holds the functions that a plain LOCK of a free lock and the
+// UNLOCK of the token's own plain lock do not call (core.lua): the ones
+// that parse, refresh, mark and clean up lock values, cleanup and extend.
+// Every other family has them as locals of the same names.
+var coreFamily = luaFamily{name: "core", body: coreLua, exports: []string{"now", "held", "get", "parse", "value", "holdsOf", "splitExt", "relies", "addAttempt", "refresh", "owned", "drop", "cleanup", "extend"}}
 
 // exclusiveFamily holds the exclusive operations that a plain LOCK and UNLOCK
 // do not use: raise (f), place (p) and status (s).
-var exclusiveFamily = luaFamily{"exclusive", exclusiveLua, []string{"raise", "place", "status"}}
+var exclusiveFamily = luaFamily{name: "exclusive", body: exclusiveLua, exports: []string{"raise", "place", "status"}}
 
-// handoffFamily holds handoff (h), the one operation of a contended LOCK
-// ... WAIT's cycle after the first: a family of its own, so that a handing
-// call makes one closure more than a plain call, not the exclusive
-// family's four.
-var handoffFamily = luaFamily{"handoff", handoffLua, []string{"handoff"}}
+// handoffFamily holds handoff (h) of anything but the token's own plain
+// lock, which release hands on with no function made (the cycle of a
+// contended LOCK ... WAIT): a hash record's last reader, a count of holds,
+// a lock the token does not hold. It calls family('core') itself, only
+// where a lock exists (ownBase).
+var handoffFamily = luaFamily{name: "handoff", body: handoffLua, exports: []string{"handoff"}, ownBase: true}
 
 // hashFamily holds the operations on hash records (hashLua), which the
 // exclusive operations reach only in their slow branch.
-var hashFamily = luaFamily{"hash", hashLua, []string{"hload", "hfind", "hdrop", "hexclusive", "hacquire", "hrelease", "hextend", "hraise", "hcleanup"}}
+var hashFamily = luaFamily{name: "hash", body: hashLua, exports: []string{"hload", "hfind", "hdrop", "hexclusive", "hacquire", "hrelease", "hextend", "hraise", "hcleanup"}}
 
 // formsFamily holds the operations that only the lock forms use: LOCK ...
 // REENTRANT (enter, sethold, query), LOCKINFO (view) and MLOCK (group).
-var formsFamily = luaFamily{"forms", formsLua, []string{"enter", "sethold", "query", "view", "group"}}
+var formsFamily = luaFamily{name: "forms", body: formsLua, exports: []string{"enter", "sethold", "query", "view", "group"}}
 
 // luaFamily is a family of opsScript's operations: Lua (body) that defines
 // local functions, of which the ones named by exports are called from
-// outside the family.
+// outside the family. A family other than the first of lazyFamilies has
+// the first's exports as locals, made with it, unless ownBase: then its
+// body calls family(<first>) where it needs them.
 type luaFamily struct {
 	name    string
 	body    string
 	exports []string
+	ownBase bool
 }
 
 // lazyFamilies returns the Lua that assigns opsScript's function family:
@@ -252,10 +264,14 @@ type luaFamily struct {
 // defines is a closure made anew, with its upvalues, on every call (and
 // garbage for the node's Lua collector afterwards): the functions of a
 // family that a call does not use cost it nothing but this one closure,
-// whatever the number of families.
-func lazyFamilies(fams ...luaFamily) string {
+// whatever the number of families. The exports of the first family, base,
+// are locals of the same names in every other family, which makes base
+// first, except in one with ownBase, which calls family(<base>) itself
+// where it needs them. A table per call holds the families made.
+func lazyFamilies(base luaFamily, fams ...luaFamily) string {
 	var b strings.Builder
-	b.WriteString("local families = {}\nfamily = function(name)\n\tlocal f = families[name]\n\tif f then\n\t\treturn f\n\tend\n")
+	b.WriteString("local families\nfamily = function(name)\n\tif not families then\n\t\tfamilies = {}\n\tend\n\tlocal f = families[name]\n\tif f then\n\t\treturn f\n\tend\n")
+	fams = append([]luaFamily{base}, fams...)
 	for i, fam := range fams {
 		if i == 0 {
 			b.WriteString("\tif")
@@ -263,6 +279,12 @@ func lazyFamilies(fams ...luaFamily) string {
 			b.WriteString("\telseif")
 		}
 		b.WriteString(" name == '" + fam.name + "' then\n\t\tf = (function()\n")
+		if i > 0 && !fam.ownBase && len(base.exports) > 0 {
+			// base's exports as locals of the same names.
+			names := strings.Join(base.exports, ", ")
+			fields := "base." + strings.Join(base.exports, ", base.")
+			b.WriteString("local " + names + "\ndo\n\tlocal base = family('" + base.name + "')\n\t" + names + " = " + fields + "\nend\n")
+		}
 		b.WriteString(fam.body)
 		b.WriteString("\nreturn {")
 		for j, e := range fam.exports {

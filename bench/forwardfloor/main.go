@@ -398,20 +398,13 @@ func reply(b []byte) int {
 		if i == 0 {
 			return 0
 		}
-		if b[0] == '%' || b[0] == '|' {
+		switch {
+		case b[0] == '%':
 			count *= 2
+		case b[0] == '|': // an attribute's pairs, then the reply it describes
+			count = 2*count + 1
 		}
 		for range max(count, 0) {
-			if i >= len(b) {
-				return 0
-			}
-			k := reply(b[i:])
-			if k == 0 {
-				return 0
-			}
-			i += k
-		}
-		if b[0] == '|' { // an attribute comes before the reply it describes
 			if i >= len(b) {
 				return 0
 			}

@@ -69,6 +69,9 @@ type Call struct {
 	// alone: making the reply sends more commands (SORT with patterns):
 	// the forwarder makes it before it goes on (finishCalls).
 	Alone bool
+	// Opens is, for a CallMerge with OpLast in a transaction, the index of
+	// the part whose MULTI opens the transaction on its connection.
+	Opens int
 }
 
 func (c *Call) Count() int {

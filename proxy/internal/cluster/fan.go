@@ -236,24 +236,46 @@ func allOK(replies [][]byte, merged func() []byte) ([]byte, bool) {
 
 // mergeSlowlog merges the masters' SLOWLOG GET replies (the first
 // master's with the client's count, the others' whole): their entries
-// without the other masters' copies of fanned commands, newest first (by
-// the time each was logged, then its id), count of them at most (all for
+// without the other masters' copies of fanned commands and the proxy's
+// own reads of their logs, newest first, count of them at most (all for
 // a negative count).
+//
+// An entry's time is in whole seconds, and ids are each master's own, so
+// two masters' entries of one second are ordered by the commands every
+// master logged at the same point of the clients' commands: a fanned
+// command (SLOWLOG RESET, CONFIG SET, ...), and a SLOWLOG GET or LEN
+// through the proxy (the first master's, and the proxy's reads of the
+// others, slowlogParts). Counted from the newest (a log that reached
+// slowlog-max-len lost its oldest), an entry with k of them newer than it
+// on its master is older than the k-th newest of any master, and newer
+// than the k+1-th. Within that, a master's own entries keep their order.
 func mergeSlowlog(replies [][]byte, count int64) []byte {
 	type entry struct {
 		id, at int64
+		place  int64 // -2k for an entry with k marks newer than it; -(2k-1) for the k-th mark
 		raw    []byte
 	}
 	var all []entry
 	for i, r := range replies {
-		// The other masters' copies of what the proxy sent to all of
-		// them are left out (slowlog.go).
-		raws, err := slowlogEntries(r, i > 0)
+		raws, kinds, err := slowlogAll(r)
 		if err != nil {
 			return resp.ErrorReply(err)
 		}
-		for _, raw := range raws {
-			e := entry{raw: raw}
+		var marks int64
+		for j, raw := range raws { // newest first
+			kind := kinds[j]
+			mark := kind == entryFanned || (i == 0 && kind == entryLog) || (i > 0 && kind == entryRead)
+			place := -2 * marks
+			if mark {
+				marks++
+				place = -(2*marks - 1)
+			}
+			if i > 0 && (kind == entryFanned || kind == entryRead) {
+				// The other masters' copies of what the proxy sent to all
+				// of them, and its reads of their logs (slowlog.go).
+				continue
+			}
+			e := entry{raw: raw, place: place}
 			if _, fields, err := elements(e.raw); err == nil {
 				e.id, fields = leadingInt(fields)
 				e.at, _ = leadingInt(fields)
@@ -264,6 +286,9 @@ func mergeSlowlog(replies [][]byte, count int64) []byte {
 	slices.SortStableFunc(all, func(a, b entry) int {
 		if a.at != b.at {
 			return -cmpInt(a.at, b.at)
+		}
+		if a.place != b.place {
+			return -cmpInt(a.place, b.place)
 		}
 		return -cmpInt(a.id, b.id)
 	})

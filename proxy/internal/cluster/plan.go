@@ -26,6 +26,11 @@ type Client struct {
 
 	Txn   *TxnState
 	Watch *Pin // the node and slot of the keys WATCHed, nil when none
+	// OwnIdentity: the client signed in to the masters itself (AUTH, or
+	// HELLO with AUTH, forwarded, and accepted): its ACL may refuse a
+	// MULTI, which is then not held (TxnState.Held). Set by the call's
+	// learn, which the forwarder waits for.
+	OwnIdentity bool
 	// last is the master the client's last command with keys in one slot
 	// was routed to, whose replicas WAIT waits for; lastSeq numbers those
 	// commands (call.seq). movedSeq and movedTo, under movedMu, are the
@@ -188,7 +193,7 @@ func (cl *Client) planState(h Host, m *SlotMap, name []byte, cmd redcon.Command)
 	case "reset":
 		h.Settle()
 		h.Reset()
-		cl.Txn, cl.Watch = nil, nil
+		cl.Txn, cl.Watch, cl.OwnIdentity = nil, nil, false
 		return LocalCall(replyReset), true
 	case "quit":
 		return LocalCall(resp.ReplyOK), true // the session closes after it (see forward)
@@ -224,6 +229,15 @@ func (cl *Client) planState(h Host, m *SlotMap, name []byte, cmd redcon.Command)
 			t.Pin = *w
 		}
 		cl.Txn = t
+		if cl.Watch == nil && !cl.OwnIdentity {
+			// Held until the first command (TxnState.Held). Redis
+			// refuses a MULTI outside a transaction only for its ACL,
+			// and the masters know the proxy's identity, not the
+			// client's: it answers +OK. After a WATCH the MULTI goes
+			// at once, to the connection the WATCH went on.
+			t.Held, t.Multi = true, append([]byte(nil), cmd.Raw...)
+			return LocalCall(resp.ReplyOK), true
+		}
 		return Call{Kind: CallPlain, One: Part{Slot: max(t.Slot, m.First[0]), Addr: t.Addr, Raw: cmd.Raw}}, true
 	case "exec", "discard":
 		cl.Watch = nil
@@ -264,9 +278,13 @@ func (cl *Client) everywhere(h Host, m *SlotMap, cmd redcon.Command, name []byte
 	if kind == "hello" && len(cmd.Args) > 1 {
 		proto, _ = strconv.ParseInt(string(cmd.Args[1]), 10, 64)
 	}
+	signIn := kind == "auth" || (kind == "hello" && helloAuth(cmd.Args))
 	c.Learn = func(failed bool) {
 		if !failed {
 			h.Learned(kind, raw, proto)
+			if signIn {
+				cl.OwnIdentity = true
+			}
 		}
 	}
 	return c
@@ -282,11 +300,14 @@ func (cl *Client) inTxn(h Host, m *SlotMap, name []byte, cmd redcon.Command) Cal
 	case "exec", "discard":
 		cl.Txn, cl.Watch = nil, nil
 		if t.Failed.Load() && string(name) == "exec" {
+			if t.Held {
+				return LocalCall(resp.ReplyExecAbort) // nothing reached a master
+			}
 			c := Call{Kind: CallSkip, One: Part{Slot: plain.One.Slot, Addr: t.Addr, Raw: resp.CmdDiscard}}
 			c.Reply = resp.ReplyExecAbort
 			return c
 		}
-		return plain
+		return t.open(plain)
 	}
 	if string(name) == "client" {
 		cl.Router.LearnPause(cmd.Args) // queued: in effect from EXEC on, or so (pause.go)
@@ -301,7 +322,7 @@ func (cl *Client) inTxn(h Host, m *SlotMap, name []byte, cmd redcon.Command) Cal
 		if t.Slot == NoSlot {
 			t.Early = append(t.Early, cmd.Raw)
 		}
-		return plain
+		return t.open(plain)
 	}
 	slot := KeySlot(keys[0])
 	for _, k := range keys[1:] {
@@ -314,6 +335,13 @@ func (cl *Client) inTxn(h Host, m *SlotMap, name []byte, cmd redcon.Command) Cal
 	case t.Slot == NoSlot:
 		t.Slot = slot
 		addr := m.Master(slot)
+		if t.Held {
+			// Nothing is queued anywhere yet: the transaction opens on
+			// the master of its keys.
+			t.Addr, t.Early = addr, nil
+			plain.One.Slot, plain.One.Addr = slot, addr
+			return t.open(plain)
+		}
 		if addr != t.Addr {
 			// Move what was queued to the master of the keys: DISCARD it
 			// where it was (the replies the client had are the same from
@@ -325,11 +353,8 @@ func (cl *Client) inTxn(h Host, m *SlotMap, name []byte, cmd redcon.Command) Cal
 				c.Parts = append(c.Parts, Part{Slot: slot, Addr: addr, Raw: raw})
 			}
 			c.Parts = append(c.Parts, Part{Slot: slot, Addr: addr, Raw: cmd.Raw})
-			c.Learn = func(failed bool) {
-				if failed {
-					t.Failed.Store(true)
-				}
-			}
+			c.Learn = t.learn
+			c.Opens = 1
 			t.Addr = addr
 			t.Early = nil
 			return c
@@ -342,6 +367,38 @@ func (cl *Client) inTxn(h Host, m *SlotMap, name []byte, cmd redcon.Command) Cal
 		return LocalCall(ReplyCrossSlot)
 	}
 	return plain
+}
+
+// open returns c, a command of t for one master, with the MULTI in front
+// of it while t is held: the transaction opens on c's connection, and the
+// client gets c's reply (its MULTI had the proxy's +OK).
+func (t *TxnState) open(c Call) Call {
+	if !t.Held {
+		return c
+	}
+	o := Call{Kind: CallMerge, Op: OpLast, Learn: t.learn}
+	o.Parts = []Part{{Slot: c.One.Slot, Addr: c.One.Addr, Raw: t.Multi}, c.One}
+	t.Held, t.Multi = false, nil
+	return o
+}
+
+// learn fails t when a part before the last of a call that opens or moves
+// it failed (its MULTI, or what it queued again).
+func (t *TxnState) learn(failed bool) {
+	if failed {
+		t.Failed.Store(true)
+	}
+}
+
+// helloAuth reports whether HELLO's arguments sign in (HELLO protover
+// AUTH username password ...).
+func helloAuth(args [][]byte) bool {
+	for _, a := range args[1:] {
+		if strings.EqualFold(string(a), "auth") {
+			return true
+		}
+	}
+	return false
 }
 
 // keyless routes a command without keys: to the first master as it is,

@@ -269,6 +269,9 @@ func (r *Router) Keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 	if !ok {
 		return dst, nil
 	}
+	if keys, ok := resp.MovableKeys(name, args); ok {
+		return append(dst, keys...), nil
+	}
 	if spec.Movable {
 		q := make([]any, 0, len(args)+2)
 		q = append(q, "COMMAND", "GETKEYS")

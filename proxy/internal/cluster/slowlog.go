@@ -17,7 +17,9 @@ import (
 // which every fanned command reaches first) and leave out the other
 // masters' copies. The other masters' logs are read whole (SLOWLOG GET -1,
 // at most slowlog-max-len entries each), so that leaving copies out does
-// not leave out older entries of theirs that belong among the newest.
+// not leave out older entries of theirs that belong among the newest;
+// those reads are logged by the masters too, and left out likewise. The
+// copies still order the masters' entries of one second (mergeSlowlog).
 
 // The merged log holds at most slowlog-max-len entries, as one Redis's
 // does, when the proxy knows it: from the last CONFIG SET of it that went
@@ -70,50 +72,85 @@ func slowlogLen(replies [][]byte, most int64) []byte {
 
 // slowlogEntries splits a SLOWLOG GET reply into its entries; with
 // dropCopies, the entries of the commands the proxy applies to every
-// master are left out.
+// master, and of its reads of the masters' logs, are left out.
 func slowlogEntries(r []byte, dropCopies bool) ([][]byte, error) {
-	n, elems, err := elements(r)
-	if err != nil {
-		return nil, err
+	raws, kinds, err := slowlogAll(r)
+	if err != nil || !dropCopies {
+		return raws, err
 	}
-	var out [][]byte
-	for range n {
-		k, err := valueLen(elems)
-		if err != nil {
-			return nil, err
+	out := raws[:0]
+	for i, raw := range raws {
+		if kinds[i] != entryFanned && kinds[i] != entryRead {
+			out = append(out, raw)
 		}
-		if !dropCopies || !fannedEntry(elems[:k]) {
-			out = append(out, elems[:k])
-		}
-		elems = elems[k:]
 	}
 	return out, nil
 }
 
-// fannedEntry reports whether a slow log entry (id, time, duration,
-// arguments, ...) is of a command the proxy sends to every master.
-func fannedEntry(e []byte) bool {
+// What a slow log entry is, for merging the masters' logs.
+const (
+	entryOwn    = iota // a command of a client's
+	entryFanned        // a command the proxy sends to every master
+	entryRead          // the proxy's SLOWLOG GET -1 of a master's whole log
+	entryLog           // another SLOWLOG GET or LEN: a client's, on the first master
+)
+
+// slowlogAll splits a SLOWLOG GET reply into its entries and says what
+// each is.
+func slowlogAll(r []byte) ([][]byte, []int, error) {
+	n, elems, err := elements(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out [][]byte
+	var kinds []int
+	for range n {
+		k, err := valueLen(elems)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, elems[:k])
+		kinds = append(kinds, entryKind(elems[:k]))
+		elems = elems[k:]
+	}
+	return out, kinds, nil
+}
+
+// entryKind says what a slow log entry (id, time, duration, arguments,
+// ...) is. The proxy's reads are SLOWLOG GET -1 as it sends them
+// (cmdSlowlogAll); a client's SLOWLOG GET goes to the first master only.
+func entryKind(e []byte) int {
 	_, b, err := elements(e)
 	if err != nil {
-		return false
+		return entryOwn
 	}
 	for range 3 { // id, time, duration
 		k, err := valueLen(b)
 		if err != nil {
-			return false
+			return entryOwn
 		}
 		b = b[k:]
 	}
-	_, b, err = elements(b)
+	n, b, err := elements(b)
 	if err != nil {
-		return false
+		return entryOwn
 	}
-	args, err := scalarsUpTo(b, 2)
+	args, err := scalarsUpTo(b, min(n, 3))
 	if err != nil || len(args) == 0 {
-		return false
+		return entryOwn
+	}
+	if len(args) == 3 && string(args[0]) == "SLOWLOG" && string(args[1]) == "GET" && string(args[2]) == "-1" {
+		return entryRead
 	}
 	var nb [24]byte
-	return resp.Of(resp.Lower(&nb, args[0]), args).Has(resp.Fanned)
+	name := resp.Lower(&nb, args[0])
+	if resp.Of(name, args).Has(resp.Fanned) {
+		return entryFanned
+	}
+	if string(name) == "slowlog" && len(args) > 1 && (bytes.EqualFold(args[1], []byte("get")) || bytes.EqualFold(args[1], []byte("len"))) {
+		return entryLog
+	}
+	return entryOwn
 }
 
 // scalarsUpTo reads at most n scalars at the start of b.

@@ -18,6 +18,13 @@ type Pin struct {
 // whether a command was refused (EXEC then aborts).
 type TxnState struct {
 	Pin
+	// Held: the proxy answered the MULTI itself and has not sent it; it
+	// goes with the transaction's first command, to the master that
+	// command chooses, so that a transaction whose first command has keys
+	// opens where it runs (one MULTI in that master's command stats and
+	// MONITOR, none elsewhere), as on one Redis.
+	Held  bool
+	Multi []byte // the client's MULTI, as it sent it, while Held
 	Early [][]byte
 	// failed is set by the forwarder, or by the reader that makes the
 	// reply of the call moving the transaction (inTxn's learn).

@@ -114,3 +114,28 @@ func addSpec(table map[string]KeySpec, c any) {
 	}
 	table[strings.ToLower(name)] = spec
 }
+
+// MovableKeys returns the keys of a command whose keys move that the
+// proxy finds without asking Redis (COMMAND GETKEYS), and reports whether
+// it does: MIGRATE, whose AUTH and AUTH2 options carry a password that a
+// COMMAND GETKEYS would show unredacted in the backend's SLOWLOG and
+// MONITOR, where MIGRATE itself shows "(redacted)". name is in lower case.
+// The keys are those COMMAND GETKEYS gives: the key argument, or with an
+// empty one, every argument after a KEYS option; none when both are given.
+func MovableKeys(name []byte, args [][]byte) ([][]byte, bool) {
+	if string(name) != "migrate" {
+		return nil, false
+	}
+	if len(args) < 6 {
+		return nil, true // Redis refuses it: no keys
+	}
+	for i := 6; i < len(args); i++ {
+		if strings.EqualFold(string(args[i]), "keys") {
+			if len(args[3]) != 0 {
+				return nil, true // Redis refuses a key with KEYS
+			}
+			return args[i+1:], true
+		}
+	}
+	return args[3:4], true
+}

@@ -1,6 +1,9 @@
 package resp
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestTableConsistent checks the facts of the command table against each
 // other: a command that blocks or waits never shares a connection, one
@@ -143,5 +146,42 @@ func TestEffect(t *testing.T) {
 		if got, _ := EffectOf(args[0], args); got != tt.want {
 			t.Errorf("EffectOf(%q) = %d, want %d", tt.give, got, tt.want)
 		}
+	}
+}
+
+// TestMovableKeys checks MIGRATE's keys against Redis's own COMMAND
+// GETKEYS answers (redis-server 7.0.15): the key argument, or with an
+// empty one the arguments after KEYS; AUTH and AUTH2 passwords are no
+// keys.
+func TestMovableKeys(t *testing.T) {
+	for _, tc := range []struct {
+		give string
+		want []string
+	}{
+		{"MIGRATE h 1 k 0 10", []string{"k"}},
+		{"MIGRATE h 1 k 0 10 AUTH pw", []string{"k"}},
+		{"MIGRATE h 1 k 0 10 COPY REPLACE AUTH2 user pw", []string{"k"}},
+		{"MIGRATE h 1 \"\" 0 10 AUTH pw KEYS a b", []string{"a", "b"}},
+		{"MIGRATE h 1 \"\" 0 10 KEYS a", []string{"a"}},
+		{"MIGRATE h 1 k 0 10 KEYS a", nil}, // Redis: "Invalid arguments specified for command"
+	} {
+		var args [][]byte
+		for _, f := range strings.Fields(tc.give) {
+			if f == `""` {
+				f = ""
+			}
+			args = append(args, []byte(f))
+		}
+		keys, ok := MovableKeys([]byte("migrate"), args)
+		var got []string
+		for _, k := range keys {
+			got = append(got, string(k))
+		}
+		if !ok || strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("%s: keys %q (%v), want %q", tc.give, got, ok, tc.want)
+		}
+	}
+	if _, ok := MovableKeys([]byte("sort"), nil); ok {
+		t.Error("SORT's keys found without COMMAND GETKEYS")
 	}
 }
