@@ -1,21 +1,16 @@
 package proxy
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/tidwall/redcon"
+	"github.com/lockproxy/lockproxy/proxy/internal/acl"
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"go.uber.org/zap"
-
-	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Redis's ACL at the proxy. The users are Redis's: their rules are Redis
@@ -76,172 +71,17 @@ type ACLConfig struct {
 // enabled reports whether users sign in against Redis's ACL.
 func (c *ACLConfig) enabled() bool { return c.Backend || len(c.Users) > 0 }
 
-// aclUser is a user the configuration defines.
-type aclUser struct {
-	name string
-	// setuser is the ACL SETUSER that installs the user: "reset" and
-	// its rules other than the lock rules.
-	setuser []byte
-	// lock is the lock commands the user may run (lower case).
-	lock map[string]bool
-}
-
-// lockAllowed reports whether u may run the lock command name (lower
-// case).
-func (u *aclUser) lockAllowed(name string) bool { return u.lock[name] }
-
-// parseACLUser parses one aclfile line, "user <name> <rules...>".
-// categories are the lock commands' ACL categories, by command: a rule
-// on a category (+@write, -@lock, +@all ...) or on a lock command
-// (+lock, -unlock) applies to the lock commands as Redis applies it to
-// its own, in order; the rules on @lock and on the lock commands stay at
-// the proxy, the others go to Redis.
-func parseACLUser(line string, categories map[string][]string) (*aclUser, error) {
-	args, err := splitACL(line)
-	if err != nil {
-		return nil, err
-	}
-	if len(args) < 2 || !strings.EqualFold(args[0], "user") {
-		return nil, fmt.Errorf("acl: %q: a line is \"user <name> <rules...>\"", line)
-	}
-	u := &aclUser{name: args[1], lock: map[string]bool{}}
-	if u.name == "" {
-		return nil, fmt.Errorf("acl: %q: bad user name", line)
-	}
-	set := func(allow bool, match func(name string, cats []string) bool) {
-		for name, cats := range categories {
-			if match(name, cats) {
-				u.lock[name] = allow
-			}
-		}
-	}
-	all := func(string, []string) bool { return true }
-	rules := []string{"ACL", "SETUSER", u.name, "reset"}
-	for _, r := range args[2:] {
-		l := strings.ToLower(r)
-		switch {
-		case l == "reset" || l == "nocommands":
-			set(false, all)
-		case l == "allcommands":
-			set(true, all)
-		case len(l) > 2 && (l[0] == '+' || l[0] == '-') && l[1] == '@':
-			cat := l[2:]
-			set(l[0] == '+', func(_ string, cats []string) bool {
-				return cat == "all" || slices.Contains(cats, cat)
-			})
-			if cat == "lock" {
-				continue // Redis knows no such category
-			}
-		case len(l) > 1 && (l[0] == '+' || l[0] == '-'):
-			name, _, sub := strings.Cut(l[1:], "|")
-			if _, ok := categories[name]; ok {
-				if sub {
-					return nil, fmt.Errorf("acl: %q: the lock commands have no subcommands", r)
-				}
-				set(l[0] == '+', func(n string, _ []string) bool { return n == name })
-				continue // Redis knows no such command
-			}
-		}
-		rules = append(rules, r)
-	}
-	u.setuser = command(rules...)
-	return u, nil
-}
-
-// splitACL splits an aclfile line into its arguments as Redis does:
-// words separated by spaces, double or single quotes around a word, and a
-// selector, "(...)", one argument however many spaces it holds.
-func splitACL(line string) ([]string, error) {
-	var out []string
-	var cur strings.Builder
-	in := false // a word has started
-	depth := 0
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case depth == 0 && (c == '"' || c == '\''):
-			j := strings.IndexByte(line[i+1:], c)
-			if j < 0 {
-				return nil, fmt.Errorf("acl: %q: unbalanced quotes", line)
-			}
-			cur.WriteString(line[i+1 : i+1+j])
-			i += j + 1
-			in = true
-		case c == '(':
-			depth++
-			cur.WriteByte(c)
-			in = true
-		case c == ')':
-			depth--
-			if depth < 0 {
-				return nil, fmt.Errorf("acl: %q: unbalanced parentheses", line)
-			}
-			cur.WriteByte(c)
-		case depth == 0 && (c == ' ' || c == '\t' || c == '\r' || c == '\n'):
-			if in {
-				out = append(out, cur.String())
-				cur.Reset()
-				in = false
-			}
-		default:
-			cur.WriteByte(c)
-			in = true
-		}
-	}
-	if depth != 0 {
-		return nil, fmt.Errorf("acl: %q: unbalanced parentheses", line)
-	}
-	if in {
-		out = append(out, cur.String())
-	}
-	return out, nil
-}
-
-// aclState is the proxy's side of Redis's ACL: the users it defines,
-// the nodes they are installed on, the shared connections of each user
-// signed in, and the cache of lock-resource checks.
+// aclState is the proxy's side of Redis's ACL: the rules, users and
+// checks of internal/acl's Engine, and the shared connections of each
+// user signed in.
 type aclState struct {
+	*acl.Engine
 	p *Proxy
 
 	mu        sync.Mutex
-	users     map[string]*aclUser                 // the configuration's
-	userMap   atomic.Pointer[map[string]*aclUser] // users, read without mu
-	userGen   uint64                              // counts SetACL calls
-	installed map[string]uint64                   // node address -> userGen installed there
 	groups    map[string]*aclGroup
 	groupList atomic.Pointer[[]*muxGroup] // the groups, for writeQueued
-
-	// gen counts ACL changes: a cached check of an older generation is
-	// asked again.
-	gen       atomic.Uint64
-	settle    atomic.Int64             // until when (unix ns) no verdict is cached
-	cache     atomic.Pointer[sync.Map] // user, access, resource -> aclVerdict
-	cacheSize atomic.Int64
-
-	ctlSlots  chan struct{} // one per control connection in use
-	ctlMu     sync.Mutex
-	ctlIdle   []*backend // control connections (ACL DRYRUN), signed in as the proxy
-	ctlClosed bool
-	// old: the backend words its refusals as Redis 7.0 does ("this
-	// user has no permissions ..."), not as 7.2 and later ("User <name>
-	// has no permissions ...", "No permissions to access a key").
-	old       atomic.Bool
-	versioned atomic.Bool // old is known
 }
-
-// aclVerdict is a cached ACL DRYRUN answer.
-type aclVerdict struct {
-	gen     uint64
-	refused []byte // the -NOPERM reply; nil when allowed
-	until   int64  // unix ns: asked again after
-}
-
-// aclVerdictTTL bounds how long a verdict is kept: a change made on the
-// backend directly, not through the proxy, applies after it.
-const aclVerdictTTL = 10 * time.Second
-
-// maxACLCache bounds the cached verdicts; past it the cache starts over.
-const maxACLCache = 1 << 16
 
 // aclGroup is the shared connections of one user of Redis's ACL,
 // signed in with the last password the user signed in with at the proxy.
@@ -251,67 +91,45 @@ type aclGroup struct {
 	next atomic.Uint64
 }
 
-func newACLState(p *Proxy, users []*aclUser) *aclState {
-	a := &aclState{p: p, ctlSlots: make(chan struct{}, maxControl), installed: map[string]uint64{}, groups: map[string]*aclGroup{}}
-	a.cache.Store(&sync.Map{})
-	a.setUsers(users)
+func newACLState(p *Proxy, users []*acl.User) *aclState {
+	a := &aclState{p: p, groups: map[string]*aclGroup{}}
+	a.Engine = acl.New(users, acl.Config{
+		Dial: func(ctx context.Context) (*backend.Conn, error) {
+			be, err := p.dialAny(ctx, replayState{})
+			if err != nil {
+				return nil, err
+			}
+			return &be.Conn, nil
+		},
+		Timeout: p.cfg.Backend.DialTimeout,
+		Log:     p.log,
+	})
 	empty := []*muxGroup{}
 	a.groupList.Store(&empty)
 	return a
 }
 
-func (a *aclState) setUsers(users []*aclUser) {
-	m := make(map[string]*aclUser, len(users))
-	for _, u := range users {
-		m[u.name] = u
-	}
-	a.mu.Lock()
-	a.users = m
-	a.userMap.Store(&m)
-	a.userGen++
-	a.mu.Unlock()
-	a.gen.Add(1)
-}
-
-// changed records an ACL change: every cached verdict is asked again,
-// and none is cached for aclSettle: a change sent through the proxy is
-// on its way to Redis, and an ACL DRYRUN another connection sends meanwhile
-// may reach Redis before it.
-func (a *aclState) changed() {
-	a.settle.Store(time.Now().Add(aclSettle).UnixNano())
-	a.gen.Add(1)
-}
-
-// aclSettle is how long after an ACL change no verdict is cached.
-const aclSettle = time.Second
-
-// user returns the configuration's user name, nil for a user of the
-// backend's own ACL.
-func (a *aclState) user(name string) *aclUser {
-	return (*a.userMap.Load())[name]
-}
-
 // parseACLUsers parses the configuration's users.
-func parseACLUsers(c *Config) ([]*aclUser, error) {
-	var users []*aclUser
+func parseACLUsers(c *Config) ([]*acl.User, error) {
+	var users []*acl.User
 	seen := map[string]bool{}
 	for _, line := range c.ACL.Users {
 		if strings.TrimSpace(line) == "" || strings.HasPrefix(strings.TrimSpace(line), "#") {
 			continue
 		}
-		u, err := parseACLUser(line, c.ACL.LockCategories)
+		u, err := acl.ParseUser(line, c.ACL.LockCategories)
 		if err != nil {
 			return nil, err
 		}
-		if seen[u.name] {
-			return nil, fmt.Errorf("acl: user %q is defined twice", u.name)
+		if seen[u.Name] {
+			return nil, fmt.Errorf("acl: user %q is defined twice", u.Name)
 		}
-		seen[u.name] = true
-		if _, ok := c.Users[u.name]; ok {
-			return nil, fmt.Errorf("acl: user %q is both a password-only user and an ACL user", u.name)
+		seen[u.Name] = true
+		if _, ok := c.Users[u.Name]; ok {
+			return nil, fmt.Errorf("acl: user %q is both a password-only user and an ACL user", u.Name)
 		}
-		if self := c.Backend.Username; u.name == self || (self == "" && u.name == "default") {
-			return nil, fmt.Errorf("acl: user %q is the proxy's own backend user (backend.username)", u.name)
+		if self := c.Backend.Username; u.Name == self || (self == "" && u.Name == "default") {
+			return nil, fmt.Errorf("acl: user %q is the proxy's own backend user (backend.username)", u.Name)
 		}
 		users = append(users, u)
 	}
@@ -332,7 +150,7 @@ func (p *Proxy) SetACL(users []string) error {
 	if err != nil {
 		return err
 	}
-	p.acl.setUsers(parsed)
+	p.acl.SetUsers(parsed)
 	// Installed now where the proxy reaches, so that the change applies
 	// to signed-in clients' next command.
 	ctx, cancel := context.WithTimeout(p.root, 2*p.cfg.Backend.DialTimeout)
@@ -340,7 +158,7 @@ func (p *Proxy) SetACL(users []string) error {
 	err = p.acl.installEverywhere(ctx)
 	// Again: a check made while the users were being installed saw the
 	// rules before.
-	p.acl.changed()
+	p.acl.Changed()
 	return err
 }
 
@@ -354,8 +172,8 @@ func (a *aclState) installEverywhere(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		errs = append(errs, a.prepare(ctx, be))
-		be.nc.Close()
+		errs = append(errs, a.Prepare(ctx, &be.Conn))
+		be.NC.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -364,184 +182,72 @@ func (a *aclState) installEverywhere(ctx context.Context) error {
 // not have them yet (at this generation of the users).
 func (a *aclState) installMissing(ctx context.Context) {
 	for _, addr := range a.p.router.masterAddrs() {
-		a.mu.Lock()
-		done := a.installed[addr] == a.userGen
-		a.mu.Unlock()
-		if done {
+		if a.Installed(addr) {
 			continue
 		}
 		be, err := a.p.dialAddr(ctx, addr, replayState{})
 		if err != nil {
 			continue // its connections install them when they sign in
 		}
-		if err := a.prepare(ctx, be); err != nil {
+		if err := a.Prepare(ctx, &be.Conn); err != nil {
 			a.p.log.Warn("acl: installing users", zap.String("node", addr), zap.Error(err))
 		}
-		be.nc.Close()
+		be.NC.Close()
 	}
 }
 
 // nodeDialers returns how to dial each node the users live on: the
 // backend, or each master of a cluster.
-func (p *Proxy) nodeDialers() []func(context.Context) (*backend, error) {
+func (p *Proxy) nodeDialers() []func(context.Context) (*backendConn, error) {
 	if p.router == nil {
-		return []func(context.Context) (*backend, error){func(ctx context.Context) (*backend, error) {
+		return []func(context.Context) (*backendConn, error){func(ctx context.Context) (*backendConn, error) {
 			return p.dial(ctx, replayState{})
 		}}
 	}
-	var out []func(context.Context) (*backend, error)
+	var out []func(context.Context) (*backendConn, error)
 	for _, addr := range p.router.masterAddrs() {
-		out = append(out, func(ctx context.Context) (*backend, error) {
+		out = append(out, func(ctx context.Context) (*backendConn, error) {
 			return p.dialAddr(ctx, addr, replayState{})
 		})
 	}
 	return out
 }
 
-// call sends cmd on be, a connection of the proxy's, and returns its
-// reply whole.
-func (be *backend) call(ctx context.Context, cmd []byte) ([]byte, error) {
-	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	if _, err := be.w.Write(cmd); err != nil {
-		return nil, err
-	}
-	if err := be.w.Flush(); err != nil {
-		return nil, err
-	}
-	var out bytes.Buffer
-	w := bufio.NewWriter(&out)
-	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, be.r, &ri); err != nil {
-		return nil, err
-	}
-	w.Flush()
-	return out.Bytes(), nil
-}
-
-// prepare installs the configuration's users on be's node if they have
-// not been since the proxy started or they last changed. be is signed in
-// as the proxy.
-func (a *aclState) prepare(ctx context.Context, be *backend) error {
-	node := be.nc.RemoteAddr().String()
-	a.mu.Lock()
-	gen := a.userGen
-	done := a.installed[node] == gen
-	users := a.userList()
-	a.mu.Unlock()
-	if done {
-		return nil
-	}
-	for _, u := range users {
-		if err := a.install(ctx, be, u); err != nil {
-			return err
-		}
-	}
-	a.mu.Lock()
-	if a.userGen == gen {
-		a.installed[node] = gen
-	}
-	a.mu.Unlock()
-	return nil
-}
-
-// userList returns the configuration's users; a.mu is held.
-func (a *aclState) userList() []*aclUser {
-	out := make([]*aclUser, 0, len(a.users))
-	for _, u := range a.users {
-		out = append(out, u)
-	}
-	return out
-}
-
-// install runs u's ACL SETUSER on be.
-func (a *aclState) install(ctx context.Context, be *backend, u *aclUser) error {
-	r, err := be.call(ctx, u.setuser)
-	if err != nil {
-		return err
-	}
-	if r[0] == '-' {
-		return fmt.Errorf("acl: installing user %q: %s", u.name, strings.TrimSpace(string(r[1:])))
-	}
-	return nil
-}
-
-// ensure installs on be's node the configuration's users it lacks (it
-// restarted empty, or a user was deleted there): a user's sign-in found
-// it missing.
-func (a *aclState) ensure(ctx context.Context, be *backend, name string) error {
-	u := a.user(name)
-	if u == nil {
-		return nil
-	}
-	r, err := be.call(ctx, command("ACL", "GETUSER", name))
-	if err != nil {
-		return err
-	}
-	if r[0] != '*' || bytes.HasPrefix(r, []byte("*-1")) {
-		return a.install(ctx, be, u)
-	}
-	return nil
-}
-
-// signIn sends the user's AUTH on be, a connection signed in as the
-// proxy, installing the user first where it is missing. It returns the
-// backend's reply.
-func (a *aclState) signIn(ctx context.Context, be *backend, auth []byte) ([]byte, error) {
-	if err := a.prepare(ctx, be); err != nil {
-		a.p.log.Warn("acl: installing users", zap.Error(err))
-	}
-	r, err := be.call(ctx, auth)
-	if err != nil || !bytes.HasPrefix(r, []byte("-WRONGPASS")) {
-		return r, err
-	}
-	user := authUser(auth)
-	if a.user(user) == nil {
-		return r, nil
-	}
-	if err := a.ensure(ctx, be, user); err != nil {
-		a.p.log.Warn("acl: installing a user", zap.Error(err))
-		return r, nil
-	}
-	return be.call(ctx, auth)
-}
-
 // setup brings be, a new connection signed in as the proxy, to state,
 // whose first command is a user's AUTH (under Redis's ACL at the proxy).
-func (a *aclState) setup(ctx context.Context, be *backend, cmds [][]byte) error {
+func (a *aclState) setup(ctx context.Context, be *backendConn, cmds [][]byte) error {
 	if len(cmds) == 0 {
 		return nil
 	}
-	r, err := a.signIn(ctx, be, cmds[0])
+	r, err := a.SignIn(ctx, &be.Conn, cmds[0])
 	if err != nil {
 		return err
 	}
 	if r[0] == '-' {
-		return &userRefusedError{refusedError{Command: "AUTH", Reply: strings.TrimSpace(string(r[1:]))}}
+		return &userRefusedError{backend.RefusedError{Command: "AUTH", Reply: strings.TrimSpace(string(r[1:]))}}
 	}
 	if len(cmds) == 1 {
 		return nil
 	}
-	return be.setup(ctx, cmds[1:])
+	return be.Setup(ctx, cmds[1:])
 }
 
 // dialSetup brings be, just dialled, to state under Redis's ACL: the
 // proxy's own setup, then the user's AUTH and the rest.
-func (a *aclState) dialSetup(ctx context.Context, be *backend, own [][]byte, state replayState) error {
+func (a *aclState) dialSetup(ctx context.Context, be *backendConn, own [][]byte, state replayState) error {
 	if len(own) > 0 {
-		if err := be.setup(ctx, own); err != nil {
+		if err := be.Setup(ctx, own); err != nil {
 			return err
 		}
 	}
 	return a.setup(ctx, be, state.commands(nil))
 }
 
-// userRefusedError is a refusedError of a user's AUTH: the backend is up,
+// userRefusedError is a backend.RefusedError of a user's AUTH: the backend is up,
 // and the other clients' connections need no backoff.
-type userRefusedError struct{ refusedError }
+type userRefusedError struct{ backend.RefusedError }
 
-func (e *userRefusedError) Unwrap() error { return &e.refusedError }
+func (e *userRefusedError) Unwrap() error { return &e.RefusedError }
 
 // userRefused reports whether err is a user's AUTH the backend refused.
 func userRefused(err error) bool {
@@ -558,12 +264,12 @@ func (a *aclState) authenticate(ctx context.Context, auth []byte) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	defer be.nc.Close()
+	defer be.NC.Close()
 	if a.p.router != nil {
 		a.installMissing(ctx)
 	}
-	a.learnVersion(ctx, be)
-	r, err := a.signIn(ctx, be, auth)
+	a.LearnVersion(ctx, &be.Conn)
+	r, err := a.SignIn(ctx, &be.Conn, auth)
 	if err != nil {
 		return nil, err
 	}
@@ -603,13 +309,7 @@ func (a *aclState) closeGroups() {
 			sh.close()
 		}
 	}
-	a.ctlMu.Lock()
-	a.ctlClosed = true
-	for _, be := range a.ctlIdle {
-		be.nc.Close()
-	}
-	a.ctlIdle = nil
-	a.ctlMu.Unlock()
+	a.Close()
 }
 
 // queued counts the commands waiting on the shared connections to one
@@ -657,163 +357,6 @@ func oldestIn(g *muxGroup, oldest *muxConn, first uint64) (*muxConn, uint64) {
 		}
 	}
 	return oldest, first
-}
-
-// verdict returns the refusal of user's access to resource (write or
-// read) as Redis's ACL DRYRUN tells, nil when allowed.
-func (a *aclState) verdict(ctx context.Context, user string, resource []byte, write bool) ([]byte, error) {
-	key := make([]byte, 0, len(user)+len(resource)+2)
-	key = append(append(key, user...), 0, 'r')
-	if write {
-		key[len(key)-1] = 'w'
-	}
-	key = append(key, resource...)
-	gen := a.gen.Load()
-	cache := a.cache.Load()
-	now := time.Now().UnixNano()
-	if v, ok := cache.Load(string(key)); ok && v.(aclVerdict).gen == gen && now < v.(aclVerdict).until {
-		return v.(aclVerdict).refused, nil
-	}
-	cmd := command("ACL", "DRYRUN", user, "GET", string(resource))
-	if write {
-		cmd = command("ACL", "DRYRUN", user, "SET", string(resource), "x")
-	}
-	r, err := a.control(ctx, cmd)
-	if err != nil {
-		return nil, err
-	}
-	refused := dryrunRefusal(r, a.old.Load())
-	if a.gen.Load() == gen && time.Now().UnixNano() > a.settle.Load() {
-		if a.cacheSize.Add(1) > maxACLCache {
-			// Full: start over.
-			a.cacheSize.Store(1)
-			cache = &sync.Map{}
-			a.cache.Store(cache)
-		}
-		cache.Store(string(key), aclVerdict{gen: gen, refused: refused, until: time.Now().Add(aclVerdictTTL).UnixNano()})
-	}
-	return refused, nil
-}
-
-// control sends cmd on a control connection, signed in as the proxy,
-// and returns the reply. Up to maxControl of them are in use at once;
-// one that fails is closed, and the command is tried once more on a new
-// one.
-func (a *aclState) control(ctx context.Context, cmd []byte) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.p.cfg.Backend.DialTimeout)
-	defer cancel()
-	select {
-	case a.ctlSlots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	defer func() { <-a.ctlSlots }()
-	for attempt := 0; ; attempt++ {
-		be, err := a.controlConn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		r, err := be.call(ctx, cmd)
-		if err == nil {
-			if bytes.HasPrefix(r, []byte("-ERR User '")) && attempt == 0 {
-				// Missing on a node that restarted empty?
-				if c, perr := redcon.Parse(cmd); perr == nil && len(c.Args) > 2 && a.user(string(c.Args[2])) != nil {
-					if err := a.ensure(ctx, be, string(c.Args[2])); err == nil {
-						a.putControl(be)
-						continue
-					}
-				}
-			}
-			a.putControl(be)
-			return r, nil
-		}
-		be.nc.Close()
-		if attempt > 0 || ctx.Err() != nil {
-			return nil, err
-		}
-	}
-}
-
-// maxControl bounds the control connections in use at once.
-const maxControl = 4
-
-// controlConn returns an idle control connection, or dials one.
-func (a *aclState) controlConn(ctx context.Context) (*backend, error) {
-	a.ctlMu.Lock()
-	if n := len(a.ctlIdle); n > 0 {
-		be := a.ctlIdle[n-1]
-		a.ctlIdle = a.ctlIdle[:n-1]
-		a.ctlMu.Unlock()
-		return be, nil
-	}
-	a.ctlMu.Unlock()
-	be, err := a.p.dialAny(ctx, replayState{})
-	if err != nil {
-		return nil, err
-	}
-	if err := a.prepare(ctx, be); err != nil {
-		a.p.log.Warn("acl: installing users", zap.Error(err))
-	}
-	a.learnVersion(ctx, be)
-	return be, nil
-}
-
-// learnVersion learns from be how the backend words its refusals, once.
-func (a *aclState) learnVersion(ctx context.Context, be *backend) {
-	if a.versioned.Load() {
-		return
-	}
-	if info, err := be.call(ctx, command("INFO", "server")); err == nil && info[0] != '-' {
-		a.old.Store(oldWording(info))
-		a.versioned.Store(true)
-	}
-}
-
-// putControl keeps be for the next control command, or closes it once
-// the proxy is shutting down.
-func (a *aclState) putControl(be *backend) {
-	a.ctlMu.Lock()
-	defer a.ctlMu.Unlock()
-	if a.ctlClosed {
-		be.nc.Close()
-		return
-	}
-	a.ctlIdle = append(a.ctlIdle, be)
-}
-
-// oldWording reports whether INFO server names a Redis older than 7.2,
-// which words its ACL refusals differently.
-func oldWording(info []byte) bool {
-	_, v, ok := bytes.Cut(info, []byte("redis_version:"))
-	if !ok {
-		return false
-	}
-	var major, minor int
-	fmt.Sscanf(string(v), "%d.%d", &major, &minor)
-	return major < 7 || (major == 7 && minor < 2)
-}
-
-// dryrunRefusal turns the reply to ACL DRYRUN <user> SET|GET <resource>
-// into Redis's -NOPERM reply to a command refused one of its keys; nil
-// for +OK. The user may lack the key, the command SET or GET, or be gone
-// (ACL DELUSER): the resource is refused alike.
-func dryrunRefusal(r []byte, old bool) []byte {
-	if bytes.HasPrefix(r, []byte("+OK")) {
-		return nil
-	}
-	if old {
-		return []byte("-NOPERM this user has no permissions to access one of the keys used as arguments\r\n")
-	}
-	return []byte("-NOPERM No permissions to access a key\r\n")
-}
-
-// commandRefusal is Redis's -NOPERM reply to a command user may not run,
-// in the wording of the backend's version (old: before Redis 7.2).
-func commandRefusal(user, name string, old bool) []byte {
-	if old {
-		return []byte("-NOPERM this user has no permissions to run the '" + name + "' command\r\n")
-	}
-	return []byte("-NOPERM User " + user + " has no permissions to run the '" + name + "' command\r\n")
 }
 
 // masterAddrs returns the masters of the slot map the proxy knows, the

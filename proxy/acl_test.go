@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
+	"github.com/lockproxy/lockproxy/proxy/internal/acl"
 )
 
 // aclUsers are the users of the ACL tests, in aclfile form: key patterns
@@ -54,7 +55,7 @@ func startACLPair(t *testing.T, extra func(*Config)) (direct, backend *redistest
 
 func mustSplitACL(t *testing.T, line string) []string {
 	t.Helper()
-	a, err := splitACL(line)
+	a, err := acl.Split(line)
 	if err != nil {
 		t.Fatal(err)
 	}

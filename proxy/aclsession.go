@@ -7,6 +7,7 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/acl"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -67,7 +68,7 @@ func (s *session) aclGate(name []byte, cmd *redcon.Command) (localItem, bool) {
 				return localItem{reply: redcon.AppendBulkString(nil, s.acl.name), silent: s.silent()}, true
 			}
 		case "setuser", "deluser", "load":
-			s.p.acl.changed()
+			s.p.acl.Changed()
 			s.acl.dirty = true
 		case "dryrun":
 			if len(args) >= 4 && s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(args[3]) {
@@ -76,7 +77,7 @@ func (s *session) aclGate(name []byte, cmd *redcon.Command) (localItem, bool) {
 		}
 	}
 	var reply, rewritten []byte
-	reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, args)
+	reply, rewritten, s.authed = s.p.auth.Gate(s.authed, name, args)
 	if reply != nil {
 		return localItem{reply: reply, silent: s.silent()}, true
 	}
@@ -90,10 +91,10 @@ func (s *session) aclGate(name []byte, cmd *redcon.Command) (localItem, bool) {
 // signs the client in as user.
 func (s *session) aclSignIn(name []byte, cmd *redcon.Command, user, pass []byte) (localItem, bool) {
 	p := s.p
-	if _, ok := p.auth.users[string(user)]; ok {
+	if p.auth.Has(user) {
 		// A password-only user: the proxy's own identity, checked here.
-		if !p.auth.check(user, pass) {
-			return localItem{reply: replyWrongPass, silent: s.silent()}, true
+		if !p.auth.Check(user, pass) {
+			return localItem{reply: acl.ReplyWrongPass, silent: s.silent()}, true
 		}
 		was := s.acl.user
 		s.authed, s.acl = true, aclClient{name: string(user)}
@@ -200,16 +201,16 @@ func (s *session) lockDenied(args [][]byte) []byte {
 	}
 	if s.acl.dirty {
 		s.acl.dirty = false
-		a.changed() // what the client's own ACL command changed
+		a.Changed() // what the client's own ACL command changed
 	}
 	var nb [24]byte
 	name := string(resp.Lower(&nb, args[0]))
-	if u := a.user(s.acl.user); u != nil && !u.lockAllowed(name) {
+	if u := a.User(s.acl.user); u != nil && !u.LockAllowed(name) {
 		s.aclRefused(name, "command", nil)
-		return commandRefusal(s.acl.user, name, a.old.Load())
+		return acl.CommandRefusal(s.acl.user, name, a.Old())
 	}
 	for _, r := range res {
-		refused, err := a.verdict(s.ctx, s.acl.user, r, write)
+		refused, err := a.Verdict(s.ctx, s.acl.user, r, write)
 		if err != nil {
 			return resp.ErrorReply(&BackendError{Err: err})
 		}
@@ -229,7 +230,7 @@ func (s *session) lockListed(args [][]byte, reply []byte) []byte {
 		return reply
 	}
 	out, err := f(args, reply, func(res []byte) (bool, error) {
-		refused, err := a.verdict(s.ctx, s.acl.user, res, false)
+		refused, err := a.Verdict(s.ctx, s.acl.user, res, false)
 		return refused == nil, err
 	})
 	if err != nil {
@@ -249,7 +250,7 @@ func (s *session) fencedDenied(req FencedRequest) []byte {
 		return nil
 	}
 	args := append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(s.acl.user)}, req.Command...)
-	r, err := a.control(s.ctx, encodeCommand(args))
+	r, err := a.Control(s.ctx, resp.Encode(args))
 	if err != nil {
 		return resp.ErrorReply(&BackendError{Err: err})
 	}
@@ -259,7 +260,7 @@ func (s *session) fencedDenied(req FencedRequest) []byte {
 	text := r[bytes.Index(r, []byte("\r\n"))+2 : len(r)-2]
 	var nb [24]byte
 	s.aclRefused(string(resp.Lower(&nb, req.Command[0])), "fenced command", req.Resource)
-	return dryrunNoperm(text, a.old.Load())
+	return acl.DryrunNoperm(text, a.Old())
 }
 
 // fencedAs signs a FENCED connection of a user of Redis's ACL in as the
@@ -269,28 +270,6 @@ func (s *session) fencedAs(st *replayState) {
 	if s.p.acl != nil && s.acl.user != "" {
 		st.auth = nil
 	}
-}
-
-// dryrunNoperm turns ACL DRYRUN's text of a refusal into the -NOPERM
-// reply of the command refused, in the backend's wording.
-func dryrunNoperm(text []byte, old bool) []byte {
-	t := string(text)
-	switch {
-	case strings.HasSuffix(t, "' key"):
-		if old {
-			return []byte("-NOPERM this user has no permissions to access one of the keys used as arguments\r\n")
-		}
-		return []byte("-NOPERM No permissions to access a key\r\n")
-	case strings.HasSuffix(t, "' channel"):
-		if old {
-			return []byte("-NOPERM this user has no permissions to access one of the channels used as arguments\r\n")
-		}
-		return []byte("-NOPERM No permissions to access a channel\r\n")
-	}
-	if old {
-		t = strings.Replace(t, "This user", "this user", 1)
-	}
-	return []byte("-NOPERM " + t + "\r\n")
 }
 
 // aclRefused records a refused lock command where an operator looks: a
@@ -308,17 +287,17 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 	user := string(args[2])
 	if s.acl.user != "" {
 		// The caller needs ACL DRYRUN itself, as Redis tells.
-		r, err := a.control(s.ctx, command("ACL", "DRYRUN", s.acl.user, "ACL", "DRYRUN", user, "PING"))
+		r, err := a.Control(s.ctx, command("ACL", "DRYRUN", s.acl.user, "ACL", "DRYRUN", user, "PING"))
 		if err != nil {
 			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		if !bytes.HasPrefix(r, replyOK) {
 			s.aclRefused("acl|dryrun", "command", nil)
-			return commandRefusal(s.acl.user, "acl|dryrun", a.old.Load())
+			return acl.CommandRefusal(s.acl.user, "acl|dryrun", a.Old())
 		}
 	}
 	// Redis's error for a user it does not know.
-	r, err := a.control(s.ctx, command("ACL", "DRYRUN", user, "PING"))
+	r, err := a.Control(s.ctx, command("ACL", "DRYRUN", user, "PING"))
 	if err != nil {
 		return resp.ErrorReply(&BackendError{Err: err})
 	}
@@ -327,8 +306,8 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 	}
 	var nb [24]byte
 	name := string(resp.Lower(&nb, args[3]))
-	if u := a.user(user); u != nil && !u.lockAllowed(name) {
-		return dryrunText(a.old.Load(), user, "run the '"+name+"' command")
+	if u := a.User(user); u != nil && !u.LockAllowed(name) {
+		return acl.DryrunText(a.Old(), user, "run the '"+name+"' command")
 	}
 	res, write, ok := [][]byte(nil), false, true
 	if f := s.p.cfg.ACL.LockResources; f != nil {
@@ -338,12 +317,12 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 		return []byte("-ERR wrong number of arguments for '" + name + "' command\r\n")
 	}
 	for _, r := range res {
-		refused, err := a.verdict(s.ctx, user, r, write)
+		refused, err := a.Verdict(s.ctx, user, r, write)
 		if err != nil {
 			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		if refused != nil {
-			return dryrunText(a.old.Load(), user, "access the '"+string(r)+"' key")
+			return acl.DryrunText(a.Old(), user, "access the '"+string(r)+"' key")
 		}
 	}
 	if f := s.p.cfg.Fencing; f != nil && name == "fenced" {
@@ -352,40 +331,11 @@ func (s *session) aclDryrun(args [][]byte) []byte {
 		if err != nil {
 			return errLine(err.Error())
 		}
-		r, err := a.control(s.ctx, encodeCommand(append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(user)}, req.Command...)))
+		r, err := a.Control(s.ctx, resp.Encode(append([][]byte{[]byte("ACL"), []byte("DRYRUN"), []byte(user)}, req.Command...)))
 		if err != nil {
 			return resp.ErrorReply(&BackendError{Err: err})
 		}
 		return r
 	}
 	return replyOK
-}
-
-// dryrunText is ACL DRYRUN's bulk reply for a refusal.
-func dryrunText(old bool, user, what string) []byte {
-	who := "This user"
-	if !old {
-		who = "User " + user
-	}
-	return redcon.AppendBulkString(nil, who+" has no permissions to "+what)
-}
-
-// authUser returns the user an AUTH or HELLO ... AUTH signs in as.
-func authUser(raw []byte) string {
-	cmd, err := redcon.Parse(raw)
-	if err != nil || len(cmd.Args) < 2 {
-		return ""
-	}
-	if bytes.EqualFold(cmd.Args[0], []byte("auth")) {
-		if len(cmd.Args) == 2 {
-			return "default"
-		}
-		return string(cmd.Args[1])
-	}
-	for i := 2; i+1 < len(cmd.Args); i++ {
-		if bytes.EqualFold(cmd.Args[i], []byte("auth")) {
-			return string(cmd.Args[i+1])
-		}
-	}
-	return ""
 }

@@ -49,15 +49,7 @@ func TestArrivalOrderLocalCommandHoldsNobody(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("HOLDLOCAL was not served")
 	}
-	p.order.mu.Lock()
-	var held []uint64
-	for _, c := range p.order.conns {
-		if c.n != 0 {
-			held = append(held, c.n)
-		}
-	}
-	p.order.mu.Unlock()
-	if len(held) > 0 {
+	if held := p.order.Held(); len(held) > 0 {
 		t.Errorf("reads numbered %v are still in the arrival order while HOLDLOCAL is answered", held)
 	}
 	if got := string(b.do(args("SET k v"))); got != "+OK\r\n" {
@@ -83,22 +75,8 @@ func TestArrivalOrderLocalReadWaitsForNobody(t *testing.T) {
 	})
 	c := dial(t, addr)
 	c.do(args("PING"))
-	o := p.order
-	o.mu.Lock()
-	stuck := &arrival{o: o}
-	stuck.awake.Store(true)
-	stuck.number()
-	o.mu.Unlock()
-	defer func() {
-		o.mu.Lock()
-		stuck.endLocked()
-		o.mu.Unlock()
-	}()
-	waitedFor := func() bool {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		return stuck.done != nil // made by a read that waits for it
-	}
+	waitedFor, release := p.order.Stuck()
+	defer release()
 	if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
 		t.Fatalf("ECHOLOCAL: %q", got)
 	}

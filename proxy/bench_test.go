@@ -185,14 +185,14 @@ func BenchmarkGuardCheck(b *testing.B) {
 	srv := redistest.Start(b)
 	_, p := startProxy(b, srv.Addr, func(c *Config) { c.ProtectedPrefix = "lock:" })
 	name, args := []byte("get"), [][]byte{[]byte("GET"), []byte("bench:key")}
-	if err := p.guard.check(name, args); err != nil {
+	if err := p.guardCheck(name, args); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if err := p.guard.check(name, args); err != nil {
+			if err := p.guardCheck(name, args); err != nil {
 				b.Error(err)
 				return
 			}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -23,7 +24,7 @@ type clientConn struct {
 	// sess is set in the accept callback, before the first Read.
 	sess *session
 	// order is the socket's place in the arrival order; nil: none.
-	order *arrival
+	order *backend.Arrival
 	err   error
 	// broken is set once a write to the client failed.
 	broken atomic.Bool

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -16,7 +17,7 @@ import (
 // blocking command, a command split per slot, ...). Each is a muxConn
 // (shared.go) with one client: a group of one, dialled in the client's
 // connection state, its commands batched by muxConn.write and its replies
-// read by muxConn.read into the client's replyOrder, as on the shared
+// read by muxConn.readShared into the client's cluster.Order, as on the shared
 // connections. So the forwarder never reads a backend connection: it
 // takes a ticket per reply and goes on. Unlike a shared connection's,
 // the reader of one of the client's own runs only while replies are owed
@@ -87,7 +88,7 @@ func (s *session) sendCall(c *cluster.Call) {
 	cs := s.cl
 	if c.Kind == cluster.CallLocal {
 		if c.Reply != nil {
-			s.place(c.Reply, ticketOpts{})
+			s.place(c.Reply, cluster.TicketOpts{})
 		}
 		return
 	}
@@ -103,9 +104,9 @@ func (s *session) sendCall(c *cluster.Call) {
 		s.randomKey(c)
 		return
 	case (c.Kind == cluster.CallPlain || c.Kind == cluster.CallSkip) && c.Learn == nil:
-		opts := ticketOpts{own: true, stay: inTxn(&c.One), seq: c.Seq}
+		opts := cluster.TicketOpts{Own: true, Stay: inTxn(&c.One), Seq: c.Seq}
 		if c.Kind == cluster.CallSkip {
-			opts.replace = c.Reply
+			opts.Replace = c.Reply
 		}
 		s.sendPart(&c.One, opts, deadline)
 		return
@@ -120,14 +121,14 @@ func (s *session) sendParts(src *cluster.Call, deadline time.Time) {
 	// has moved on, and src stays on the caller's stack.
 	c := new(cluster.Call)
 	*c = *src
-	g := newGather(c.Count())
-	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
+	g := cluster.NewGather(c.Count())
+	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	if !c.Alone {
-		g.ticket, g.transform = ticket, c.Result
+		g.Ticket, g.Transform = ticket, c.Result
 	}
 	for i := range c.Count() {
 		p := c.Part(i)
-		s.sendPart(p, ticketOpts{own: true, stay: inTxn(p), g: g, gi: i}, deadline)
+		s.sendPart(p, cluster.TicketOpts{Own: true, Stay: inTxn(p), G: g, Part: i}, deadline)
 	}
 	if !c.Alone {
 		return
@@ -136,12 +137,12 @@ func (s *session) sendParts(src *cluster.Call, deadline time.Time) {
 	// it before it goes on.
 	s.flushDirty()
 	select {
-	case <-g.done:
+	case <-g.Done:
 	case <-s.ctx.Done():
 		return // the client has gone
 	}
-	reply, _ := c.Result(g.replies)
-	cs.order.put(ticket, false, reply, &s.w)
+	reply, _ := c.Result(g.Replies)
+	cs.order.Put(ticket, false, reply, &s.w)
 	s.pushOut()
 }
 
@@ -154,13 +155,13 @@ func inTxn(p *cluster.Part) bool { return p.Tx != nil && p.Tx.Txn != nil }
 // waits for the cluster to name another one, until deadline; then, or
 // when p's transaction must not go on that connection (txConn), the ticket
 // gets the proxy's own reply.
-func (s *session) sendPart(p *cluster.Part, opts ticketOpts, deadline time.Time) {
+func (s *session) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline time.Time) {
 	cs := s.cl
 	for {
 		sh := cs.ownConn(s, p.Addr)
 		be, err := sh.ready()
 		if err != nil {
-			if refused(err) || !s.again(p, deadline) {
+			if backend.Refused(err) || !s.again(p, deadline) {
 				p.Err = err
 				if p.Tx != nil {
 					s.txUnsent(p)
@@ -175,11 +176,11 @@ func (s *session) sendPart(p *cluster.Part, opts ticketOpts, deadline time.Time)
 			return
 		}
 		if p.Tx != nil && p.Tx.Reply != nil {
-			opts.replace = p.Tx.Reply // sent as DISCARD (txConn)
+			opts.Replace = p.Tx.Reply // sent as DISCARD (txConn)
 		}
-		t := cs.order.add(p.Raw, p.Slot, opts)
+		t := cs.order.Add(p.Raw, p.Slot, opts)
 		if !sh.queueOn(be, s, t, p.Raw) {
-			cs.order.drop(t) // lost meanwhile: ready dials again
+			cs.order.Drop(t) // lost meanwhile: ready dials again
 			continue
 		}
 		s.markShared(sh)
@@ -192,10 +193,10 @@ func (s *session) sendPart(p *cluster.Part, opts ticketOpts, deadline time.Time)
 
 // unsent gives p, which was not sent, its reply: the one its transaction
 // gives (txConn), or the error that kept it from its master.
-func (s *session) unsent(p *cluster.Part, opts ticketOpts) {
+func (s *session) unsent(p *cluster.Part, opts cluster.TicketOpts) {
 	var reply []byte
 	switch {
-	case opts.g != nil:
+	case opts.G != nil:
 		reply = resp.ErrorReply(&BackendError{Err: p.Err})
 	case p.Tx != nil && p.Tx.Reply != nil:
 		reply = p.Tx.Reply
@@ -207,14 +208,14 @@ func (s *session) unsent(p *cluster.Part, opts ticketOpts) {
 		s.p.m.unavailable.Add(1)
 		reply = resp.ErrorReply(&BackendError{Err: err})
 	}
-	opts.replace = nil
+	opts.Replace = nil
 	s.place(reply, opts)
 }
 
 // place takes a ticket with opts and puts reply, the proxy's own, in it.
-func (s *session) place(reply []byte, opts ticketOpts) {
+func (s *session) place(reply []byte, opts cluster.TicketOpts) {
 	o := &s.cl.order
-	o.put(o.add(nil, cluster.NoSlot, opts), false, reply, &s.w)
+	o.Put(o.Add(nil, cluster.NoSlot, opts), false, reply, &s.w)
 	s.sharedOut = true // a client whose replies are not pushed writes them in flush
 	s.pushOut()
 }
@@ -231,7 +232,7 @@ func (s *session) settleCluster() {
 	if cs.sharedUsed {
 		s.q.waitEmpty()
 	}
-	cs.order.wait()
+	cs.order.Wait()
 	s.w.drain()
 	cs.sharedUsed, cs.ownUsed, cs.blocking = false, false, false
 }
@@ -240,15 +241,15 @@ func (s *session) settleCluster() {
 // replies, or nil when the client has gone. The forwarder waits for them:
 // RANDOMKEY and SORT's patterns decide what to send next from them.
 func (s *session) ask(parts []cluster.Part) [][]byte {
-	g := newGather(len(parts))
+	g := cluster.NewGather(len(parts))
 	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
 	for i := range parts {
-		s.sendPart(&parts[i], ticketOpts{own: true, g: g, gi: i}, deadline)
+		s.sendPart(&parts[i], cluster.TicketOpts{Own: true, G: g, Part: i}, deadline)
 	}
 	s.flushDirty()
 	select {
-	case <-g.done:
-		return g.replies
+	case <-g.Done:
+		return g.Replies
 	case <-s.ctx.Done():
 		return nil
 	}
@@ -257,9 +258,9 @@ func (s *session) ask(parts []cluster.Part) [][]byte {
 // randomKey asks the masters in a random order until one has a key.
 func (s *session) randomKey(c *cluster.Call) {
 	cs := s.cl
-	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
+	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.put(ticket, false, b, &s.w)
+		cs.order.Put(ticket, false, b, &s.w)
 		s.pushOut()
 	}
 	m, err := cs.r.Current(s.ctx)

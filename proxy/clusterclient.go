@@ -11,7 +11,7 @@ import (
 // NO-EVICT and NO-TOUCH go on every connection of the client and are
 // replayed on every new one (cluster.Client.everywhere, replayState); CLIENT
 // REPLY is applied by the proxy itself, which holds back the replies the
-// client turned off (replyOrder's muting): the masters answer every
+// client turned off (cluster.Order.Mute): the masters answer every
 // command the proxy sends them, and pushes (pub/sub messages,
 // invalidations) are not replies, which CLIENT REPLY leaves alone.
 
@@ -70,12 +70,6 @@ func (s *session) muteReplies(name []byte, args [][]byte) func() {
 		return nil
 	}
 	o := &s.cl.order
-	o.mu.Lock()
-	o.muting = true
-	o.mu.Unlock()
-	return func() {
-		o.mu.Lock()
-		o.muting = false
-		o.mu.Unlock()
-	}
+	o.Mute(true)
+	return func() { o.Mute(false) }
 }

@@ -18,7 +18,7 @@ func (s *session) Settle() { s.settleCluster() }
 
 func (s *session) Owed() bool {
 	cs := s.cl
-	return (cs.sharedUsed || cs.ownUsed) && !cs.order.drained()
+	return (cs.sharedUsed || cs.ownUsed) && !cs.order.Drained()
 }
 
 func (s *session) Unavailable(err error) []byte {

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tidwall/redcon"
-
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -46,7 +44,7 @@ type mirrors struct {
 // mirror is one master's mirror connection.
 type mirror struct {
 	addr string
-	be   *backend
+	be   *backendConn
 	acks chan struct{} // a (p)subscribe confirmation came
 }
 
@@ -88,10 +86,10 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 		conns := mr.conns
 		mr.mu.Unlock()
 		if len(conns) > 0 {
-			raw := encodeArgs(args)
+			raw := resp.Encode(args)
 			for _, m := range conns {
-				m.be.nc.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.DialTimeout))
-				m.be.nc.Write(raw)
+				m.be.NC.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.DialTimeout))
+				m.be.NC.Write(raw)
 			}
 		}
 		return
@@ -113,11 +111,11 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 	mr.mu.Unlock()
 	conns := s.openMirrors()
 	cmd := append([][]byte{args[0]}, subs...)
-	raw := encodeArgs(cmd)
+	raw := resp.Encode(cmd)
 	deadline := time.Now().Add(s.p.cfg.Backend.DialTimeout)
 	for _, m := range conns {
-		m.be.nc.SetWriteDeadline(deadline)
-		if _, err := m.be.nc.Write(raw); err != nil {
+		m.be.NC.SetWriteDeadline(deadline)
+		if _, err := m.be.NC.Write(raw); err != nil {
 			continue
 		}
 	}
@@ -182,7 +180,7 @@ func (cs *clusterSession) closeMirrors() {
 	clear(mr.patterns)
 	mr.mu.Unlock()
 	for _, c := range conns {
-		c.be.nc.Close()
+		c.be.NC.Close()
 	}
 }
 
@@ -197,7 +195,7 @@ func (s *session) readMirror(c *mirror) {
 	mr := &s.cl.mirrors
 	for {
 		buf.Reset()
-		if err := resp.CopyReply(w, c.be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, c.be.R, &ri); err != nil {
 			return
 		}
 		w.Flush()
@@ -236,7 +234,7 @@ func (s *session) readMirror(c *mirror) {
 		}
 		out := s.w.lockOutput()
 		out.Write(frame)
-		if c.be.r.Buffered() == 0 {
+		if c.be.R.Buffered() == 0 {
 			out.Flush()
 		}
 		s.w.unlock()
@@ -264,13 +262,4 @@ func bulks(frame []byte) [][]byte {
 		rest = rest[k:]
 	}
 	return out
-}
-
-// encodeArgs is the RESP command of args.
-func encodeArgs(args [][]byte) []byte {
-	b := redcon.AppendArray(nil, len(args))
-	for _, a := range args {
-		b = redcon.AppendBulk(b, a)
-	}
-	return b
 }

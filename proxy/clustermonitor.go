@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -37,10 +38,10 @@ func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
 	defer cancel()
 	st := cs.st.replay
-	var conns []*backend
+	var conns []*backendConn
 	fail := func(err error) cluster.Call {
 		for _, be := range conns {
-			be.nc.Close()
+			be.NC.Close()
 		}
 		s.p.m.unavailable.Add(1)
 		return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: err}))
@@ -51,11 +52,11 @@ func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 			return fail(fmt.Errorf("%s: %w", addr, err))
 		}
 		conns = append(conns, be)
-		if err := be.setup(ctx, [][]byte{cmdMonitor}); err != nil {
-			var r *refusedError
+		if err := be.Setup(ctx, [][]byte{cmdMonitor}); err != nil {
+			var r *backend.RefusedError
 			if errors.As(err, &r) {
 				for _, be := range conns {
-					be.nc.Close()
+					be.NC.Close()
 				}
 				return cluster.LocalCall([]byte("-" + r.Reply + "\r\n")) // the node's own refusal (NOPERM, ...)
 			}
@@ -86,7 +87,7 @@ func (cs *clusterSession) monitoring() bool { return cs.monitorOn }
 // stopMonitor closes the MONITOR connections; cs.mu is held.
 func (cs *clusterSession) stopMonitor() {
 	for _, be := range cs.monitors {
-		be.nc.Close()
+		be.NC.Close()
 	}
 	cs.monitors = nil
 }
@@ -119,13 +120,13 @@ func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
 // copyMonitor copies the MONITOR lines of one master to the client until
 // the connection ends. It disconnects the client when the master's
 // connection broke while the client was still monitoring.
-func (s *session) copyMonitor(be *backend, other bool) {
+func (s *session) copyMonitor(be *backendConn, other bool) {
 	defer s.wg.Done()
 	defer s.cl.monWG.Done()
 	defer s.recoverPanic()
 	var line []byte
 	for {
-		b, err := be.r.ReadSlice('\n')
+		b, err := be.R.ReadSlice('\n')
 		line = append(line, b...)
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
@@ -139,7 +140,7 @@ func (s *session) copyMonitor(be *backend, other bool) {
 		}
 		w := s.w.lockOutput()
 		w.Write(line)
-		if !hasLine(be.r) {
+		if !hasLine(be.R) {
 			w.Flush()
 		}
 		s.w.unlock()

@@ -159,8 +159,8 @@ func (s *session) unpin() {
 	s.be = nil
 	s.cl.closeMirrors()
 	s.adoptPinned()
-	be.nc.Close()
-	<-be.done
+	be.NC.Close()
+	<-be.Done
 }
 
 // adoptPinned makes the connection state the client set on its pinned

@@ -16,7 +16,7 @@ import (
 // (BackendConfig.Cluster) goes is decided by internal/cluster (the slot
 // map, the plan of each command, the merges of the replies); the
 // cluster*.go files here carry the parts it plans: route hands each call
-// to the batching of shared.go and order.go, on the masters' shared
+// to the batching of shared.go and cluster.Order, on the masters' shared
 // connections (clustershared.go) or the client's own (clustercall.go);
 // clustertx.go ties a transaction or WATCH to its connection;
 // clusterpubsub.go and clustermonitor.go serve the clients pinned to
@@ -48,7 +48,7 @@ type clusterSession struct {
 	closed bool
 	// monitors are the MONITOR connections, one per master, while the
 	// client monitors (clustermonitor.go).
-	monitors []*backend
+	monitors []*backendConn
 	monWG    sync.WaitGroup // their readers
 	// monitorOn: the client is in MONITOR mode; the forwarder's own.
 	monitorOn bool
@@ -68,7 +68,7 @@ type clusterSession struct {
 	// The place of every reply the client is owed, the shared
 	// connections used so far, and the index of the client's connection
 	// at every master.
-	order       replyOrder
+	order       cluster.Order
 	sharedConns []*muxConn // one per master, found by its addr
 	sharedIdx   uint64
 	access      uint64 // the access generation of its shared connections
@@ -107,7 +107,7 @@ func newClusterSession(r *router, s *session) *clusterSession {
 	// connections, and an idle one nothing.
 	cs := &clusterSession{r: r, s: s}
 	cs.Router = r.Router
-	cs.order.cond.L = &cs.order.mu
+	cs.order.Init()
 	cs.sharedIdx = r.p.nextShared.Add(1)
 	cs.access = r.joined()
 	return cs
@@ -145,7 +145,7 @@ func (cs *clusterSession) close() {
 	for _, sh := range own {
 		sh.retire()
 	}
-	cs.order.close()
+	cs.order.Close()
 }
 
 // dropAll closes the client's own connections (after RESET, whose state
@@ -227,7 +227,7 @@ func (cs *clusterSession) forward(name []byte, cmd redcon.Command) (localItem, b
 
 // dial is the cluster's upstream.dial: the client's pub/sub connection,
 // to the node it is pinned to.
-func (cs *clusterSession) dial(st replayState) (*backend, error) {
+func (cs *clusterSession) dial(st replayState) (*backendConn, error) {
 	s := cs.s
 	be, err := s.p.dialAddr(s.ctx, cs.pinAddr, st)
 	if err != nil {
@@ -242,14 +242,6 @@ func (cs *clusterSession) dial(st replayState) (*backend, error) {
 // connection of a cluster client carries (see cluster.Client.everywhere).
 func setsState(name []byte, args [][]byte) bool {
 	return resp.Of(name, args).Has(resp.EveryConn)
-}
-
-// refused reports whether a dial failed because the node refused the
-// client's state (its AUTH, say): the error is the client's at once, as
-// waiting for the cluster cannot change the node's answer.
-func refused(err error) bool {
-	var r *refusedError
-	return errors.As(err, &r)
 }
 
 // again waits a little, reads the slot map again and routes p by its slot

@@ -18,9 +18,9 @@ import (
 // from.
 func (s *session) scanAll(c *cluster.Call) {
 	cs := s.cl
-	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
+	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.put(ticket, false, b, &s.w)
+		cs.order.Put(ticket, false, b, &s.w)
 		s.pushOut()
 	}
 	cmd, err := redcon.Parse(c.One.Raw)

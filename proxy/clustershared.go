@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -26,7 +27,7 @@ import (
 //
 // A client's pipeline may go to several masters at once, whose replies
 // come back in any order: each command takes a ticket in the client's
-// replyOrder, and a reply that comes before the ones ahead of it waits
+// cluster.Order, and a reply that comes before the ones ahead of it waits
 // there until they have been written. A redirection (MOVED, ASK) or a
 // slot not served yet (TRYAGAIN, CLUSTERDOWN) on a shared connection is
 // never the client's: the command is sent again where the cluster says, on
@@ -38,7 +39,7 @@ import (
 // (router.accessChanged). Every other command goes on the client's own
 // connections (clustercall.go), after the replies owed on the shared ones
 // (session.settleCluster); its replies take their place in the same
-// replyOrder.
+// cluster.Order.
 
 // router is the proxy's view of a Redis Cluster: the slot map and the
 // COMMAND table (clusterRouter), and the shared connections to each
@@ -65,7 +66,7 @@ type router struct {
 	// spares are each master's spare connections (clusterspare.go),
 	// under spMu; spClosed, that the proxy shut them down.
 	spMu     sync.Mutex
-	spares   map[string]*spares
+	spares   map[string]*backend.Spares
 	spClosed bool
 	// clientIDs are the clients by the id CLIENT ID gave them, for
 	// CLIENT TRACKING ... REDIRECT (clustertracking.go).
@@ -257,10 +258,10 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) 
 		sh = cs.r.sharedConn(c.One.Addr, cs.sharedIdx, cs.access)
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
-	ticket := cs.order.add(c.One.Raw, c.One.Slot, ticketOpts{seq: c.Seq})
+	ticket := cs.order.Add(c.One.Raw, c.One.Slot, cluster.TicketOpts{Seq: c.Seq})
 	e := classify(name, cmd)
 	if err := sh.queue(s, ticket, nil, c.One.Raw, &e); err != nil {
-		cs.order.drop(ticket)
+		cs.order.Drop(ticket)
 		return false
 	}
 	s.markShared(sh)
@@ -295,14 +296,14 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	if err != nil {
 		return false, err
 	}
-	if b[0] != '-' && o.ahead(ticket) {
+	if b[0] != '-' && o.Ahead(ticket) {
 		// The usual case: straight to the client's sink.
 		sink.w = s.sink()
 		err = resp.CopyReply(w, r, ri)
 		w.Flush()
 		sink.w = nil
 		if err == nil {
-			o.put(ticket, true, nil, &s.w)
+			o.Put(ticket, true, nil, &s.w)
 		}
 		return true, err
 	}
@@ -316,27 +317,18 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	reply := sink.buf
 	if ri.Type == '-' {
 		if kind, target := cluster.Redirected(sink.buf); kind != cluster.RedirNone {
-			if !o.stays(ticket) {
+			if !o.Stays(ticket) {
 				s.redirect(redirect{ticket, kind, target})
 				return false, nil
 			}
 			reply = replyMovedInTxn
 		}
 	}
-	o.put(ticket, false, reply, &s.w)
+	o.Put(ticket, false, reply, &s.w)
 	if cap(sink.buf) > 64<<10 {
 		sink.buf = nil
 	}
 	return true, nil
-}
-
-// stays reports whether a redirection of ticket's command must not be
-// followed (inside a transaction).
-func (o *replyOrder) stays(ticket uint64) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	i := int(ticket - o.first)
-	return i >= o.head && i < len(o.slots) && o.slots[i].stay
 }
 
 // answerShared gives the client reply, an error of the proxy's own, for
@@ -345,7 +337,7 @@ func (o *replyOrder) stays(ticket uint64) bool {
 // count).
 func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
 	if s.cl != nil {
-		s.cl.order.put(ticket, false, reply, &s.w)
+		s.cl.order.Put(ticket, false, reply, &s.w)
 	} else {
 		s.sink().Write(reply)
 	}
@@ -407,12 +399,12 @@ func (s *session) redirectShared(ticket uint64, kind cluster.Redirection, target
 	defer s.recoverPanic()
 	cs := s.cl
 	r := cs.r
-	raw, slot, opts, deadline, ok := cs.order.command(ticket, s.p.cfg.Backend.ClusterRetry)
+	raw, slot, opts, deadline, ok := cs.order.Command(ticket, s.p.cfg.Backend.ClusterRetry)
 	if !ok {
 		return
 	}
 	if time.Now().After(deadline) || s.ctx.Err() != nil {
-		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.own)
+		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.Own)
 		return
 	}
 	addr := target
@@ -427,24 +419,24 @@ func (s *session) redirectShared(ticket uint64, kind cluster.Redirection, target
 	case cluster.RedirWait:
 		p := cluster.Part{Slot: slot}
 		if !s.again(&p, deadline) || p.Addr == "" {
-			s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.own)
+			s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.Own)
 			return
 		}
 		addr = p.Addr
 	}
 	var sh *muxConn
-	if opts.own {
+	if opts.Own {
 		sh = cs.ownConn(s, addr)
 	} else {
 		sh = r.sharedConn(addr, cs.sharedIdx, cs.access)
 	}
 	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
 		s.p.m.unavailable.Add(1)
-		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: err}), opts.own)
+		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: err}), opts.Own)
 		return
 	}
-	if opts.seq != 0 {
-		cs.NoteMoved(opts.seq, addr)
+	if opts.Seq != 0 {
+		cs.NoteMoved(opts.Seq, addr)
 	}
 	sh.flush()
 }

@@ -1,8 +1,12 @@
 package proxy
 
-import "context"
+import (
+	"context"
 
-// Spare connections to each master of a cluster (spare.go): a client's
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+)
+
+// Spare connections to each master of a cluster (backend.Spares): a client's
 // own connection to a master is taken from them when there is one, so its
 // first command there that cannot share a connection (a blocking XREAD
 // or BLPOP, a script, a command after CLIENT SETNAME) costs no dial on
@@ -24,14 +28,15 @@ func (r *router) keepSpares(masters []string) {
 		return
 	}
 	if r.spares == nil {
-		r.spares = map[string]*spares{}
+		r.spares = map[string]*backend.Spares{}
 	}
 	for _, addr := range masters {
 		if r.spares[addr] == nil {
-			sp := newSpares(r.p, n)
-			sp.addr = addr
+			sp := backend.NewSpares(n, func(ctx context.Context) (*backend.Conn, error) {
+				return r.p.spare(ctx, addr)
+			})
 			r.spares[addr] = sp
-			sp.start()
+			sp.Start(r.p.root)
 		}
 	}
 }
@@ -39,22 +44,23 @@ func (r *router) keepSpares(masters []string) {
 // dedicated returns a connection of a client's own to the master at
 // addr, brought to state: a spare one when there is one, a new one
 // otherwise.
-func (r *router) dedicated(ctx context.Context, addr string, state replayState) (*backend, error) {
+func (r *router) dedicated(ctx context.Context, addr string, state replayState) (*backendConn, error) {
 	r.spMu.Lock()
 	sp := r.spares[addr]
 	r.spMu.Unlock()
-	if be := sp.take(); be != nil {
+	if c := sp.Take(); c != nil {
+		be := &backendConn{Conn: *c}
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
 			defer cancel()
-			setup := be.setup
+			setup := be.Setup
 			if r.p.acl != nil && state.auth != nil {
 				// A user of Redis's ACL signs in as on a new
 				// connection (aclState.dialSetup).
 				setup = func(ctx context.Context, cmds [][]byte) error { return r.p.acl.setup(ctx, be, cmds) }
 			}
 			if err := setup(ctx, cmds); err != nil {
-				be.nc.Close()
+				be.NC.Close()
 				return nil, err
 			}
 		}
@@ -72,6 +78,6 @@ func (r *router) closeSpares() {
 	r.spares = nil
 	r.spMu.Unlock()
 	for _, sp := range all {
-		sp.close(true)
+		sp.Close(true)
 	}
 }

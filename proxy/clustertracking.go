@@ -52,7 +52,7 @@ type tracking struct {
 
 // sink is one master's connection the client's invalidations go to.
 type sink struct {
-	be *backend
+	be *backendConn
 	id int64
 }
 
@@ -180,7 +180,7 @@ func (t *tracking) command(addr string) []byte {
 		return nil
 	}
 	args := append(append([][]byte(nil), t.opts...), []byte("REDIRECT"), []byte(strconv.FormatInt(sk.id, 10)))
-	return encodeArgs(args)
+	return resp.Encode(args)
 }
 
 // trackingFor returns the command that brings a new connection of the
@@ -208,12 +208,12 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 	}
 	replies, err := roundTrip(ctx, be, cmdClientID, subscribeInvalid)
 	if err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return err
 	}
 	id, err := cluster.IntAt(replies[0])
 	if err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return fmt.Errorf("CLIENT ID: %q", replies[0])
 	}
 	sk := &sink{be: be, id: id}
@@ -226,14 +226,14 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 }
 
 // roundTrip sends cmds on be and returns their replies.
-func roundTrip(ctx context.Context, be *backend, cmds ...[]byte) ([][]byte, error) {
+func roundTrip(ctx context.Context, be *backendConn, cmds ...[]byte) ([][]byte, error) {
 	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
+	be.NC.SetDeadline(deadline)
+	defer be.NC.SetDeadline(time.Time{})
 	for _, c := range cmds {
-		be.w.Write(c)
+		be.W.Write(c)
 	}
-	if err := be.w.Flush(); err != nil {
+	if err := be.W.Flush(); err != nil {
 		return nil, err
 	}
 	var out [][]byte
@@ -242,7 +242,7 @@ func roundTrip(ctx context.Context, be *backend, cmds ...[]byte) ([][]byte, erro
 	var ri resp.ReplyInfo
 	for range cmds {
 		buf.Reset()
-		if err := resp.CopyReply(w, be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, be.R, &ri); err != nil {
 			return nil, err
 		}
 		w.Flush()
@@ -258,7 +258,7 @@ func (t *tracking) close() {
 	t.sinks = map[string]*sink{}
 	t.mu.Unlock()
 	for _, sk := range sinks {
-		sk.be.nc.Close()
+		sk.be.NC.Close()
 	}
 }
 
@@ -281,7 +281,7 @@ func (t *tracking) read(sk *sink, first bool) {
 	var ri resp.ReplyInfo
 	for {
 		buf.Reset()
-		if err := resp.CopyReply(w, sk.be.r, &ri); err != nil {
+		if err := resp.CopyReply(w, sk.be.R, &ri); err != nil {
 			return
 		}
 		w.Flush()
@@ -457,6 +457,6 @@ func (s *session) endCaching(c *cluster.Call) {
 			continue
 		}
 		p := cluster.Part{Slot: m.First[i], Addr: addr, Raw: cmdPing}
-		s.sendPart(&p, ticketOpts{own: true, mute: true}, deadline)
+		s.sendPart(&p, cluster.TicketOpts{Own: true, Mute: true}, deadline)
 	}
 }

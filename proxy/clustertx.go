@@ -56,7 +56,7 @@ func (s *session) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, wat
 // txConn checks p, about to be written on be, against the connection of
 // its transaction or WATCH, and reports false when it must not be written:
 // p then answers p.tx.reply (p.err, in a call whose replies merge).
-func (s *session) txConn(p *cluster.Part, be *backend) bool {
+func (s *session) txConn(p *cluster.Part, be *backendConn) bool {
 	x := p.Tx
 	if w := x.Watch; w != nil {
 		w.Lost = w.Lost || (w.Conn != nil && w.Conn != be)

@@ -7,6 +7,7 @@ import (
 	"github.com/tidwall/redcon"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // CLIENT UNBLOCK in front of a cluster. The id a client has is the one
@@ -43,17 +44,17 @@ func (s *session) unblockCall(args [][]byte) bool {
 	target.mu.Lock()
 	for addr, sh := range target.own {
 		sh.mu.Lock()
-		if be := sh.be; be != nil && !be.dead {
-			conns = append(conns, conn{addr, be.nc.LocalAddr().String()})
+		if be := sh.be; be != nil && !be.Dead {
+			conns = append(conns, conn{addr, be.NC.LocalAddr().String()})
 		}
 		sh.mu.Unlock()
 	}
 	target.mu.Unlock()
 
 	s.settleCluster()
-	ticket := cs.order.add(nil, cluster.NoSlot, ticketOpts{})
+	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.put(ticket, false, b, &s.w)
+		cs.order.Put(ticket, false, b, &s.w)
 		s.pushOut()
 	}
 	m := cs.r.Slots.Load()
@@ -79,7 +80,7 @@ func (s *session) unblockCall(args [][]byte) bool {
 		if len(args) == 4 {
 			cmd = append(cmd, args[3])
 		}
-		r = s.ask([]cluster.Part{{Slot: slot, Addr: c.addr, Raw: encodeArgs(cmd)}})
+		r = s.ask([]cluster.Part{{Slot: slot, Addr: c.addr, Raw: resp.Encode(cmd)}})
 		if r == nil {
 			return true
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -221,17 +222,17 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 	if err != nil {
 		return nil, &BackendError{Err: err}
 	}
-	defer be.nc.Close()
+	defer be.NC.Close()
 	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	be.w.Write(command(args...))
-	if err := be.w.Flush(); err != nil {
+	be.NC.SetDeadline(deadline)
+	be.W.Write(command(args...))
+	if err := be.W.Flush(); err != nil {
 		return nil, &BackendError{Err: err}
 	}
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, be.r, &ri); err != nil {
+	if err := resp.CopyReply(w, be.R, &ri); err != nil {
 		return nil, &BackendError{Err: err}
 	}
 	w.Flush()
@@ -241,14 +242,14 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 // dialAny opens a connection for one of the proxy's own queries of the
 // backend (COMMAND, see query): to the backend, or to any node of a
 // cluster, the masters first.
-func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backend, error) {
+func (p *Proxy) dialAny(ctx context.Context, st replayState) (*backendConn, error) {
 	if p.router == nil {
 		return p.dial(ctx, st)
 	}
 	var errs []error
 	for _, addr := range p.router.Candidates() {
 		be, err := p.dialAddr(ctx, addr, st)
-		if err == nil || refused(err) {
+		if err == nil || backend.Refused(err) {
 			return be, err
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", addr, err))

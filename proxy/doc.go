@@ -11,12 +11,13 @@
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
 // stays the client's own. That connection is a muxConn (a multiplexed
-// connection) with one client (muxConn.one): written by the same batching and read by the
-// same reader, which there asks the client's fifo (below) what each frame
-// answers, and reads for as long as the connection lives, since pushes,
+// connection) with one client (muxConn.one): written by the same
+// batching, and read by a reader of its own (muxConn.readOne; the shared
+// connections' is readShared), which asks the client's fifo (below) what
+// each frame answers, and reads for as long as the connection lives, since pushes,
 // messages and MONITOR lines come while the client sends nothing. The
 // move takes one of a few connections kept
-// dialed and set up in the background (spare.go), so it costs no dial: a
+// dialed and set up in the background (internal/backend, Spares), so it costs no dial: a
 // dial on the request path would let a command another client sends right
 // after reach Redis first. A command waiting for its shared connection
 // (behind the replies in flight on it) is written before any later
@@ -99,7 +100,7 @@
 // (clustercall.go): its commands are batched and its replies read by the
 // same machinery (read only while replies are owed on it), and the
 // forwarder reads no backend connection. Each
-// reply takes a ticket in the client's replyOrder (order.go) and is put
+// reply takes a ticket in the client's cluster.Order and is put
 // back in the client's order, however many masters a pipeline goes to.
 // The multi-key commands that may cross slots are split per slot, keyless
 // ones fanned out, and the replies of their parts merged by the reader
@@ -165,32 +166,59 @@
 //     sink the shared readers fill, and the non-blocking write path.
 //
 // upstream.go is where a session's commands go (the interface and its
-// single-Redis kind); shared.go and order.go are the batching, in one
-// place: every backend connection a client's commands go on (shared
-// connections, and connections of one client) and the order of a cluster
-// client's replies. internal/sentinel finds the backend through Redis
-// Sentinel when configured: its Follower tracks the primary and owns every
-// backend connection dialled to it, closing them all when the primary
-// changes (dial asks it for the address; sentinel.go has the proxy's side). spare.go keeps dedicated connections
-// ready, clientconn.go checks requests with internal/resp's Scanner,
-// auth.go answers AUTH, acl.go and aclsession.go carry Redis's ACL at
-// the proxy (its users' backend connections, the lock commands' checks),
-// guard.go keeps forwarded commands off the lock state, command.go
-// answers INFO lockproxy and COMMAND, and fenced.go runs FENCED: the
-// fence check, the fence record's update and the command as one
-// WATCH/MULTI/EXEC transaction on a backend connection of the proxy's own
-// in the client's state, answered in the client's order like the proxy's
-// own commands (docs/FENCED.md); it also keeps forwarded commands off the
-// records. Files outside a part call its methods only.
+// single-Redis kind); shared.go and internal/cluster's Order are the
+// batching, in one place: every backend connection a client's commands go
+// on (shared connections, and connections of one client) and the order of
+// a cluster client's replies. The cluster*.go files are the session's side of a
+// Redis Cluster: they send what internal/cluster plans and keep the
+// state a cluster client has (its own connections, transaction, pub/sub
+// connection, MONITOR, tracking). sentinel.go is the proxy's side of
+// internal/sentinel, clientconn.go checks requests with internal/resp's
+// Scanner, internal/acl's Passwords answer AUTH against the proxy's
+// password-only users, acl.go and aclsession.go are the
+// session's side of Redis's ACL (its users' shared connections, which
+// checks each command needs), internal/guard keeps forwarded commands
+// off the lock state (guard.go has the proxy's side), command.go answers
+// INFO lockproxy and COMMAND, and
+// fenced.go answers FENCED in the client's order like the proxy's own
+// commands: it checks the inner command against the backend's COMMAND
+// table and keeps the session's FENCED connections in the client's
+// state; internal/fenced runs the transaction. Files outside a part call
+// its methods only.
 //
-// Below proxy, packages that know nothing of clients (internal/sentinel
-// above, and two that know no connection either):
+// Below proxy, packages that know nothing of clients:
+//   - internal/backend: a backend connection (Conn: Dial, with TLS;
+//     Setup, the commands that bring it to a client's state; Call, the
+//     proxy's own round trips; Role), the Spares kept dialled for
+//     clients that move to a connection of their own, the Backoff after
+//     failed dials, and the Arrivals: the order in which the clients'
+//     sockets received data (Linux), which each read waits for before
+//     its commands go to the backend.
+//   - internal/sentinel: finds the backend through Redis Sentinel when
+//     configured: its Follower tracks the primary and owns every backend
+//     connection dialled to it, closing them all when the primary changes
+//     (dial asks it for the address).
+//   - internal/fenced: FENCED's transaction (Exec: WATCH and GET of the
+//     fence record, then MULTI, the record's update, the command, EXEC;
+//     redirections and a demoted primary followed), what a FENCED may run
+//     (Plan, Refuses), the fence records' names (RecordKey) and the guard
+//     that keeps forwarded commands off them (GuardSpec).
+//   - internal/acl: the rule engine of Redis's ACL at the proxy: the
+//     users the configuration defines (ParseUser; their rules on the lock
+//     commands stay here, the others are installed on each node), their
+//     sign-in, and the lock resources' checks with ACL DRYRUN on control
+//     connections, cached (Engine.Verdict), in Redis's wording; and
+//     the proxy's own password-only users, whose AUTH it answers
+//     (Passwords).
+//   - internal/guard: the key guard, which refuses the forwarded commands
+//     that would reach the lock state when the backend is also a lock
+//     node (Config.ProtectedPrefix).
 //   - internal/resp: the codec (the request Scanner, CopyReply and the
 //     ReplyInfo the forwarding reads, aggregate replies split and
-//     joined) and the command table: one declarative table of what the
-//     proxy asks about each Redis command (Lookup, Of, Stateless), with
-//     the key positions loaded once from the backend's COMMAND (Table,
-//     LookupSpec).
+//     joined, Encode) and the command table: one declarative table of
+//     what the proxy asks about each Redis command (Lookup, Of, Stateless;
+//     Effect, what it does to its connection), with the key positions
+//     loaded once from the backend's COMMAND (Table, LookupSpec).
 //   - internal/cluster: Redis Cluster routing. The Router keeps the slot
 //     map and the COMMAND table; a Client (one per cluster client,
 //     embedded in clusterSession) plans each command into a Call of parts,
@@ -201,9 +229,10 @@
 // Lock order (also on clientWriter): muxConn.mu before replyQueue.mu;
 // clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
 // with a clientWriter lock, nor a writer lock with muxConn.mu;
-// replyOrder.mu (order.go) is taken with none of these held and takes
+// cluster.Order's lock is taken with none of these held and takes
 // only clientWriter.sinkMu; clusterSession.mu, redirMu and
-// cluster.Client's movedMu are leaves, as are aclState's locks (acl.go);
+// cluster.Client's movedMu are leaves, as are aclState's lock (acl.go)
+// and acl.Engine's;
 // sentinel.Follower's mu
 // is a leaf, taken under any of them and holding none.
 package proxy

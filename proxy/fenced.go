@@ -1,20 +1,16 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tidwall/redcon"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/fenced"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -22,24 +18,10 @@ import (
 // backend only when fence is not below the resource's fence record, a key
 // of the proxy's in the database (and, in front of a cluster, the hash
 // slot) the command runs in. A write raises the record to fence, a read
-// only checks it.
-//
-// How: the check, the record's update and the command are one
-// optimistic transaction on a backend connection of the proxy's own,
-// brought to the client's state (user, protocol, database, name):
-//
-//	WATCH record; GET record            (one round trip)
-//	MULTI; SET record fence; command; EXEC   (a second one)
-//
-// or UNWATCH after a GET that shows a larger record (-STALEFENCE). EXEC's
-// null reply (the record changed after WATCH) sends it all again. The
-// command's reply is the element of EXEC's reply that answers it, which
-// Redis encodes exactly as it would answer the command alone, in the
-// connection's protocol: no reply is converted, unlike a Lua script's
-// (RESP3 maps reordered, arrays cut at a nil, integers past 2^53
-// rounded, EVAL and FCALL impossible inside a script). The client's own
-// connection never sees WATCH, MULTI or EXEC, so its own WATCH and
-// transaction state stay as they are. docs/PROTOCOL.md argues the choice.
+// only checks it. The transaction that does it is internal/fenced's
+// (Exec); here the session checks what FENCED runs against the backend's
+// COMMAND table, and keeps the connections it runs on, one per node, in
+// the client's state.
 
 // Fencing runs FENCED (Config.Fencing). Both functions are called
 // concurrently by many clients and must be safe for that.
@@ -53,31 +35,26 @@ type Fencing struct {
 }
 
 // FencedRequest is a parsed FENCED.
-type FencedRequest struct {
-	Resource []byte
-	Fence    int64
-	Slot     int64    // the PERMIT slot, -1 without PERMIT
-	Command  [][]byte // the command to run, its name first
-}
+type FencedRequest = fenced.Request
 
 // FencedOutcome is what became of one FENCED.
-type FencedOutcome int
+type FencedOutcome = fenced.Outcome
 
 // The outcomes of FENCED.
 const (
-	FencedAccepted   FencedOutcome = iota // the command ran
-	FencedStale                           // -STALEFENCE, nothing ran
-	FencedError                           // the backend was unavailable or refused the command before running it
-	FencedBadRequest                      // -ERR before anything was sent
+	FencedAccepted   = fenced.Accepted   // the command ran
+	FencedStale      = fenced.Stale      // -STALEFENCE, nothing ran
+	FencedError      = fenced.Failed     // the backend was unavailable or refused the command before running it
+	FencedBadRequest = fenced.BadRequest // -ERR before anything was sent
 )
 
 // FencePrefix starts the name of every fence record. Forwarded commands
 // cannot reach keys with this prefix (guardRecords).
-const FencePrefix = "lockproxy:fence:"
+const FencePrefix = fenced.Prefix
 
-// fencedTries bounds how often a FENCED is sent again after its EXEC
-// found the record changed by another FENCED meanwhile.
-const fencedTries = 64
+// RecordError refuses a command that would change a fence record: only
+// FENCED changes them.
+type RecordError = fenced.RecordError
 
 // fencedState is the proxy's part of FENCED: the backend's COMMAND table
 // when the backend is one Redis (a cluster's is the router's).
@@ -128,129 +105,75 @@ func errLine(msg string) []byte {
 	return append(append([]byte{'-'}, msg...), '\r', '\n')
 }
 
-// refusedInner are the commands FENCED never runs, whatever the COMMAND
-// table says, and why.
-var refusedInner = map[string]string{
-	"multi": "a transaction command", "exec": "a transaction command", "discard": "a transaction command",
-	"watch": "a transaction command", "unwatch": "a transaction command",
-	"subscribe": "a subscription", "psubscribe": "a subscription", "ssubscribe": "a subscription",
-	"unsubscribe": "a subscription", "punsubscribe": "a subscription", "sunsubscribe": "a subscription",
-	"monitor": "MONITOR", "sync": "replication", "psync": "replication", "replconf": "replication",
-	"wait": "a command that can block", "waitaof": "a command that can block",
-	"fenced": "the proxy's own command",
-}
-
-// fencedPlan is what a FENCED runs, once its arguments are checked.
-type fencedPlan struct {
-	req    FencedRequest
-	name   string // the inner command's, lower case
-	raw    []byte // the inner command, encoded
-	write  bool
-	keys   [][]byte
-	slot   int // the keys' hash slot in front of a cluster, else cluster.NoSlot
-	record []byte
-	// refusedReply is set to the error that refused the command before
-	// it ran.
-	refusedReply []byte
-}
-
 // runFenced checks what FENCED runs, refusing before anything is sent
 // what it never runs, and runs it.
 func (s *session) runFenced(ctx context.Context, req FencedRequest) ([]byte, FencedOutcome) {
-	pl := fencedPlan{req: req, slot: cluster.NoSlot}
+	pl := fenced.Plan{Req: req, Slot: cluster.NoSlot}
 	var nb [24]byte
 	name := resp.Lower(&nb, req.Command[0])
-	pl.name = string(name)
-	if why, ok := refusedInner[pl.name]; ok || (s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(req.Command[0])) {
+	pl.Name = string(name)
+	if why, ok := fenced.Refuses(pl.Name); ok || (s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(req.Command[0])) {
 		if !ok {
 			why = "the proxy's own command"
 		}
-		return errLine(fmt.Sprintf("ERR FENCED cannot run '%s': %s", pl.name, why)), FencedBadRequest
+		return errLine(fmt.Sprintf("ERR FENCED cannot run '%s': %s", pl.Name, why)), FencedBadRequest
 	}
-	pl.raw = encodeCommand(req.Command)
+	pl.Raw = resp.Encode(req.Command)
 	table, err := s.p.fencedCommands(ctx)
 	if err != nil {
-		s.p.m.unavailable.Add(1)
-		return resp.ErrorReply(&BackendError{Err: err}), FencedError
+		return s.p.fencedUnavailable(err), FencedError
 	}
 	spec, known := resp.LookupSpec(table, name, req.Command)
-	if !known || !arityOK(spec.Arity, len(req.Command)) {
+	if !known || !fenced.ArityOK(spec.Arity, len(req.Command)) {
 		// Redis's own error for an unknown command, subcommand or a
 		// wrong number of arguments.
-		return s.fencedProbe(ctx, pl)
+		return fenced.Probe(ctx, s.fencedEnv(), &pl)
 	}
-	if blockingCall(pl.name, spec, req.Command) {
-		return errLine(fmt.Sprintf("ERR FENCED cannot run '%s': a command that can block", pl.name)), FencedBadRequest
+	if fenced.Blocking(pl.Name, spec, req.Command) {
+		return errLine(fmt.Sprintf("ERR FENCED cannot run '%s': a command that can block", pl.Name)), FencedBadRequest
 	}
-	switch pl.name {
+	switch pl.Name {
 	case "eval", "evalsha", "fcall":
-		pl.write = true
+		pl.Write = true
 	case "eval_ro", "evalsha_ro", "fcall_ro":
 	default:
-		pl.write = spec.Write
+		pl.Write = spec.Write
 	}
 	keys, reply := s.fencedKeys(ctx, &pl, spec)
 	if reply != nil {
 		return reply, FencedBadRequest
 	}
 	if len(keys) == 0 {
-		return errLine(fmt.Sprintf("ERR FENCED needs a command with keys: '%s' has none here", pl.name)), FencedBadRequest
+		return errLine(fmt.Sprintf("ERR FENCED needs a command with keys: '%s' has none here", pl.Name)), FencedBadRequest
 	}
-	pl.keys = keys
+	pl.Keys = keys
 	for _, k := range keys {
-		if bytes.HasPrefix(k, []byte(FencePrefix)) && (pl.write || !spec.Readonly) {
+		if bytes.HasPrefix(k, []byte(FencePrefix)) && (pl.Write || !spec.Readonly) {
 			return resp.ErrorReply(&RecordError{Key: string(k)}), FencedBadRequest
 		}
 	}
 	if s.p.guard != nil {
-		if err := s.p.guard.check(name, req.Command); err != nil {
+		if err := s.p.guardCheck(name, req.Command); err != nil {
 			return resp.ErrorReply(err), FencedBadRequest
 		}
 	}
 	if s.cl != nil {
-		pl.slot = cluster.KeySlot(keys[0])
+		pl.Slot = cluster.KeySlot(keys[0])
 		for _, k := range keys[1:] {
-			if cluster.KeySlot(k) != pl.slot {
+			if cluster.KeySlot(k) != pl.Slot {
 				return cluster.ReplyCrossSlot, FencedError
 			}
 		}
 	}
-	pl.record = recordKey(req.Resource, req.Slot, pl.slot)
-	return s.execFenced(ctx, &pl)
-}
-
-// arityOK reports whether n arguments (the name included) fit arity as
-// COMMAND reports it: exactly arity, or at least -arity.
-func arityOK(arity, n int) bool {
-	if arity >= 0 {
-		return n == arity
-	}
-	return n >= -arity
-}
-
-// blockingCall reports whether a command can block: flagged so, except
-// XREAD and XREADGROUP, which block only with BLOCK.
-func blockingCall(name string, spec resp.KeySpec, args [][]byte) bool {
-	switch name {
-	case "xread", "xreadgroup":
-		for _, a := range args[1:] {
-			if bytes.EqualFold(a, []byte("streams")) {
-				return false
-			}
-			if bytes.EqualFold(a, []byte("block")) {
-				return true
-			}
-		}
-		return false
-	}
-	return spec.Blocking
+	pl.Record = fenced.RecordKey(req.Resource, req.Slot, pl.Slot)
+	return fenced.Exec(ctx, s.fencedEnv(), &pl)
 }
 
 // fencedKeys returns the inner command's keys, or the reply to give
 // instead (Redis's own errors for a script's bad numkeys).
-func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec resp.KeySpec) ([][]byte, []byte) {
-	args := pl.req.Command
-	if resp.Lookup([]byte(pl.name)).Has(resp.NumKeys) {
+func (s *session) fencedKeys(ctx context.Context, pl *fenced.Plan, spec resp.KeySpec) ([][]byte, []byte) {
+	args := pl.Req.Command
+	if resp.Lookup([]byte(pl.Name)).Has(resp.NumKeys) {
 		n, err := strconv.ParseInt(string(args[2]), 10, 64)
 		switch {
 		case err != nil:
@@ -263,30 +186,13 @@ func (s *session) fencedKeys(ctx context.Context, pl *fencedPlan, spec resp.KeyS
 		return args[3 : 3+n], nil
 	}
 	if s.cl != nil || spec.Movable {
-		keys, err := s.p.commandKeys(ctx, pl.name, args, spec)
+		keys, err := s.p.commandKeys(ctx, pl.Name, args, spec)
 		if err != nil {
-			s.p.m.unavailable.Add(1)
-			return nil, resp.ErrorReply(&BackendError{Err: err})
+			return nil, s.p.fencedUnavailable(err)
 		}
 		return keys, nil
 	}
-	return specKeys(nil, spec, args), nil
-}
-
-// specKeys appends the keys at the positions spec gives.
-func specKeys(dst [][]byte, spec resp.KeySpec, args [][]byte) [][]byte {
-	if spec.First <= 0 {
-		return dst
-	}
-	last := spec.Last
-	if last < 0 {
-		last += len(args)
-	}
-	step := max(spec.Step, 1)
-	for i := spec.First; i <= last && i < len(args); i += step {
-		dst = append(dst, args[i])
-	}
-	return dst
+	return fenced.SpecKeys(nil, spec, args), nil
 }
 
 // fencedCommands returns the backend's COMMAND table.
@@ -329,7 +235,7 @@ func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spe
 		return p.router.Keys(ctx, nil, []byte(name), args)
 	}
 	if !spec.Movable {
-		return specKeys(nil, spec, args), nil
+		return fenced.SpecKeys(nil, spec, args), nil
 	}
 	c, err := p.controlClient()
 	if err != nil {
@@ -354,63 +260,6 @@ func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spe
 		out[i] = []byte(k)
 	}
 	return out, nil
-}
-
-// recordKey is the name of a fence record: the resource's, or one of its
-// semaphore slots' (permit >= 0); in front of a cluster (slot >= 0) with
-// a hash tag that puts it in the hash slot of the command's keys.
-func recordKey(resource []byte, permit int64, slot int) []byte {
-	b := make([]byte, 0, len(FencePrefix)+len(resource)+16)
-	b = append(b, FencePrefix...)
-	if slot >= 0 {
-		b = append(b, '{')
-		b = append(b, slotTags()[slot]...)
-		b = append(b, '}')
-	}
-	if permit >= 0 {
-		b = append(b, 'p')
-		b = strconv.AppendInt(b, permit, 10)
-	} else {
-		b = append(b, 'r')
-	}
-	b = append(b, ':')
-	return append(b, resource...)
-}
-
-// slotTags are, for each hash slot, a short string whose hash slot it is.
-var slotTags = sync.OnceValue(func() *[cluster.NumSlots]string {
-	var tags [cluster.NumSlots]string
-	left := cluster.NumSlots
-	for i := 0; left > 0; i++ {
-		t := strconv.FormatInt(int64(i), 36)
-		slot := cluster.KeySlot([]byte(t))
-		if tags[slot] == "" {
-			tags[slot] = t
-			left--
-		}
-	}
-	return &tags
-})
-
-// encodeCommand encodes args as a RESP request.
-func encodeCommand(args [][]byte) []byte {
-	n := 16
-	for _, a := range args {
-		n += len(a) + 16
-	}
-	b := redcon.AppendArray(make([]byte, 0, n), len(args))
-	for _, a := range args {
-		b = redcon.AppendBulk(b, a)
-	}
-	return b
-}
-
-// RecordError refuses a command that would change a fence record: only
-// FENCED changes them.
-type RecordError struct{ Key string }
-
-func (e *RecordError) Error() string {
-	return fmt.Sprintf("key '%s' is a fence record: only FENCED changes it", e.Key)
 }
 
 // guardRecords refuses a forwarded command that may change a fence record
@@ -440,41 +289,14 @@ func (p *Proxy) guardRecords(name []byte, args [][]byte) error {
 	if !ok {
 		return nil // Redis answers it with its error
 	}
-	return guardSpec(spec, args, hit)
+	return fenced.GuardSpec(spec, args, hit)
 }
 
-// guardSpec refuses args, whose argument hit has the records' prefix,
-// unless the command only reads or names no record as a key.
-func guardSpec(spec resp.KeySpec, args [][]byte, hit int) error {
-	if spec.Readonly {
-		return nil
-	}
-	if spec.Movable {
-		return &RecordError{Key: string(args[hit])}
-	}
-	for _, k := range specKeys(nil, spec, args) {
-		if bytes.HasPrefix(k, []byte(FencePrefix)) {
-			return &RecordError{Key: string(k)}
-		}
-	}
-	return nil
-}
-
-// fencedConn is a backend connection of the proxy's own that runs a
-// client's FENCED transactions, in the client's state.
+// fencedConn is a connection a session runs its FENCED transactions on,
+// and the client's state it was brought to.
 type fencedConn struct {
-	be *backend
+	*fenced.Conn
 	st replayState
-	// watched is the WATCH in effect after the last FENCED, whose GET
-	// read prefetch (nil: no record), or nil; watching: a WATCH may be in
-	// effect.
-	watched, prefetch []byte
-	watching          bool
-	// The replies read last (readReplies), reused.
-	buf     bytes.Buffer
-	w       *bufio.Writer
-	ends    []int
-	replies [][]byte
 }
 
 // fencedConns are a session's fencedConns, by address ("" for one Redis
@@ -483,13 +305,13 @@ type fencedConns map[string]*fencedConn
 
 func (fc fencedConns) close() {
 	for _, c := range fc {
-		c.be.nc.Close()
+		c.Close()
 	}
 }
 
 // fencedConn returns the session's connection to addr in its current
 // state, dialling one if it has none, or none in that state.
-func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, bool, error) {
+func (s *session) fencedConn(ctx context.Context, addr string) (*fenced.Conn, bool, error) {
 	var st replayState
 	if s.cl != nil {
 		st = s.cl.st.replay
@@ -499,12 +321,12 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, boo
 	s.fencedAs(&st)
 	if c := s.fc[addr]; c != nil {
 		if sameReplay(&c.st, &st) {
-			return c, true, nil
+			return c.Conn, true, nil
 		}
-		c.be.nc.Close()
+		c.Close()
 		delete(s.fc, addr)
 	}
-	var be *backend
+	var be *backendConn
 	var err error
 	if s.cl != nil {
 		be, err = s.p.dialAddr(ctx, addr, st)
@@ -517,14 +339,15 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fencedConn, boo
 	if s.fc == nil {
 		s.fc = fencedConns{}
 	}
-	c := &fencedConn{be: be, st: st}
+	c := &fencedConn{Conn: fenced.NewConn(&be.Conn), st: st}
 	s.fc[addr] = c
-	return c, false, nil
+	return c.Conn, false, nil
 }
 
+// dropFenced closes the session's FENCED connection to addr.
 func (s *session) dropFenced(addr string) {
 	if c := s.fc[addr]; c != nil {
-		c.be.nc.Close()
+		c.Close()
 		delete(s.fc, addr)
 	}
 }
@@ -535,490 +358,29 @@ func sameReplay(a, b *replayState) bool {
 		bytes.Equal(a.db, b.db) && bytes.Equal(a.noEvict, b.noEvict) && bytes.Equal(a.noTouch, b.noTouch)
 }
 
-// Commands of the transaction.
-var (
-	cmdExec    = command("EXEC")
-	cmdUnwatch = command("UNWATCH")
-)
-
-// fenceResult is what one attempt of a FENCED transaction came to.
-type fenceResult int
-
-const (
-	fenceDone     fenceResult = iota // reply is the client's
-	fenceStale                       // record is above the fence
-	fenceAgain                       // EXEC found the record changed: try again
-	fenceRedirect                    // the cluster sent it elsewhere (redirect)
-	fenceLost                        // the connection failed before anything of it ran
-)
-
-// execFenced runs the plan's transaction until it is done, refused, or
-// out of tries or time.
-func (s *session) execFenced(ctx context.Context, pl *fencedPlan) ([]byte, FencedOutcome) {
-	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
-	addr, asking := "", false
-	var gen uint64
-	lost := false
-	for again := 0; again < fencedTries; {
-		if s.cl != nil && !asking {
-			m, err := s.cl.r.Current(ctx)
-			if err != nil {
-				s.p.m.unavailable.Add(1)
-				return resp.ErrorReply(&BackendError{Err: err}), FencedError
-			}
-			gen = m.Gen
-			if addr = m.Master(pl.slot); addr == "" {
-				if !s.fencedPause(ctx, deadline) {
-					return []byte("-CLUSTERDOWN Hash slot not served\r\n"), FencedError
-				}
-				s.cl.r.Reload(ctx, gen)
-				continue
-			}
-		}
-		c, reused, err := s.fencedConn(ctx, addr)
-		if err != nil {
-			s.p.m.unavailable.Add(1)
-			if s.cl != nil {
-				s.cl.r.Reload(ctx, gen)
-			}
-			return resp.ErrorReply(&BackendError{Err: err}), FencedError
-		}
-		res, reply, record, redir, err := s.attempt(ctx, c, pl, asking)
-		if err != nil {
-			s.dropFenced(addr)
-			if res == fenceLost && reused && !lost {
-				// A connection that broke while unused (a failover, a
-				// restart): nothing of this FENCED ran; once more on a
-				// new one.
-				lost = true
-				continue
-			}
-			s.p.m.unavailable.Add(1)
-			return resp.ErrorReply(&BackendError{Err: err}), FencedError
-		}
-		asking = false
-		switch res {
-		case fenceDone:
-			if len(reply) > 0 && reply[0] == '-' && !pl.ran(reply) {
-				if bytes.HasPrefix(reply, readonlyReply) && s.p.follow != nil {
-					// The primary was demoted and nothing ran: the
-					// follower looks for the new one.
-					s.p.follow.Trouble(true)
-					s.dropFenced(addr)
-					if s.fencedPause(ctx, deadline) {
-						continue
-					}
-					s.p.m.unavailable.Add(1)
-					return resp.ErrorReply(&BackendError{Err: errReplica}), FencedError
-				}
-				return reply, FencedError
-			}
-			return reply, FencedAccepted
-		case fenceStale:
-			msg := fmt.Sprintf("STALEFENCE fence %d is below %s for '%s'", pl.req.Fence, record, pl.req.Resource)
-			if pl.req.Slot >= 0 {
-				msg += " slot " + strconv.FormatInt(pl.req.Slot, 10)
-			}
-			return errLine(msg), FencedStale
-		case fenceAgain:
-			again++
-			continue
-		case fenceRedirect:
-			if s.cl == nil {
-				return reply, FencedError
-			}
-			switch redir.kind {
-			case cluster.RedirMoved:
-				s.cl.r.Moved.Add(1)
-				s.cl.r.Reload(ctx, gen)
-				if s.cl.r.Gen.Load() == gen && !s.fencedPause(ctx, deadline) {
-					// The slot map was read moments ago: wait for the
-					// next reading rather than spin.
-					return reply, FencedError
-				}
-			case cluster.RedirAsk:
-				s.cl.r.Asked.Add(1)
-				addr, asking = redir.addr, true
-			default: // TRYAGAIN, CLUSTERDOWN
-				if !s.fencedPause(ctx, deadline) {
-					return reply, FencedError
-				}
-				s.cl.r.Reload(ctx, gen)
-			}
-			if time.Now().After(deadline) {
-				return reply, FencedError
-			}
-		}
+// fencedEnv is what internal/fenced needs of the session to run a FENCED,
+// made once per session.
+func (s *session) fencedEnv() *fenced.Env {
+	if s.fenv != nil {
+		return s.fenv
 	}
-	return errLine("ERR FENCED gave up: the fence record kept changing"), FencedError
-}
-
-// ran reports whether reply, an error a FENCED transaction ended with, is
-// the command's own reply from EXEC (it ran) rather than a refusal before
-// it ran. attempt marks the latter with pl.refused.
-func (pl *fencedPlan) ran(reply []byte) bool { return !bytes.Equal(reply, pl.refusedReply) }
-
-// readonlyReply starts a replica's refusal of a write.
-var readonlyReply = []byte("-READONLY ")
-
-// errReplica is why a FENCED could not run while the backend it reached
-// was a replica until the retries ran out.
-var errReplica = errors.New("the backend is a replica and no primary took its place in time")
-
-// fencedPause waits a little before trying a cluster that is changing
-// again; false when deadline or ctx ends first.
-func (s *session) fencedPause(ctx context.Context, deadline time.Time) bool {
-	if time.Now().Add(20 * time.Millisecond).After(deadline) {
-		return false
+	env := &fenced.Env{
+		Follow:      s.p.follow,
+		Conn:        s.fencedConn,
+		Drop:        s.dropFenced,
+		Unavailable: s.p.fencedUnavailable,
+		Retry:       s.p.cfg.Backend.ClusterRetry,
 	}
-	t := time.NewTimer(20 * time.Millisecond)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// fencedRedirect is a cluster's cluster.Redirection of a FENCED's commands.
-type fencedRedirect struct {
-	kind cluster.Redirection
-	addr string
-}
-
-// parseRedirect returns the cluster.Redirection an error reply is, if any.
-func parseRedirect(reply []byte) (fencedRedirect, bool) {
-	kind, addr := cluster.Redirected(reply)
-	return fencedRedirect{kind: kind, addr: addr}, kind != cluster.RedirNone
-}
-
-// attempt runs the transaction once on c. err is set when the connection
-// failed: res is then fenceLost when nothing of the transaction had been
-// written yet beyond WATCH and GET.
-//
-// The record is read under WATCH (round one), then MULTI ... EXEC runs
-// (round two). Round two ends with the next FENCED's round one, WATCH and
-// GET of the same record again (prefetch): a client that fences the same
-// resource again finds the record read and watched, and its FENCED takes
-// one round trip. A record that changed since makes that EXEC abort, and
-// the attempt is made again with the record read after it.
-func (s *session) attempt(ctx context.Context, c *fencedConn, pl *fencedPlan, asking bool) (res fenceResult, reply []byte, record []byte, redir fencedRedirect, err error) {
-	be := c.be
-	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { be.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
-	// In front of a cluster the command's keys are watched too: WATCH is
-	// a command of several keys, which a master that is migrating the
-	// slot answers TRYAGAIN while the record and the keys are split
-	// between it and the other master (or ASK when all have gone), so
-	// that the record read is the one beside the keys.
-	w := append(make([][]byte, 0, 2+len(pl.keys)), []byte("WATCH"), pl.record)
 	if s.cl != nil {
-		w = append(w, pl.keys...)
+		env.Router = s.cl.r.Router
 	}
-	watch := encodeCommand(w)
-	get := encodeCommand([][]byte{[]byte("GET"), pl.record})
-
-	var cur []byte
-	prefetched := !asking && c.watched != nil && bytes.Equal(c.watched, watch)
-	if prefetched {
-		cur = c.prefetch
-		if rec, _ := strconv.ParseInt(string(cur), 10, 64); cur != nil && pl.req.Fence < rec {
-			// Refused only on a record read now: a FLUSHDB may have
-			// removed it since.
-			prefetched = false
-		}
-	}
-	c.watched = nil
-	if !prefetched {
-		// Round one: WATCH record, GET record (after UNWATCH of what
-		// another record's prefetch watched).
-		n := 2
-		if c.watching {
-			be.w.Write(cmdUnwatch)
-			n++
-		}
-		if asking {
-			be.w.Write(cmdAsking)
-		}
-		be.w.Write(watch)
-		if asking {
-			be.w.Write(cmdAsking)
-		}
-		be.w.Write(get)
-		if asking {
-			n += 2
-		}
-		c.watching = true
-		if err := be.w.Flush(); err != nil {
-			return fenceLost, nil, nil, fencedRedirect{}, err
-		}
-		replies, err := c.readReplies(n)
-		if err != nil {
-			return fenceLost, nil, nil, fencedRedirect{}, err
-		}
-		replies = replies[n-2-btoi(asking)*2:]
-		if asking {
-			replies = [][]byte{replies[1], replies[3]}
-		}
-		for _, r := range replies {
-			if len(r) > 0 && r[0] == '-' {
-				r = bytes.Clone(r) // unwatch reads into the same buffer
-				s.unwatch(c)
-				if rd, ok := parseRedirect(r); ok {
-					return fenceRedirect, r, nil, rd, nil
-				}
-				pl.refusedReply = r
-				return fenceDone, r, nil, fencedRedirect{}, nil
-			}
-		}
-		var ok bool
-		if cur, ok = bulkValue(replies[1]); !ok {
-			s.unwatch(c)
-			pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
-			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
-		}
-	}
-	if cur != nil {
-		rec, err := strconv.ParseInt(string(cur), 10, 64)
-		if err != nil {
-			s.unwatch(c)
-			pl.refusedReply = []byte("-ERR FENCED found the fence record not an integer\r\n")
-			return fenceDone, pl.refusedReply, nil, fencedRedirect{}, nil
-		}
-		if pl.req.Fence < rec {
-			// The WATCH stays, with the record read: the next FENCED
-			// of this record may use it.
-			cur = bytes.Clone(cur)
-			if !asking {
-				c.watched, c.prefetch = watch, cur
-			}
-			return fenceStale, nil, cur, fencedRedirect{}, nil
-		}
-	}
-
-	// Round two: MULTI, SET record fence (a write), the command, EXEC;
-	// then the prefetch, WATCH and GET, unless following an ASK.
-	if asking {
-		be.w.Write(cmdAsking)
-	}
-	be.w.Write(resp.CmdMulti)
-	n := 3
-	if pl.write {
-		be.w.Write(encodeCommand([][]byte{[]byte("SET"), pl.record, strconv.AppendInt(nil, pl.req.Fence, 10)}))
-		n++
-	}
-	be.w.Write(pl.raw)
-	be.w.Write(cmdExec)
-	if asking {
-		n++
-	} else {
-		be.w.Write(watch)
-		be.w.Write(get)
-		n += 2
-	}
-	c.watching = !asking
-	if err := be.w.Flush(); err != nil {
-		if errors.Is(err, net.ErrClosed) {
-			// Closed before anything was written (the follower closes
-			// the connections to a primary that was replaced).
-			return fenceLost, nil, nil, fencedRedirect{}, err
-		}
-		return fenceDone, nil, nil, fencedRedirect{}, err
-	}
-	replies, err := c.readReplies(n)
-	if err != nil {
-		return fenceDone, nil, nil, fencedRedirect{}, err
-	}
-	if asking {
-		replies = replies[1:]
-	} else {
-		c.keepPrefetch(watch, replies[len(replies)-2], replies[len(replies)-1])
-		replies = replies[:len(replies)-2]
-	}
-	exec := replies[len(replies)-1]
-	queued := replies[1 : len(replies)-1] // SET's (a write) and the command's
-	switch {
-	case len(exec) == 0:
-	case exec[0] == '-':
-		// EXECABORT: a command failed to queue; its error is the
-		// reply, the command's own first.
-		for i := len(queued) - 1; i >= 0; i-- {
-			if q := queued[i]; len(q) > 0 && q[0] == '-' {
-				if rd, ok := parseRedirect(q); ok {
-					return fenceRedirect, q, nil, rd, nil
-				}
-				pl.refusedReply = q
-				return fenceDone, q, nil, fencedRedirect{}, nil
-			}
-		}
-		if rd, ok := parseRedirect(exec); ok {
-			return fenceRedirect, exec, nil, rd, nil
-		}
-		pl.refusedReply = exec
-		return fenceDone, exec, nil, fencedRedirect{}, nil
-	case bytes.Equal(exec, replyNull2) || bytes.Equal(exec, replyNull3):
-		return fenceAgain, nil, nil, fencedRedirect{}, nil
-	case exec[0] == '*':
-		body, ok := execBody(exec, pl.write)
-		if ok {
-			return fenceDone, body, nil, fencedRedirect{}, nil
-		}
-	}
-	return fenceDone, nil, nil, fencedRedirect{}, fmt.Errorf("unexpected EXEC reply %q", truncate(exec, 64))
+	s.fenv = env
+	return env
 }
 
-// keepPrefetch keeps the record read by the WATCH and GET that followed an
-// EXEC, when both succeeded.
-func (c *fencedConn) keepPrefetch(watch, watchReply, getReply []byte) {
-	v, ok := bulkValue(getReply)
-	if !ok || !bytes.Equal(watchReply, replyOK) {
-		return
-	}
-	if v != nil {
-		if _, err := strconv.ParseInt(string(v), 10, 64); err != nil {
-			return
-		}
-	}
-	c.watched, c.prefetch = watch, bytes.Clone(v)
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// unwatch ends the WATCH of a transaction that will not run.
-func (s *session) unwatch(c *fencedConn) error {
-	c.watched, c.watching = nil, false
-	c.be.w.Write(cmdUnwatch)
-	if err := c.be.w.Flush(); err != nil {
-		return err
-	}
-	_, err := c.readReplies(1)
-	return err
-}
-
-// readReplies reads n whole replies from be into c's buffer; they are
-// valid until the next call.
-func (c *fencedConn) readReplies(n int) ([][]byte, error) {
-	if c.w == nil {
-		c.w = bufio.NewWriterSize(&c.buf, 512)
-	}
-	c.buf.Reset()
-	c.ends = c.ends[:0]
-	var ri resp.ReplyInfo
-	for range n {
-		if err := resp.CopyReply(c.w, c.be.r, &ri); err != nil {
-			return nil, err
-		}
-		c.w.Flush()
-		c.ends = append(c.ends, c.buf.Len())
-	}
-	b := c.buf.Bytes()
-	out := c.replies[:0]
-	start := 0
-	for _, end := range c.ends {
-		out = append(out, b[start:end:end])
-		start = end
-	}
-	c.replies = out
-	return out, nil
-}
-
-// bulkValue returns a GET's value, nil for none; ok false when the reply
-// is neither.
-func bulkValue(reply []byte) ([]byte, bool) {
-	if bytes.Equal(reply, []byte("$-1\r\n")) || bytes.Equal(reply, replyNull3) {
-		return nil, true
-	}
-	if len(reply) < 4 || reply[0] != '$' {
-		return nil, false
-	}
-	i := bytes.Index(reply, []byte("\r\n"))
-	n, err := strconv.Atoi(string(reply[1:i]))
-	if err != nil || i+2+n+2 != len(reply) {
-		return nil, false
-	}
-	return reply[i+2 : i+2+n], true
-}
-
-// execBody returns the command's reply inside EXEC's: the last of one
-// element (a read) or of two, after SET's +OK (a write).
-func execBody(exec []byte, write bool) ([]byte, bool) {
-	i := bytes.Index(exec, []byte("\r\n"))
-	if i < 0 {
-		return nil, false
-	}
-	want := "*1"
-	if write {
-		want = "*2"
-	}
-	if string(exec[:i]) != want {
-		return nil, false
-	}
-	body := exec[i+2:]
-	if write {
-		if !bytes.HasPrefix(body, replyOK) {
-			return nil, false
-		}
-		body = body[len(replyOK):]
-	}
-	return body, true
-}
-
-func truncate(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
-}
-
-// fencedProbe answers a FENCED whose command Redis does not know or would
-// refuse for its number of arguments with Redis's own error: the command
-// is queued in a transaction that is then discarded, so it never runs.
-func (s *session) fencedProbe(ctx context.Context, pl fencedPlan) ([]byte, FencedOutcome) {
-	addr := ""
-	if s.cl != nil {
-		m, err := s.cl.r.Current(ctx)
-		if err != nil {
-			s.p.m.unavailable.Add(1)
-			return resp.ErrorReply(&BackendError{Err: err}), FencedError
-		}
-		if addr = m.Master(0); addr == "" && len(m.Masters) > 0 {
-			addr = m.Masters[0]
-		}
-	}
-	c, _, err := s.fencedConn(ctx, addr)
-	if err != nil {
-		s.p.m.unavailable.Add(1)
-		return resp.ErrorReply(&BackendError{Err: err}), FencedError
-	}
-	be := c.be
-	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	be.w.Write(resp.CmdMulti)
-	be.w.Write(pl.raw)
-	be.w.Write(cmdDiscard) // which ends any WATCH too
-	c.watched, c.watching = nil, false
-	var replies [][]byte
-	if err = be.w.Flush(); err == nil {
-		replies, err = c.readReplies(3)
-	}
-	if err != nil {
-		s.dropFenced(addr)
-		s.p.m.unavailable.Add(1)
-		return resp.ErrorReply(&BackendError{Err: err}), FencedError
-	}
-	if r := replies[1]; len(r) > 0 && r[0] == '-' {
-		return r, FencedError
-	}
-	return errLine(fmt.Sprintf("ERR FENCED cannot tell the keys of '%s'", pl.name)), FencedError
+// fencedUnavailable counts a FENCED the backend could not be reached for,
+// and returns its reply.
+func (p *Proxy) fencedUnavailable(err error) []byte {
+	p.m.unavailable.Add(1)
+	return resp.ErrorReply(&BackendError{Err: err})
 }

@@ -184,10 +184,7 @@ func TestSpareConnectionsConfig(t *testing.T) {
 		if err != nil {
 			t.Fatalf("SpareConnections %d: %v", tt.give, err)
 		}
-		got := 0
-		if p.spares != nil {
-			got = p.spares.size
-		}
+		got := p.spares.Size()
 		if got != tt.want {
 			t.Errorf("SpareConnections %d: %d kept, want %d", tt.give, got, tt.want)
 		}

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -19,6 +17,9 @@ import (
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/acl"
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/guard"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
@@ -90,7 +91,7 @@ type Config struct {
 	Docs *Docs
 	// ArrivalOrder passes different clients' commands to the backend in
 	// the order their bytes reached the proxy, as Redis, reading its
-	// clients with one thread, runs them (arrival_linux.go; Linux only).
+	// clients with one thread, runs them (internal/backend, Arrivals; Linux only).
 	// It costs throughput when many clients send at once: 2-25% of the
 	// commands per second of 50 clients without pipelining on 2 CPUs, up
 	// to 13% with 16 commands per pipeline (README.md, Performance). Reads
@@ -307,10 +308,10 @@ type Proxy struct {
 	cfg   Config
 	log   *zap.Logger
 	srv   *redcon.Server
-	guard *keyGuard
+	guard *guard.Guard
 	fence fencedState
-	auth  *authenticator
-	acl   *aclState // nil unless Config.ACL is enabled
+	auth  *acl.Passwords // nil: no password required
+	acl   *aclState      // nil unless Config.ACL is enabled
 	// setup is what every new backend connection is sent first: the
 	// proxy's own AUTH and SELECT.
 	setup [][]byte
@@ -320,7 +321,7 @@ type Proxy struct {
 
 	clients atomic.Int64
 	m       *metrics
-	backoff backoff
+	backoff backend.Backoff
 
 	// follow finds the backend through Sentinel; nil for a fixed address.
 	follow *sentinel.Follower
@@ -332,9 +333,9 @@ type Proxy struct {
 	// batches counts the batches of commands begun on the shared
 	// connections, which orders them (see shared).
 	batches  atomic.Uint64
-	spares   *spares        // nil when there are none
-	order    *arrivals      // nil where the platform keeps no arrival order
-	sharedWG sync.WaitGroup // the shared connections' readers
+	spares   *backend.Spares   // nil when there are none
+	order    *backend.Arrivals // nil where the platform keeps no arrival order
+	sharedWG sync.WaitGroup    // the shared connections' readers
 	limits   atomic.Pointer[Limits]
 	wg       sync.WaitGroup // one per session, until its cleanup is done
 
@@ -371,16 +372,18 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	} else {
 		p.group = newMuxGroup(p, "", max(cfg.Backend.SharedConnections, 0))
 		p.shared = p.group.list
-		p.spares = newSpares(p, cfg.Backend.SpareConnections)
+		p.spares = backend.NewSpares(cfg.Backend.SpareConnections, func(ctx context.Context) (*backend.Conn, error) {
+			return p.spare(ctx, "")
+		})
 	}
-	p.auth = newAuthenticator(cfg.Users)
+	p.auth = acl.NewPasswords(cfg.Users)
 	if cfg.ACL.enabled() {
 		users, err := parseACLUsers(&cfg)
 		if err != nil {
 			return nil, err
 		}
 		p.acl = newACLState(p, users)
-		p.auth = &authenticator{users: cfg.Users}
+		p.auth = acl.Required(cfg.Users)
 	}
 	b := &cfg.Backend
 	switch {
@@ -395,13 +398,17 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	if cfg.ProtectedPrefix != "" {
 		p.guard = newKeyGuard(cfg.ProtectedPrefix, p)
 	}
+	p.backoff.Spare = func(err error) bool {
+		// Nothing was dialled, or the backend is up and refused one user.
+		return errors.Is(err, sentinel.ErrNoPrimary) || userRefused(err)
+	}
 	p.root, p.cancel = context.WithCancel(context.Background())
 	if cfg.Backend.Sentinel.Enabled() {
-		p.follow = sentinel.NewFollower(cfg.Backend.Sentinel, logger.Named("sentinel"), p.role, func() { p.backoff.record(nil) })
+		p.follow = sentinel.NewFollower(cfg.Backend.Sentinel, logger.Named("sentinel"), p.role, func() { p.backoff.Record(nil) })
 		p.follow.Start(p.root)
 	}
 	if cfg.ArrivalOrder {
-		order, err := newArrivals()
+		order, err := backend.NewArrivals()
 		if err != nil {
 			return nil, fmt.Errorf("proxy: arrival order: %w", err)
 		}
@@ -426,7 +433,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.inner = ln
 	p.mu.Unlock()
 	defer close(p.served)
-	p.spares.start()
+	p.spares.Start(p.root)
 	return p.srv.Serve(&listener{Listener: ln, p: p})
 }
 
@@ -461,7 +468,7 @@ drain:
 	close(p.release)
 	p.cancel()
 	if p.guard != nil {
-		defer p.guard.close()
+		defer p.guard.Close()
 	}
 	if p.router != nil {
 		defer p.router.Close()
@@ -490,8 +497,8 @@ drain:
 		p.router.closeSpares()
 	}
 	p.sharedWG.Wait()
-	p.spares.close(ln != nil)
-	p.order.close()
+	p.spares.Close(ln != nil)
+	p.order.Close()
 	if p.follow != nil {
 		p.follow.Close()
 	}
@@ -568,7 +575,7 @@ func (p *Proxy) closed(conn redcon.Conn, err error) {
 	if !ok {
 		return
 	}
-	s.nc.order.remove()
+	s.nc.order.Remove()
 	s.close()
 	go func() {
 		defer p.wg.Done()
@@ -603,9 +610,9 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		return nil, err
 	}
-	// The socket is read in arrival order (arrival_linux.go) below TLS,
+	// The socket is read in arrival order (internal/backend, Arrivals) below TLS,
 	// so that a partial TLS record never holds other clients up.
-	oc, a, err := l.p.order.wrap(c)
+	oc, a, err := l.p.order.Wrap(c)
 	if err != nil {
 		l.p.log.Warn("arrival order", zap.Error(err))
 	} else {
@@ -631,7 +638,7 @@ func (l *listener) Accept() (net.Conn, error) {
 // credentials and database first, then what the client had set. The
 // address is the fixed one, or the primary the follower knows, which then
 // owns the connection and closes it when the primary changes.
-func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
+func (p *Proxy) dial(ctx context.Context, state replayState) (*backendConn, error) {
 	if p.follow == nil {
 		return p.dialAddr(ctx, p.cfg.Backend.Addr, state)
 	}
@@ -644,45 +651,26 @@ func (p *Proxy) dial(ctx context.Context, state replayState) (*backend, error) {
 		p.follow.Trouble(false)
 		return nil, err
 	}
-	nc, err := p.follow.Track(be.nc, gen)
+	nc, err := p.follow.Track(be.NC, gen)
 	if err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return nil, err
 	}
-	be.nc = nc
+	be.NC = nc
 	return be, nil
 }
 
 // dialAddr opens a backend connection to addr and brings it to state.
-func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*backend, error) {
+func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*backendConn, error) {
 	b := &p.cfg.Backend
-	network := "tcp"
-	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "unix:") {
-		network, addr = "unix", strings.TrimPrefix(addr, "unix:")
-	}
 	ctx, cancel := context.WithTimeout(ctx, b.DialTimeout)
 	defer cancel()
-	d := net.Dialer{}
-	nc, err := d.DialContext(ctx, network, addr)
+	c, err := backend.Dial(ctx, addr, b.TLS)
 	if err != nil {
 		return nil, err
 	}
-	if b.TLS != nil {
-		tc := tls.Client(nc, b.TLS)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			nc.Close()
-			return nil, err
-		}
-		nc = tc
-	}
-	// Only the proxy's own commands go through w (setup, COMMAND): the
-	// clients' commands leave from a shared's write buffer.
-	be := &backend{
-		nc:   nc,
-		r:    bufio.NewReaderSize(nc, 16<<10),
-		w:    bufio.NewWriterSize(nc, 512),
-		done: make(chan struct{}),
-	}
+	be := &backendConn{Conn: *c}
+	nc := be.NC
 	if p.acl != nil && state.auth != nil {
 		// A user of Redis's ACL signs in after the proxy's own setup.
 		if err := p.acl.dialSetup(ctx, be, p.setup, state); err != nil {
@@ -693,7 +681,7 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 	}
 	setup := state.commands(append([][]byte(nil), p.setup...))
 	if len(setup) > 0 {
-		if err := be.setup(ctx, setup); err != nil {
+		if err := be.Setup(ctx, setup); err != nil {
 			nc.Close()
 			return nil, err
 		}
@@ -703,28 +691,45 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 
 // dedicated returns a backend connection of one client's own, brought to
 // state: a spare one when there is one, a new one otherwise.
-func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backend, error) {
-	if be := p.spares.take(); be != nil {
+func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backendConn, error) {
+	if c := p.spares.Take(); c != nil {
+		be := &backendConn{Conn: *c}
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, p.cfg.Backend.DialTimeout)
 			defer cancel()
-			setup := be.setup
+			setup := be.Setup
 			if p.acl != nil && state.auth != nil {
 				setup = func(ctx context.Context, cmds [][]byte) error { return p.acl.setup(ctx, be, cmds) }
 			}
 			if err := setup(ctx, cmds); err != nil {
-				be.nc.Close()
+				be.NC.Close()
 				return nil, err
 			}
 		}
 		return be, nil
 	}
-	if err := p.backoff.check(); err != nil {
+	if err := p.backoff.Check(); err != nil {
 		return nil, err
 	}
 	be, err := p.dial(ctx, state)
-	p.backoff.record(err)
+	p.backoff.Record(err)
 	return be, err
+}
+
+// spare dials a spare connection to addr ("" for the backend), in no
+// client's state, for the spares' filler.
+func (p *Proxy) spare(ctx context.Context, addr string) (*backend.Conn, error) {
+	var be *backendConn
+	var err error
+	if addr != "" {
+		be, err = p.dialAddr(ctx, addr, replayState{})
+	} else {
+		be, err = p.dial(ctx, replayState{})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &be.Conn, nil
 }
 
 // Ready reports whether the backend answers: it opens a connection as
@@ -737,95 +742,12 @@ func (p *Proxy) Ready(ctx context.Context) error {
 	if err != nil {
 		return &BackendError{Err: err}
 	}
-	defer be.nc.Close()
-	if err := be.setup(ctx, [][]byte{command("PING")}); err != nil {
+	defer be.NC.Close()
+	if err := be.Setup(ctx, [][]byte{command("PING")}); err != nil {
 		return &BackendError{Err: err}
 	}
 	return nil
 }
 
-// backoff spaces out connection attempts to a backend that is down:
-// after a failed dial, clients get the same error at once until the wait
-// (25ms, doubling up to 250ms) has passed; then the next command tries again.
-// A backend that comes back is used again within that wait.
-type backoff struct {
-	mu    sync.Mutex
-	err   error
-	until time.Time
-	wait  time.Duration
-}
-
-func (b *backoff) check() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.err != nil && time.Now().Before(b.until) {
-		return b.err
-	}
-	return nil
-}
-
-func (b *backoff) record(err error) {
-	if errors.Is(err, sentinel.ErrNoPrimary) || userRefused(err) {
-		return // nothing was dialled, or the backend is up and refused one user
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err == nil || errors.Is(err, context.Canceled) {
-		b.err, b.wait = nil, 0
-		return
-	}
-	b.wait = min(max(2*b.wait, 25*time.Millisecond), 250*time.Millisecond)
-	b.err, b.until = err, time.Now().Add(b.wait)
-}
-
-// setup sends cmds in one write and checks that none failed. It gives up
-// when ctx ends (the spares' filler at shutdown, a client that left).
-func (be *backend) setup(ctx context.Context, cmds [][]byte) error {
-	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	defer be.nc.SetDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { be.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	for _, c := range cmds {
-		be.w.Write(c)
-	}
-	if err := be.w.Flush(); err != nil {
-		return err
-	}
-	var reply bytes.Buffer
-	w := bufio.NewWriter(&reply)
-	var ri resp.ReplyInfo
-	for _, c := range cmds {
-		reply.Reset()
-		if err := resp.CopyReply(w, be.r, &ri); err != nil {
-			return err
-		}
-		w.Flush()
-		if ri.Type == '-' {
-			name, _ := redcon.Parse(c)
-			return &refusedError{Command: strings.ToUpper(string(name.Args[0])),
-				Reply: strings.TrimSpace(reply.String()[1:])}
-		}
-	}
-	return nil
-}
-
-// refusedError reports that the backend answered with an error a command
-// the proxy sent to bring a new connection to the client's state (AUTH,
-// HELLO, CLIENT SETNAME, SELECT). Sending it again cannot help, unlike a
-// dial that failed.
-type refusedError struct {
-	Command string // in upper case
-	Reply   string // the backend's error, whole, without its "-" and CRLF
-}
-
-func (e *refusedError) Error() string { return e.Command + ": " + e.Reply }
-
 // command encodes args as a RESP request.
-func command(args ...string) []byte {
-	b := redcon.AppendArray(nil, len(args))
-	for _, a := range args {
-		b = redcon.AppendBulkString(b, a)
-	}
-	return b
-}
+func command(args ...string) []byte { return resp.Command(args...) }

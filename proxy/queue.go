@@ -35,7 +35,7 @@ type replyQueue struct {
 	backlog []redcon.Command
 	closed  bool
 	st      connState
-	be      *backend // the dedicated connection; nil on the shared one
+	be      *backendConn // the dedicated connection; nil on the shared one
 }
 
 func (q *replyQueue) init(m *metrics) {
@@ -47,10 +47,10 @@ func (q *replyQueue) init(m *metrics) {
 // send records e, sent on be (nil: on a shared connection). It reports
 // false when be has died meanwhile, and records nothing: the caller
 // connects again. Otherwise replies tells whether a reply is owed for e.
-func (q *replyQueue) send(e *entry, be *backend) (ok, replies bool) {
+func (q *replyQueue) send(e *entry, be *backendConn) (ok, replies bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if be != nil && (be.dead || q.st.holds(e)) {
+	if be != nil && (be.Dead || q.st.holds(e)) {
 		return false, false // connect again, or be refused (see doomed)
 	}
 	if replies = q.st.sent(e); replies {
@@ -169,10 +169,10 @@ func (q *replyQueue) replicate() {
 // rather than an error. Redis answers at once or sends a newline every
 // second until it does; the wait also ends when be is lost or the client
 // goes.
-func (q *replyQueue) waitSync(be *backend) (replica bool) {
+func (q *replyQueue) waitSync(be *backendConn) (replica bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for !q.st.replica && q.head < len(q.fifo) && !be.dead && !q.closed {
+	for !q.st.replica && q.head < len(q.fifo) && !be.Dead && !q.closed {
 		q.cond.Wait()
 	}
 	return q.st.replica
@@ -214,7 +214,7 @@ func (q *replyQueue) pop(n int) {
 
 // attach makes be the dedicated backend connection, unless the client has
 // gone.
-func (q *replyQueue) attach(be *backend) error {
+func (q *replyQueue) attach(be *backendConn) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -225,10 +225,10 @@ func (q *replyQueue) attach(be *backend) error {
 }
 
 // dead reports whether be has been lost.
-func (q *replyQueue) dead(be *backend) bool {
+func (q *replyQueue) dead(be *backendConn) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return be.dead
+	return be.Dead
 }
 
 // replay returns the state a new backend connection must be brought to.
@@ -269,10 +269,10 @@ func (q *replyQueue) adopt(st clientState) {
 // they are answered), how many of them are the client's, whether the
 // client was listening or has gone, either of which means disconnecting it,
 // and whether it had sent QUIT (then Redis closed be, as it should).
-func (q *replyQueue) lose(be *backend) (owed, visible int, listening, closed, quit bool) {
+func (q *replyQueue) lose(be *backendConn) (owed, visible int, listening, closed, quit bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	be.dead = true
+	be.Dead = true
 	q.cond.Broadcast() // a forwarder in waitSync
 	owed = len(q.fifo) - q.head
 	for _, e := range q.fifo[q.head:] {
@@ -416,7 +416,7 @@ func (q *replyQueue) waiting() bool {
 
 // close records that the client has gone, wakes every waiter, and returns
 // the dedicated backend connection to close.
-func (q *replyQueue) close() (be *backend, first bool) {
+func (q *replyQueue) close() (be *backendConn, first bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {

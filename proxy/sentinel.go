@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
@@ -36,25 +34,8 @@ func (p *Proxy) role(ctx context.Context, addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer be.nc.Close()
-	deadline, _ := ctx.Deadline()
-	be.nc.SetDeadline(deadline)
-	if _, err := be.nc.Write(command("ROLE")); err != nil {
-		return "", err
-	}
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
-	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, be.r, &ri); err != nil {
-		return "", err
-	}
-	w.Flush()
-	// *3\r\n$6\r\nmaster\r\n...
-	lines := bytes.SplitN(buf.Bytes(), []byte("\r\n"), 4)
-	if ri.Type != '*' || len(lines) < 3 || len(lines[1]) == 0 || lines[1][0] != '$' {
-		return "", fmt.Errorf("ROLE answered %q", bytes.TrimSpace(lines[0]))
-	}
-	return string(lines[2]), nil
+	defer be.NC.Close()
+	return be.Role(ctx)
 }
 
 // readonlyPrefix starts the error a replica gives to a write.

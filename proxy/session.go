@@ -1,23 +1,24 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"sync"
 	"time"
 
 	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/fenced"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Replies the proxy writes itself.
 var (
+	replyOK           = resp.ReplyOK
 	replyConnLost     = resp.ReplyConnLost
 	replyNotInMulti   = []byte("-ERR Command not allowed inside a transaction\r\n")
 	replyExecAbort    = resp.ReplyExecAbort
@@ -53,13 +54,9 @@ type localItem struct {
 	quit   bool     // close the connection after the reply
 }
 
-// backend is one connection to the backend Redis.
-type backend struct {
-	nc   net.Conn
-	r    *bufio.Reader
-	w    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
-	dead bool          // guarded by the session's replyQueue on a connection of one (muxConn.one), by muxConn.mu on the others
-	done chan struct{} // closed when the reader of a connection of one ends
+// backendConn is one connection to the backend Redis.
+type backendConn struct {
+	backend.Conn
 	// pending is set on a shared connection: whose replies are coming.
 	pending *pending
 }
@@ -68,7 +65,7 @@ type backend struct {
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
 // hold and next). Replies are copied to the client by the reader of the
-// backend connection they come on (muxConn.read): the shared connections',
+// backend connection they come on (muxConn.readShared and readOne): the shared connections',
 // into the client's sink, and the client's connection of one's, into its
 // buffered output, matched against its replyQueue (frame).
 //
@@ -103,7 +100,7 @@ type session struct {
 	// pinned one was closed. connOut: commands were put on it since the
 	// last flush.
 	conn    *muxConn
-	be      *backend
+	be      *backendConn
 	connOut bool
 	// waitStale: the client sent commands on another connection than its
 	// own one (the shared one, or an own one since lost), whose writes a
@@ -125,7 +122,8 @@ type session struct {
 	up upstream
 	cl *clusterSession
 	// fc are the connections FENCED runs on (fenced.go).
-	fc fencedConns
+	fc   fencedConns
+	fenv *fenced.Env // what internal/fenced needs of the session, made at its first FENCED
 
 	wg sync.WaitGroup // the backend readers and the local runner
 }
@@ -167,7 +165,7 @@ func (s *session) handle(cmd redcon.Command) {
 	// answered by the proxy, never to the backend, and a lock command
 	// takes a round trip to the nodes or waits: other clients' commands
 	// do not wait for it, nor for what follows it in this read.
-	s.nc.order.end()
+	s.nc.order.End()
 	// A command that is quick to answer, with no reply due before it, is
 	// answered here, on redcon's goroutine; the others get a goroutine of
 	// their own, so that this one goes on reading and sees the client hang
@@ -266,8 +264,8 @@ func (s *session) drainBacklog() {
 // answer locally in its place. order is the arrival order of the read cmd
 // came in, when it is the read just made on redcon's goroutine: a command
 // that is not the proxy's own waits there for the commands other clients
-// sent before it (arrival_linux.go).
-func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) {
+// sent before it (internal/backend, Arrivals).
+func (s *session) forward(cmd redcon.Command, order *backend.Arrival) (localItem, bool) {
 	if s.cl != nil && s.cl.quit {
 		// After a cluster client's QUIT, which closes the connection
 		// (one Redis runs QUIT itself).
@@ -291,7 +289,7 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		}
 	} else if s.p.auth != nil {
 		var reply, rewritten []byte
-		reply, rewritten, s.authed = s.p.auth.gate(s.authed, name, cmd.Args)
+		reply, rewritten, s.authed = s.p.auth.Gate(s.authed, name, cmd.Args)
 		if reply != nil {
 			return localItem{reply: reply, silent: s.silent()}, false
 		}
@@ -300,20 +298,20 @@ func (s *session) forward(cmd redcon.Command, order *arrival) (localItem, bool) 
 		}
 	}
 	if it, ok := s.fencedItem(name, cmd.Args); ok {
-		order.wait()
+		order.Wait()
 		return it, false
 	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
 		return localItem{args: cmd.Args, silent: s.silent()}, false
 	}
-	order.wait()
+	order.Wait()
 	if build, ok := s.intercept(name, cmd.Args); ok && !s.q.inMulti() && (s.cl == nil || s.cl.Txn == nil) {
 		// Inside a transaction they are queued like any command, and
 		// keep their place in EXEC's reply.
 		return localItem{build: build, silent: s.silent()}, false
 	}
 	if s.p.guard != nil {
-		if err := s.p.guard.check(name, cmd.Args); err != nil {
+		if err := s.p.guardCheck(name, cmd.Args); err != nil {
 			return localItem{reply: resp.ErrorReply(err), silent: s.silent()}, false
 		}
 	}
@@ -447,7 +445,7 @@ func (s *session) flush() {
 		if !s.w.pushed() {
 			// A TLS client's replies are written by its own goroutine.
 			// The commands have left: other clients' need not wait.
-			s.nc.order.end()
+			s.nc.order.End()
 			s.drainShared()
 		}
 	}
@@ -494,7 +492,7 @@ func (s *session) flushDirty() {
 func (s *session) drainShared() {
 	s.q.waitEmpty()
 	if s.cl != nil {
-		s.cl.order.wait()
+		s.cl.order.Wait()
 	}
 	s.w.drain()
 }
@@ -510,7 +508,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		}
 		// The old reader answers what was pending before the new
 		// connection's replies may start.
-		<-s.be.done
+		<-s.be.Done
 		s.be = nil
 		s.waitStale = true
 	}
@@ -522,7 +520,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		return nil, err
 	}
 	if err := s.q.attach(be); err != nil {
-		be.nc.Close()
+		be.NC.Close()
 		return nil, err
 	}
 	if s.conn == nil {
@@ -544,7 +542,7 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 // answers, and learns from it. It reports false when be is done with: lost,
 // answered a QUIT, or a replication stream that was relayed until it
 // ended.
-func (s *session) frame(be *backend, first byte, ri *resp.ReplyInfo) bool {
+func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 	// A push is always the client's, as it is.
 	kind, replace, hidden := entryPlain, []byte(nil), false
 	if first != '>' {
@@ -559,9 +557,9 @@ func (s *session) frame(be *backend, first byte, ri *resp.ReplyInfo) bool {
 	}
 	var err error
 	if hidden {
-		err = s.w.skip(be.r, ri)
+		err = s.w.skip(be.R, ri)
 	} else {
-		err = s.w.copyFrom(be.r, ri, replace)
+		err = s.w.copyFrom(be.R, ri, replace)
 	}
 	if err != nil {
 		s.backendLost(be, err)
@@ -582,19 +580,19 @@ func (s *session) frame(be *backend, first byte, ri *resp.ReplyInfo) bool {
 // until either side ends it: the RDB payload (which has no CRLF after it,
 // or ends with an EOF mark), the newlines before it, and the commands after
 // it are not replies and are not parsed.
-func (s *session) relay(be *backend) error {
+func (s *session) relay(be *backendConn) error {
 	if ce := s.log.Check(zap.DebugLevel, "replication stream"); ce != nil {
 		ce.Write()
 	}
-	return s.w.relay(be.r)
+	return s.w.relay(be.R)
 }
 
 // backendLost answers every command still waiting on be with an error and
 // marks be dead. A client whose stream broke mid-reply, or that was
 // subscribed or monitoring, is disconnected instead: its state is gone and
 // it must notice, as it would if Redis itself had dropped it.
-func (s *session) backendLost(be *backend, cause error) {
-	be.nc.Close()
+func (s *session) backendLost(be *backendConn, cause error) {
+	be.NC.Close()
 	owed, visible, listening, closed, quit := s.q.lose(be)
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, resp.ErrMidReply) || listening
 	if !closed && !quit && !errors.Is(cause, errClosed) {
@@ -615,7 +613,7 @@ func (s *session) backendLost(be *backend, cause error) {
 func (s *session) answer(it localItem) {
 	s.p.m.local.Add(1)
 	if s.cl != nil {
-		s.cl.order.wait() // the replies routed before it
+		s.cl.order.Wait() // the replies routed before it
 	}
 	t, ok := s.q.waitTurn()
 	if !ok {
@@ -716,7 +714,7 @@ func (s *session) protocolError(err error) {
 	start := time.Now()
 	s.q.waitIdle(time.Second)
 	if s.cl != nil {
-		s.cl.order.waitFor(time.Second - time.Since(start))
+		s.cl.order.WaitFor(time.Second - time.Since(start))
 	}
 	s.w.write([]byte("-ERR " + err.Error() + "\r\n"))
 }
@@ -752,7 +750,7 @@ func (s *session) close() {
 	}
 	s.cancel()
 	if be != nil {
-		be.nc.Close()
+		be.NC.Close()
 	}
 	if s.cl != nil {
 		s.cl.close()

@@ -12,14 +12,14 @@ import (
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
-// Batching. shared.go and order.go own how commands leave and replies
+// Batching. shared.go and internal/cluster's Order own how commands leave and replies
 // come back on every backend connection a client's commands go on: the
 // shared connections to one Redis and to each master of a cluster, a
 // cluster client's own connections (groups of one, clustercall.go), and
 // the connection of one client of one Redis, or a cluster client's pinned
 // pub/sub connection (muxConn.one). A command is queued with the client it
 // answers (and, in front of a cluster, its ticket in the client's
-// replyOrder, order.go), written with what queued meanwhile in one write,
+// cluster.Order), written with what queued meanwhile in one write,
 // and its reply is read by the connection's reader and put in the
 // client's order; on a connection of one client, the client's replyQueue
 // tells what each frame answers. Where a command goes is the upstream's
@@ -57,10 +57,10 @@ type muxConn struct {
 	grp  *muxGroup // the connections to the same server
 
 	mu      sync.Mutex
-	be      *backend // nil until dialled; replaced when it dies
-	wbuf    []byte   // commands waiting to be written
-	wn      int      // how many commands wbuf holds
-	out     int      // commands written whose replies have not been read
+	be      *backendConn // nil until dialled; replaced when it dies
+	wbuf    []byte       // commands waiting to be written
+	wn      int          // how many commands wbuf holds
+	out     int          // commands written whose replies have not been read
 	spare   []byte
 	writing bool
 	// since orders the batches waiting on the shared connections: the
@@ -151,7 +151,7 @@ func (sh *muxConn) send(s *session, e entry, raw []byte) error {
 func (sh *muxConn) queue(s *session, ticket uint64, pre, raw []byte, e *entry) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be == nil || sh.be.dead {
+	if sh.be == nil || sh.be.Dead {
 		if sh.retired {
 			return errClusterClosed
 		}
@@ -190,15 +190,15 @@ func (sh *muxConn) push(s *session, ticket uint64, raw []byte) {
 func (sh *muxConn) startReader() {
 	sh.reading = true
 	sh.p.sharedWG.Add(1)
-	go sh.read(sh.be)
+	go sh.readShared(sh.be)
 }
 
 // stopIdle reports whether the reader of a client's own connection ends
 // now that no reply is owed on be (the next command starts another).
-func (sh *muxConn) stopIdle(be *backend) bool {
+func (sh *muxConn) stopIdle(be *backendConn) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be != be || len(be.pending.sessions) > 0 || be.r.Buffered() > 0 {
+	if sh.be != be || len(be.pending.sessions) > 0 || be.R.Buffered() > 0 {
 		return false
 	}
 	sh.reading = false
@@ -206,17 +206,17 @@ func (sh *muxConn) stopIdle(be *backend) bool {
 }
 
 // ready returns the live connection, dialing it when there is none.
-func (sh *muxConn) ready() (*backend, error) {
+func (sh *muxConn) ready() (*backendConn, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if be := sh.be; be != nil && !be.dead && !sh.reading && !open(be) {
+	if be := sh.be; be != nil && !be.Dead && !sh.reading && !be.Open() {
 		// Closed while idle, with no reader to notice (the node's
 		// timeout, CLIENT KILL, a restart): dial again, as for a
 		// connection found lost.
-		be.nc.Close()
-		be.dead = true
+		be.NC.Close()
+		be.Dead = true
 	}
-	if sh.be == nil || sh.be.dead {
+	if sh.be == nil || sh.be.Dead {
 		if sh.retired {
 			return nil, errClusterClosed
 		}
@@ -229,10 +229,10 @@ func (sh *muxConn) ready() (*backend, error) {
 
 // queueOn queues raw for s with ticket, as queue does, if be, which ready
 // returned, is still the live connection; it reports false otherwise.
-func (sh *muxConn) queueOn(be *backend, s *session, ticket uint64, raw []byte) bool {
+func (sh *muxConn) queueOn(be *backendConn, s *session, ticket uint64, raw []byte) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be != be || be.dead {
+	if sh.be != be || be.Dead {
 		return false
 	}
 	sh.push(s, ticket, raw)
@@ -251,7 +251,7 @@ func newOne(s *session) *muxConn {
 // client's connection of one, and starts its reader. What waited to be
 // written on the connection before, which was lost, is dropped: the
 // client has been answered for it (session.backendLost).
-func (sh *muxConn) attach(be *backend) {
+func (sh *muxConn) attach(be *backendConn) {
 	sh.mu.Lock()
 	if len(sh.wbuf) > 0 {
 		sh.since.Store(0)
@@ -262,7 +262,7 @@ func (sh *muxConn) attach(be *backend) {
 	sh.reading = true
 	sh.mu.Unlock()
 	sh.one.wg.Add(1)
-	go sh.read(be)
+	go sh.readOne(be)
 }
 
 // put appends raw to what waits to be written on a client's connection
@@ -283,7 +283,7 @@ func (sh *muxConn) put(raw []byte) {
 // connect dials a new shared connection; sh.mu is held.
 func (sh *muxConn) connect() error {
 	p := sh.p
-	var be *backend
+	var be *backendConn
 	var err error
 	switch {
 	case sh.own != nil:
@@ -293,13 +293,13 @@ func (sh *muxConn) connect() error {
 		if cmd := sh.own.trackingFor(sh.addr); err == nil && cmd != nil {
 			// Tracking on again (clustertracking.go).
 			ctx, cancel := context.WithTimeout(sh.ctx, p.cfg.Backend.DialTimeout)
-			if err = be.setup(ctx, [][]byte{cmd}); err != nil {
-				be.nc.Close()
+			if err = be.Setup(ctx, [][]byte{cmd}); err != nil {
+				be.NC.Close()
 			}
 			cancel()
 		}
 	default:
-		if err := p.backoff.check(); err != nil {
+		if err := p.backoff.Check(); err != nil {
 			return err
 		}
 		var st replayState
@@ -311,7 +311,7 @@ func (sh *muxConn) connect() error {
 		} else {
 			be, err = p.dial(p.root, st)
 		}
-		p.backoff.record(err)
+		p.backoff.Record(err)
 	}
 	if err != nil {
 		return err
@@ -391,10 +391,10 @@ func (sh *muxConn) write() {
 		sh.since.Store(0)
 		sh.grp.queued.Add(-1)
 		sh.mu.Unlock()
-		be.nc.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
-		_, err := be.nc.Write(buf)
+		be.NC.SetWriteDeadline(time.Now().Add(sh.p.cfg.Backend.WriteTimeout))
+		_, err := be.NC.Write(buf)
 		if err != nil {
-			be.nc.Close() // the reader answers everything pending with an error
+			be.NC.Close() // the reader answers everything pending with an error
 		}
 		sh.mu.Lock()
 		if cap(buf) <= 64<<10 {
@@ -469,56 +469,62 @@ func (g *muxGroup) writeQueued(limit uint64) {
 	}
 }
 
-// read hands every reply on be to the client it belongs to. On a
-// client's connection of one (sh.one) it runs until be ends, and the
-// client's replyQueue tells what each frame answers (session.frame).
-func (sh *muxConn) read(be *backend) {
-	if s := sh.one; s != nil {
-		defer s.wg.Done()
-		defer close(be.done) // connect waits for it before a new connection's replies
-	} else {
-		defer sh.p.sharedWG.Done()
+// readOne hands every frame on be, a client's connection of one
+// (sh.one), to the client, until be ends: the client's replyQueue tells
+// what each frame answers (session.frame), and its buffered output gets
+// it.
+func (sh *muxConn) readOne(be *backendConn) {
+	s := sh.one
+	defer s.wg.Done()
+	defer close(be.Done) // connect waits for it before a new connection's replies
+	defer func() {
+		// A panic here ends this backend connection, not the process: the
+		// next command dials.
+		if r := recover(); r != nil {
+			sh.p.log.Error("panic reading a backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+			// Part of a reply may have reached the client: it is
+			// disconnected, as when a reply is cut short.
+			s.backendLost(be, resp.ErrMidReply)
+		}
+	}()
+	var ri resp.ReplyInfo
+	for {
+		b, err := be.R.Peek(1)
+		if err != nil {
+			s.backendLost(be, err)
+			return
+		}
+		if !s.frame(be, b[0], &ri) {
+			return
+		}
 	}
+}
+
+// readShared hands every reply on be, a shared connection or a cluster
+// client's own, to the client it belongs to, in the order of the pending
+// list: into the client's sink, or, in front of a cluster, into its
+// cluster.Order.
+func (sh *muxConn) readShared(be *backendConn) {
+	defer sh.p.sharedWG.Done()
 	defer func() {
 		// A panic here ends this backend connection, not the process: its
 		// clients get connection-lost errors and the next command dials.
 		if r := recover(); r != nil {
 			sh.p.log.Error("panic reading a backend connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
-			if s := sh.one; s != nil {
-				// Part of a reply may have reached the client: it is
-				// disconnected, as when a reply is cut short.
-				s.backendLost(be, resp.ErrMidReply)
-				return
-			}
 			sh.fail(be, nil)
 		}
 	}()
 	var ri resp.ReplyInfo
-	var sink *sinkWriter
-	var w *bufio.Writer
-	if sh.one == nil {
-		// The pending list's clients get their replies through a pooled
-		// buffer into their sinks; the client of a connection of one
-		// gets them straight into its buffered output (frame).
-		rb := readerPool.Get().(*readerBufs)
-		defer rb.release()
-		sink, w = &rb.sink, rb.w
-	}
+	// The pending list's clients get their replies through a pooled
+	// buffer into their sinks.
+	rb := readerPool.Get().(*readerBufs)
+	defer rb.release()
+	sink, w := &rb.sink, rb.w
 	for {
-		b, err := be.r.Peek(1)
+		_, err := be.R.Peek(1)
 		if err != nil {
-			if s := sh.one; s != nil {
-				s.backendLost(be, err)
-				return
-			}
 			sh.fail(be, nil)
 			return
-		}
-		if s := sh.one; s != nil {
-			if !s.frame(be, b[0], &ri) {
-				return
-			}
-			continue
 		}
 		// One lock per reply: take its session, count it as answered
 		// (a client that finds nothing in flight writes its command
@@ -544,18 +550,18 @@ func (sh *muxConn) read(be *backend) {
 		sink.w = nil
 		answered := true
 		if s != nil && s.cl != nil {
-			answered, err = s.sharedReply(be.r, ticket, w, sink, &ri)
+			answered, err = s.sharedReply(be.R, ticket, w, sink, &ri)
 		} else {
 			if s != nil {
 				sink.w = s.sink()
 			}
-			err = resp.CopyReply(w, be.r, &ri)
+			err = resp.CopyReply(w, be.R, &ri)
 			// A client's consecutive replies reach its sink together:
 			// one lock and one copy for a pipeline's run of replies, not
 			// one each. The last of the run is flushed before it is
 			// counted as answered, so a client that finds nothing owed
 			// finds every reply in the sink.
-			if err != nil || s == nil || next != s || be.r.Buffered() == 0 {
+			if err != nil || s == nil || next != s || be.R.Buffered() == 0 {
 				w.Flush()
 			}
 		}
@@ -573,7 +579,7 @@ func (sh *muxConn) read(be *backend) {
 			sh.fail(be, s)
 			return
 		}
-		idle := be.r.Buffered() == 0 // the reader would wait for more next
+		idle := be.R.Buffered() == 0 // the reader would wait for more next
 		sh.p.checkReply(&ri)
 		if s != nil && answered && sh.own == nil {
 			s.replied(&ri)
@@ -594,7 +600,7 @@ func (sh *muxConn) read(be *backend) {
 		// the client is then pushed to once more than needed. A cluster
 		// client's replies still owed on other masters' connections are
 		// pushed by the reader that puts the last of them in place.
-		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.drained()) {
+		if s != nil && (idle || next != s) && (s.cl == nil || s.cl.order.Drained()) {
 			s.pushOut()
 		}
 		if sh.own != nil && idle && sh.stopIdle(be) {
@@ -605,13 +611,13 @@ func (sh *muxConn) read(be *backend) {
 
 // fail ends be: every client waiting on it gets a connection-lost error,
 // and cut, whose reply was cut short, is disconnected.
-func (sh *muxConn) fail(be *backend, cut *session) {
-	be.nc.Close()
+func (sh *muxConn) fail(be *backendConn, cut *session) {
+	be.NC.Close()
 	if sh.own == nil {
 		sh.p.backendTrouble()
 	}
 	sh.mu.Lock()
-	be.dead = true
+	be.Dead = true
 	if sh.be == be {
 		sh.reading = false
 	}
@@ -647,7 +653,7 @@ func (sh *muxConn) close() {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.be != nil {
-		sh.be.nc.Close()
+		sh.be.NC.Close()
 	}
 }
 

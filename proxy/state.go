@@ -209,75 +209,77 @@ func (r *replayState) learnHello(raw []byte) {
 }
 
 // classify returns the entry for a command; name is its lower-case name.
-// It looks at the command only, not at any state.
+// It looks at the command only, not at any state: what the command does
+// to the connection is the command table's (resp.Effect); its arguments
+// say the rest.
 func classify(name []byte, cmd redcon.Command) entry {
+	if !resp.Affects(name) {
+		return entry{} // most commands
+	}
 	args := cmd.Args
-	switch string(name) {
-	case "subscribe", "psubscribe", "ssubscribe":
-		return entry{kind: entrySubscribe, fam: resp.Lookup(name).Family, n: int64(len(args) - 1)}
-	case "unsubscribe", "punsubscribe", "sunsubscribe":
-		return entry{kind: entryUnsubscribe, fam: resp.Lookup(name).Family, n: int64(len(args) - 1)}
-	case "select":
+	effect, fam := resp.EffectOf(name, args)
+	switch effect {
+	case resp.NoEffect:
+	case resp.EffectSubscribe:
+		return entry{kind: entrySubscribe, fam: fam, n: int64(len(args) - 1)}
+	case resp.EffectUnsubscribe:
+		return entry{kind: entryUnsubscribe, fam: fam, n: int64(len(args) - 1)}
+	case resp.EffectSelect:
 		return entry{kind: entrySelect, raw: cmd.Raw}
-	case "auth":
+	case resp.EffectAuth:
 		return entry{kind: entryAuth, raw: cmd.Raw}
-	case "hello":
+	case resp.EffectHello:
 		e := entry{kind: entryHello, raw: cmd.Raw}
 		if len(args) > 1 {
 			e.arg, _ = strconv.ParseInt(string(args[1]), 10, 64)
 		}
 		return e
-	case "monitor":
+	case resp.EffectMonitor:
 		return entry{kind: entryMonitor}
-	case "sync", "psync":
+	case resp.EffectSync:
 		return entry{kind: entrySync}
-	case "reset":
+	case resp.EffectReset:
 		return entry{kind: entryReset}
-	case "quit":
+	case resp.EffectQuit:
 		return entry{kind: entryQuit}
-	case "multi":
+	case resp.EffectMulti:
 		return entry{kind: entryMulti}
-	case "exec":
+	case resp.EffectExec:
 		return entry{kind: entryExec}
-	case "discard":
+	case resp.EffectDiscard:
 		return entry{kind: entryDiscard}
-	case "watch":
+	case resp.EffectWatch:
 		return entry{kind: entryWatch}
-	case "unwatch":
+	case resp.EffectUnwatch:
 		return entry{kind: entryUnwatch}
-	case "client":
-		if len(args) < 2 {
+	case resp.EffectSetName:
+		return entry{kind: entrySetName, raw: cmd.Raw}
+	case resp.EffectNoEvict:
+		return entry{kind: entryNoEvict, raw: cmd.Raw}
+	case resp.EffectNoTouch:
+		return entry{kind: entryNoTouch, raw: cmd.Raw}
+	case resp.EffectTracking:
+		if len(args) < 3 {
 			break
 		}
 		var sb [24]byte
-		switch string(resp.Lower(&sb, args[1])) {
-		case "setname":
-			return entry{kind: entrySetName, raw: cmd.Raw}
-		case "no-evict":
-			return entry{kind: entryNoEvict, raw: cmd.Raw}
-		case "no-touch":
-			return entry{kind: entryNoTouch, raw: cmd.Raw}
-		case "tracking":
-			if len(args) < 3 {
-				break
-			}
-			e := entry{kind: entryTracking, mode: replyOff}
-			if string(resp.Lower(&sb, args[2])) == "on" {
-				e.mode = replyOn
-			}
-			return e
-		case "reply":
-			if len(args) != 3 {
-				break
-			}
-			switch string(resp.Lower(&sb, args[2])) {
-			case "on":
-				return entry{kind: entryReplyMode, mode: replyOn}
-			case "off":
-				return entry{kind: entryReplyMode, mode: replyOff}
-			case "skip":
-				return entry{kind: entryReplyMode, mode: replySkip}
-			}
+		e := entry{kind: entryTracking, mode: replyOff}
+		if string(resp.Lower(&sb, args[2])) == "on" {
+			e.mode = replyOn
+		}
+		return e
+	case resp.EffectReplyMode:
+		if len(args) != 3 {
+			break
+		}
+		var sb [24]byte
+		switch string(resp.Lower(&sb, args[2])) {
+		case "on":
+			return entry{kind: entryReplyMode, mode: replyOn}
+		case "off":
+			return entry{kind: entryReplyMode, mode: replyOff}
+		case "skip":
+			return entry{kind: entryReplyMode, mode: replySkip}
 		}
 	}
 	return entry{}

@@ -330,7 +330,7 @@ func runRows(t *testing.T, p *Proxy, addr string, rows []lossRow, lose func(), r
 func allLost(p *Proxy) bool {
 	for s := range p.sessionsNow() {
 		s.q.mu.Lock()
-		live := s.q.be != nil && !s.q.be.dead
+		live := s.q.be != nil && !s.q.be.Dead
 		s.q.mu.Unlock()
 		if live {
 			return false

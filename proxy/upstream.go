@@ -24,7 +24,7 @@ type upstream interface {
 	// after the replies owed on the others.
 	forward(name []byte, cmd redcon.Command) (it localItem, forwarded, dedicated bool)
 	// dial dials the client's connection of one in the state st.
-	dial(st replayState) (*backend, error)
+	dial(st replayState) (*backendConn, error)
 }
 
 var (
@@ -67,6 +67,6 @@ func (u single) forward(name []byte, cmd redcon.Command) (localItem, bool, bool)
 	return localItem{}, false, true
 }
 
-func (u single) dial(st replayState) (*backend, error) {
+func (u single) dial(st replayState) (*backendConn, error) {
 	return u.s.p.dedicated(u.s.ctx, st)
 }

@@ -1,6 +1,6 @@
 // Package cluster is where the commands of a client of a Redis Cluster
 // go, and none of how they travel: it knows slots, masters and replies,
-// and no connection.
+// and no connection (Order.Put writes to an io.Writer, the client's).
 //
 //   - router.go: the Router, what the proxy knows of the cluster (the slot
 //     map, SlotMap, read from CLUSTER SHARDS; where each command's keys
@@ -28,6 +28,11 @@
 //     several slots. Each plan is a function of what it needs, and each
 //     merge a function of the replies (SORT with BY or GET patterns also
 //     of a fetch callback, which reads the keys they name).
+//   - order.go: the Order of a client's replies, which come back from
+//     several masters in any order: each command takes a ticket when it
+//     is queued, the connections' readers put each reply in its place
+//     (Order.Put), and a Gather collects a call's parts' replies, the
+//     last of which makes the client's reply.
 //
 // The proxy's cluster*.go files hand the parts to its connections: the
 // masters' shared connections, or the client's own.

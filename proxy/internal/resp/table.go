@@ -76,6 +76,35 @@ const (
 	MergeLast                // the last part's reply; an error before it fails the transaction
 )
 
+// Effect is what a command does to the state of the connection it is
+// sent on, beyond its reply: the proxy matches its reply, learns the
+// state from it, and replays that state on a new connection.
+type Effect uint8
+
+// The effects, by Info.Effect.
+const (
+	NoEffect          Effect = iota // the command changes nothing on its connection
+	EffectSubscribe                 // SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE: Info.Family says which kind
+	EffectUnsubscribe               // their UNSUBSCRIBE
+	EffectSelect                    // SELECT
+	EffectAuth                      // AUTH
+	EffectHello                     // HELLO
+	EffectSetName                   // CLIENT SETNAME
+	EffectNoEvict                   // CLIENT NO-EVICT
+	EffectNoTouch                   // CLIENT NO-TOUCH
+	EffectTracking                  // CLIENT TRACKING
+	EffectReplyMode                 // CLIENT REPLY
+	EffectMonitor                   // MONITOR
+	EffectSync                      // SYNC, PSYNC: the replication stream answers
+	EffectReset                     // RESET
+	EffectQuit                      // QUIT
+	EffectMulti                     // MULTI
+	EffectExec                      // EXEC
+	EffectDiscard                   // DISCARD
+	EffectWatch                     // WATCH
+	EffectUnwatch                   // UNWATCH
+)
+
 // Pub/sub families: channels, patterns, shard channels.
 const (
 	FamChannel uint8 = iota
@@ -88,6 +117,7 @@ type Info struct {
 	Flags  Flag
 	Merge  Merge // with Splits
 	Family uint8 // with Subscribes
+	Effect Effect
 	// Sub holds the facts of subcommands that differ from the command's
 	// own, by lower-case first argument.
 	Sub map[string]Info
@@ -99,46 +129,47 @@ func (i Info) Has(f Flag) bool { return i.Flags&f == f }
 // commands is the static overlay, by lower-case name.
 var commands = map[string]Info{
 	// Connection state.
-	"select":    {Flags: Dedicated},
-	"auth":      {Flags: Dedicated | EveryConn},
-	"hello":     {Flags: Dedicated | EveryConn},
-	"reset":     {Flags: Dedicated},
-	"quit":      {Flags: Dedicated},
+	"select":    {Flags: Dedicated, Effect: EffectSelect},
+	"auth":      {Flags: Dedicated | EveryConn, Effect: EffectAuth},
+	"hello":     {Flags: Dedicated | EveryConn, Effect: EffectHello},
+	"reset":     {Flags: Dedicated, Effect: EffectReset},
+	"quit":      {Flags: Dedicated, Effect: EffectQuit},
 	"readonly":  {Flags: Dedicated | NoSlot},
 	"readwrite": {Flags: Dedicated | NoSlot},
 	"asking":    {Flags: Dedicated},
 	"client": {Flags: Dedicated | NoSlot, Sub: map[string]Info{
-		"setname":  {Flags: EveryConn},
-		"no-evict": {Flags: EveryConn},
-		"no-touch": {Flags: EveryConn},
-		"tracking": {Flags: EveryConn},
+		"setname":  {Flags: EveryConn, Effect: EffectSetName},
+		"no-evict": {Flags: EveryConn, Effect: EffectNoEvict},
+		"no-touch": {Flags: EveryConn, Effect: EffectNoTouch},
+		"tracking": {Flags: EveryConn, Effect: EffectTracking},
+		"reply":    {Effect: EffectReplyMode},
 		"pause":    {Flags: Fanned},
 		"unpause":  {Flags: Fanned},
 	}},
 
 	// Transactions.
-	"multi":   {Flags: Dedicated},
-	"exec":    {Flags: Dedicated},
-	"discard": {Flags: Dedicated},
-	"watch":   {Flags: Dedicated},
-	"unwatch": {Flags: Dedicated},
+	"multi":   {Flags: Dedicated, Effect: EffectMulti},
+	"exec":    {Flags: Dedicated, Effect: EffectExec},
+	"discard": {Flags: Dedicated, Effect: EffectDiscard},
+	"watch":   {Flags: Dedicated, Effect: EffectWatch},
+	"unwatch": {Flags: Dedicated, Effect: EffectUnwatch},
 
 	// Pub/sub and MONITOR.
-	"subscribe":    {Flags: Dedicated | Subscribes, Family: FamChannel},
-	"unsubscribe":  {Flags: Dedicated | Subscribes, Family: FamChannel},
-	"psubscribe":   {Flags: Dedicated | Subscribes, Family: FamPattern},
-	"punsubscribe": {Flags: Dedicated | Subscribes, Family: FamPattern},
-	"ssubscribe":   {Flags: Dedicated | Subscribes, Family: FamShard},
-	"sunsubscribe": {Flags: Dedicated | Subscribes, Family: FamShard},
-	"monitor":      {Flags: Dedicated},
+	"subscribe":    {Flags: Dedicated | Subscribes, Family: FamChannel, Effect: EffectSubscribe},
+	"unsubscribe":  {Flags: Dedicated | Subscribes, Family: FamChannel, Effect: EffectUnsubscribe},
+	"psubscribe":   {Flags: Dedicated | Subscribes, Family: FamPattern, Effect: EffectSubscribe},
+	"punsubscribe": {Flags: Dedicated | Subscribes, Family: FamPattern, Effect: EffectUnsubscribe},
+	"ssubscribe":   {Flags: Dedicated | Subscribes, Family: FamShard, Effect: EffectSubscribe},
+	"sunsubscribe": {Flags: Dedicated | Subscribes, Family: FamShard, Effect: EffectUnsubscribe},
+	"monitor":      {Flags: Dedicated, Effect: EffectMonitor},
 	"pubsub": {Flags: NoSlot, Sub: map[string]Info{
 		"shardchannels": {Flags: Fanned},
 		"shardnumsub":   {Flags: Fanned},
 	}},
 
 	// Replication.
-	"sync":     {Flags: Dedicated | Wholesale},
-	"psync":    {Flags: Dedicated | Wholesale},
+	"sync":     {Flags: Dedicated | Wholesale, Effect: EffectSync},
+	"psync":    {Flags: Dedicated | Wholesale, Effect: EffectSync},
 	"replconf": {Flags: Dedicated},
 	"wait":     {Flags: Dedicated | Blocking | Waits | NoSlot},
 	"waitaof":  {Flags: Dedicated | Blocking | Waits | NoSlot},
@@ -291,14 +322,43 @@ func Lower(buf *[24]byte, b []byte) []byte {
 	return buf[:len(b)]
 }
 
+// Affects reports whether the command name may change its connection's
+// state (EffectOf tells how): a check cheap enough for every command,
+// which most fail.
+func Affects(name []byte) bool {
+	i := find(name)
+	return i != nil && (i.Effect != NoEffect || i.Sub != nil)
+}
+
+// EffectOf returns what a command with its arguments does to its
+// connection, and its pub/sub family: Of(name, args).Effect and .Family,
+// without copying the rest.
+func EffectOf(name []byte, args [][]byte) (Effect, uint8) {
+	i := find(name)
+	if i == nil {
+		return NoEffect, 0
+	}
+	if i.Sub != nil && len(args) > 1 {
+		var sb [24]byte
+		if s := i.Sub[string(Lower(&sb, args[1]))]; s.Effect != NoEffect {
+			return s.Effect, i.Family
+		}
+	}
+	return i.Effect, i.Family
+}
+
 // Of returns the facts of a command with its arguments: the command's,
-// with those of its subcommand (args[1], in any case) added.
+// with those of its subcommand (args[1], in any case) added, and the
+// subcommand's Effect.
 func Of(name []byte, args [][]byte) Info {
 	i := Lookup(name)
 	if i.Sub != nil && len(args) > 1 {
 		var sb [24]byte
 		s := i.Sub[string(Lower(&sb, args[1]))]
 		i.Flags |= s.Flags
+		if s.Effect != NoEffect {
+			i.Effect = s.Effect
+		}
 	}
 	return i
 }

@@ -100,6 +100,55 @@ func TestIndex(t *testing.T) {
 	}
 }
 
+// TestEffect checks what the table says commands do to their connection:
+// a command with an Effect never shares a connection (the proxy learns
+// and replays it there), subscriptions say their family, and a CLIENT
+// subcommand's Effect is the command's with it.
+func TestEffect(t *testing.T) {
+	for name, i := range commands {
+		if i.Effect != NoEffect && !i.Has(Dedicated) {
+			t.Errorf("%s changes its connection but may share one", name)
+		}
+		if i.Effect != NoEffect && !Affects([]byte(name)) {
+			t.Errorf("Affects(%s) is false", name)
+		}
+		for sub, si := range i.Sub {
+			if si.Effect != NoEffect && !Affects([]byte(name)) {
+				t.Errorf("Affects(%s) is false, and %s %s has an Effect", name, name, sub)
+			}
+		}
+		if i.Has(Subscribes) != (i.Effect == EffectSubscribe || i.Effect == EffectUnsubscribe) {
+			t.Errorf("%s: Subscribes and Effect %d disagree", name, i.Effect)
+		}
+	}
+	tests := []struct {
+		give []string
+		want Effect
+	}{
+		{[]string{"client", "REPLY", "off"}, EffectReplyMode},
+		{[]string{"client", "SetName", "x"}, EffectSetName},
+		{[]string{"client", "tracking", "on"}, EffectTracking},
+		{[]string{"client", "id"}, NoEffect},
+		{[]string{"client"}, NoEffect},
+		{[]string{"psubscribe", "p*"}, EffectSubscribe},
+		{[]string{"sunsubscribe"}, EffectUnsubscribe},
+		{[]string{"psync", "?", "-1"}, EffectSync},
+		{[]string{"get", "k"}, NoEffect},
+	}
+	for _, tt := range tests {
+		args := make([][]byte, len(tt.give))
+		for i, a := range tt.give {
+			args[i] = []byte(a)
+		}
+		if got := Of(args[0], args).Effect; got != tt.want {
+			t.Errorf("Of(%q).Effect = %d, want %d", tt.give, got, tt.want)
+		}
+		if got, _ := EffectOf(args[0], args); got != tt.want {
+			t.Errorf("EffectOf(%q) = %d, want %d", tt.give, got, tt.want)
+		}
+	}
+}
+
 // TestMovableKeys checks MIGRATE's keys against Redis's own COMMAND
 // GETKEYS answers (redis-server 7.0.15): the key argument, or with an
 // empty one the arguments after KEYS; AUTH and AUTH2 passwords are no

@@ -1,23 +1,24 @@
-package proxy
+package cluster
 
 import (
+	"io"
 	"sync"
 	"time"
 )
 
 // The order of a cluster client's replies. The client's commands go to
 // several masters, whose replies come back in any order; each reply takes
-// a ticket in the client's replyOrder when its command is queued, and the
+// a ticket in the client's Order when its command is queued, and the
 // connections' readers put the replies in place: a reply that comes
 // before the ones ahead of it waits until they have been written. A call
-// made of several parts gathers their replies (gather) and the last one
+// made of several parts gathers their replies (Gather) and the last one
 // makes the client's reply in the call's place.
 
-// replyOrder is the place of each reply a cluster client is owed, on the
+// Order is the place of each reply a cluster client is owed, on the
 // shared connections or its own. Its methods are safe for concurrent use:
 // the forwarder takes tickets, the connections' readers put replies in
 // place.
-type replyOrder struct {
+type Order struct {
 	mu    sync.Mutex
 	cond  sync.Cond // signalled when every reply owed has been written, or the client went
 	slots []orderSlot
@@ -38,50 +39,54 @@ type orderSlot struct {
 	arrived  bool
 	reply    []byte    // the reply, when it came before one ahead of it
 	deadline time.Time // for the redirections, from the first one
-	ticketOpts
+	TicketOpts
 }
 
-// ticketOpts is what a ticket's reply is for, besides the client.
-type ticketOpts struct {
+// TicketOpts is what a ticket's reply is for, besides the client.
+type TicketOpts struct {
 	// own: sent on the client's own connection (clustercall.go), where
 	// a redirection is sent again.
-	own bool
+	Own bool
 	// stay: inside a transaction, where a redirection cannot be followed:
 	// the client gets replyMovedInTxn instead.
-	stay bool
+	Stay bool
 	// seq is the call's seq: where a redirection sends it, WAIT goes.
-	seq uint32
+	Seq uint32
 	// replace, when set, is what the client gets instead of the reply.
-	replace []byte
+	Replace []byte
 	// g, when set, takes the reply as its part gi: the reply is one of a
 	// call's parts, not the client's.
-	g  *gather
-	gi int
+	G    *Gather
+	Part int
 	// mute: the reply is not written to the client (CLIENT REPLY OFF or
 	// SKIP), only waited for.
-	mute bool
+	Mute bool
 }
 
-// gather collects the replies of a call's parts (clustercall.go). Its
-// fields are guarded by the replyOrder's mu until done is closed.
-type gather struct {
-	replies [][]byte
+// Gather collects the replies of a call's parts (clustercall.go). Its
+// fields are guarded by the Order's lock until Done is closed.
+type Gather struct {
+	Replies [][]byte
 	left    int
-	ticket  uint64 // the call's own place in the order
+	Ticket  uint64 // the call's own place in the order
 	// transform, when set, makes the call's reply from its parts' replies
 	// and is run by whoever puts the last part; failed records whether
 	// that reply is an error. Without it the forwarder makes the reply.
-	transform func(replies [][]byte) ([]byte, bool)
-	failed    bool
-	done      chan struct{} // closed when every part has come
+	Transform func(replies [][]byte) ([]byte, bool)
+	Failed    bool
+	Done      chan struct{} // closed when every part has come
 }
 
-func newGather(n int) *gather {
-	return &gather{replies: make([][]byte, n), left: n, done: make(chan struct{})}
+// Init prepares a zero Order for use, before any other method.
+func (o *Order) Init() { o.cond.L = &o.mu }
+
+// NewGather returns a Gather of n parts.
+func NewGather(n int) *Gather {
+	return &Gather{Replies: make([][]byte, n), left: n, Done: make(chan struct{})}
 }
 
-// add takes the next ticket, for raw (copied) to slot.
-func (o *replyOrder) add(raw []byte, slot int, opts ticketOpts) uint64 {
+// Add takes the next ticket, for raw (copied) to slot.
+func (o *Order) Add(raw []byte, slot int, opts TicketOpts) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.head == len(o.slots) {
@@ -100,15 +105,15 @@ func (o *replyOrder) add(raw []byte, slot int, opts ticketOpts) uint64 {
 	sl := &o.slots[n]
 	sl.raw = append(sl.raw[:0], raw...)
 	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
-	sl.ticketOpts = opts
-	if o.muting && opts.g == nil {
-		sl.mute = true
+	sl.TicketOpts = opts
+	if o.muting && opts.G == nil {
+		sl.Mute = true
 	}
 	return o.first + uint64(n)
 }
 
-// drop gives back the last ticket, whose command could not be sent.
-func (o *replyOrder) drop(ticket uint64) {
+// Drop gives back the last ticket, whose command could not be sent.
+func (o *Order) Drop(ticket uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if n := len(o.slots); n > o.head && o.first+uint64(n-1) == ticket {
@@ -116,18 +121,18 @@ func (o *replyOrder) drop(ticket uint64) {
 	}
 }
 
-// ahead reports whether ticket's reply is the next to write, as it is.
-func (o *replyOrder) ahead(ticket uint64) bool {
+// Ahead reports whether ticket's reply is the next to write, as it is.
+func (o *Order) Ahead(ticket uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	i := int(ticket - o.first)
-	return i == o.head && i < len(o.slots) && o.slots[i].g == nil && o.slots[i].replace == nil && !o.slots[i].mute
+	return i == o.head && i < len(o.slots) && o.slots[i].G == nil && o.slots[i].Replace == nil && !o.slots[i].Mute
 }
 
-// put records that ticket's reply came: written to w already when written
+// Put records that ticket's reply came: written to w already when written
 // is set, else reply, written once the replies ahead of it have been. It
 // writes every reply that waited behind it.
-func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWriter) {
+func (o *Order) Put(ticket uint64, written bool, reply []byte, w io.Writer) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	i := int(ticket - o.first)
@@ -142,15 +147,15 @@ func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWri
 	switch {
 	case written:
 		o.head++
-	case sl.g != nil:
-		o.gathered(sl.g, sl.gi, reply)
-	case sl.replace != nil:
-		sl.reply = append(sl.reply[:0], sl.replace...)
+	case sl.G != nil:
+		o.gathered(sl.G, sl.Part, reply)
+	case sl.Replace != nil:
+		sl.reply = append(sl.reply[:0], sl.Replace...)
 	default:
 		sl.reply = append(sl.reply[:0], reply...)
 	}
 	for o.head < len(o.slots) && o.slots[o.head].arrived {
-		if !o.slots[o.head].mute {
+		if !o.slots[o.head].Mute {
 			w.Write(o.slots[o.head].reply)
 		}
 		o.head++
@@ -162,34 +167,34 @@ func (o *replyOrder) put(ticket uint64, written bool, reply []byte, w *clientWri
 
 // gathered keeps reply as part i of g; the last part makes the call's
 // reply when g has a transform. o.mu is held.
-func (o *replyOrder) gathered(g *gather, i int, reply []byte) {
-	g.replies[i] = append([]byte(nil), reply...)
+func (o *Order) gathered(g *Gather, i int, reply []byte) {
+	g.Replies[i] = append([]byte(nil), reply...)
 	if g.left--; g.left > 0 {
 		return
 	}
-	defer close(g.done) // after failed is set: the forwarder reads it then
-	if g.transform == nil {
+	defer close(g.Done) // after Failed is set: the forwarder reads it then
+	if g.Transform == nil {
 		return
 	}
-	b, failed := g.transform(g.replies)
-	g.failed = failed
-	if j := int(g.ticket - o.first); j >= o.head && j < len(o.slots) {
+	b, failed := g.Transform(g.Replies)
+	g.Failed = failed
+	if j := int(g.Ticket - o.first); j >= o.head && j < len(o.slots) {
 		sl := &o.slots[j]
 		sl.arrived = true
 		sl.reply = append(sl.reply[:0], b...)
 	}
 }
 
-// drained reports whether every reply owed has been written to the sink.
-func (o *replyOrder) drained() bool {
+// Drained reports whether every reply owed has been written to the sink.
+func (o *Order) Drained() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.head == len(o.slots)
 }
 
-// wait waits until every reply owed has been written to the sink, or the
+// Wait waits until every reply owed has been written to the sink, or the
 // client has gone.
-func (o *replyOrder) wait() {
+func (o *Order) Wait() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for o.head < len(o.slots) && !o.closed {
@@ -197,33 +202,67 @@ func (o *replyOrder) wait() {
 	}
 }
 
-// waitFor is wait, for d at most.
-func (o *replyOrder) waitFor(d time.Duration) {
+// WaitFor is Wait, for d at most.
+func (o *Order) WaitFor(d time.Duration) {
 	o.mu.Lock()
 	condWait(&o.cond, d, func() bool { return o.head == len(o.slots) || o.closed })
 	o.mu.Unlock()
 }
 
-// close wakes whoever waits: the client has gone.
-func (o *replyOrder) close() {
+// Close wakes whoever waits: the client has gone.
+func (o *Order) Close() {
 	o.mu.Lock()
 	o.closed = true
 	o.cond.Broadcast()
 	o.mu.Unlock()
 }
 
-// command returns ticket's command, slot and options, and the time its
+// Command returns ticket's command, slot and options, and the time its
 // redirections must end by.
-func (o *replyOrder) command(ticket uint64, retry time.Duration) (raw []byte, slot int, opts ticketOpts, deadline time.Time, ok bool) {
+func (o *Order) Command(ticket uint64, retry time.Duration) (raw []byte, slot int, opts TicketOpts, deadline time.Time, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	i := int(ticket - o.first)
 	if i < o.head || i >= len(o.slots) {
-		return nil, 0, ticketOpts{}, time.Time{}, false
+		return nil, 0, TicketOpts{}, time.Time{}, false
 	}
 	sl := &o.slots[i]
 	if sl.deadline.IsZero() {
 		sl.deadline = time.Now().Add(retry)
 	}
-	return append([]byte(nil), sl.raw...), sl.slot, sl.ticketOpts, sl.deadline, true
+	return append([]byte(nil), sl.raw...), sl.slot, sl.TicketOpts, sl.deadline, true
+}
+
+// Mute holds back from the client (on) the replies of the tickets taken
+// from now on but a part's, or stops holding them back: the command being
+// routed comes while CLIENT REPLY OFF or SKIP is in effect.
+func (o *Order) Mute(on bool) {
+	o.mu.Lock()
+	o.muting = on
+	o.mu.Unlock()
+}
+
+// Stays reports whether a redirection of ticket's command must not be
+// followed (inside a transaction).
+func (o *Order) Stays(ticket uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	return i >= o.head && i < len(o.slots) && o.slots[i].Stay
+}
+
+// condWait waits on c until done reports true or d has passed; c.L is
+// held.
+func condWait(c *sync.Cond, d time.Duration, done func() bool) {
+	timedOut := false
+	t := time.AfterFunc(d, func() {
+		c.L.Lock()
+		timedOut = true
+		c.Broadcast()
+		c.L.Unlock()
+	})
+	for !done() && !timedOut {
+		c.Wait()
+	}
+	t.Stop()
 }

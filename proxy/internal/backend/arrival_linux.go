@@ -1,4 +1,4 @@
-package proxy
+package backend
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Arrival order across clients.
+// Arrivals is the arrival order across a proxy's client sockets.
 //
 // Redis reads its clients with one thread, in the order their sockets
 // became readable, so when two clients send one right after the other
@@ -22,7 +22,7 @@ import (
 // goroutines in the reverse order: the later command usually reaches Redis
 // first.
 //
-// arrivals restores Redis's order. Every client socket is also in an epoll
+// Arrivals restores Redis's order. Every client socket is also in an epoll
 // instance of the proxy's own, edge-triggered: the kernel queues a socket
 // there when data arrives for it, and epoll_wait hands the queued sockets
 // out in the order they were queued, leaving out those whose data has
@@ -66,12 +66,14 @@ import (
 // reads before it were numbered by the same collect or earlier ones.
 //
 // The order costs an epoll_wait per read and, when clients send at once,
-// a goroutine switch per read; Config.ArrivalOrder turns it off.
-type arrivals struct {
+// a goroutine switch per read; the proxy's Config.ArrivalOrder turns it
+// off. Its methods are safe for concurrent use; an Arrival's Wait and
+// End are called by its client's goroutine only.
+type Arrivals struct {
 	epfd int
 
 	mu     sync.Mutex
-	conns  map[uint64]*arrival
+	conns  map[uint64]*Arrival
 	nextID uint64
 	last   uint64   // the last number handed out
 	queue  []ticket // numbered reads, in order; some have ended
@@ -84,12 +86,12 @@ const orderWait = 5 * time.Millisecond
 
 type ticket struct {
 	n uint64
-	a *arrival
+	a *Arrival
 }
 
-// arrival is one client socket's place in the arrival order.
-type arrival struct {
-	o  *arrivals
+// Arrival is one client socket's place in the arrival order.
+type Arrival struct {
+	o  *Arrivals
 	id uint64
 	// The fields below are guarded by o.mu.
 	waiting bool   // its goroutine is in a read
@@ -115,19 +117,24 @@ type arrival struct {
 	waited bool
 }
 
-func newArrivals() (*arrivals, error) {
+// NewArrivals makes an arrival order with an epoll instance of its own;
+// Close releases it.
+func NewArrivals() (*Arrivals, error) {
 	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
 	}
-	return &arrivals{
+	return &Arrivals{
 		epfd:   fd,
-		conns:  make(map[uint64]*arrival),
+		conns:  make(map[uint64]*Arrival),
 		events: make([]syscall.EpollEvent, 128),
 	}, nil
 }
 
-func (o *arrivals) close() {
+// Close ends the arrival order: its epoll instance is closed and Wrap
+// refuses new sockets. It may be called on a nil Arrivals, and more than
+// once.
+func (o *Arrivals) Close() {
 	if o == nil {
 		return
 	}
@@ -139,10 +146,10 @@ func (o *arrivals) close() {
 	}
 }
 
-// wrap puts the socket under nc in the arrival order and returns it
+// Wrap puts the socket under nc in the arrival order and returns it
 // wrapped so that its reads keep it. A connection that is not a socket is
 // returned as it is, with a nil arrival.
-func (o *arrivals) wrap(nc net.Conn) (net.Conn, *arrival, error) {
+func (o *Arrivals) Wrap(nc net.Conn) (net.Conn, *Arrival, error) {
 	sc, ok := nc.(syscall.Conn)
 	if o == nil || !ok {
 		return nc, nil, nil
@@ -159,7 +166,7 @@ func (o *arrivals) wrap(nc net.Conn) (net.Conn, *arrival, error) {
 	o.nextID++
 	// The first read tries the socket: its data may have come before
 	// the socket joined the epoll instance.
-	a := &arrival{o: o, id: o.nextID, more: true}
+	a := &Arrival{o: o, id: o.nextID, more: true}
 	ev := syscall.EpollEvent{
 		Events: syscall.EPOLLIN | -syscall.EPOLLET,
 		Fd:     int32(a.id),
@@ -184,7 +191,7 @@ func (o *arrivals) wrap(nc net.Conn) (net.Conn, *arrival, error) {
 // collect numbers, in arrival order, the sockets that received data since
 // the last call while their goroutine waited in a read; the others are
 // marked as holding more data for their next read. o.mu is held.
-func (o *arrivals) collect() {
+func (o *Arrivals) collect() {
 	if o.closed {
 		return
 	}
@@ -224,7 +231,7 @@ func (o *arrivals) collect() {
 }
 
 // number gives the socket's read the next number. o.mu is held.
-func (a *arrival) number() {
+func (a *Arrival) number() {
 	o := a.o
 	o.last++
 	a.n = o.last
@@ -232,7 +239,7 @@ func (a *arrival) number() {
 }
 
 // numberNext gives the socket's next read the next number. o.mu is held.
-func (a *arrival) numberNext() {
+func (a *Arrival) numberNext() {
 	o := a.o
 	o.last++
 	a.next = o.last
@@ -246,7 +253,7 @@ func (t ticket) live() bool { return t.a.n == t.n || t.a.next == t.n }
 // before returns the newest read not yet passed on that is numbered
 // below n: the one a read numbered n waits for, as that one waits for
 // those before it. o.mu is held.
-func (o *arrivals) before(n uint64) (ticket, bool) {
+func (o *Arrivals) before(n uint64) (ticket, bool) {
 	passed := 0
 	for passed < len(o.queue) && !o.queue[passed].live() {
 		passed++
@@ -273,7 +280,7 @@ func (o *arrivals) before(n uint64) (ticket, bool) {
 type orderedConn struct {
 	net.Conn
 	raw syscall.RawConn
-	a   *arrival
+	a   *Arrival
 
 	// The read in progress: rd (readFD, made once) reads into buf.
 	rd   func(fd uintptr) bool
@@ -356,7 +363,7 @@ func (c *orderedConn) opError(err error) error {
 // arrived is called after a read that returned n bytes, full when they
 // filled the buffer (the socket may hold more): a read that collect did
 // not number gets the next number. It waits for nothing: see wait.
-func (a *arrival) arrived(n int, full bool) {
+func (a *Arrival) arrived(n int, full bool) {
 	o := a.o
 	o.mu.Lock()
 	a.waiting = false
@@ -381,11 +388,11 @@ func (a *arrival) arrived(n int, full bool) {
 	a.waited = !earlier
 }
 
-// wait is called before a command of the last read goes to the backend:
+// Wait is called before a command of the last read goes to the backend:
 // the first time for that read, it waits until the reads numbered before
 // it have been passed on, or for orderWait. A read whose commands the
 // proxy answers itself (lock commands) waits for nobody.
-func (a *arrival) wait() {
+func (a *Arrival) Wait() {
 	if a == nil || a.waited {
 		return
 	}
@@ -446,9 +453,9 @@ var orderTimers = sync.Pool{New: func() any {
 	return t
 }}
 
-// end says the commands of the socket's last read have been passed on,
+// End says the commands of the socket's last read have been passed on,
 // before its goroutine reads again (which says so too).
-func (a *arrival) end() {
+func (a *Arrival) End() {
 	if a == nil {
 		return
 	}
@@ -457,7 +464,7 @@ func (a *arrival) end() {
 	a.o.mu.Unlock()
 }
 
-func (a *arrival) endLocked() {
+func (a *Arrival) endLocked() {
 	a.n = 0
 	if a.done != nil {
 		close(a.done)
@@ -465,8 +472,8 @@ func (a *arrival) endLocked() {
 	}
 }
 
-// remove takes a closed socket out of the arrival order.
-func (a *arrival) remove() {
+// Remove takes a closed socket out of the arrival order.
+func (a *Arrival) Remove() {
 	if a == nil {
 		return
 	}
@@ -475,4 +482,42 @@ func (a *arrival) remove() {
 	a.next = 0
 	delete(a.o.conns, a.id)
 	a.o.mu.Unlock()
+}
+
+// Held returns the numbers of the reads whose commands have not been
+// passed on yet, in no order; tests use it to see who would hold the
+// reads after them.
+func (o *Arrivals) Held() []uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var held []uint64
+	for _, a := range o.conns {
+		if a.n != 0 {
+			held = append(held, a.n)
+		}
+	}
+	return held
+}
+
+// Stuck numbers a read of no socket that is never passed on, as the read
+// of a client stuck in its handler is not: reads numbered after it wait
+// for it (up to orderWait). waitedFor reports whether a read has waited
+// for it so far; release passes it on. Tests use it.
+func (o *Arrivals) Stuck() (waitedFor func() bool, release func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	stuck := &Arrival{o: o}
+	stuck.awake.Store(true)
+	stuck.number()
+	waitedFor = func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return stuck.done != nil // made by a read that waits for it
+	}
+	release = func() {
+		o.mu.Lock()
+		stuck.endLocked()
+		o.mu.Unlock()
+	}
+	return waitedFor, release
 }
