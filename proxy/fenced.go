@@ -237,6 +237,9 @@ func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spe
 	if !spec.Movable {
 		return fenced.SpecKeys(nil, spec, args), nil
 	}
+	if keys, ok := resp.MovableKeys([]byte(name), args); ok {
+		return keys, nil // MIGRATE: no password to COMMAND GETKEYS
+	}
 	c, err := p.controlClient()
 	if err != nil {
 		return nil, err
