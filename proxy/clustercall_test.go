@@ -1,14 +1,14 @@
 package proxy
 
 import (
-	"os"
-	"runtime/pprof"
 	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
