@@ -192,7 +192,7 @@ func (s *session) fencedKeys(ctx context.Context, pl *fenced.Plan, spec resp.Key
 		}
 		return keys, nil
 	}
-	return fenced.SpecKeys(nil, spec, args), nil
+	return spec.Keys(nil, args), nil
 }
 
 // fencedCommands returns the backend's COMMAND table.
@@ -235,7 +235,7 @@ func (p *Proxy) commandKeys(ctx context.Context, name string, args [][]byte, spe
 		return p.router.Keys(ctx, nil, []byte(name), args)
 	}
 	if !spec.Movable {
-		return fenced.SpecKeys(nil, spec, args), nil
+		return spec.Keys(nil, args), nil
 	}
 	if keys, ok := resp.MovableKeys([]byte(name), args); ok {
 		return keys, nil // MIGRATE: no password to COMMAND GETKEYS

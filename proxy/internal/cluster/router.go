@@ -294,18 +294,7 @@ func (r *Router) Keys(ctx context.Context, dst [][]byte, name []byte, args [][]b
 		}
 		return dst, nil
 	}
-	if spec.First <= 0 {
-		return dst, nil
-	}
-	last := spec.Last
-	if last < 0 {
-		last += len(args)
-	}
-	step := max(spec.Step, 1)
-	for i := spec.First; i <= last && i < len(args); i += step {
-		dst = append(dst, args[i])
-	}
-	return dst, nil
+	return spec.Keys(dst, args), nil
 }
 
 // keySlot is Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the key,

@@ -98,22 +98,6 @@ func Blocking(name string, spec resp.KeySpec, args [][]byte) bool {
 	return spec.Blocking
 }
 
-// SpecKeys appends the keys at the positions spec gives.
-func SpecKeys(dst [][]byte, spec resp.KeySpec, args [][]byte) [][]byte {
-	if spec.First <= 0 {
-		return dst
-	}
-	last := spec.Last
-	if last < 0 {
-		last += len(args)
-	}
-	step := max(spec.Step, 1)
-	for i := spec.First; i <= last && i < len(args); i += step {
-		dst = append(dst, args[i])
-	}
-	return dst
-}
-
 // RecordKey is the name of a fence record: the resource's, or one of its
 // semaphore slots' (permit >= 0); in front of a cluster (slot >= 0) with
 // a hash tag that puts it in the hash slot of the command's keys.
@@ -168,7 +152,7 @@ func GuardSpec(spec resp.KeySpec, args [][]byte, hit int) error {
 	if spec.Movable {
 		return &RecordError{Key: string(args[hit])}
 	}
-	for _, k := range SpecKeys(nil, spec, args) {
+	for _, k := range spec.Keys(nil, args) {
 		if bytes.HasPrefix(k, []byte(Prefix)) {
 			return &RecordError{Key: string(k)}
 		}

@@ -20,6 +20,24 @@ type KeySpec struct {
 	Arity             int  // as COMMAND reports it (FENCED)
 }
 
+// Keys appends to dst the arguments of args at the positions the spec
+// gives (First, Last, Step; a negative Last counts from the end), for a
+// command whose keys do not move.
+func (spec KeySpec) Keys(dst [][]byte, args [][]byte) [][]byte {
+	if spec.First <= 0 {
+		return dst
+	}
+	last := spec.Last
+	if last < 0 {
+		last += len(args)
+	}
+	step := max(spec.Step, 1)
+	for i := spec.First; i <= last && i < len(args); i += step {
+		dst = append(dst, args[i])
+	}
+	return dst
+}
+
 // Table is a backend's COMMAND table, loaded once, at its first use;
 // a load that fails is tried again at the next.
 type Table struct {
