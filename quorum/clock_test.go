@@ -82,8 +82,11 @@ func clockJump(t *testing.T, jump time.Duration) {
 			counted = time.Since(jumped)
 		}
 		t.Logf("node 1 counted again for every Locker %v after its clock jumped %v", counted, jump)
-		if counted > 2*time.Second {
-			t.Errorf("node 1 counted again %v after its clock jumped, want within 2s (a recovery by copy)", counted)
+		// A copy takes well under a second on a quiet machine (2.2s was
+		// seen beside other test runs); without it the node would wait
+		// out MaxTTL, an hour.
+		if counted > 5*time.Second {
+			t.Errorf("node 1 counted again %v after its clock jumped, want within 5s (a recovery by copy, not MaxTTL)", counted)
 		}
 		if h := c.holder(t, 1, "R"); h != lk.Token {
 			t.Errorf("node 1 holds R for %q after its recovery, want A's lock copied back", h)
