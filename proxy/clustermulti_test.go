@@ -79,3 +79,31 @@ func TestClusterTransactionOpensWhereItRuns(t *testing.T) {
 		t.Errorf("MONITOR after a refused transaction: %q, want the PING", line)
 	}
 }
+
+// TestClusterMultiAfterOwnSignIn: a client signed in to the masters as a
+// user of their own whose ACL refuses MULTI gets the masters' refusal, as
+// from one Redis, and its next command runs at once: after an accepted
+// AUTH, MULTI is not held.
+func TestClusterMultiAfterOwnSignIn(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	for _, n := range c.Nodes {
+		if _, err := n.Do("ACL", "SETUSER", "nomulti", "on", ">pw", "~*", "+@all", "-multi"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Do("ACL", "DELUSER", "nomulti")
+		}
+	})
+	addr, _ := startClusterProxy(t, c)
+	a := dial(t, addr)
+	if got := string(a.do(args("AUTH nomulti pw"))); got != "+OK\r\n" {
+		t.Fatalf("AUTH: %q", got)
+	}
+	k := keyOn(1, "own:")
+	got := string(a.do(args("MULTI"), args("SET "+k+" v"), args("GET "+k)))
+	if !strings.HasPrefix(got, "-NOPERM") || !strings.HasSuffix(got, "+OK\r\n$1\r\nv\r\n") {
+		t.Errorf("MULTI refused by the user's ACL, then SET and GET: %q, want -NOPERM, +OK, v", got)
+	}
+}
