@@ -31,11 +31,7 @@ func TestClusterBusyScript(t *testing.T) {
 	if got := string(ctl.do(args("CONFIG SET busy-reply-threshold 10"))); got != "+OK\r\n" {
 		t.Fatalf("CONFIG SET: %q", got)
 	}
-	t.Cleanup(func() {
-		for _, n := range c.Nodes {
-			n.Do("CONFIG", "SET", "busy-reply-threshold", "5000")
-		}
-	})
+	restoreConfig(t, c, "busy-reply-threshold", "5000")
 	lib := "#!lua name=busylib\nredis.register_function{function_name='busy', callback=function() while true do end end, flags={'no-writes'}}"
 	if got := string(ctl.do([]string{"FUNCTION", "LOAD", "REPLACE", lib})); got != "$7\r\nbusylib\r\n" {
 		t.Fatalf("FUNCTION LOAD: %q", got)
@@ -341,11 +337,7 @@ func TestClusterKeyspaceNotifications(t *testing.T) {
 	if got := string(w.do(args("CONFIG SET notify-keyspace-events KEA"))); got != "+OK\r\n" {
 		t.Fatalf("CONFIG SET: %q", got)
 	}
-	t.Cleanup(func() {
-		for _, n := range c.Nodes {
-			n.Do("CONFIG", "SET", "notify-keyspace-events", "")
-		}
-	})
+	restoreConfig(t, c, "notify-keyspace-events", "")
 	keys := []string{keyOn(0, "ks:"), keyOn(1, "ks:"), keyOn(2, "ks:")}
 	for _, proto := range []string{"2", "3"} {
 		t.Run("RESP"+proto, func(t *testing.T) {
@@ -601,11 +593,7 @@ func TestClusterSlowlogMaxLen(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addr, _ := startClusterProxy(t, c)
 	a := dial(t, addr)
-	t.Cleanup(func() {
-		for _, n := range c.Nodes {
-			n.Do("CONFIG", "SET", "slowlog-log-slower-than", "10000", "slowlog-max-len", "128")
-		}
-	})
+	restoreConfig(t, c, "slowlog-log-slower-than", "10000", "slowlog-max-len", "128")
 	a.do(args("CONFIG SET slowlog-log-slower-than 0"), args("CONFIG SET slowlog-max-len 3"), args("SLOWLOG RESET"))
 	a.do(args("SET "+keyOn(0, "sl:")+" v"), args("SADD "+keyOn(1, "sl:")+" a"), args("INCR "+keyOn(2, "sl:")), args("LPUSH "+keyOn(1, "sl2:")+" a"))
 	if got := string(a.do(args("SLOWLOG LEN"))); got != ":3\r\n" {
@@ -766,11 +754,7 @@ func TestClusterLatencyLatest(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addr, _ := startClusterProxy(t, c)
 	a := dial(t, addr)
-	t.Cleanup(func() {
-		for _, n := range c.Nodes {
-			n.Do("CONFIG", "SET", "latency-monitor-threshold", "0")
-		}
-	})
+	restoreConfig(t, c, "latency-monitor-threshold", "0")
 	a.do(args("CONFIG SET latency-monitor-threshold 5"), args("LATENCY RESET"))
 	slow := "local t = redis.call('TIME') while true do local n = redis.call('TIME') if (n[1]-t[1])*1000000 + n[2]-t[2] > 20000 then return 1 end end"
 	for _, i := range []int{1, 2} {
@@ -860,11 +844,7 @@ func TestClusterSlowlogWithinASecond(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addr, _ := startClusterProxy(t, c)
 	a := dial(t, addr)
-	t.Cleanup(func() {
-		for _, n := range c.Nodes {
-			n.Do("CONFIG", "SET", "slowlog-log-slower-than", "10000")
-		}
-	})
+	restoreConfig(t, c, "slowlog-log-slower-than", "10000")
 	a.do(args("CONFIG SET slowlog-log-slower-than 0"))
 	// in reports whether the entries' first arguments in a SLOWLOG GET
 	// reply are want, in that order.
@@ -902,4 +882,15 @@ func TestClusterSlowlogWithinASecond(t *testing.T) {
 	if strings.Contains(got, "s3cret") || strings.Contains(got, "GETKEYS") || !in(got, "$7\r\nMIGRATE\r\n", "$10\r\n(redacted)\r\n$10\r\n(redacted)\r\n", "$5\r\nRESET\r\n") {
 		t.Errorf("SLOWLOG GET after MIGRATE ... AUTH2: %q, want MIGRATE's entry redacted and no COMMAND GETKEYS", got)
 	}
+}
+
+// restoreConfig sets the parameter-value pairs on every node of c when
+// the test ends: what a test changed through the proxy goes back to the
+// default for the tests after it.
+func restoreConfig(t *testing.T, c *redistest.Cluster, pairs ...string) {
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.Do(append([]string{"CONFIG", "SET"}, pairs...)...)
+		}
+	})
 }
