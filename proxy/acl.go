@@ -80,13 +80,13 @@ type aclState struct {
 
 	mu        sync.Mutex
 	groups    map[string]*aclGroup
-	groupList atomic.Pointer[[]*muxGroup] // the groups, for writeQueued
+	groupList atomic.Pointer[[]*backend.Group] // the groups, for writeQueued
 }
 
 // aclGroup is the shared connections of one user of Redis's ACL,
 // signed in with the last password the user signed in with at the proxy.
 type aclGroup struct {
-	grp  *muxGroup
+	grp  *backend.Group
 	auth atomic.Pointer[[]byte] // AUTH <user> <password>
 	next atomic.Uint64
 }
@@ -99,12 +99,12 @@ func newACLState(p *Proxy, users []*acl.User) *aclState {
 			if err != nil {
 				return nil, err
 			}
-			return &be.Conn, nil
+			return be, nil
 		},
 		Timeout: p.cfg.Backend.DialTimeout,
 		Log:     p.log,
 	})
-	empty := []*muxGroup{}
+	empty := []*backend.Group{}
 	a.groupList.Store(&empty)
 	return a
 }
@@ -172,7 +172,7 @@ func (a *aclState) installEverywhere(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		errs = append(errs, a.Prepare(ctx, &be.Conn))
+		errs = append(errs, a.Prepare(ctx, be))
 		be.NC.Close()
 	}
 	return errors.Join(errs...)
@@ -189,7 +189,7 @@ func (a *aclState) installMissing(ctx context.Context) {
 		if err != nil {
 			continue // its connections install them when they sign in
 		}
-		if err := a.Prepare(ctx, &be.Conn); err != nil {
+		if err := a.Prepare(ctx, be); err != nil {
 			a.p.log.Warn("acl: installing users", zap.String("node", addr), zap.Error(err))
 		}
 		be.NC.Close()
@@ -219,7 +219,7 @@ func (a *aclState) setup(ctx context.Context, be *backendConn, cmds [][]byte) er
 	if len(cmds) == 0 {
 		return nil
 	}
-	r, err := a.SignIn(ctx, &be.Conn, cmds[0])
+	r, err := a.SignIn(ctx, be, cmds[0])
 	if err != nil {
 		return err
 	}
@@ -268,8 +268,8 @@ func (a *aclState) authenticate(ctx context.Context, auth []byte) ([]byte, error
 	if a.p.router != nil {
 		a.installMissing(ctx)
 	}
-	a.LearnVersion(ctx, &be.Conn)
-	r, err := a.SignIn(ctx, &be.Conn, auth)
+	a.LearnVersion(ctx, be)
+	r, err := a.SignIn(ctx, be, auth)
 	if err != nil {
 		return nil, err
 	}
@@ -281,32 +281,33 @@ func (a *aclState) authenticate(ctx context.Context, auth []byte) ([]byte, error
 
 // group returns the shared connections of a user signed in with auth
 // (AUTH <user> <password>), made at its first sign-in.
-func (a *aclState) group(name string, auth []byte) *muxGroup {
+func (a *aclState) group(name string, auth []byte) *aclGroup {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	g := a.groups[name]
 	if g == nil {
 		n := len(a.p.shared)
-		g = &aclGroup{grp: newMuxGroup(a.p, "", n)}
-		g.grp.acl = g
+		g = &aclGroup{}
+		g.grp = a.p.newMuxGroup("", n, g)
 		a.groups[name] = g
-		list := append(append([]*muxGroup(nil), *a.groupList.Load()...), g.grp)
+		list := append(append([]*backend.Group(nil), *a.groupList.Load()...), g.grp)
 		a.groupList.Store(&list)
 	}
 	g.auth.Store(&auth)
-	return g.grp
+	return g
 }
 
 // pick hands out g's connections in turn.
-func (g *aclGroup) pick() *muxConn {
-	return g.grp.list[g.next.Add(1)%uint64(len(g.grp.list))]
+func (g *aclGroup) pick() *backend.Mux {
+	list := g.grp.List()
+	return list[g.next.Add(1)%uint64(len(list))]
 }
 
 // closeGroups closes the users' shared connections.
 func (a *aclState) closeGroups() {
 	for _, g := range *a.groupList.Load() {
-		for _, sh := range g.list {
-			sh.close()
+		for _, sh := range g.List() {
+			sh.Close()
 		}
 	}
 	a.Close()
@@ -314,17 +315,17 @@ func (a *aclState) closeGroups() {
 
 // queued counts the commands waiting on the shared connections to one
 // Redis, every user's.
-func (a *aclState) queued(g *muxGroup) int64 {
-	n := g.queued.Load()
-	if g != a.p.group && g.acl == nil {
+func (a *aclState) queued(g *backend.Group) int64 {
+	n := g.Queued()
+	if g.Addr() != "" {
 		return n // a cluster master's
 	}
 	if g != a.p.group {
-		n += a.p.group.queued.Load()
+		n += a.p.group.Queued()
 	}
 	for _, o := range *a.groupList.Load() {
 		if o != g {
-			n += o.queued.Load()
+			n += o.Queued()
 		}
 	}
 	return n
@@ -334,29 +335,15 @@ func (a *aclState) queued(g *muxGroup) int64 {
 // every user's, the batch that waited longest first.
 func (a *aclState) writeQueued(limit uint64) {
 	for {
-		oldest, first := oldestIn(a.p.group, nil, limit+1)
+		oldest, first := a.p.group.Oldest(nil, limit+1)
 		for _, g := range *a.groupList.Load() {
-			oldest, first = oldestIn(g, oldest, first)
+			oldest, first = g.Oldest(oldest, first)
 		}
 		if oldest == nil {
 			return
 		}
-		oldest.writeWaiting(limit)
+		oldest.WriteWaiting(limit)
 	}
-}
-
-// oldestIn returns the connection of g whose batch waits since before
-// first, the longest-waiting, or oldest and first when none does.
-func oldestIn(g *muxGroup, oldest *muxConn, first uint64) (*muxConn, uint64) {
-	if g.queued.Load() == 0 {
-		return oldest, first
-	}
-	for _, sh := range g.list {
-		if since := sh.since.Load(); since != 0 && since < first {
-			oldest, first = sh, since
-		}
-	}
-	return oldest, first
 }
 
 // masterAddrs returns the masters of the slot map the proxy knows, the

@@ -143,7 +143,7 @@ func (s *session) aclMove(user string, auth []byte) bool {
 	if user == "" {
 		s.sh = s.p.pickShared()
 	} else {
-		s.sh = s.p.acl.group(user, auth).acl.pick()
+		s.sh = s.p.acl.group(user, auth).pick()
 	}
 	s.q.setAuth(auth)
 	return true

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"time"
 
@@ -14,17 +15,17 @@ import (
 // Redis Cluster has, besides the masters' shared connections
 // (clustershared.go), a connection of its own to each master it sends a
 // command to that cannot share one (in a transaction, after AUTH, a
-// blocking command, a command split per slot, ...). Each is a muxConn
-// (shared.go) with one client: a group of one, dialled in the client's
-// connection state, its commands batched by muxConn.write and its replies
-// read by muxConn.readShared into the client's cluster.Order, as on the shared
+// blocking command, a command split per slot, ...). Each is a backend.Mux
+// (NewOwn) with one client: a group of one, dialled in the client's
+// connection state, its commands batched by backend.Mux and its replies
+// read by its reader into the client's cluster.Order, as on the shared
 // connections. So the forwarder never reads a backend connection: it
 // takes a ticket per reply and goes on. Unlike a shared connection's,
 // the reader of one of the client's own runs only while replies are owed
-// on it (muxConn.reading): an idle client keeps a connection per master it
+// on it (backend.Mux, NewOwn): an idle client keeps a connection per master it
 // used, but no goroutine or buffer to read it, and a connection the node
 // closed meanwhile is found when the next command is about to go on it
-// (muxConn.ready).
+// (backend.Mux.Ready).
 //
 // A call whose reply is made from several parts (a command split per
 // slot, a fan-out to every master, SCAN's cursor, the proxy's own joins)
@@ -41,7 +42,7 @@ import (
 // (session.redirectShared), on its own connection to the node named,
 // except inside a transaction, where the command's reply becomes
 // replyMovedInTxn. A lost connection answers what was pending on it with
-// replyConnLost (muxConn.fail); the next command dials again, in the
+// replyConnLost (backend.Mux's reader); the next command dials again, in the
 // client's state, and clustertx.go keeps a transaction or WATCH tied to
 // the connection it went on.
 //
@@ -53,22 +54,42 @@ import (
 // for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
-func (cs *clusterSession) ownConn(s *session, addr string) *muxConn {
+func (cs *clusterSession) ownConn(s *session, addr string) *backend.Mux {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sh := cs.own[addr]; sh != nil {
 		return sh
 	}
-	g := newMuxGroup(s.p, addr, 1)
-	g.forwarded = cs.r.Counter(addr)
-	sh := g.list[0]
-	sh.own, sh.ctx = cs, s.ctx
-	sh.retired = cs.closed
+	ctx := s.ctx
+	sh := backend.NewOwn(&s.p.mux, addr, func() (*backend.Conn, error) { return cs.dialOwn(ctx, addr) })
+	sh.Group().Forwarded = cs.r.Counter(addr)
+	if cs.closed {
+		sh.Retire()
+	}
 	if cs.own == nil {
-		cs.own = map[string]*muxConn{}
+		cs.own = map[string]*backend.Mux{}
 	}
 	cs.own[addr] = sh
 	return sh
+}
+
+// dialOwn dials the client's own connection to addr, in its connection
+// state: a failure is the client's, and it retries as the cluster says
+// (session.again), not after a backoff.
+func (cs *clusterSession) dialOwn(ctx context.Context, addr string) (*backendConn, error) {
+	be, err := cs.r.dedicated(ctx, addr, cs.replay())
+	if cmd := cs.trackingFor(addr); err == nil && cmd != nil {
+		// Tracking on again (clustertracking.go).
+		ctx, cancel := context.WithTimeout(ctx, cs.r.p.cfg.Backend.DialTimeout)
+		if err = be.Setup(ctx, [][]byte{cmd}); err != nil {
+			be.NC.Close()
+		}
+		cancel()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return be, nil
 }
 
 // ownAddrs returns the masters the client has a connection of its own to.
@@ -143,7 +164,7 @@ func (s *session) sendParts(src *cluster.Call, deadline time.Time) {
 	}
 	reply, _ := c.Result(g.Replies)
 	cs.order.Put(ticket, false, reply, &s.w)
-	s.pushOut()
+	s.PushOut()
 }
 
 // inTxn reports whether p is a command of a transaction, where a
@@ -159,7 +180,7 @@ func (s *session) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline ti
 	cs := s.cl
 	for {
 		sh := cs.ownConn(s, p.Addr)
-		be, err := sh.ready()
+		be, err := sh.Ready()
 		if err != nil {
 			if backend.Refused(err) || !s.again(p, deadline) {
 				p.Err = err
@@ -179,14 +200,14 @@ func (s *session) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline ti
 			opts.Replace = p.Tx.Reply // sent as DISCARD (txConn)
 		}
 		t := cs.order.Add(p.Raw, p.Slot, opts)
-		if !sh.queueOn(be, s, t, p.Raw) {
+		if !sh.QueueOn(be, s, t, p.Raw) {
 			cs.order.Drop(t) // lost meanwhile: ready dials again
 			continue
 		}
 		s.markShared(sh)
 		cs.ownUsed = true
 		s.p.m.forwarded.Add(1)
-		sh.grp.forwarded.Add(1)
+		sh.Group().Forwarded.Add(1)
 		return
 	}
 }
@@ -217,7 +238,7 @@ func (s *session) place(reply []byte, opts cluster.TicketOpts) {
 	o := &s.cl.order
 	o.Put(o.Add(nil, cluster.NoSlot, opts), false, reply, &s.w)
 	s.sharedOut = true // a client whose replies are not pushed writes them in flush
-	s.pushOut()
+	s.PushOut()
 }
 
 // settleCluster sends what the client queued and waits until every reply
@@ -261,7 +282,7 @@ func (s *session) randomKey(c *cluster.Call) {
 	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
 		cs.order.Put(ticket, false, b, &s.w)
-		s.pushOut()
+		s.PushOut()
 	}
 	m, err := cs.r.Current(s.ctx)
 	if err != nil {

@@ -199,7 +199,7 @@ func ownReaders() int {
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "proxy.(*muxConn).read(")
+			return strings.Count(string(buf[:n]), "backend.(*Mux).readShared(")
 		}
 		buf = make([]byte, 2*len(buf))
 	}

@@ -12,7 +12,7 @@ import (
 
 // Pub/sub in front of a Redis Cluster. A client that subscribes is pinned
 // to one connection of its own to one node, and that connection is served
-// as the connection of one of a client of one Redis is (muxConn.one, read
+// as the connection of one of a client of one Redis is (backend.NewOne, read
 // against the replyQueue and its connState): pushes, RESP2 and RESP3,
 // the subscription counts, and a client disconnected when the node goes.
 //

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -16,7 +17,7 @@ import (
 // (BackendConfig.Cluster) goes is decided by internal/cluster (the slot
 // map, the plan of each command, the merges of the replies); the
 // cluster*.go files here carry the parts it plans: route hands each call
-// to the batching of shared.go and cluster.Order, on the masters' shared
+// to the batching of internal/backend (Mux) and cluster.Order, on the masters' shared
 // connections (clustershared.go) or the client's own (clustercall.go);
 // clustertx.go ties a transaction or WATCH to its connection;
 // clusterpubsub.go and clustermonitor.go serve the clients pinned to
@@ -33,7 +34,7 @@ var (
 	replyMovedInTxn  = []byte("-TRYAGAIN the slot moved while the transaction was queued\r\n")
 	cmdAsking        = []byte("*1\r\n$6\r\nASKING\r\n")
 	errRetriesSpent  = errors.New("the cluster did not serve the slot in time")
-	errClusterClosed = errors.New("connection closed")
+	errClusterClosed = backend.ErrClosed
 )
 
 // clusterSession is one client's part of the cluster: its connections and
@@ -43,8 +44,8 @@ type clusterSession struct {
 	r *router
 	s *session // the session it routes for
 
-	mu     sync.Mutex          // guards own, monitors and closed against close
-	own    map[string]*muxConn // the client's own connection to each master (clustercall.go)
+	mu     sync.Mutex              // guards own, monitors and closed against close
+	own    map[string]*backend.Mux // the client's own connection to each master (clustercall.go)
 	closed bool
 	// monitors are the MONITOR connections, one per master, while the
 	// client monitors (clustermonitor.go).
@@ -69,7 +70,7 @@ type clusterSession struct {
 	// connections used so far, and the index of the client's connection
 	// at every master.
 	order       cluster.Order
-	sharedConns []*muxConn // one per master, found by its addr
+	sharedConns []*backend.Mux // one per master, found by its addr
 	sharedIdx   uint64
 	access      uint64 // the access generation of its shared connections
 	// sharedUsed, ownUsed: replies may be owed on the shared connections,
@@ -143,7 +144,7 @@ func (cs *clusterSession) close() {
 	cs.own = nil
 	cs.mu.Unlock()
 	for _, sh := range own {
-		sh.retire()
+		sh.Retire()
 	}
 	cs.order.Close()
 }
@@ -157,7 +158,7 @@ func (cs *clusterSession) dropAll() {
 	cs.own = nil
 	cs.mu.Unlock()
 	for _, sh := range own {
-		sh.retire()
+		sh.Retire()
 	}
 }
 

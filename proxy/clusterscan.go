@@ -21,7 +21,7 @@ func (s *session) scanAll(c *cluster.Call) {
 	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
 		cs.order.Put(ticket, false, b, &s.w)
-		s.pushOut()
+		s.PushOut()
 	}
 	cmd, err := redcon.Parse(c.One.Raw)
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 // HELLO or CLIENT SETNAME, no transaction or WATCH, not subscribed or
 // monitoring), whose keys are in one slot, go to the master of that slot
 // on one of its BackendConfig.SharedConnections shared connections, as
-// the commands of a client of one Redis do (shared.go): batched with the
+// the commands of a client of one Redis do (backend.Mux): batched with the
 // other clients' commands, written in arrival order, and answered by the
 // connection's reader straight into the client's sink. A client uses the
 // connection of the same index at every master.
@@ -52,9 +52,9 @@ type router struct {
 	// master and access generation, all of them, and all the groups for
 	// Proxy.writeQueued.
 	shMu      sync.Mutex
-	shared    map[groupKey]*muxGroup
-	sharedAll atomic.Pointer[[]*muxConn]
-	groups    atomic.Pointer[[]*muxGroup]
+	shared    map[groupKey]*backend.Group
+	sharedAll atomic.Pointer[[]*backend.Mux]
+	groups    atomic.Pointer[[]*backend.Group]
 	// access counts the commands that may have changed who the masters
 	// let in (CONFIG SET requirepass, ACL SETUSER ...): a generation of
 	// shared connections serves the clients that connected during it
@@ -95,7 +95,7 @@ func newRouter(p *Proxy) *router {
 }
 
 // sharedList returns the shared connections to the masters.
-func (r *router) sharedList() []*muxConn {
+func (r *router) sharedList() []*backend.Mux {
 	if l := r.sharedAll.Load(); l != nil {
 		return *l
 	}
@@ -103,7 +103,7 @@ func (r *router) sharedList() []*muxConn {
 }
 
 // groupList returns the masters' groups of shared connections.
-func (r *router) groupList() []*muxGroup {
+func (r *router) groupList() []*backend.Group {
 	if l := r.groups.Load(); l != nil {
 		return *l
 	}
@@ -120,24 +120,25 @@ type groupKey struct {
 // sharedConn returns the shared connection number i (modulo their number)
 // to the master at addr for the clients of access generation gen, making
 // the group on first use.
-func (r *router) sharedConn(addr string, i, gen uint64) *muxConn {
+func (r *router) sharedConn(addr string, i, gen uint64) *backend.Mux {
 	r.shMu.Lock()
 	defer r.shMu.Unlock()
 	if r.shared == nil {
-		r.shared = map[groupKey]*muxGroup{}
+		r.shared = map[groupKey]*backend.Group{}
 	}
 	k := groupKey{addr, gen}
 	g := r.shared[k]
 	if g == nil {
-		g = newMuxGroup(r.p, addr, max(r.p.cfg.Backend.SharedConnections, 1))
-		g.forwarded = r.Counter(addr)
+		g = r.p.newMuxGroup(addr, max(r.p.cfg.Backend.SharedConnections, 1), nil)
+		g.Forwarded = r.Counter(addr)
 		r.shared[k] = g
-		all := append(append([]*muxConn(nil), r.sharedList()...), g.list...)
+		all := append(append([]*backend.Mux(nil), r.sharedList()...), g.List()...)
 		r.sharedAll.Store(&all)
-		groups := append(append([]*muxGroup(nil), r.groupList()...), g)
+		groups := append(append([]*backend.Group(nil), r.groupList()...), g)
 		r.groups.Store(&groups)
 	}
-	return g.list[i%uint64(len(g.list))]
+	list := g.List()
+	return list[i%uint64(len(list))]
 }
 
 // joined counts a new client in the current access generation, which it
@@ -187,18 +188,18 @@ func (r *router) accessChanged() {
 // retire closes the shared connections of generation gen and forgets
 // them; r.shMu is held.
 func (r *router) retire(gen uint64) {
-	var all []*muxConn
-	var groups []*muxGroup
+	var all []*backend.Mux
+	var groups []*backend.Group
 	for _, g := range r.groupList() {
-		if r.shared[groupKey{g.list[0].addr, gen}] == g {
-			delete(r.shared, groupKey{g.list[0].addr, gen})
-			for _, sh := range g.list {
-				sh.retire()
+		if r.shared[groupKey{g.Addr(), gen}] == g {
+			delete(r.shared, groupKey{g.Addr(), gen})
+			for _, sh := range g.List() {
+				sh.Retire()
 			}
 			continue
 		}
 		groups = append(groups, g)
-		all = append(all, g.list...)
+		all = append(all, g.List()...)
 	}
 	r.sharedAll.Store(&all)
 	r.groups.Store(&groups)
@@ -208,7 +209,7 @@ func (r *router) retire(gen uint64) {
 // end.
 func (r *router) closeShared() {
 	for _, sh := range r.sharedList() {
-		sh.close()
+		sh.Close()
 	}
 }
 
@@ -247,9 +248,9 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) 
 	if cs.ownUsed {
 		s.settleCluster() // the replies on the client's own connections come first
 	}
-	var sh *muxConn
+	var sh *backend.Mux
 	for _, c2 := range cs.sharedConns {
-		if c2.addr == c.One.Addr {
+		if c2.Addr() == c.One.Addr {
 			sh = c2
 			break
 		}
@@ -259,8 +260,8 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) 
 		cs.sharedConns = append(cs.sharedConns, sh)
 	}
 	ticket := cs.order.Add(c.One.Raw, c.One.Slot, cluster.TicketOpts{Seq: c.Seq})
-	e := classify(name, cmd)
-	if err := sh.queue(s, ticket, nil, c.One.Raw, &e); err != nil {
+	s.queuing = classify(name, cmd)
+	if err := sh.Queue(s, ticket, nil, c.One.Raw, true); err != nil {
 		cs.order.Drop(ticket)
 		return false
 	}
@@ -270,12 +271,12 @@ func (s *session) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) 
 		cs.LastShared = true // see waitMark
 	}
 	s.p.m.forwarded.Add(1)
-	sh.grp.forwarded.Add(1)
+	sh.Group().Forwarded.Add(1)
 	return true
 }
 
 // markShared notes that sh has a command of the client's to write.
-func (s *session) markShared(sh *muxConn) {
+func (s *session) markShared(sh *backend.Mux) {
 	s.sharedOut = true
 	for _, d := range s.dirty {
 		if d == sh {
@@ -285,12 +286,19 @@ func (s *session) markShared(sh *muxConn) {
 	s.dirty = append(s.dirty, sh)
 }
 
-// sharedReply reads the reply to ticket from r, on a shared connection or
+// Ordered reports whether the client's replies take tickets in its
+// cluster.Order: a cluster client's.
+func (s *session) Ordered() bool { return s.cl != nil }
+
+// Drained reports whether a cluster client is owed no reply now.
+func (s *session) Drained() bool { return s.cl.order.Drained() }
+
+// OrderedReply reads the reply to ticket from r, on a shared connection or
 // one of the client's own, and puts it in its place in the client's
 // replies. answered is false when the reply was a redirection: the command
 // is sent again, and its reply comes later; with err, it is false when
 // nothing of the reply reached the client.
-func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *resp.ReplyInfo) (answered bool, err error) {
+func (s *session) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *backend.Sink, ri *resp.ReplyInfo) (answered bool, err error) {
 	o := &s.cl.order
 	b, err := r.Peek(1)
 	if err != nil {
@@ -298,25 +306,25 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	}
 	if b[0] != '-' && o.Ahead(ticket) {
 		// The usual case: straight to the client's sink.
-		sink.w = s.sink()
+		sink.W = &s.w
 		err = resp.CopyReply(w, r, ri)
 		w.Flush()
-		sink.w = nil
+		sink.W = nil
 		if err == nil {
 			o.Put(ticket, true, nil, &s.w)
 		}
 		return true, err
 	}
-	sink.capture, sink.buf = true, sink.buf[:0]
+	sink.Capture, sink.Buf = true, sink.Buf[:0]
 	err = resp.CopyReply(w, r, ri)
 	w.Flush()
-	sink.capture = false
+	sink.Capture = false
 	if err != nil {
 		return false, err
 	}
-	reply := sink.buf
+	reply := sink.Buf
 	if ri.Type == '-' {
-		if kind, target := cluster.Redirected(sink.buf); kind != cluster.RedirNone {
+		if kind, target := cluster.Redirected(sink.Buf); kind != cluster.RedirNone {
 			if !o.Stays(ticket) {
 				s.redirect(redirect{ticket, kind, target})
 				return false, nil
@@ -325,26 +333,26 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 		}
 	}
 	o.Put(ticket, false, reply, &s.w)
-	if cap(sink.buf) > 64<<10 {
-		sink.buf = nil
+	if cap(sink.Buf) > 64<<10 {
+		sink.Buf = nil
 	}
 	return true, nil
 }
 
-// answerShared gives the client reply, an error of the proxy's own, for
+// Answer gives the client reply, an error of the proxy's own, for
 // the command with ticket on a shared connection, or on one of a cluster
 // client's own when own is set (whose replies its replyQueue does not
 // count).
-func (s *session) answerShared(ticket uint64, reply []byte, own bool) {
+func (s *session) Answer(ticket uint64, reply []byte, own bool) {
 	if s.cl != nil {
 		s.cl.order.Put(ticket, false, reply, &s.w)
 	} else {
-		s.sink().Write(reply)
+		s.w.Write(reply)
 	}
 	if !own {
-		s.replied(&resp.ReplyInfo{Type: '-'})
+		s.Replied(&resp.ReplyInfo{Type: '-'})
 	}
-	s.pushOut()
+	s.PushOut()
 }
 
 // redirect is a redirection to follow.
@@ -404,7 +412,7 @@ func (s *session) redirectShared(ticket uint64, kind cluster.Redirection, target
 		return
 	}
 	if time.Now().After(deadline) || s.ctx.Err() != nil {
-		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.Own)
+		s.Answer(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.Own)
 		return
 	}
 	addr := target
@@ -419,24 +427,24 @@ func (s *session) redirectShared(ticket uint64, kind cluster.Redirection, target
 	case cluster.RedirWait:
 		p := cluster.Part{Slot: slot}
 		if !s.again(&p, deadline) || p.Addr == "" {
-			s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.Own)
+			s.Answer(ticket, resp.ErrorReply(&BackendError{Err: errRetriesSpent}), opts.Own)
 			return
 		}
 		addr = p.Addr
 	}
-	var sh *muxConn
+	var sh *backend.Mux
 	if opts.Own {
 		sh = cs.ownConn(s, addr)
 	} else {
 		sh = r.sharedConn(addr, cs.sharedIdx, cs.access)
 	}
-	if err := sh.queue(s, ticket, pre, raw, nil); err != nil {
+	if err := sh.Queue(s, ticket, pre, raw, false); err != nil {
 		s.p.m.unavailable.Add(1)
-		s.answerShared(ticket, resp.ErrorReply(&BackendError{Err: err}), opts.Own)
+		s.Answer(ticket, resp.ErrorReply(&BackendError{Err: err}), opts.Own)
 		return
 	}
 	if opts.Seq != 0 {
 		cs.NoteMoved(opts.Seq, addr)
 	}
-	sh.flush()
+	sh.Flush()
 }

@@ -49,7 +49,7 @@ func (r *router) dedicated(ctx context.Context, addr string, state replayState) 
 	sp := r.spares[addr]
 	r.spMu.Unlock()
 	if c := sp.Take(); c != nil {
-		be := &backendConn{Conn: *c}
+		be := c
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, r.p.cfg.Backend.DialTimeout)
 			defer cancel()

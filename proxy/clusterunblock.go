@@ -43,11 +43,9 @@ func (s *session) unblockCall(args [][]byte) bool {
 	var conns []conn
 	target.mu.Lock()
 	for addr, sh := range target.own {
-		sh.mu.Lock()
-		if be := sh.be; be != nil && !be.Dead {
-			conns = append(conns, conn{addr, be.NC.LocalAddr().String()})
+		if local := sh.LocalAddr(); local != "" {
+			conns = append(conns, conn{addr, local})
 		}
-		sh.mu.Unlock()
 	}
 	target.mu.Unlock()
 
@@ -55,7 +53,7 @@ func (s *session) unblockCall(args [][]byte) bool {
 	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
 		cs.order.Put(ticket, false, b, &s.w)
-		s.pushOut()
+		s.PushOut()
 	}
 	m := cs.r.Slots.Load()
 	unblocked := int64(0)

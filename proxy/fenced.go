@@ -342,7 +342,7 @@ func (s *session) fencedConn(ctx context.Context, addr string) (*fenced.Conn, bo
 	if s.fc == nil {
 		s.fc = fencedConns{}
 	}
-	c := &fencedConn{Conn: fenced.NewConn(&be.Conn), st: st}
+	c := &fencedConn{Conn: fenced.NewConn(be), st: st}
 	s.fc[addr] = c
 	return c.Conn, false, nil
 }

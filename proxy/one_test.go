@@ -10,7 +10,7 @@ import (
 )
 
 // TestOwnConnection plays, against Redis directly and through the proxy,
-// what a client of one Redis does on its connection of one (muxConn.one),
+// what a client of one Redis does on its connection of one (backend.NewOne),
 // where the client's replyQueue, not the pending list, tells what each
 // frame the connection's reader reads answers: pipelines that move the
 // client off its shared connection in the middle, with a blocking

@@ -275,10 +275,9 @@ func sharedCounts(p *Proxy) (c struct{ out, queued int }) {
 		all = p.router.sharedList()
 	}
 	for _, sh := range all {
-		sh.mu.Lock()
-		c.out += sh.out
-		c.queued += sh.wn
-		sh.mu.Unlock()
+		out, queued := sh.Counts()
+		c.out += out
+		c.queued += queued
 	}
 	return c
 }

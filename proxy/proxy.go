@@ -326,13 +326,12 @@ type Proxy struct {
 	// follow finds the backend through Sentinel; nil for a fixed address.
 	follow *sentinel.Follower
 
-	shared     []*muxConn // the backend's, group.list
-	group      *muxGroup  // nil in front of a cluster (see router)
-	router     *router    // set for a cluster backend
+	shared     []*backend.Mux // the backend's, group.List()
+	group      *backend.Group // nil in front of a cluster (see router)
+	router     *router        // set for a cluster backend
 	nextShared atomic.Uint64
-	// batches counts the batches of commands begun on the shared
-	// connections, which orders them (see shared).
-	batches  atomic.Uint64
+	// mux is what the multiplexed connections share (batching.go).
+	mux      backend.Env
 	spares   *backend.Spares   // nil when there are none
 	order    *backend.Arrivals // nil where the platform keeps no arrival order
 	sharedWG sync.WaitGroup    // the shared connections' readers
@@ -370,8 +369,8 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 	if len(cfg.Backend.Cluster) > 0 {
 		p.router = newRouter(p)
 	} else {
-		p.group = newMuxGroup(p, "", max(cfg.Backend.SharedConnections, 0))
-		p.shared = p.group.list
+		p.group = p.newMuxGroup("", max(cfg.Backend.SharedConnections, 0), nil)
+		p.shared = p.group.List()
 		p.spares = backend.NewSpares(cfg.Backend.SpareConnections, func(ctx context.Context) (*backend.Conn, error) {
 			return p.spare(ctx, "")
 		})
@@ -385,6 +384,7 @@ func New(cfg Config, logger *zap.Logger) (*Proxy, error) {
 		p.acl = newACLState(p, users)
 		p.auth = acl.Required(cfg.Users)
 	}
+	p.initMux()
 	b := &cfg.Backend
 	switch {
 	case b.Password != "" && b.Username != "":
@@ -487,7 +487,7 @@ drain:
 		err = ctx.Err()
 	}
 	for _, sh := range p.shared {
-		sh.close()
+		sh.Close()
 	}
 	if p.acl != nil {
 		p.acl.closeGroups()
@@ -506,7 +506,7 @@ drain:
 }
 
 // pickShared hands out the shared connections in turn.
-func (p *Proxy) pickShared() *muxConn {
+func (p *Proxy) pickShared() *backend.Mux {
 	if len(p.shared) == 0 {
 		return nil
 	}
@@ -669,7 +669,7 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 	if err != nil {
 		return nil, err
 	}
-	be := &backendConn{Conn: *c}
+	be := c
 	nc := be.NC
 	if p.acl != nil && state.auth != nil {
 		// A user of Redis's ACL signs in after the proxy's own setup.
@@ -693,7 +693,7 @@ func (p *Proxy) dialAddr(ctx context.Context, addr string, state replayState) (*
 // state: a spare one when there is one, a new one otherwise.
 func (p *Proxy) dedicated(ctx context.Context, state replayState) (*backendConn, error) {
 	if c := p.spares.Take(); c != nil {
-		be := &backendConn{Conn: *c}
+		be := c
 		if cmds := state.commands(nil); len(cmds) > 0 {
 			ctx, cancel := context.WithTimeout(ctx, p.cfg.Backend.DialTimeout)
 			defer cancel()
@@ -729,7 +729,7 @@ func (p *Proxy) spare(ctx context.Context, addr string) (*backend.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &be.Conn, nil
+	return be, nil
 }
 
 // Ready reports whether the backend answers: it opens a connection as

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"time"
 
@@ -55,19 +56,15 @@ type localItem struct {
 }
 
 // backendConn is one connection to the backend Redis.
-type backendConn struct {
-	backend.Conn
-	// pending is set on a shared connection: whose replies are coming.
-	pending *pending
-}
+type backendConn = backend.Conn
 
 // session is one client connection. Commands are handled in order by a
 // single forwarder: redcon's connection goroutine, or, while one of the
 // proxy's own commands runs, the local runner goroutine (see replyQueue's
 // hold and next). Replies are copied to the client by the reader of the
-// backend connection they come on (muxConn.readShared and readOne): the shared connections',
+// backend connection they come on (internal/backend's Mux): the shared connections',
 // into the client's sink, and the client's connection of one's, into its
-// buffered output, matched against its replyQueue (frame).
+// buffered output, matched against its replyQueue (Frame).
 //
 // The session keeps what only the forwarder uses; the parts that other
 // goroutines reach have their own types and locks: q, what the client is
@@ -85,21 +82,24 @@ type session struct {
 	w clientWriter
 
 	// Used only by the forwarder.
-	sh        *muxConn   // nil when multiplexing is off
-	dedicated bool       // the client has left its shared connection for good
-	sharedOut bool       // commands were sent on the shared connection since the last flush
-	dirty     []*muxConn // in front of a cluster, the masters' shared connections sent to since then
+	sh        *backend.Mux   // nil when multiplexing is off
+	dedicated bool           // the client has left its shared connection for good
+	sharedOut bool           // commands were sent on the shared connection since the last flush
+	dirty     []*backend.Mux // in front of a cluster, the masters' shared connections sent to since then
 	// replica: the backend answered the client's SYNC or PSYNC with the
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
 	replica bool
 	nb      [24]byte // the name of the command being forwarded, lowered
+	// queuing is the command being queued on a shared connection, which
+	// the connection records under its lock (Queued).
+	queuing entry
 	// conn is the client's connection of one, made at its first command
-	// that cannot share one (muxConn.one); be is its live backend
+	// that cannot share one (backend.NewOne); be is its live backend
 	// connection, nil before the first and after a cluster client's
 	// pinned one was closed. connOut: commands were put on it since the
 	// last flush.
-	conn    *muxConn
+	conn    *backend.Mux
 	be      *backendConn
 	connOut bool
 	// waitStale: the client sent commands on another connection than its
@@ -274,7 +274,7 @@ func (s *session) forward(cmd redcon.Command, order *backend.Arrival) (localItem
 	if s.replica {
 		// A replica's REPLCONF ACK and whatever else it sends are Redis's
 		// to interpret, not the proxy's.
-		s.conn.put(cmd.Raw)
+		s.conn.Put(cmd.Raw)
 		s.connOut = true
 		s.p.m.forwarded.Add(1)
 		return localItem{}, true
@@ -353,7 +353,7 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		}
 		if reveal {
 			if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
-				s.conn.put(cmdReplyOn)
+				s.conn.Put(cmdReplyOn)
 			}
 		}
 		if ok, _ := s.q.send(&e, s.be); ok {
@@ -370,9 +370,9 @@ func (s *session) forwardBackend(name []byte, cmd redcon.Command) (localItem, bo
 		// a command of; throw it away and answer as Redis does.
 		raw = cmdDiscard
 	}
-	s.conn.put(raw) // a write that fails closes the connection; the reader answers what is pending
+	s.conn.Put(raw) // a write that fails closes the connection; the reader answers what is pending
 	if offAgain {
-		s.conn.put(cmdReplyOff)
+		s.conn.Put(cmdReplyOff)
 	}
 	s.connOut = true
 	if e.kind == entryReset {
@@ -403,7 +403,7 @@ func (s *session) waitMark() {
 		return // the next WAIT marks
 	}
 	if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
-		s.conn.put(waitMarkOne)
+		s.conn.Put(waitMarkOne)
 		s.connOut, s.waitStale = true, false
 	}
 }
@@ -418,7 +418,7 @@ func (s *session) silent() bool {
 	silent, skipped := s.q.silent()
 	if skipped && s.be != nil {
 		if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
-			s.conn.put(cmdReplyOn)
+			s.conn.Put(cmdReplyOn)
 			s.connOut = true
 		}
 	}
@@ -433,7 +433,7 @@ var waitMarkOne = cluster.WaitMarkCommand(cluster.WaitMarkKey)
 func (s *session) reauth() {
 	for _, raw := range s.p.setup {
 		if ok, _ := s.q.send(&entry{kind: entryInternal}, s.be); ok {
-			s.conn.put(raw)
+			s.conn.Put(raw)
 		}
 	}
 }
@@ -453,7 +453,7 @@ func (s *session) flush() {
 		// After what waits on the shared connections, which came before
 		// (see shared).
 		s.connOut = false
-		s.conn.flush()
+		s.conn.Flush()
 	}
 }
 
@@ -477,10 +477,10 @@ func (s *session) flushShared() {
 // shared connections and, in front of a cluster, its own.
 func (s *session) flushDirty() {
 	if s.sh != nil {
-		s.sh.flush()
+		s.sh.Flush()
 	}
 	for i, sh := range s.dirty {
-		sh.flush()
+		sh.Flush()
 		s.dirty[i] = nil
 	}
 	s.dirty = s.dirty[:0]
@@ -524,25 +524,25 @@ func (s *session) connect(e *entry) (doomed []byte, err error) {
 		return nil, err
 	}
 	if s.conn == nil {
-		s.conn = newOne(s)
+		s.conn = backend.NewOne(&s.p.mux, s, &s.wg)
 	}
 	s.be = be
-	s.conn.attach(be)
+	s.conn.Attach(be)
 	// CLIENT REPLY OFF or SKIP answers nothing: it is sent with the
 	// command that follows rather than replayed with the rest.
 	if raw := s.q.replyReplay(); raw != nil {
-		s.conn.put(raw)
+		s.conn.Put(raw)
 		s.connOut = true
 	}
 	return nil, nil
 }
 
-// frame copies one frame of be, the client's connection of one, to the
+// Frame copies one frame of be, the client's connection of one, to the
 // client, first being its first byte, as the replyQueue says what it
 // answers, and learns from it. It reports false when be is done with: lost,
 // answered a QUIT, or a replication stream that was relayed until it
 // ended.
-func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
+func (s *session) Frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 	// A push is always the client's, as it is.
 	kind, replace, hidden := entryPlain, []byte(nil), false
 	if first != '>' {
@@ -552,7 +552,7 @@ func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 		// SYNC or PSYNC is answered with the replication stream (or
 		// the newlines Redis sends until it starts).
 		s.q.replicate()
-		s.backendLost(be, s.relay(be))
+		s.BackendLost(be, s.relay(be))
 		return false
 	}
 	var err error
@@ -562,7 +562,7 @@ func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 		err = s.w.copyFrom(be.R, ri, replace)
 	}
 	if err != nil {
-		s.backendLost(be, err)
+		s.BackendLost(be, err)
 		return false
 	}
 	s.p.checkReply(ri)
@@ -570,7 +570,7 @@ func (s *session) frame(be *backendConn, first byte, ri *resp.ReplyInfo) bool {
 		// QUIT: Redis closes the connection after its +OK.
 		s.w.flush()
 		s.nc.Close()
-		s.backendLost(be, errClosed)
+		s.BackendLost(be, errClosed)
 		return false
 	}
 	return true
@@ -587,11 +587,11 @@ func (s *session) relay(be *backendConn) error {
 	return s.w.relay(be.R)
 }
 
-// backendLost answers every command still waiting on be with an error and
+// BackendLost answers every command still waiting on be with an error and
 // marks be dead. A client whose stream broke mid-reply, or that was
 // subscribed or monitoring, is disconnected instead: its state is gone and
 // it must notice, as it would if Redis itself had dropped it.
-func (s *session) backendLost(be *backendConn, cause error) {
+func (s *session) BackendLost(be *backendConn, cause error) {
 	be.NC.Close()
 	owed, visible, listening, closed, quit := s.q.lose(be)
 	drop := closed || s.nc.broken.Load() || errors.Is(cause, resp.ErrMidReply) || listening
@@ -767,24 +767,32 @@ func (s *session) wait() {
 	}
 }
 
-// What a shared connection does with the session of a client it carries.
+// What a multiplexed connection does with the session of a client it
+// carries (backend.Client, backend.Owner; Ordered, OrderedReply, Answer
+// and Drained are in clustershared.go).
 
-// sendShared records e, sent on the shared connection.
-func (s *session) sendShared(e entry) { s.q.send(&e, nil) }
+var (
+	_ backend.Client = (*session)(nil)
+	_ backend.Owner  = (*session)(nil)
+)
 
-// sink is where the shared reader copies the client's replies.
-func (s *session) sink() *clientWriter { return &s.w }
+// Queued records s.queuing, the command the forwarder is queuing on a
+// shared connection.
+func (s *session) Queued() { s.q.send(&s.queuing, nil) }
 
-// replied matches a reply the shared reader copied to the sink.
-func (s *session) replied(ri *resp.ReplyInfo) { s.q.account(ri) }
+// Sink is where the shared reader copies the client's replies.
+func (s *session) Sink() io.Writer { return &s.w }
 
-// pushOut writes the sink to the client if the shared reader is the one
+// Replied matches a reply the shared reader copied to the sink.
+func (s *session) Replied(ri *resp.ReplyInfo) { s.q.account(ri) }
+
+// PushOut writes the sink to the client if the shared reader is the one
 // that writes it.
-func (s *session) pushOut() {
+func (s *session) PushOut() {
 	if s.w.pushed() {
 		s.w.pushOut()
 	}
 }
 
-// disconnect closes the client's connection.
-func (s *session) disconnect() { s.nc.Close() }
+// Disconnect closes the client's connection.
+func (s *session) Disconnect() { s.nc.Close() }

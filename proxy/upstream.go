@@ -12,9 +12,9 @@ import (
 // kinds are one Redis, or the primary a Sentinel names (single), and a
 // Redis Cluster (clusterSession, whose slot map routes each command; see
 // clusterroute.go). Both hand their commands to the same machinery,
-// shared.go's: the shared connections, the connections of one client
-// (muxConn.one, which the session keeps and matches against its
-// connection state: session.forwardBackend, frame), and a cluster
+// internal/backend's (Mux): the shared connections, the connections of one client
+// (backend.NewOne, which the session keeps and matches against its
+// connection state: session.forwardBackend, Frame), and a cluster
 // client's own connections. Each session has its own, made with it and
 // knowing it; only the session's forwarder calls it.
 type upstream interface {
@@ -35,7 +35,7 @@ var (
 // single is one Redis behind the proxy, or the primary a Sentinel names
 // (Proxy.dial follows it). A client's stateless commands go on its shared
 // connection (session.sh) until its first other command; from then on,
-// all of them go on its connection of one (muxConn.one).
+// all of them go on its connection of one (backend.NewOne).
 type single struct{ s *session }
 
 func (u single) forward(name []byte, cmd redcon.Command) (localItem, bool, bool) {
@@ -52,7 +52,8 @@ func (u single) forward(name []byte, cmd redcon.Command) (localItem, bool, bool)
 		return localItem{reply: replyOK, silent: s.silent(), quit: true}, false, false
 	}
 	if resp.Stateless(name) {
-		if err := s.sh.send(s, e, cmd.Raw); err != nil {
+		s.queuing = e
+		if err := s.sh.Queue(s, 0, nil, cmd.Raw, true); err != nil {
 			s.p.m.unavailable.Add(1)
 			return localItem{reply: resp.ErrorReply(&BackendError{Err: err})}, false, false
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // clientWriter is the write side of a client connection. Replies reach it
-// three ways: the reader of the client's connection of one (muxConn.one)
+// three ways: the reader of the client's connection of one (backend.NewOne)
 // copies them into the buffered writer (copyFrom); the shared connections' readers append them to the
 // sink, which is written by pushOut, or by whoever writes next; and the
 // proxy's own replies (write).
@@ -18,8 +18,8 @@ import (
 // Lock order. A session has three locks: replyQueue.mu, clientWriter.mu
 // and clientWriter.sinkMu. clientWriter.mu is taken before sinkMu and never
 // while sinkMu is held; replyQueue.mu is never held together with either
-// of them. Outside the session, muxConn.mu may be held while taking
-// replyQueue.mu (muxConn.send), never the other way round, and never with
+// of them. Outside the session, backend.Mux's lock may be held while taking
+// replyQueue.mu (Mux.Queue, session.Queued), never the other way round, and never with
 // a writer lock.
 type clientWriter struct {
 	nc *clientConn

@@ -27,8 +27,11 @@ type Conn struct {
 	NC   net.Conn
 	R    *bufio.Reader
 	W    *bufio.Writer // the proxy's own commands (setup, COMMAND); clients' go through a shared's write buffer
-	Dead bool          // guarded by the session's replyQueue on a connection of one (muxConn.one), by muxConn.mu on the others
+	Dead bool          // guarded by the session's replyQueue on a connection of one (NewOne), by Mux.mu on the others
 	Done chan struct{} // closed when the reader of a connection of one ends
+	// pending is set on a shared connection and a cluster client's own
+	// (Mux): whose replies are coming.
+	pending *pending
 }
 
 // Dial opens a connection to addr ("host:port", or a unix socket's path,
