@@ -72,7 +72,7 @@ func (p *Proxy) writeQueued() {
 		p.group.WriteQueued(limit)
 		return
 	}
-	for _, g := range p.router.groupList() {
+	for _, g := range p.router.Groups() {
 		g.WriteQueued(limit)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/tidwall/redcon"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/clusterclient"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -31,7 +32,7 @@ import (
 // subscribed client (the node would answer MOVED for a key it does not
 // serve). Replies keep their order across the two paths: the replies to
 // the routed commands are written before a command goes to the pinned
-// node (session.settleCluster), and the pinned node has answered
+// node (clusterclient.Client.Settle), and the pinned node has answered
 // everything before a command is routed.
 // Once the client has no subscription left, the pinned connection is
 // closed and the state it learned (HELLO, AUTH, CLIENT SETNAME) is the
@@ -52,7 +53,7 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	if resp.Lookup(name).Has(resp.Subscribes) {
 		reply, pinned = s.pinFor(name, cmd)
 		if pinned {
-			s.mirrorSubscriptions(name, cmd.Args) // clusterkeyspace.go
+			s.cl.MirrorSubscriptions(name, cmd.Args) // internal/clusterclient, keyspace.go
 		}
 		return reply, pinned
 	}
@@ -70,13 +71,12 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	case string(name) == "reset":
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
-		cs.closeMirrors()
-		cs.dropAll()
-		cs.st = clientState{}
-		cs.stateChanged()
+		cs.CloseMirrors()
+		cs.DropAll()
+		s.ForgetState()
 		cs.Txn, cs.Watch = nil, nil
 		return nil, true
-	case setsState(name, cmd.Args): // AUTH, HELLO, CLIENT SETNAME
+	case clusterclient.SetsState(name, cmd.Args): // AUTH, HELLO, CLIENT SETNAME
 		return nil, true
 	}
 	if resp3 {
@@ -86,17 +86,16 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	// RESP2: only the subscription commands, PING, QUIT and RESET are
 	// allowed, and the node says so for the others, except for a key it
 	// does not serve, which it would redirect first.
-	keys, err := cs.r.Keys(s.ctx, cs.Keys[:0], name, cmd.Args)
+	keys, err := s.p.router.Keys(s.ctx, cs.Keys[:0], name, cmd.Args)
 	cs.Keys = keys
 	if err != nil {
-		s.p.m.unavailable.Add(1)
-		return resp.ErrorReply(&BackendError{Err: err}), false
+		return s.cl.Unavailable(err), false
 	}
 	if len(keys) == 0 {
 		return nil, true
 	}
 	full := append([]byte(nil), name...)
-	if t, err := cs.r.Commands(s.ctx); err == nil && t[string(name)].Container && len(cmd.Args) > 1 {
+	if t, err := s.p.router.Commands(s.ctx); err == nil && t[string(name)].Container && len(cmd.Args) > 1 {
 		var sb [24]byte
 		full = append(append(full, '|'), resp.Lower(&sb, cmd.Args[1])...)
 	}
@@ -106,14 +105,12 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 // pinFor chooses the node of a (un)subscribe command and pins the client
 // to it.
 func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned bool) {
-	cs := s.cl
 	// The commands routed before it are answered first: a HELLO among
 	// them sets the protocol the new connection is brought to.
-	s.settleCluster()
-	m, err := cs.r.Current(s.ctx)
+	s.cl.Settle()
+	m, err := s.p.router.Current(s.ctx)
 	if err != nil {
-		s.p.m.unavailable.Add(1)
-		return resp.ErrorReply(&BackendError{Err: err}), false
+		return s.cl.Unavailable(err), false
 	}
 	target := m.Master(m.First[0])
 	shard := (string(name) == "ssubscribe" || string(name) == "sunsubscribe") && len(cmd.Args) > 1
@@ -127,7 +124,7 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 		target = m.Master(slot)
 	}
 	if s.be != nil && !s.q.dead(s.be) {
-		if !shard || s.cl.pinAddr == target {
+		if !shard || s.cl.PinAddr() == target {
 			return nil, true
 		}
 		// A shard channel of another node: the client may move there
@@ -140,8 +137,8 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	if s.be != nil {
 		s.unpin()
 	}
-	s.q.adopt(cs.st)
-	s.cl.pinAddr = target
+	s.q.adopt(s.cst.st)
+	s.cl.PinTo(target)
 	return nil, true
 }
 
@@ -157,7 +154,7 @@ func (s *session) settlePinned() {
 func (s *session) unpin() {
 	be := s.be
 	s.be = nil
-	s.cl.closeMirrors()
+	s.cl.CloseMirrors()
 	s.adoptPinned()
 	be.NC.Close()
 	<-be.Done
@@ -167,7 +164,7 @@ func (s *session) unpin() {
 // connection the cluster session's; when it changed, the cluster
 // connections are closed, to be opened again in the new state.
 func (s *session) adoptPinned() {
-	cs := s.cl
+	cs := &s.cst
 	st := s.q.client()
 	if bytes.Equal(st.replay.auth, cs.st.replay.auth) && bytes.Equal(st.replay.hello, cs.st.replay.hello) &&
 		bytes.Equal(st.replay.name, cs.st.replay.name) && st.resp3() == cs.st.resp3() {
@@ -175,5 +172,5 @@ func (s *session) adoptPinned() {
 	}
 	cs.st = st
 	cs.stateChanged()
-	cs.dropAll()
+	s.cl.DropAll()
 }

@@ -43,7 +43,7 @@ func TestClusterShared(t *testing.T) {
 			}
 		}
 		compareCluster(t, srv, c, addr, []step{send("a", cmds...)})
-		if n := len(p.router.sharedList()); n != 3 {
+		if n := len(p.router.SharedList()); n != 3 {
 			t.Errorf("%d shared connections to the masters, want one per master", n)
 		}
 	})
@@ -187,5 +187,5 @@ func TestClusterSharedAccessChange(t *testing.T) {
 		}
 	}
 	// The clients of before are gone: so are their shared connections.
-	eventually(t, "the earlier shared connections closed", func() bool { return len(p.router.sharedList()) == 3 })
+	eventually(t, "the earlier shared connections closed", func() bool { return len(p.router.SharedList()) == 3 })
 }

@@ -4,24 +4,25 @@
 // RESP, copying the backend's replies back byte for byte.
 //
 // Connection model: the stateless commands of clients that have set no
-// connection state go over a few shared backend connections (shared.go):
+// connection state go over a few shared backend connections
+// (internal/backend, Mux and Group):
 // commands of many clients leave in one write and each reply is routed
 // back to its client. At its first command that sets or reads connection
 // state, or blocks, a client moves to a dedicated backend connection, so
 // everything a client can set on a Redis connection (SELECT, AUTH, HELLO 3,
 // CLIENT SETNAME, MULTI, WATCH, subscriptions, MONITOR, blocking commands)
-// stays the client's own. That connection is a muxConn (a multiplexed
-// connection) with one client (muxConn.one): written by the same
-// batching, and read by a reader of its own (muxConn.readOne; the shared
-// connections' is readShared), which asks the client's fifo (below) what
-// each frame answers, and reads for as long as the connection lives, since pushes,
+// stays the client's own. That connection is a backend.Mux (a multiplexed
+// connection) with one client (backend.NewOne): written by the same
+// batching, and read by a reader of its own, which asks the session
+// (backend.Owner, session.Frame) and its fifo (below) what each frame
+// answers, and reads for as long as the connection lives, since pushes,
 // messages and MONITOR lines come while the client sends nothing. The
 // move takes one of a few connections kept
 // dialed and set up in the background (internal/backend, Spares), so it costs no dial: a
 // dial on the request path would let a command another client sends right
 // after reach Redis first. A command waiting for its shared connection
 // (behind the replies in flight on it) is written before any later
-// command goes out on another backend connection (shared.go,
+// command goes out on another backend connection (backend.Mux,
 // Proxy.writeQueued): batching does not change the order in which the
 // proxy passes different clients' commands on. A pipeline read from the
 // client in one go is written to the backend in one go. A fifo of the
@@ -78,26 +79,27 @@
 // fails as a whole: its later commands are refused as commands that fail
 // to queue, without reaching the backend, and EXEC answers EXECABORT; keys
 // WATCHed on it make the next EXEC abort with a null reply (state.go,
-// connState.doomed; clustertx.go for a cluster).
+// connState.doomed; clusterclient's tx.go for a cluster).
 //
 // Where a command goes is the upstream's (upstream.go), which the
 // session asks for each command; both kinds hand what they send to the
-// same machinery, the batching of shared.go: the shared connections, and
-// connections of one client (a client of one Redis's own, and a cluster
-// client's pinned pub/sub connection). With one Redis, or the primary a Sentinel names (sentinel.go), the
+// same machinery, internal/backend's batching: the shared connections,
+// and connections of one client (a client of one Redis's own, and a
+// cluster client's pinned pub/sub connection). With one Redis, or the primary a Sentinel names (sentinel.go), the
 // upstream is single: the rules above. With a Redis
-// Cluster behind it (BackendConfig.Cluster), it is the client's
-// clusterSession, which routes each command by the slot of its keys to
-// the master serving it: internal/cluster plans each command (the
-// routing, in one place), and the cluster*.go files here send what it
-// plans. The stateless one-slot commands of clients
+// Cluster behind it (BackendConfig.Cluster), it is clusterUp, which
+// hands each command to the client's clusterclient.Client (s.cl): it
+// routes each command by the slot of its keys to the master serving it;
+// internal/cluster plans each command (the routing, in one place), and
+// internal/clusterclient sends what it plans, asking the session (its
+// Host, clusterhost.go) for what the session keeps. The stateless one-slot commands of clients
 // that have set no connection state go on the master's shared
-// connections, the machinery above per master (clustershared.go): batched
+// connections, the machinery above per master (clusterclient, shared.go): batched
 // and in arrival order at each master (commands on different masters hold
 // different keys, so each master's connections batch without waiting for
 // the others'). Everything else goes on connections of the client's own,
-// one per master, each a muxConn with one client
-// (clustercall.go): its commands are batched and its replies read by the
+// one per master, each a backend.Mux with one client
+// (clusterclient, call.go): its commands are batched and its replies read by the
 // same machinery (read only while replies are owed on it), and the
 // forwarder reads no backend connection. Each
 // reply takes a ticket in the client's cluster.Order and is put
@@ -125,7 +127,7 @@
 // answers TRYAGAIN (a multi-key command whose keys a migration has split
 // between two masters) is sent again after a pause, and a later command
 // of the same pipeline on a key the old master still holds has run there
-// before it. clustertx.go ties a
+// before it. clusterclient's tx.go ties a
 // transaction or WATCH to the connection it was sent on. A client that
 // subscribes is pinned to one connection of its own to one node, served
 // by the single-Redis rules above on a connection of one
@@ -133,7 +135,7 @@
 // slot 0 for SUBSCRIBE and PSUBSCRIBE (the cluster broadcasts PUBLISH),
 // that of the channels' slot for SSUBSCRIBE. MONITOR opens a connection
 // of the client's own to every master and copies their lines
-// (clustermonitor.go). The commands about the whole server are applied
+// (clusterclient, monitor.go). The commands about the whole server are applied
 // to, or merged from, every master (internal/cluster, fan.go), and the set,
 // sorted-set, LCS and PFCOUNT reads of keys in several slots, and SORT
 // with BY/GET patterns, are computed by the proxy from each key's value
@@ -152,7 +154,9 @@
 //   - session.go: the session itself, which handles each command in order:
 //     forwards it (forward), or answers it locally (answer, runLocal), and
 //     matches each frame its connection of one reads against its fifo
-//     (frame), or relays the replication stream (relay).
+//     (Frame), or relays the replication stream (relay). It is what the
+//     multiplexed connections hand its replies to (backend.Client,
+//     backend.Owner).
 //   - queue.go: replyQueue, what the client is owed, in order: the fifo of
 //     forwarded commands and the local command running, with the commands
 //     held back behind it. Whoever must keep its place waits on its methods.
@@ -161,18 +165,25 @@
 //     replay). It sees every command sent and every reply frame; it has no
 //     locks, the replyQueue drives it under its own. What a client set
 //     that every connection replays (clientState) is learned there, by
-//     one Redis's connState and a cluster client's session alike.
+//     one Redis's connState and a cluster client's session (clusterState)
+//     alike.
 //   - writer.go: clientWriter, the client's socket: buffered replies, the
 //     sink the shared readers fill, and the non-blocking write path.
 //
 // upstream.go is where a session's commands go (the interface and its
-// single-Redis kind); shared.go and internal/cluster's Order are the
-// batching, in one place: every backend connection a client's commands go
-// on (shared connections, and connections of one client) and the order of
-// a cluster client's replies. The cluster*.go files are the session's side of a
-// Redis Cluster: they send what internal/cluster plans and keep the
-// state a cluster client has (its own connections, transaction, pub/sub
-// connection, MONITOR, tracking). sentinel.go is the proxy's side of
+// single-Redis kind); internal/backend's Mux and internal/cluster's Order
+// are the batching, in one place: every backend connection a client's
+// commands go on (shared connections, and connections of one client) and
+// the order of a cluster client's replies; batching.go is the proxy's side
+// of it (what the connections share, how a shared one is dialled, the
+// order across every group). The cluster*.go files are the session's side
+// of a Redis Cluster, and route nothing: clusterhost.go makes the session
+// the Host of its clusterclient.Client (the client's socket and order,
+// the connection state it set, the dialing of its connections in that
+// state) and is the cluster's upstream; clusterpubsub.go serves the
+// client's pub/sub connection, pinned to one node, as a client of one
+// Redis's; clusterspare.go keeps each master's spare connections.
+// sentinel.go is the proxy's side of
 // internal/sentinel, clientconn.go checks requests with internal/resp's
 // Scanner, internal/acl's Passwords answer AUTH against the proxy's
 // password-only users, acl.go and aclsession.go are the
@@ -186,10 +197,14 @@
 // state; internal/fenced runs the transaction. Files outside a part call
 // its methods only.
 //
-// Below proxy, packages that know nothing of clients:
+// Below proxy, packages that know nothing of client sockets:
 //   - internal/backend: a backend connection (Conn: Dial, with TLS;
 //     Setup, the commands that bring it to a client's state; Call, the
-//     proxy's own round trips; Role), the Spares kept dialled for
+//     proxy's own round trips; Role), the batching of every connection a
+//     client's commands go on (Mux, in a Group: shared; NewOne, a client's
+//     connection of one; NewOwn, a cluster client's own connection to a
+//     master), which meets the session through backend.Client and
+//     backend.Owner and the proxy through an Env, the Spares kept dialled for
 //     clients that move to a connection of their own, the Backoff after
 //     failed dials, and the Arrivals: the order in which the clients'
 //     sockets received data (Linux), which each read waits for before
@@ -219,18 +234,25 @@
 //     what the proxy asks about each Redis command (Lookup, Of, Stateless;
 //     Effect, what it does to its connection), with the key positions
 //     loaded once from the backend's COMMAND (Table, LookupSpec).
-//   - internal/cluster: Redis Cluster routing. The Router keeps the slot
+//   - internal/cluster: Redis Cluster planning. The Router keeps the slot
 //     map and the COMMAND table; a Client (one per cluster client,
-//     embedded in clusterSession) plans each command into a Call of parts,
-//     asking the session (its Host, clusterhost.go) for the barriers and
-//     the state it owns; the merges of the parts' replies are functions
-//     of the replies (and of a fetch callback for SORT's patterns).
+//     embedded in clusterclient.Client) plans each command into a Call of
+//     parts, asking its host (cluster.Host) for the barriers and the state
+//     it owns; the merges of the parts' replies are functions of the
+//     replies (and of a fetch callback for SORT's patterns).
+//   - internal/clusterclient: a client's side of a Redis Cluster. Its
+//     Router has the masters' shared connections by access generation;
+//     a Client per cluster client sends what internal/cluster plans, on
+//     those or on connections of its own (Route, Settle), follows the
+//     redirections, ties transactions and WATCH to their connections, and
+//     serves MONITOR, the keyspace mirrors, CLIENT TRACKING and UNBLOCK
+//     and SCAN across the masters, asking the session (Host) for the rest.
 //
-// Lock order (also on clientWriter): muxConn.mu before replyQueue.mu;
-// clientWriter.mu before clientWriter.sinkMu; replyQueue.mu is never held
-// with a clientWriter lock, nor a writer lock with muxConn.mu;
+// Lock order (also on clientWriter): backend.Mux's mu before
+// replyQueue.mu; clientWriter.mu before clientWriter.sinkMu; replyQueue.mu
+// is never held with a clientWriter lock, nor a writer lock with a Mux's;
 // cluster.Order's lock is taken with none of these held and takes
-// only clientWriter.sinkMu; clusterSession.mu, redirMu and
+// only clientWriter.sinkMu; clusterclient.Client's mu, redirMu and
 // cluster.Client's movedMu are leaves, as are aclState's lock (acl.go)
 // and acl.Engine's;
 // sentinel.Follower's mu

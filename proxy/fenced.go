@@ -317,7 +317,7 @@ func (fc fencedConns) close() {
 func (s *session) fencedConn(ctx context.Context, addr string) (*fenced.Conn, bool, error) {
 	var st replayState
 	if s.cl != nil {
-		st = s.cl.st.replay
+		st = s.cst.st.replay
 	} else {
 		st = s.q.replay()
 	}
@@ -375,7 +375,7 @@ func (s *session) fencedEnv() *fenced.Env {
 		Retry:       s.p.cfg.Backend.ClusterRetry,
 	}
 	if s.cl != nil {
-		env.Router = s.cl.r.Router
+		env.Router = s.p.router.Router.Router
 	}
 	s.fenv = env
 	return env

@@ -272,7 +272,7 @@ func playBehindSlowCmd(t *testing.T, addr string, other [][]string, flush func()
 func sharedCounts(p *Proxy) (c struct{ out, queued int }) {
 	all := p.shared
 	if p.router != nil {
-		all = p.router.sharedList()
+		all = p.router.SharedList()
 	}
 	for _, sh := range all {
 		out, queued := sh.Counts()

@@ -119,7 +119,7 @@ type BackendConfig struct {
 	// Cluster, instead of Addr, is the seed addresses of a Redis Cluster:
 	// each command goes to the master serving its keys' slot (see
 	// clusterroute.go). The credentials, TLS and timeouts below apply to
-	// every node, and SharedConnections to each master (clustershared.go);
+	// every node, and SharedConnections to each master (internal/clusterclient, shared.go);
 	// and SpareConnections to each master too: a client's own connection
 	// to a master, made at its first command there that cannot share one,
 	// is a spare one when there is one (clusterspare.go).
@@ -493,7 +493,7 @@ drain:
 		p.acl.closeGroups()
 	}
 	if p.router != nil {
-		p.router.closeShared()
+		p.router.CloseShared()
 		p.router.closeSpares()
 	}
 	p.sharedWG.Wait()
@@ -528,7 +528,7 @@ func (p *Proxy) busy() bool {
 // the whole pipeline goes to the backend in one write.
 func (p *Proxy) ServeRESP(conn redcon.Conn, cmd redcon.Command) {
 	s := conn.Context().(*session)
-	defer s.recoverPanic()
+	defer s.Recover()
 	s.handle(cmd)
 	for _, c := range conn.ReadPipeline() {
 		s.handle(c)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/clusterclient"
 	"github.com/lockproxy/lockproxy/proxy/internal/fenced"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -40,7 +41,7 @@ var (
 // errTxnLost is why a command of a transaction whose backend connection
 // was lost is refused: what the backend had queued is gone, so the
 // transaction fails as a whole.
-var errTxnLost = errors.New("connection lost inside MULTI, EXEC will abort")
+var errTxnLost = clusterclient.ErrTxnLost
 
 // localItem is a command answered by the proxy rather than the backend,
 // in its place in the client's stream.
@@ -82,10 +83,9 @@ type session struct {
 	w clientWriter
 
 	// Used only by the forwarder.
-	sh        *backend.Mux   // nil when multiplexing is off
-	dedicated bool           // the client has left its shared connection for good
-	sharedOut bool           // commands were sent on the shared connection since the last flush
-	dirty     []*backend.Mux // in front of a cluster, the masters' shared connections sent to since then
+	sh        *backend.Mux // nil when multiplexing is off
+	dedicated bool         // the client has left its shared connection for good
+	sharedOut bool         // commands were sent on the shared connection since the last flush
 	// replica: the backend answered the client's SYNC or PSYNC with the
 	// replication stream; whatever the client sends now goes to the
 	// backend as it is (see relay).
@@ -117,10 +117,12 @@ type session struct {
 	// used only where loc is.
 	cmdCtx    context.Context
 	cmdCancel context.CancelFunc
-	// up says where commands go; cl is it when the backend is a Redis
-	// Cluster, used directly by the cluster*.go files.
-	up upstream
-	cl *clusterSession
+	// up says where commands go; cl routes them when the backend is a
+	// Redis Cluster (clusterhost.go), and cst is the state the client set
+	// there.
+	up  upstream
+	cl  *clusterclient.Client
+	cst clusterState
 	// fc are the connections FENCED runs on (fenced.go).
 	fc   fencedConns
 	fenv *fenced.Env // what internal/fenced needs of the session, made at its first FENCED
@@ -136,8 +138,8 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.sh = p.pickShared()
 	s.up = single{s}
 	if p.router != nil {
-		s.cl = newClusterSession(p.router, s)
-		s.up = s.cl
+		s.cl = clusterclient.New(p.router.Router, s, s.ctx)
+		s.up = clusterUp{s}
 	}
 	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)
 	return s
@@ -148,7 +150,7 @@ func (s *session) handle(cmd redcon.Command) {
 	if s.q.hold(cmd) {
 		return
 	}
-	if s.cl != nil && s.cl.blocking {
+	if s.cl != nil && s.cl.Blocking() {
 		// A command sent may block: waiting for its reply runs on a
 		// goroutine of its own, and this command waits behind it.
 		s.startCluster()
@@ -186,7 +188,7 @@ func (s *session) endBatch() {
 	if s.q.running() {
 		return
 	}
-	if s.cl != nil && s.cl.blocking {
+	if s.cl != nil && s.cl.Blocking() {
 		// The blocking command leaves here, before this goroutine reads
 		// again and so lets the reads after this one go on (the arrival
 		// order): another client's command sent right after it must not
@@ -208,9 +210,9 @@ func (s *session) startCluster() {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer s.recoverPanic()
+		defer s.Recover()
 		s.flush()
-		s.settleCluster()
+		s.cl.Settle()
 		s.drainBacklog()
 	}()
 }
@@ -225,7 +227,7 @@ func (s *session) mayWait(it localItem) bool {
 // behind it meanwhile: that goroutine is the one that reads the client.
 func (s *session) answerNow(it localItem) {
 	defer s.wg.Done()
-	defer s.recoverPanic()
+	defer s.Recover()
 	s.answer(it)
 	s.q.endLocal()
 }
@@ -234,7 +236,7 @@ func (s *session) answerNow(it localItem) {
 // it until none is left, and hands forwarding back to redcon's goroutine.
 func (s *session) runLocal(it localItem) {
 	defer s.wg.Done()
-	defer s.recoverPanic()
+	defer s.Recover()
 	s.answer(it)
 	s.drainBacklog()
 }
@@ -266,7 +268,7 @@ func (s *session) drainBacklog() {
 // that is not the proxy's own waits there for the commands other clients
 // sent before it (internal/backend, Arrivals).
 func (s *session) forward(cmd redcon.Command, order *backend.Arrival) (localItem, bool) {
-	if s.cl != nil && s.cl.quit {
+	if s.cl != nil && s.cl.Quitting() {
 		// After a cluster client's QUIT, which closes the connection
 		// (one Redis runs QUIT itself).
 		return localItem{reply: replyOK, silent: true}, false
@@ -479,11 +481,9 @@ func (s *session) flushDirty() {
 	if s.sh != nil {
 		s.sh.Flush()
 	}
-	for i, sh := range s.dirty {
-		sh.Flush()
-		s.dirty[i] = nil
+	if s.cl != nil {
+		s.cl.FlushDirty()
 	}
-	s.dirty = s.dirty[:0]
 }
 
 // drainShared waits for the replies to the commands the client sent on
@@ -492,7 +492,7 @@ func (s *session) flushDirty() {
 func (s *session) drainShared() {
 	s.q.waitEmpty()
 	if s.cl != nil {
-		s.cl.order.Wait()
+		s.cl.Order().Wait()
 	}
 	s.w.drain()
 }
@@ -613,14 +613,14 @@ func (s *session) BackendLost(be *backendConn, cause error) {
 func (s *session) answer(it localItem) {
 	s.p.m.local.Add(1)
 	if s.cl != nil {
-		s.cl.order.Wait() // the replies routed before it
+		s.cl.Order().Wait() // the replies routed before it
 	}
 	t, ok := s.q.waitTurn()
 	if !ok {
 		return
 	}
 	if s.cl != nil && s.be == nil {
-		t.multi, t.resp3 = s.cl.Txn != nil, s.cl.st.resp3()
+		t.multi, t.resp3 = s.cl.Txn != nil, s.cst.st.resp3()
 	}
 	reply := it.reply
 	if reply == nil {
@@ -647,7 +647,7 @@ func (s *session) answer(it localItem) {
 			if s.cl != nil {
 				// In front of a cluster the name is the client's
 				// own state, replayed on each of its connections.
-				name = s.cl.st.replay.name
+				name = s.cst.st.replay.name
 			}
 			s.identify(name)
 			if reply = s.lockDenied(it.args); reply == nil {
@@ -714,16 +714,16 @@ func (s *session) protocolError(err error) {
 	start := time.Now()
 	s.q.waitIdle(time.Second)
 	if s.cl != nil {
-		s.cl.order.WaitFor(time.Second - time.Since(start))
+		s.cl.Order().WaitFor(time.Second - time.Since(start))
 	}
 	s.w.write([]byte("-ERR " + err.Error() + "\r\n"))
 }
 
-// recoverPanic contains a panic to this client: it is logged and the
+// Recover contains a panic to this client: it is logged and the
 // client's connection is closed, and the process and every other client
 // carry on. It is deferred at the top of every goroutine that works for the
 // session.
-func (s *session) recoverPanic() {
+func (s *session) Recover() {
 	r := recover()
 	if r == nil {
 		return
@@ -753,7 +753,7 @@ func (s *session) close() {
 		be.NC.Close()
 	}
 	if s.cl != nil {
-		s.cl.close()
+		s.cl.Close()
 	}
 }
 
@@ -769,7 +769,7 @@ func (s *session) wait() {
 
 // What a multiplexed connection does with the session of a client it
 // carries (backend.Client, backend.Owner; Ordered, OrderedReply, Answer
-// and Drained are in clustershared.go).
+// and Drained are in clusterhost.go).
 
 var (
 	_ backend.Client = (*session)(nil)

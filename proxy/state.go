@@ -143,7 +143,7 @@ func (r *replayState) empty() bool {
 // connection it uses must carry: the commands a new one replays, and the
 // protocol. A client of one Redis learns it from the replies on its
 // dedicated connection (connState), a client of a cluster from the
-// replies to the commands it sends on all of its own (clusterSession);
+// replies to the commands it sends on all of its own (clusterState);
 // both learn it here. The zero value is RESP2 with nothing to replay.
 type clientState struct {
 	replay replayState

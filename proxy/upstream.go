@@ -10,8 +10,8 @@ import (
 // backend behind the proxy: which connection, other than the client's
 // connection of one, carries it, and how that one is dialled. Its two
 // kinds are one Redis, or the primary a Sentinel names (single), and a
-// Redis Cluster (clusterSession, whose slot map routes each command; see
-// clusterroute.go). Both hand their commands to the same machinery,
+// Redis Cluster (clusterUp, whose clusterclient.Client routes each
+// command by the slot map; see clusterhost.go). Both hand their commands to the same machinery,
 // internal/backend's (Mux): the shared connections, the connections of one client
 // (backend.NewOne, which the session keeps and matches against its
 // connection state: session.forwardBackend, Frame), and a cluster
@@ -29,7 +29,7 @@ type upstream interface {
 
 var (
 	_ upstream = single{}
-	_ upstream = (*clusterSession)(nil)
+	_ upstream = clusterUp{}
 )
 
 // single is one Redis behind the proxy, or the primary a Sentinel names

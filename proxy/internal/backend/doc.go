@@ -8,6 +8,15 @@
 //     the proxy's own round trips on it, and Open tells whether an idle
 //     one is still open. Clients' commands are written and their replies
 //     read by the proxy's batching, which owns the Conn then.
+//   - Mux and Group, the batching of every connection a client's commands
+//     go on: a Group of shared connections to one server, whose commands
+//     of many clients leave in one write, in the order they came across
+//     the group, and whose replies are handed back in order to the Client
+//     each answers; a client's connection of one (NewOne), whose frames
+//     its Owner matches; a cluster client's own connection to a master
+//     (NewOwn), read only while replies are owed on it. What the
+//     connections share across the proxy (the batch count, the counters,
+//     the hooks) is an Env.
 //   - Spares, a few connections kept dialled and set up, so that a client
 //     that moves to a connection of its own costs no dial on its request
 //     path (a dial there would let a command another client sends right

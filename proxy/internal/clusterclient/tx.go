@@ -1,6 +1,10 @@
-package proxy
+package clusterclient
 
-import "github.com/lockproxy/lockproxy/proxy/internal/cluster"
+import (
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
+)
 
 // What a lost connection does to a transaction or WATCH in front of a
 // Redis Cluster, as it does to one Redis (connState.doomed): a MULTI is
@@ -15,8 +19,8 @@ import "github.com/lockproxy/lockproxy/proxy/internal/cluster"
 // tagTx ties the parts of c, the call planned for name, to the transaction
 // or WATCH they belong to, for txConn to check when they are sent. txn and
 // watch are the client's transaction and WATCH before c was planned.
-func (s *session) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, watch *cluster.Pin) {
-	cs := s.cl
+func (s *Client) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, watch *cluster.Pin) {
+	cs := s
 	if c.Kind == cluster.CallLocal || (c.Kind == cluster.CallMerge && c.Op != cluster.OpLast) {
 		// The proxy's own reply, or AUTH, HELLO or CLIENT SETNAME, which
 		// go to every connection of the client, inside a transaction or
@@ -56,7 +60,7 @@ func (s *session) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, wat
 // txConn checks p, about to be written on be, against the connection of
 // its transaction or WATCH, and reports false when it must not be written:
 // p then answers p.tx.reply (p.err, in a call whose replies merge).
-func (s *session) txConn(p *cluster.Part, be *backendConn) bool {
+func (s *Client) txConn(p *cluster.Part, be *backend.Conn) bool {
 	x := p.Tx
 	if w := x.Watch; w != nil {
 		w.Lost = w.Lost || (w.Conn != nil && w.Conn != be)
@@ -74,28 +78,28 @@ func (s *session) txConn(p *cluster.Part, be *backendConn) bool {
 		// Once lost, a transaction that moves to the master of its first
 		// key does not open again there.
 		t.Lost = true
-		p.Err = errTxnLost
+		p.Err = ErrTxnLost
 		switch x.Role {
 		case cluster.TxExec:
-			x.Reply = replyExecAbort
+			x.Reply = resp.ReplyExecAbort
 		case cluster.TxDiscard:
-			x.Reply = replyOK
+			x.Reply = resp.ReplyOK
 		case cluster.TxMulti:
 			x.Reply = replyNestedMulti
 		case cluster.TxWatch:
 			x.Reply = replyWatchInMulti
 		default:
 			t.Failed.Store(true)
-			x.Reply = replyTxnLost
+			x.Reply = s.r.txnLost
 		}
 		return false
 	case x.Role == cluster.TxExec && (t.Failed.Load() || t.WatchLost):
 		// The transaction is queued on be: throw it away.
-		p.Raw = cmdDiscard
-		x.Reply = replyExecAbort
+		p.Raw = resp.CmdDiscard
+		x.Reply = resp.ReplyExecAbort
 		if !t.Failed.Load() {
 			x.Reply = replyNull2
-			if s.cl.st.resp3() {
+			if s.h.Resp3() {
 				x.Reply = replyNull3
 			}
 		}
@@ -106,7 +110,7 @@ func (s *session) txConn(p *cluster.Part, be *backendConn) bool {
 // txUnsent records that p, of a transaction or WATCH, could not be sent:
 // its master could not be reached. The transaction fails; the keys of the
 // WATCH count as lost.
-func (s *session) txUnsent(p *cluster.Part) {
+func (s *Client) txUnsent(p *cluster.Part) {
 	if w := p.Tx.Watch; w != nil {
 		w.Lost = true
 	} else {

@@ -1,4 +1,4 @@
-package proxy
+package clusterclient
 
 import (
 	"bufio"
@@ -29,25 +29,24 @@ var cmdMonitor = []byte("*1\r\n$7\r\nMONITOR\r\n")
 
 // monitorCall starts MONITOR on every master; the commands before it are
 // answered first.
-func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
-	cs := s.cl
+func (s *Client) monitorCall(m *cluster.SlotMap) cluster.Call {
+	cs := s
 	if cs.monitoring() {
 		return cluster.LocalCall(nil) // Redis ignores it, without a reply
 	}
-	s.settleCluster()
-	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
+	s.Settle()
+	ctx, cancel := context.WithTimeout(s.ctx, s.r.cfg.DialTimeout)
 	defer cancel()
-	st := cs.st.replay
-	var conns []*backendConn
+	var conns []*backend.Conn
 	fail := func(err error) cluster.Call {
 		for _, be := range conns {
 			be.NC.Close()
 		}
-		s.p.m.unavailable.Add(1)
-		return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: err}))
+		s.r.cfg.Unavailable.Add(1)
+		return cluster.LocalCall(s.r.cfg.ErrorReply(err))
 	}
 	for _, addr := range m.Masters {
-		be, err := s.p.dialAddr(ctx, addr, st)
+		be, err := s.h.Dial(ctx, addr, AsState)
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", addr, err))
 		}
@@ -66,26 +65,25 @@ func (s *session) monitorCall(m *cluster.SlotMap) cluster.Call {
 	cs.mu.Lock()
 	if cs.closed {
 		cs.mu.Unlock()
-		return fail(errClusterClosed)
+		return fail(backend.ErrClosed)
 	}
 	cs.monitors = conns
 	cs.mu.Unlock()
 	cs.monitorOn = true
-	s.w.write(replyOK)
+	s.h.Write(resp.ReplyOK)
 	for i, be := range conns {
-		s.wg.Add(1)
 		cs.monWG.Add(1)
-		go s.copyMonitor(be, i > 0)
+		s.h.Go(func() { s.copyMonitor(be, i > 0) })
 	}
 	return cluster.LocalCall(nil)
 }
 
 // monitoring reports whether the client is in MONITOR mode. Only the
 // forwarder, which starts and ends it, asks.
-func (cs *clusterSession) monitoring() bool { return cs.monitorOn }
+func (cs *Client) monitoring() bool { return cs.monitorOn }
 
 // stopMonitor closes the MONITOR connections; cs.mu is held.
-func (cs *clusterSession) stopMonitor() {
+func (cs *Client) stopMonitor() {
 	for _, be := range cs.monitors {
 		be.NC.Close()
 	}
@@ -94,7 +92,7 @@ func (cs *clusterSession) stopMonitor() {
 
 // endMonitor ends MONITOR (RESET) and waits until the lines already read
 // are written: no line may follow the reply to the command that ended it.
-func (cs *clusterSession) endMonitor() {
+func (cs *Client) endMonitor() {
 	cs.monitorOn = false
 	cs.mu.Lock()
 	cs.stopMonitor()
@@ -105,11 +103,11 @@ func (cs *clusterSession) endMonitor() {
 // monitorRefuses reports whether a monitoring client's command touches
 // the keyspace, which Redis refuses to a monitoring client (a replica, to
 // Redis): the commands flagged readonly, write or may_replicate.
-func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
-	if !s.cl.monitoring() {
+func (s *Client) monitorRefuses(name []byte, args [][]byte) bool {
+	if !s.monitoring() {
 		return false
 	}
-	table, err := s.cl.r.Commands(s.ctx)
+	table, err := s.r.Commands(s.ctx)
 	if err != nil {
 		return false
 	}
@@ -120,10 +118,8 @@ func (s *session) monitorRefuses(name []byte, args [][]byte) bool {
 // copyMonitor copies the MONITOR lines of one master to the client until
 // the connection ends. It disconnects the client when the master's
 // connection broke while the client was still monitoring.
-func (s *session) copyMonitor(be *backendConn, other bool) {
-	defer s.wg.Done()
-	defer s.cl.monWG.Done()
-	defer s.recoverPanic()
+func (s *Client) copyMonitor(be *backend.Conn, other bool) {
+	defer s.monWG.Done()
 	var line []byte
 	for {
 		b, err := be.R.ReadSlice('\n')
@@ -138,15 +134,15 @@ func (s *session) copyMonitor(be *backendConn, other bool) {
 			line = line[:0]
 			continue
 		}
-		w := s.w.lockOutput()
+		w := s.h.LockOutput()
 		w.Write(line)
 		if !hasLine(be.R) {
 			w.Flush()
 		}
-		s.w.unlock()
+		s.h.Unlock()
 		line = line[:0]
 	}
-	cs := s.cl
+	cs := s
 	cs.mu.Lock()
 	lost := false
 	for _, m := range cs.monitors {
@@ -154,7 +150,7 @@ func (s *session) copyMonitor(be *backendConn, other bool) {
 	}
 	cs.mu.Unlock()
 	if lost {
-		s.nc.Close()
+		s.h.Disconnect()
 	}
 }
 
@@ -199,7 +195,7 @@ func copiedLine(line []byte) bool {
 	}
 	info := resp.Of(name, args)
 	// A subscription made on the other masters is a keyspace mirror's
-	// (clusterkeyspace.go); a shard channel's is the client's own.
+	// (keyspace.go); a shard channel's is the client's own.
 	mirrored := info.Has(resp.Subscribes) && info.Family != resp.FamShard
 	return info.Flags&(resp.Fanned|resp.EveryConn) != 0 || mirrored
 }

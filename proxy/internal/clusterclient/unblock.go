@@ -1,4 +1,4 @@
-package proxy
+package clusterclient
 
 import (
 	"bytes"
@@ -12,7 +12,7 @@ import (
 
 // CLIENT UNBLOCK in front of a cluster. The id a client has is the one
 // CLIENT ID through the proxy gave it: its connection's to the slot-0
-// master (clustertracking.go's registry); its blocking command waits on
+// master (tracking.go, Router.clientIDs); its blocking command waits on
 // its connection to the master of its key. So the proxy finds, on every
 // master the named client has a connection of its own to, that
 // connection's id (CLIENT LIST, by the connection's address) and sends
@@ -22,8 +22,8 @@ import (
 // unblockCall answers CLIENT UNBLOCK id [TIMEOUT|ERROR]; it reports false
 // for one the proxy leaves to the first master (a malformed one, or an id
 // no client of the proxy has).
-func (s *session) unblockCall(args [][]byte) bool {
-	cs := s.cl
+func (s *Client) unblockCall(args [][]byte) bool {
+	cs := s
 	if len(args) < 3 || len(args) > 4 {
 		return false
 	}
@@ -38,7 +38,7 @@ func (s *session) unblockCall(args [][]byte) bool {
 	if len(args) == 4 && !bytes.EqualFold(args[3], []byte("timeout")) && !bytes.EqualFold(args[3], []byte("error")) {
 		return false // Redis's syntax error
 	}
-	target := v.(*session).cl
+	target := v.(*Client)
 	type conn struct{ addr, local string }
 	var conns []conn
 	target.mu.Lock()
@@ -49,11 +49,11 @@ func (s *session) unblockCall(args [][]byte) bool {
 	}
 	target.mu.Unlock()
 
-	s.settleCluster()
+	s.Settle()
 	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.Put(ticket, false, b, &s.w)
-		s.PushOut()
+		cs.order.Put(ticket, false, b, s.w)
+		s.h.PushOut()
 	}
 	m := cs.r.Slots.Load()
 	unblocked := int64(0)

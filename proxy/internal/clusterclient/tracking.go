@@ -1,4 +1,4 @@
-package proxy
+package clusterclient
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -42,7 +43,7 @@ import (
 
 // tracking is a client's CLIENT TRACKING ON: what it asked and its sinks.
 type tracking struct {
-	s        *session
+	s        *Client
 	redirect int64    // the client id REDIRECT named; 0 for none
 	opts     [][]byte // CLIENT TRACKING ON and its options but REDIRECT
 	mu       sync.Mutex
@@ -52,7 +53,7 @@ type tracking struct {
 
 // sink is one master's connection the client's invalidations go to.
 type sink struct {
-	be *backendConn
+	be *backend.Conn
 	id int64
 }
 
@@ -66,8 +67,8 @@ var (
 
 // clientIDCall sends CLIENT ID to the first master and records the id it
 // answers as the client's, for CLIENT TRACKING ... REDIRECT.
-func (s *session) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
-	cs := s.cl
+func (s *Client) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
+	cs := s
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
 	r := cs.r
 	c.Fold = func(replies [][]byte) ([]byte, bool) {
@@ -87,7 +88,7 @@ func (s *session) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.C
 
 // forgetIDs removes the client's ids from the router's registry; it runs
 // when the client has gone.
-func (cs *clusterSession) forgetIDs() {
+func (cs *Client) forgetIDs() {
 	cs.mu.Lock()
 	ids := cs.ids
 	cs.ids = nil
@@ -101,8 +102,8 @@ func (cs *clusterSession) forgetIDs() {
 // tracking on at every master, OFF turns it off everywhere. A syntax
 // the proxy does not recognise goes to the first master, whose error is
 // the client's.
-func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.Call, bool) {
-	cs := s.cl
+func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.Call, bool) {
+	cs := s
 	args := cmd.Args
 	if len(args) < 3 {
 		return cluster.Call{}, false
@@ -125,12 +126,12 @@ func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.
 		}
 		opts = append(opts, args[i])
 	}
-	s.settleCluster()
+	s.Settle()
 	if !on {
 		old := cs.trk.Load()
 		cs.stopTracking()
 		if old == nil {
-			return cluster.LocalCall(replyOK), true // Redis answers OFF +OK whatever the state
+			return cluster.LocalCall(resp.ReplyOK), true // Redis answers OFF +OK whatever the state
 		}
 		return cluster.Fan(m, cmd.Raw, cluster.OpFirst), true
 	}
@@ -146,13 +147,13 @@ func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.
 		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.Master(m.First[0])}
 	}
 	t.opts = opts
-	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, s.r.cfg.DialTimeout)
 	defer cancel()
 	for _, addr := range m.Masters {
 		if err := t.openSink(ctx, addr); err != nil {
 			t.close()
-			s.p.m.unavailable.Add(1)
-			return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: fmt.Errorf("%s: %w", addr, err)})), true
+			s.r.cfg.Unavailable.Add(1)
+			return cluster.LocalCall(s.r.cfg.ErrorReply(fmt.Errorf("%s: %w", addr, err))), true
 		}
 	}
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst}
@@ -185,7 +186,7 @@ func (t *tracking) command(addr string) []byte {
 
 // trackingFor returns the command that brings a new connection of the
 // client's to addr to tracking, or nil when the client does not track.
-func (cs *clusterSession) trackingFor(addr string) []byte {
+func (cs *Client) trackingFor(addr string) []byte {
 	if t := cs.trk.Load(); t != nil {
 		return t.command(addr)
 	}
@@ -201,8 +202,7 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 		return nil
 	}
 	s := t.s
-	st := replayState{auth: s.cl.replay().auth}
-	be, err := s.p.dialAddr(ctx, addr, st)
+	be, err := s.h.Dial(ctx, addr, AsUser)
 	if err != nil {
 		return err
 	}
@@ -220,13 +220,12 @@ func (t *tracking) openSink(ctx context.Context, addr string) error {
 	t.mu.Lock()
 	t.sinks[addr] = sk
 	t.mu.Unlock()
-	s.wg.Add(1)
-	go t.read(sk, addr == t.first)
+	s.h.Go(func() { t.read(sk, addr == t.first) })
 	return nil
 }
 
 // roundTrip sends cmds on be and returns their replies.
-func roundTrip(ctx context.Context, be *backendConn, cmds ...[]byte) ([][]byte, error) {
+func roundTrip(ctx context.Context, be *backend.Conn, cmds ...[]byte) ([][]byte, error) {
 	deadline, _ := ctx.Deadline()
 	be.NC.SetDeadline(deadline)
 	defer be.NC.SetDeadline(time.Time{})
@@ -264,7 +263,7 @@ func (t *tracking) close() {
 
 // stopTracking ends the client's tracking on the proxy's side (the
 // caller turns it off on the masters, or RESET does).
-func (cs *clusterSession) stopTracking() {
+func (cs *Client) stopTracking() {
 	if t := cs.trk.Swap(nil); t != nil {
 		t.close()
 	}
@@ -273,9 +272,6 @@ func (cs *clusterSession) stopTracking() {
 // read reads a sink until it is closed and hands out its invalidations;
 // a flush's (all keys) only when first is set.
 func (t *tracking) read(sk *sink, first bool) {
-	s := t.s
-	defer s.wg.Done()
-	defer s.recoverPanic()
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
@@ -313,18 +309,18 @@ func (t *tracking) deliver(keys []byte, null bool) {
 	s := t.s
 	target := s
 	if t.redirect != 0 {
-		v, ok := s.cl.r.clientIDs.Load(t.redirect)
+		v, ok := s.r.clientIDs.Load(t.redirect)
 		if !ok {
-			if s.cl.proto3.Load() {
+			if s.h.Proto3() {
 				s.inject(fmt.Appendf(nil, ">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n", t.redirect))
 			}
 			return
 		}
-		target = v.(*session)
+		target = v.(*Client)
 	}
-	subscribed, resp3 := target.q.pubsub()
+	subscribed, resp3 := target.h.PubSub()
 	if !subscribed {
-		resp3 = target.cl.proto3.Load()
+		resp3 = target.h.Proto3()
 	}
 	var frame []byte
 	switch {
@@ -344,17 +340,17 @@ func (t *tracking) deliver(keys []byte, null bool) {
 }
 
 // inject writes a push to the client, between two replies.
-func (s *session) inject(frame []byte) {
-	out := s.w.lockOutput()
+func (s *Client) inject(frame []byte) {
+	out := s.h.LockOutput()
 	out.Write(frame)
 	out.Flush()
-	s.w.unlock()
+	s.h.Unlock()
 }
 
 // getRedir answers CLIENT GETREDIR: the REDIRECT id, 0 when tracking
 // without one, -1 when not tracking.
-func (s *session) getRedir() cluster.Call {
-	t := s.cl.trk.Load()
+func (s *Client) getRedir() cluster.Call {
+	t := s.trk.Load()
 	switch {
 	case t == nil:
 		return cluster.LocalCall([]byte(":-1\r\n"))
@@ -368,14 +364,14 @@ var redirectField = regexp.MustCompile(`\$8\r\nredirect\r\n:-?[0-9]+\r\n`)
 
 // trackingInfoCall sends CLIENT TRACKINGINFO to the slot-0 master, whose
 // reply names the client's REDIRECT id in place of the proxy's sink.
-func (s *session) trackingInfoCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
+func (s *Client) trackingInfoCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
-	t := s.cl.trk.Load()
+	t := s.trk.Load()
 	if t == nil {
 		return c
 	}
 	field := fmt.Appendf(nil, "$8\r\nredirect\r\n:%d\r\n", t.redirect)
-	r := s.cl.r
+	r := s.r
 	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
 		if cluster.IsError(b) {
@@ -431,15 +427,15 @@ func isCaching(name []byte, args [][]byte) bool {
 
 // cachingCall sends CLIENT CACHING to every master's connection of the
 // client; the reply is the first master's (or the first error).
-func (s *session) cachingCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
-	s.cl.caching = true
+func (s *Client) cachingCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
+	s.caching = true
 	return cluster.Fan(m, cmd.Raw, cluster.OpFirst)
 }
 
 // endCaching ends a CLIENT CACHING on the masters c did not go to, with
 // a PING whose reply is held back from the client.
-func (s *session) endCaching(c *cluster.Call) {
-	cs := s.cl
+func (s *Client) endCaching(c *cluster.Call) {
+	cs := s
 	cs.caching = false
 	m := cs.r.Slots.Load()
 	if m == nil {
@@ -451,7 +447,7 @@ func (s *session) endCaching(c *cluster.Call) {
 			used[c.Part(i).Addr] = true
 		}
 	}
-	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	deadline := time.Now().Add(s.r.cfg.Retry)
 	for i, addr := range m.Masters {
 		if used[addr] {
 			continue

@@ -1,4 +1,4 @@
-package proxy
+package clusterclient
 
 import (
 	"strconv"
@@ -16,12 +16,12 @@ import (
 // the one asked is at its end and COUNT is not filled, the next master,
 // and gives the client the keys of all of them with the cursor to go on
 // from.
-func (s *session) scanAll(c *cluster.Call) {
-	cs := s.cl
+func (s *Client) scanAll(c *cluster.Call) {
+	cs := s
 	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.Put(ticket, false, b, &s.w)
-		s.PushOut()
+		cs.order.Put(ticket, false, b, s.w)
+		s.h.PushOut()
 	}
 	cmd, err := redcon.Parse(c.One.Raw)
 	if err != nil {

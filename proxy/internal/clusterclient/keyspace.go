@@ -1,4 +1,4 @@
-package proxy
+package clusterclient
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -14,7 +15,7 @@ import (
 // Keyspace notifications in front of a cluster. A master publishes the
 // events of its own keys (__keyspace@0__:key, __keyevent@0__:event) to
 // its own subscribers only, while the client's subscriptions are on its
-// pinned node (clusterpubsub.go). So the SUBSCRIBEs to keyspace channels
+// pinned node (the session's pub/sub). So the SUBSCRIBEs to keyspace channels
 // and every PSUBSCRIBE (a pattern may match them) are made on every other
 // master too, on a connection per master of the client's (a mirror),
 // before the client gets its confirmation: an event of a command sent
@@ -44,16 +45,16 @@ type mirrors struct {
 // mirror is one master's mirror connection.
 type mirror struct {
 	addr string
-	be   *backendConn
+	be   *backend.Conn
 	acks chan struct{} // a (p)subscribe confirmation came
 }
 
-// mirrorSubscriptions makes a (P)SUBSCRIBE or (P)UNSUBSCRIBE the client
+// MirrorSubscriptions makes a (P)SUBSCRIBE or (P)UNSUBSCRIBE the client
 // sends to its pinned node on the mirrors too, when it concerns keyspace
 // notifications; a subscription is confirmed by every mirror before this
 // returns.
-func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
-	cs := s.cl
+func (s *Client) MirrorSubscriptions(name []byte, args [][]byte) {
+	cs := s
 	var subs [][]byte
 	unsub := false
 	switch string(name) {
@@ -88,7 +89,7 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 		if len(conns) > 0 {
 			raw := resp.Encode(args)
 			for _, m := range conns {
-				m.be.NC.SetWriteDeadline(time.Now().Add(s.p.cfg.Backend.DialTimeout))
+				m.be.NC.SetWriteDeadline(time.Now().Add(s.r.cfg.DialTimeout))
 				m.be.NC.Write(raw)
 			}
 		}
@@ -112,7 +113,7 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 	conns := s.openMirrors()
 	cmd := append([][]byte{args[0]}, subs...)
 	raw := resp.Encode(cmd)
-	deadline := time.Now().Add(s.p.cfg.Backend.DialTimeout)
+	deadline := time.Now().Add(s.r.cfg.DialTimeout)
 	for _, m := range conns {
 		m.be.NC.SetWriteDeadline(deadline)
 		if _, err := m.be.NC.Write(raw); err != nil {
@@ -134,8 +135,8 @@ func (s *session) mirrorSubscriptions(name []byte, args [][]byte) {
 
 // openMirrors returns the client's mirrors, opening one to every master
 // but its pinned node that has none.
-func (s *session) openMirrors() []*mirror {
-	cs := s.cl
+func (s *Client) openMirrors() []*mirror {
+	cs := s
 	m := cs.r.Slots.Load()
 	mr := &cs.mirrors
 	if m == nil {
@@ -147,13 +148,12 @@ func (s *session) openMirrors() []*mirror {
 		have[c.addr] = true
 	}
 	mr.mu.Unlock()
-	st := s.q.client().replay
 	for _, addr := range m.Masters {
 		if addr == cs.pinAddr || have[addr] {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
-		be, err := s.p.dialAddr(ctx, addr, st)
+		ctx, cancel := context.WithTimeout(s.ctx, s.r.cfg.DialTimeout)
+		be, err := s.h.Dial(ctx, addr, AsPinned)
 		cancel()
 		if err != nil {
 			continue // that master's events are not had; the client's other subscriptions stand
@@ -162,16 +162,15 @@ func (s *session) openMirrors() []*mirror {
 		mr.mu.Lock()
 		mr.conns = append(mr.conns, c)
 		mr.mu.Unlock()
-		s.wg.Add(1)
-		go s.readMirror(c)
+		s.h.Go(func() { s.readMirror(c) })
 	}
 	mr.mu.Lock()
 	defer mr.mu.Unlock()
 	return append([]*mirror(nil), mr.conns...)
 }
 
-// closeMirrors closes the mirrors; their readers end.
-func (cs *clusterSession) closeMirrors() {
+// CloseMirrors closes the mirrors; their readers end.
+func (cs *Client) CloseMirrors() {
 	mr := &cs.mirrors
 	mr.mu.Lock()
 	conns := mr.conns
@@ -186,13 +185,11 @@ func (cs *clusterSession) closeMirrors() {
 
 // readMirror reads a mirror until it is closed, passing the client the
 // keyspace messages of the subscriptions it holds.
-func (s *session) readMirror(c *mirror) {
-	defer s.wg.Done()
-	defer s.recoverPanic()
+func (s *Client) readMirror(c *mirror) {
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
-	mr := &s.cl.mirrors
+	mr := &s.mirrors
 	for {
 		buf.Reset()
 		if err := resp.CopyReply(w, c.be.R, &ri); err != nil {
@@ -232,12 +229,12 @@ func (s *session) readMirror(c *mirror) {
 		default:
 			continue
 		}
-		out := s.w.lockOutput()
+		out := s.h.LockOutput()
 		out.Write(frame)
 		if c.be.R.Buffered() == 0 {
 			out.Flush()
 		}
-		s.w.unlock()
+		s.h.Unlock()
 	}
 }
 

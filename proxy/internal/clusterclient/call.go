@@ -1,4 +1,4 @@
-package proxy
+package clusterclient
 
 import (
 	"bytes"
@@ -8,12 +8,11 @@ import (
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
-	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
 // Sending a cluster client's calls on its own connections. A client of a
 // Redis Cluster has, besides the masters' shared connections
-// (clustershared.go), a connection of its own to each master it sends a
+// (shared.go), a connection of its own to each master it sends a
 // command to that cannot share one (in a transaction, after AUTH, a
 // blocking command, a command split per slot, ...). Each is a backend.Mux
 // (NewOwn) with one client: a group of one, dialled in the client's
@@ -39,29 +38,29 @@ import (
 // (AUTH, HELLO, CLIENT SETNAME) or may block before it goes on.
 //
 // A redirection on a client's own connection is followed there too
-// (session.redirectShared), on its own connection to the node named,
+// (redirectShared), on its own connection to the node named,
 // except inside a transaction, where the command's reply becomes
 // replyMovedInTxn. A lost connection answers what was pending on it with
 // replyConnLost (backend.Mux's reader); the next command dials again, in the
-// client's state, and clustertx.go keeps a transaction or WATCH tied to
+// client's state, and tx.go keeps a transaction or WATCH tied to
 // the connection it went on.
 //
 // Within one client, its commands on the shared connections and on its
 // own ones go to different connections of the same masters: before one
 // goes on the other kind, the replies owed on the first kind are waited
-// for (settleCluster), as a blocking command's reply is before the next
+// for (Settle), as a blocking command's reply is before the next
 // command leaves, and a command routed by no slot (cluster.Client.keyless) waits
 // for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
-func (cs *clusterSession) ownConn(s *session, addr string) *backend.Mux {
+func (cs *Client) ownConn(addr string) *backend.Mux {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sh := cs.own[addr]; sh != nil {
 		return sh
 	}
-	ctx := s.ctx
-	sh := backend.NewOwn(&s.p.mux, addr, func() (*backend.Conn, error) { return cs.dialOwn(ctx, addr) })
+	ctx := cs.ctx
+	sh := backend.NewOwn(cs.r.cfg.Mux, addr, func() (*backend.Conn, error) { return cs.dialOwn(ctx, addr) })
 	sh.Group().Forwarded = cs.r.Counter(addr)
 	if cs.closed {
 		sh.Retire()
@@ -75,12 +74,12 @@ func (cs *clusterSession) ownConn(s *session, addr string) *backend.Mux {
 
 // dialOwn dials the client's own connection to addr, in its connection
 // state: a failure is the client's, and it retries as the cluster says
-// (session.again), not after a backoff.
-func (cs *clusterSession) dialOwn(ctx context.Context, addr string) (*backendConn, error) {
-	be, err := cs.r.dedicated(ctx, addr, cs.replay())
+// (again), not after a backoff.
+func (cs *Client) dialOwn(ctx context.Context, addr string) (*backend.Conn, error) {
+	be, err := cs.h.Dial(ctx, addr, AsOwn)
 	if cmd := cs.trackingFor(addr); err == nil && cmd != nil {
-		// Tracking on again (clustertracking.go).
-		ctx, cancel := context.WithTimeout(ctx, cs.r.p.cfg.Backend.DialTimeout)
+		// Tracking on again (tracking.go).
+		ctx, cancel := context.WithTimeout(ctx, cs.r.cfg.DialTimeout)
 		if err = be.Setup(ctx, [][]byte{cmd}); err != nil {
 			be.NC.Close()
 		}
@@ -93,7 +92,7 @@ func (cs *clusterSession) dialOwn(ctx context.Context, addr string) (*backendCon
 }
 
 // ownAddrs returns the masters the client has a connection of its own to.
-func (cs *clusterSession) ownAddrs() []string {
+func (cs *Client) ownAddrs() []string {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	addrs := make([]string, 0, len(cs.own))
@@ -105,8 +104,8 @@ func (cs *clusterSession) ownAddrs() []string {
 
 // sendCall sends c's parts on the client's own connections and takes the
 // place of its reply in the client's order.
-func (s *session) sendCall(c *cluster.Call) {
-	cs := s.cl
+func (s *Client) sendCall(c *cluster.Call) {
+	cs := s
 	if c.Kind == cluster.CallLocal {
 		if c.Reply != nil {
 			s.place(c.Reply, cluster.TicketOpts{})
@@ -114,12 +113,12 @@ func (s *session) sendCall(c *cluster.Call) {
 		return
 	}
 	if cs.sharedUsed {
-		s.settleCluster() // the replies on the shared connections come first
+		s.Settle() // the replies on the shared connections come first
 	}
-	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	deadline := time.Now().Add(s.r.cfg.Retry)
 	switch {
 	case c.Kind == cluster.CallScan:
-		s.scanAll(c) // clusterscan.go
+		s.scanAll(c) // scan.go
 		return
 	case c.Kind == cluster.CallRandom:
 		s.randomKey(c)
@@ -136,8 +135,8 @@ func (s *session) sendCall(c *cluster.Call) {
 }
 
 // sendParts sends the parts of a call whose reply is made from theirs.
-func (s *session) sendParts(src *cluster.Call, deadline time.Time) {
-	cs := s.cl
+func (s *Client) sendParts(src *cluster.Call, deadline time.Time) {
+	cs := s
 	// A copy of its own: the readers make its reply after the forwarder
 	// has moved on, and src stays on the caller's stack.
 	c := new(cluster.Call)
@@ -156,15 +155,15 @@ func (s *session) sendParts(src *cluster.Call, deadline time.Time) {
 	}
 	// Making its reply sends more (SORT's patterns): the forwarder makes
 	// it before it goes on.
-	s.flushDirty()
+	s.FlushDirty()
 	select {
 	case <-g.Done:
 	case <-s.ctx.Done():
 		return // the client has gone
 	}
 	reply, _ := c.Result(g.Replies)
-	cs.order.Put(ticket, false, reply, &s.w)
-	s.PushOut()
+	cs.order.Put(ticket, false, reply, s.w)
+	s.h.PushOut()
 }
 
 // inTxn reports whether p is a command of a transaction, where a
@@ -176,10 +175,10 @@ func inTxn(p *cluster.Part) bool { return p.Tx != nil && p.Tx.Txn != nil }
 // waits for the cluster to name another one, until deadline; then, or
 // when p's transaction must not go on that connection (txConn), the ticket
 // gets the proxy's own reply.
-func (s *session) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline time.Time) {
-	cs := s.cl
+func (s *Client) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline time.Time) {
+	cs := s
 	for {
-		sh := cs.ownConn(s, p.Addr)
+		sh := cs.ownConn(p.Addr)
 		be, err := sh.Ready()
 		if err != nil {
 			if backend.Refused(err) || !s.again(p, deadline) {
@@ -200,13 +199,13 @@ func (s *session) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline ti
 			opts.Replace = p.Tx.Reply // sent as DISCARD (txConn)
 		}
 		t := cs.order.Add(p.Raw, p.Slot, opts)
-		if !sh.QueueOn(be, s, t, p.Raw) {
+		if !sh.QueueOn(be, s.h, t, p.Raw) {
 			cs.order.Drop(t) // lost meanwhile: ready dials again
 			continue
 		}
 		s.markShared(sh)
 		cs.ownUsed = true
-		s.p.m.forwarded.Add(1)
+		s.r.cfg.Forwarded.Add(1)
 		sh.Group().Forwarded.Add(1)
 		return
 	}
@@ -214,11 +213,11 @@ func (s *session) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline ti
 
 // unsent gives p, which was not sent, its reply: the one its transaction
 // gives (txConn), or the error that kept it from its master.
-func (s *session) unsent(p *cluster.Part, opts cluster.TicketOpts) {
+func (s *Client) unsent(p *cluster.Part, opts cluster.TicketOpts) {
 	var reply []byte
 	switch {
 	case opts.G != nil:
-		reply = resp.ErrorReply(&BackendError{Err: p.Err})
+		reply = s.r.cfg.ErrorReply(p.Err)
 	case p.Tx != nil && p.Tx.Reply != nil:
 		reply = p.Tx.Reply
 	default:
@@ -226,48 +225,46 @@ func (s *session) unsent(p *cluster.Part, opts cluster.TicketOpts) {
 		if err == nil {
 			err = errRetriesSpent
 		}
-		s.p.m.unavailable.Add(1)
-		reply = resp.ErrorReply(&BackendError{Err: err})
+		s.r.cfg.Unavailable.Add(1)
+		reply = s.r.cfg.ErrorReply(err)
 	}
 	opts.Replace = nil
 	s.place(reply, opts)
 }
 
 // place takes a ticket with opts and puts reply, the proxy's own, in it.
-func (s *session) place(reply []byte, opts cluster.TicketOpts) {
-	o := &s.cl.order
-	o.Put(o.Add(nil, cluster.NoSlot, opts), false, reply, &s.w)
-	s.sharedOut = true // a client whose replies are not pushed writes them in flush
-	s.PushOut()
+func (s *Client) place(reply []byte, opts cluster.TicketOpts) {
+	o := &s.order
+	o.Put(o.Add(nil, cluster.NoSlot, opts), false, reply, s.w)
+	s.h.MarkOut() // a client whose replies are not pushed writes them in flush
+	s.h.PushOut()
 }
 
-// settleCluster sends what the client queued and waits until every reply
-// it is owed has been written to it: what the forwarder sends next (on
-// another kind of connection, after a blocking command, or to its pub/sub
+// Settle sends what the client queued and waits until every reply it is
+// owed has been written to it: what the forwarder sends next (on another
+// kind of connection, after a blocking command, or to its pub/sub
 // connection) must not pass them.
-func (s *session) settleCluster() {
-	cs := s.cl
-	if s.sharedOut {
-		s.flushShared()
-	}
+func (s *Client) Settle() {
+	cs := s
+	s.h.FlushShared()
 	if cs.sharedUsed {
-		s.q.waitEmpty()
+		s.h.WaitShared()
 	}
 	cs.order.Wait()
-	s.w.drain()
+	s.h.Drain()
 	cs.sharedUsed, cs.ownUsed, cs.blocking = false, false, false
 }
 
 // ask sends parts on the client's own connections and returns their
 // replies, or nil when the client has gone. The forwarder waits for them:
 // RANDOMKEY and SORT's patterns decide what to send next from them.
-func (s *session) ask(parts []cluster.Part) [][]byte {
+func (s *Client) ask(parts []cluster.Part) [][]byte {
 	g := cluster.NewGather(len(parts))
-	deadline := time.Now().Add(s.p.cfg.Backend.ClusterRetry)
+	deadline := time.Now().Add(s.r.cfg.Retry)
 	for i := range parts {
 		s.sendPart(&parts[i], cluster.TicketOpts{Own: true, G: g, Part: i}, deadline)
 	}
-	s.flushDirty()
+	s.FlushDirty()
 	select {
 	case <-g.Done:
 		return g.Replies
@@ -277,17 +274,17 @@ func (s *session) ask(parts []cluster.Part) [][]byte {
 }
 
 // randomKey asks the masters in a random order until one has a key.
-func (s *session) randomKey(c *cluster.Call) {
-	cs := s.cl
+func (s *Client) randomKey(c *cluster.Call) {
+	cs := s
 	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.Put(ticket, false, b, &s.w)
-		s.PushOut()
+		cs.order.Put(ticket, false, b, s.w)
+		s.h.PushOut()
 	}
 	m, err := cs.r.Current(s.ctx)
 	if err != nil {
-		s.p.m.unavailable.Add(1)
-		answer(resp.ErrorReply(&BackendError{Err: err}))
+		s.r.cfg.Unavailable.Add(1)
+		answer(s.r.cfg.ErrorReply(err))
 		return
 	}
 	var last []byte

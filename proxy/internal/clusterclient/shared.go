@@ -1,0 +1,265 @@
+package clusterclient
+
+import (
+	"bufio"
+	"bytes"
+	"time"
+
+	"github.com/tidwall/redcon"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
+)
+
+// Shared connections per master. In front of a cluster, the stateless
+// commands of a client without connection state of its own (no AUTH,
+// HELLO or CLIENT SETNAME, no transaction or WATCH, not subscribed or
+// monitoring), whose keys are in one slot, go to the master of that slot
+// on one of its BackendConfig.SharedConnections shared connections, as
+// the commands of a client of one Redis do (backend.Mux): batched with the
+// other clients' commands, written in arrival order, and answered by the
+// connection's reader straight into the client's sink. A client uses the
+// connection of the same index at every master.
+//
+// A client's pipeline may go to several masters at once, whose replies
+// come back in any order: each command takes a ticket in the client's
+// cluster.Order, and a reply that comes before the ones ahead of it waits
+// there until they have been written. A redirection (MOVED, ASK) or a
+// slot not served yet (TRYAGAIN, CLUSTERDOWN) on a shared connection is
+// never the client's: the command is sent again where the cluster says, on
+// that master's shared connection (after ASKING, in the same write, for
+// ASK), within BackendConfig.ClusterRetry, and its reply takes the same
+// place. A command that may change who the masters let in (CONFIG SET
+// requirepass, ACL SETUSER ...) starts a new generation of shared
+// connections for the clients that connect after it
+// (router.accessChanged). Every other command goes on the client's own
+// connections (call.go), after the replies owed on the shared ones
+// (Settle); its replies take their place in the same
+// cluster.Order.
+
+// sharesCluster reports whether a routed call goes on a shared connection.
+func (s *Client) sharesCluster(name []byte, args [][]byte, c *cluster.Call) bool {
+	cs := s
+	if changesAccess(name, args) {
+		cs.r.accessChanged()
+	}
+	return s.r.cfg.SharedConnections > 0 && c.Kind == cluster.CallPlain && c.One.Tx == nil &&
+		c.Learn == nil && !c.Alone && c.One.Addr != "" && cs.Txn == nil && cs.Watch == nil &&
+		s.h.ReplaysNothing() && !cs.monitorOn && !s.h.Pinned() && cs.trk.Load() == nil && !cs.r.Paused() &&
+		resp.Stateless(name) && resp.Lookup(name).Flags&(resp.Blocking|resp.Script) == 0
+}
+
+// changesAccess reports whether a command may change which connections
+// the server lets in: CONFIG SET requirepass, ACL SETUSER, DELUSER, LOAD.
+func changesAccess(name []byte, args [][]byte) bool {
+	if resp.Lookup(name).Has(resp.ChangesAccess) {
+		// CONFIG: when it names requirepass.
+		for _, a := range args[1:] {
+			if bytes.EqualFold(a, []byte("requirepass")) {
+				return true
+			}
+		}
+		return false
+	}
+	return resp.Of(name, args).Has(resp.ChangesAccess)
+}
+
+// routeShared sends c on the shared connection to its master; it reports
+// false, having sent nothing, when that connection cannot be had (the
+// call then tries the client's own, and waits for the cluster).
+func (s *Client) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) bool {
+	cs := s
+	if cs.ownUsed {
+		s.Settle() // the replies on the client's own connections come first
+	}
+	var sh *backend.Mux
+	for _, c2 := range cs.sharedConns {
+		if c2.Addr() == c.One.Addr {
+			sh = c2
+			break
+		}
+	}
+	if sh == nil {
+		sh = cs.r.sharedConn(c.One.Addr, cs.sharedIdx, cs.access)
+		cs.sharedConns = append(cs.sharedConns, sh)
+	}
+	ticket := cs.order.Add(c.One.Raw, c.One.Slot, cluster.TicketOpts{Seq: c.Seq})
+	s.h.Sending(name, cmd)
+	if err := sh.Queue(s.h, ticket, nil, c.One.Raw, true); err != nil {
+		cs.order.Drop(ticket)
+		return false
+	}
+	s.markShared(sh)
+	cs.sharedUsed = true
+	if c.Seq != 0 {
+		cs.LastShared = true // see waitMark
+	}
+	s.r.cfg.Forwarded.Add(1)
+	sh.Group().Forwarded.Add(1)
+	return true
+}
+
+// markShared notes that sh has a command of the client's to write.
+func (s *Client) markShared(sh *backend.Mux) {
+	s.h.MarkOut()
+	for _, d := range s.dirty {
+		if d == sh {
+			return
+		}
+	}
+	s.dirty = append(s.dirty, sh)
+}
+
+// FlushDirty writes, or has the readers write, what the client queued on
+// the masters' connections since the last flush.
+func (s *Client) FlushDirty() {
+	for i, sh := range s.dirty {
+		sh.Flush()
+		s.dirty[i] = nil
+	}
+	s.dirty = s.dirty[:0]
+}
+
+// Drained reports whether a cluster client is owed no reply now.
+func (s *Client) Drained() bool { return s.order.Drained() }
+
+// OrderedReply reads the reply to ticket from r, on a shared connection or
+// one of the client's own, and puts it in its place in the client's
+// replies. answered is false when the reply was a redirection: the command
+// is sent again, and its reply comes later; with err, it is false when
+// nothing of the reply reached the client.
+func (s *Client) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *backend.Sink, ri *resp.ReplyInfo) (answered bool, err error) {
+	o := &s.order
+	b, err := r.Peek(1)
+	if err != nil {
+		return false, err
+	}
+	if b[0] != '-' && o.Ahead(ticket) {
+		// The usual case: straight to the client's sink.
+		sink.W = s.w
+		err = resp.CopyReply(w, r, ri)
+		w.Flush()
+		sink.W = nil
+		if err == nil {
+			o.Put(ticket, true, nil, s.w)
+		}
+		return true, err
+	}
+	sink.Capture, sink.Buf = true, sink.Buf[:0]
+	err = resp.CopyReply(w, r, ri)
+	w.Flush()
+	sink.Capture = false
+	if err != nil {
+		return false, err
+	}
+	reply := sink.Buf
+	if ri.Type == '-' {
+		if kind, target := cluster.Redirected(sink.Buf); kind != cluster.RedirNone {
+			if !o.Stays(ticket) {
+				s.redirect(redirect{ticket, kind, target})
+				return false, nil
+			}
+			reply = replyMovedInTxn
+		}
+	}
+	o.Put(ticket, false, reply, s.w)
+	if cap(sink.Buf) > 64<<10 {
+		sink.Buf = nil
+	}
+	return true, nil
+}
+
+// redirect is a redirection to follow.
+type redirect struct {
+	ticket uint64
+	kind   cluster.Redirection
+	target string
+}
+
+// redirect has d followed after the redirections of the client's that
+// came before it, on a goroutine of the client's (counted in Config.Readers),
+// as it may wait for the slot map: two commands of a pipeline redirected
+// to the same node reach it in the client's order.
+func (s *Client) redirect(d redirect) {
+	cs := s
+	cs.redirMu.Lock()
+	defer cs.redirMu.Unlock()
+	cs.redirs = append(cs.redirs, d)
+	if len(cs.redirs) == 1 {
+		s.r.cfg.Readers.Add(1)
+		go s.redirecting()
+	}
+}
+
+// redirecting follows the client's redirections in turn until none is
+// left.
+func (s *Client) redirecting() {
+	defer s.r.cfg.Readers.Done()
+	cs := s
+	for {
+		cs.redirMu.Lock()
+		d := cs.redirs[0]
+		cs.redirMu.Unlock()
+		s.redirectShared(d.ticket, d.kind, d.target)
+		cs.redirMu.Lock()
+		cs.redirs = cs.redirs[1:]
+		left := len(cs.redirs)
+		if left == 0 {
+			cs.redirs = nil
+		}
+		cs.redirMu.Unlock()
+		if left == 0 {
+			return
+		}
+	}
+}
+
+// redirectShared sends the command with ticket again where a redirection
+// says, on that master's shared connection, or the client's own
+// connection to it when it came on one.
+func (s *Client) redirectShared(ticket uint64, kind cluster.Redirection, target string) {
+	defer s.h.Recover()
+	cs := s
+	r := cs.r
+	raw, slot, opts, deadline, ok := cs.order.Command(ticket, s.r.cfg.Retry)
+	if !ok {
+		return
+	}
+	if time.Now().After(deadline) || s.ctx.Err() != nil {
+		s.h.Answer(ticket, s.r.cfg.ErrorReply(errRetriesSpent), opts.Own)
+		return
+	}
+	addr := target
+	var pre []byte
+	switch kind {
+	case cluster.RedirMoved:
+		r.Moved.Add(1)
+		r.Reload(s.ctx, r.Gen.Load())
+	case cluster.RedirAsk:
+		r.Asked.Add(1)
+		pre = cmdAsking
+	case cluster.RedirWait:
+		p := cluster.Part{Slot: slot}
+		if !s.again(&p, deadline) || p.Addr == "" {
+			s.h.Answer(ticket, s.r.cfg.ErrorReply(errRetriesSpent), opts.Own)
+			return
+		}
+		addr = p.Addr
+	}
+	var sh *backend.Mux
+	if opts.Own {
+		sh = cs.ownConn(addr)
+	} else {
+		sh = r.sharedConn(addr, cs.sharedIdx, cs.access)
+	}
+	if err := sh.Queue(s.h, ticket, pre, raw, false); err != nil {
+		s.r.cfg.Unavailable.Add(1)
+		s.h.Answer(ticket, s.r.cfg.ErrorReply(err), opts.Own)
+		return
+	}
+	if opts.Seq != 0 {
+		cs.NoteMoved(opts.Seq, addr)
+	}
+	sh.Flush()
+}
