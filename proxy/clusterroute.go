@@ -96,6 +96,10 @@ type clusterSession struct {
 	caching bool
 	ids     []int64
 	proto3  atomic.Bool
+	// listen: the masters push on the client's own connections (tracking
+	// without REDIRECT), whose readers then read while no reply is owed
+	// (muxConn.stopIdle) and give the pushes in place (ownPush).
+	listen atomic.Bool
 
 	// clusterClient is where the client's commands are routed: its
 	// transaction, WATCH, and the master of its last command with keys.
