@@ -147,8 +147,8 @@ var _ clusterclient.Host = (*session)(nil)
 // cluster.Order: a cluster client's.
 func (s *session) Ordered() bool { return s.cl != nil }
 
-func (s *session) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *backend.Sink, ri *resp.ReplyInfo) (bool, error) {
-	return s.cl.OrderedReply(r, ticket, w, sink, ri)
+func (s *session) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *backend.Sink, ri *resp.ReplyInfo, own string) (bool, error) {
+	return s.cl.OrderedReply(r, ticket, w, sink, ri, own)
 }
 
 func (s *session) Drained() bool { return s.cl.Drained() }

@@ -56,8 +56,10 @@ type Client interface {
 	// and puts it in its place in the client's order. answered is false
 	// when the reply was a redirection: the command is sent again, and
 	// its reply comes later; with err, it is false when nothing of the
-	// reply reached the client.
-	OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *Sink, ri *resp.ReplyInfo) (answered bool, err error)
+	// reply reached the client. own is the server's address on a
+	// cluster client's own connection, where the server may push right
+	// behind the reply (Pusher), "" on a shared connection.
+	OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *Sink, ri *resp.ReplyInfo, own string) (answered bool, err error)
 	// Answer gives the client reply, an error of the proxy's own, for the
 	// command with ticket; own is set on a cluster client's own
 	// connection, whose replies the client's reply queue does not count.
@@ -76,6 +78,17 @@ type Owner interface {
 	// BackendLost answers what waits on be with an error, or disconnects
 	// the client.
 	BackendLost(be *Conn, cause error)
+}
+
+// Pusher is the cluster client of its own connections (NewOwn), whose
+// masters may push on them (CLIENT TRACKING without REDIRECT).
+type Pusher interface {
+	// Listening reports whether the masters push: the readers then read
+	// while no reply is owed.
+	Listening() bool
+	// Push reads a push from r, the connection to addr, and gives it to
+	// the client right after the reply with ticket after (0: none).
+	Push(r *bufio.Reader, addr string, after uint64) error
 }
 
 // Env is what every multiplexed connection of a proxy shares: its
@@ -170,7 +183,9 @@ type Mux struct {
 	// own is set on a cluster client's own connection to a master (a
 	// group of one, NewOwn): it is dialled in the client's connection
 	// state, and its replies are not counted in the client's reply queue.
-	own bool
+	// pusher is that client: the master may push on the connection.
+	own    bool
+	pusher Pusher
 	// one is set on the connection of one client of one Redis (or a
 	// cluster client's pinned pub/sub connection) once it has left its
 	// shared connection: a group of one, dialled by the session in its
@@ -221,10 +236,11 @@ func NewGroup(env *Env, addr string, n int, dial func() (*Conn, error)) *Group {
 }
 
 // NewOwn makes a cluster client's own connection to the master at addr,
-// dialled by dial in the client's state, in a group of its own.
-func NewOwn(env *Env, addr string, dial func() (*Conn, error)) *Mux {
+// dialled by dial in the client's state, in a group of its own; p is the
+// client, given the pushes the master sends on it.
+func NewOwn(env *Env, addr string, dial func() (*Conn, error), p Pusher) *Mux {
 	sh := NewGroup(env, addr, 1, dial).list[0]
-	sh.own = true
+	sh.own, sh.pusher = true, p
 	return sh
 }
 
@@ -335,7 +351,7 @@ func (sh *Mux) startReader() {
 func (sh *Mux) stopIdle(be *Conn) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be != be || len(be.pending.clients) > 0 || be.R.Buffered() > 0 {
+	if sh.be != be || len(be.pending.clients) > 0 || be.R.Buffered() > 0 || (sh.own && sh.pusher.Listening()) {
 		return false
 	}
 	sh.reading = false
@@ -608,11 +624,38 @@ func (sh *Mux) readShared(be *Conn) {
 	rb := readerPool.Get().(*readerBufs)
 	defer rb.release()
 	sink, w := &rb.sink, rb.w
+	// On a client's own connection the master may push (Pusher): ownAddr
+	// is then its address, and last the ticket of the last reply read.
+	var ownAddr string
+	if sh.own {
+		ownAddr = sh.addr
+	}
+	var last uint64
 	for {
-		_, err := be.R.Peek(1)
+		b, err := be.R.Peek(1)
 		if err != nil {
 			sh.fail(be, nil)
 			return
+		}
+		if b[0] == '>' && sh.own {
+			// A push of the master's, not right behind a reply (those
+			// come with it, Client.OrderedReply): it goes before the
+			// reply of the next command in flight here, or after the
+			// last one.
+			after := last
+			sh.mu.Lock()
+			for i := be.pending.head; i < len(be.pending.clients); i++ {
+				if be.pending.clients[i] != nil {
+					after = be.pending.tickets[i] - 1
+					break
+				}
+			}
+			sh.mu.Unlock()
+			if err := sh.pusher.Push(be.R, sh.addr, after); err != nil {
+				sh.fail(be, nil)
+				return
+			}
+			continue
 		}
 		// One lock per reply: take its client, count it as answered
 		// (a client that finds nothing in flight writes its command
@@ -623,6 +666,9 @@ func (sh *Mux) readShared(be *Conn) {
 		var ticket uint64
 		if q.head < len(q.clients) {
 			c, ticket = q.clients[q.head], q.tickets[q.head]
+			if c != nil {
+				last = ticket
+			}
 			q.clients[q.head] = nil
 			q.head++
 			if q.head == len(q.clients) {
@@ -639,7 +685,7 @@ func (sh *Mux) readShared(be *Conn) {
 		answered := true
 		ordered := c != nil && c.Ordered()
 		if ordered {
-			answered, err = c.OrderedReply(be.R, ticket, w, sink, &ri)
+			answered, err = c.OrderedReply(be.R, ticket, w, sink, &ri, ownAddr)
 		} else {
 			if c != nil {
 				sink.W = c.Sink()

@@ -60,7 +60,7 @@ func (cs *Client) ownConn(addr string) *backend.Mux {
 		return sh
 	}
 	ctx := cs.ctx
-	sh := backend.NewOwn(cs.r.cfg.Mux, addr, func() (*backend.Conn, error) { return cs.dialOwn(ctx, addr) })
+	sh := backend.NewOwn(cs.r.cfg.Mux, addr, func() (*backend.Conn, error) { return cs.dialOwn(ctx, addr) }, cs)
 	sh.Group().Forwarded = cs.r.Counter(addr)
 	if cs.closed {
 		sh.Retire()

@@ -88,6 +88,10 @@ type Client struct {
 	// the command after it to some (tracking.go).
 	caching bool
 	ids     []int64
+	// listen: the masters push on the client's own connections (tracking
+	// without REDIRECT), whose readers then read while no reply is owed
+	// (backend.Pusher) and give the pushes in place (Push).
+	listen atomic.Bool
 
 	// Client is where the client's commands are routed: its
 	// transaction, WATCH, and the master of its last command with keys.

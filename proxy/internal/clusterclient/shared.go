@@ -128,8 +128,10 @@ func (s *Client) Drained() bool { return s.order.Drained() }
 // one of the client's own, and puts it in its place in the client's
 // replies. answered is false when the reply was a redirection: the command
 // is sent again, and its reply comes later; with err, it is false when
-// nothing of the reply reached the client.
-func (s *Client) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *backend.Sink, ri *resp.ReplyInfo) (answered bool, err error) {
+// nothing of the reply reached the client. own is the master's address
+// on a connection of the client's own, where the master may push
+// (tracking.go), "" on a shared connection.
+func (s *Client) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *backend.Sink, ri *resp.ReplyInfo, own string) (answered bool, err error) {
 	o := &s.order
 	b, err := r.Peek(1)
 	if err != nil {
@@ -142,6 +144,9 @@ func (s *Client) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 		w.Flush()
 		sink.W = nil
 		if err == nil {
+			if own != "" {
+				err = s.pushesAfter(r, own, ticket)
+			}
 			o.Put(ticket, true, nil, s.w)
 		}
 		return true, err
@@ -150,6 +155,9 @@ func (s *Client) OrderedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	err = resp.CopyReply(w, r, ri)
 	w.Flush()
 	sink.Capture = false
+	if err == nil && own != "" {
+		err = s.pushesAfter(r, own, ticket)
+	}
 	if err != nil {
 		return false, err
 	}
