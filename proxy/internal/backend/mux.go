@@ -197,6 +197,10 @@ type Mux struct {
 	// counts its reader.
 	one   Owner
 	oneWG *sync.WaitGroup
+	// oneRI is readOne's: handed to the owner through an interface, a
+	// local would be allocated by each reader. One reader at a time: the
+	// owner attaches a new connection once the old one's reader is done.
+	oneRI resp.ReplyInfo
 	// reading: a goroutine reads be. On a cluster client's own
 	// connection it runs only while replies are owed there (push starts
 	// it, readShared ends it), so an idle client keeps no goroutine or
@@ -591,14 +595,14 @@ func (sh *Mux) readOne(be *Conn) {
 			o.BackendLost(be, resp.ErrMidReply)
 		}
 	}()
-	var ri resp.ReplyInfo
+	ri := &sh.oneRI
 	for {
 		b, err := be.R.Peek(1)
 		if err != nil {
 			o.BackendLost(be, err)
 			return
 		}
-		if !o.Frame(be, b[0], &ri) {
+		if !o.Frame(be, b[0], ri) {
 			return
 		}
 	}
@@ -618,12 +622,13 @@ func (sh *Mux) readShared(be *Conn) {
 			sh.fail(be, nil)
 		}
 	}()
-	var ri resp.ReplyInfo
 	// The pending list's clients get their replies through a pooled
-	// buffer into their sinks.
+	// buffer into their sinks. The ReplyInfo is the pool's too: handed to
+	// the clients through an interface, it would be allocated by each
+	// reader (one per batch on a cluster client's own connection).
 	rb := readerPool.Get().(*readerBufs)
 	defer rb.release()
-	sink, w := &rb.sink, rb.w
+	sink, w, ri := &rb.sink, rb.w, &rb.ri
 	// On a client's own connection the master may push (Pusher): ownAddr
 	// is then its address, and last the ticket of the last reply read.
 	var ownAddr string
@@ -685,12 +690,12 @@ func (sh *Mux) readShared(be *Conn) {
 		answered := true
 		ordered := c != nil && c.Ordered()
 		if ordered {
-			answered, err = c.OrderedReply(be.R, ticket, w, sink, &ri, ownAddr)
+			answered, err = c.OrderedReply(be.R, ticket, w, sink, ri, ownAddr)
 		} else {
 			if c != nil {
 				sink.W = c.Sink()
 			}
-			err = resp.CopyReply(w, be.R, &ri)
+			err = resp.CopyReply(w, be.R, ri)
 			// A client's consecutive replies reach its sink together:
 			// one lock and one copy for a pipeline's run of replies, not
 			// one each. The last of the run is flushed before it is
@@ -715,9 +720,9 @@ func (sh *Mux) readShared(be *Conn) {
 			return
 		}
 		idle := be.R.Buffered() == 0 // the reader would wait for more next
-		sh.env.CheckReply(&ri)
+		sh.env.CheckReply(ri)
 		if c != nil && answered && !sh.own {
-			c.Replied(&ri)
+			c.Replied(ri)
 		}
 		// Before waiting for more, send what queued up meanwhile, and do
 		// it before writing to the client, so that Redis works on it while
@@ -800,6 +805,7 @@ func (sh *Mux) Close() {
 type readerBufs struct {
 	sink Sink
 	w    *bufio.Writer
+	ri   resp.ReplyInfo
 }
 
 var readerPool = sync.Pool{New: func() any {
@@ -816,6 +822,7 @@ func (rb *readerBufs) release() {
 	}
 	rb.sink = Sink{Buf: buf}
 	rb.w.Reset(&rb.sink)
+	rb.ri = resp.ReplyInfo{}
 	readerPool.Put(rb)
 }
 
