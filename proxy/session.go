@@ -138,7 +138,7 @@ func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s.sh = p.pickShared()
 	s.up = single{s}
 	if p.router != nil {
-		s.cl = clusterclient.New(p.router.Router, s, s.ctx)
+		s.cl = clusterclient.New(s.ctx, p.router.Router, s)
 		s.up = clusterUp{s}
 	}
 	s.w.init(nc, &p.sharedWG, s.sh != nil || s.cl != nil)

@@ -53,33 +53,33 @@ import (
 // for them too: a redirection among them may send one to where it goes.
 
 // ownConn returns the client's own connection to addr, made on first use.
-func (cs *Client) ownConn(addr string) *backend.Mux {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if sh := cs.own[addr]; sh != nil {
+func (s *Client) ownConn(addr string) *backend.Mux {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sh := s.own[addr]; sh != nil {
 		return sh
 	}
-	ctx := cs.ctx
-	sh := backend.NewOwn(cs.r.cfg.Mux, addr, func() (*backend.Conn, error) { return cs.dialOwn(ctx, addr) }, cs)
-	sh.Group().Forwarded = cs.r.Counter(addr)
-	if cs.closed {
+	ctx := s.ctx
+	sh := backend.NewOwn(s.r.cfg.Mux, addr, func() (*backend.Conn, error) { return s.dialOwn(ctx, addr) }, s)
+	sh.Group().Forwarded = s.r.Counter(addr)
+	if s.closed {
 		sh.Retire()
 	}
-	if cs.own == nil {
-		cs.own = map[string]*backend.Mux{}
+	if s.own == nil {
+		s.own = map[string]*backend.Mux{}
 	}
-	cs.own[addr] = sh
+	s.own[addr] = sh
 	return sh
 }
 
 // dialOwn dials the client's own connection to addr, in its connection
 // state: a failure is the client's, and it retries as the cluster says
 // (again), not after a backoff.
-func (cs *Client) dialOwn(ctx context.Context, addr string) (*backend.Conn, error) {
-	be, err := cs.h.Dial(ctx, addr, AsOwn)
-	if cmd := cs.trackingFor(addr); err == nil && cmd != nil {
+func (s *Client) dialOwn(ctx context.Context, addr string) (*backend.Conn, error) {
+	be, err := s.h.Dial(ctx, addr, AsOwn)
+	if cmd := s.trackingFor(addr); err == nil && cmd != nil {
 		// Tracking on again (tracking.go).
-		ctx, cancel := context.WithTimeout(ctx, cs.r.cfg.DialTimeout)
+		ctx, cancel := context.WithTimeout(ctx, s.r.cfg.DialTimeout)
 		if err = be.Setup(ctx, [][]byte{cmd}); err != nil {
 			be.NC.Close()
 		}
@@ -92,11 +92,11 @@ func (cs *Client) dialOwn(ctx context.Context, addr string) (*backend.Conn, erro
 }
 
 // ownAddrs returns the masters the client has a connection of its own to.
-func (cs *Client) ownAddrs() []string {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	addrs := make([]string, 0, len(cs.own))
-	for a := range cs.own {
+func (s *Client) ownAddrs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addrs := make([]string, 0, len(s.own))
+	for a := range s.own {
 		addrs = append(addrs, a)
 	}
 	return addrs
@@ -105,14 +105,13 @@ func (cs *Client) ownAddrs() []string {
 // sendCall sends c's parts on the client's own connections and takes the
 // place of its reply in the client's order.
 func (s *Client) sendCall(c *cluster.Call) {
-	cs := s
 	if c.Kind == cluster.CallLocal {
 		if c.Reply != nil {
 			s.place(c.Reply, cluster.TicketOpts{})
 		}
 		return
 	}
-	if cs.sharedUsed {
+	if s.sharedUsed {
 		s.Settle() // the replies on the shared connections come first
 	}
 	deadline := time.Now().Add(s.r.cfg.Retry)
@@ -136,13 +135,12 @@ func (s *Client) sendCall(c *cluster.Call) {
 
 // sendParts sends the parts of a call whose reply is made from theirs.
 func (s *Client) sendParts(src *cluster.Call, deadline time.Time) {
-	cs := s
 	// A copy of its own: the readers make its reply after the forwarder
 	// has moved on, and src stays on the caller's stack.
 	c := new(cluster.Call)
 	*c = *src
 	g := cluster.NewGather(c.Count())
-	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
+	ticket := s.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	if !c.Alone {
 		g.Ticket, g.Transform = ticket, c.Result
 	}
@@ -162,7 +160,7 @@ func (s *Client) sendParts(src *cluster.Call, deadline time.Time) {
 		return // the client has gone
 	}
 	reply, _ := c.Result(g.Replies)
-	cs.order.Put(ticket, false, reply, s.w)
+	s.order.Put(ticket, false, reply, s.w)
 	s.h.PushOut()
 }
 
@@ -176,9 +174,8 @@ func inTxn(p *cluster.Part) bool { return p.Tx != nil && p.Tx.Txn != nil }
 // when p's transaction must not go on that connection (txConn), the ticket
 // gets the proxy's own reply.
 func (s *Client) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline time.Time) {
-	cs := s
 	for {
-		sh := cs.ownConn(p.Addr)
+		sh := s.ownConn(p.Addr)
 		be, err := sh.Ready()
 		if err != nil {
 			if backend.Refused(err) || !s.again(p, deadline) {
@@ -198,13 +195,13 @@ func (s *Client) sendPart(p *cluster.Part, opts cluster.TicketOpts, deadline tim
 		if p.Tx != nil && p.Tx.Reply != nil {
 			opts.Replace = p.Tx.Reply // sent as DISCARD (txConn)
 		}
-		t := cs.order.Add(p.Raw, p.Slot, opts)
+		t := s.order.Add(p.Raw, p.Slot, opts)
 		if !sh.QueueOn(be, s.h, t, p.Raw) {
-			cs.order.Drop(t) // lost meanwhile: ready dials again
+			s.order.Drop(t) // lost meanwhile: ready dials again
 			continue
 		}
 		s.markShared(sh)
-		cs.ownUsed = true
+		s.ownUsed = true
 		s.r.cfg.Forwarded.Add(1)
 		sh.Group().Forwarded.Add(1)
 		return
@@ -245,14 +242,13 @@ func (s *Client) place(reply []byte, opts cluster.TicketOpts) {
 // kind of connection, after a blocking command, or to its pub/sub
 // connection) must not pass them.
 func (s *Client) Settle() {
-	cs := s
 	s.h.FlushShared()
-	if cs.sharedUsed {
+	if s.sharedUsed {
 		s.h.WaitShared()
 	}
-	cs.order.Wait()
+	s.order.Wait()
 	s.h.Drain()
-	cs.sharedUsed, cs.ownUsed, cs.blocking = false, false, false
+	s.sharedUsed, s.ownUsed, s.blocking = false, false, false
 }
 
 // ask sends parts on the client's own connections and returns their
@@ -275,13 +271,12 @@ func (s *Client) ask(parts []cluster.Part) [][]byte {
 
 // randomKey asks the masters in a random order until one has a key.
 func (s *Client) randomKey(c *cluster.Call) {
-	cs := s
-	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
+	ticket := s.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.Put(ticket, false, b, s.w)
+		s.order.Put(ticket, false, b, s.w)
 		s.h.PushOut()
 	}
-	m, err := cs.r.Current(s.ctx)
+	m, err := s.r.Current(s.ctx)
 	if err != nil {
 		s.r.cfg.Unavailable.Add(1)
 		answer(s.r.cfg.ErrorReply(err))

@@ -54,7 +54,6 @@ type mirror struct {
 // notifications; a subscription is confirmed by every mirror before this
 // returns.
 func (s *Client) MirrorSubscriptions(name []byte, args [][]byte) {
-	cs := s
 	var subs [][]byte
 	unsub := false
 	switch string(name) {
@@ -71,7 +70,7 @@ func (s *Client) MirrorSubscriptions(name []byte, args [][]byte) {
 	default:
 		return
 	}
-	mr := &cs.mirrors
+	mr := &s.mirrors
 	mr.mu.Lock()
 	if unsub {
 		set := mr.channels
@@ -136,9 +135,8 @@ func (s *Client) MirrorSubscriptions(name []byte, args [][]byte) {
 // openMirrors returns the client's mirrors, opening one to every master
 // but its pinned node that has none.
 func (s *Client) openMirrors() []*mirror {
-	cs := s
-	m := cs.r.Slots.Load()
-	mr := &cs.mirrors
+	m := s.r.Slots.Load()
+	mr := &s.mirrors
 	if m == nil {
 		return nil
 	}
@@ -149,7 +147,7 @@ func (s *Client) openMirrors() []*mirror {
 	}
 	mr.mu.Unlock()
 	for _, addr := range m.Masters {
-		if addr == cs.pinAddr || have[addr] {
+		if addr == s.pinAddr || have[addr] {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.r.cfg.DialTimeout)
@@ -170,8 +168,8 @@ func (s *Client) openMirrors() []*mirror {
 }
 
 // CloseMirrors closes the mirrors; their readers end.
-func (cs *Client) CloseMirrors() {
-	mr := &cs.mirrors
+func (s *Client) CloseMirrors() {
+	mr := &s.mirrors
 	mr.mu.Lock()
 	conns := mr.conns
 	mr.conns = nil

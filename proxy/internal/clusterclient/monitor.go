@@ -30,8 +30,7 @@ var cmdMonitor = []byte("*1\r\n$7\r\nMONITOR\r\n")
 // monitorCall starts MONITOR on every master; the commands before it are
 // answered first.
 func (s *Client) monitorCall(m *cluster.SlotMap) cluster.Call {
-	cs := s
-	if cs.monitoring() {
+	if s.monitoring() {
 		return cluster.LocalCall(nil) // Redis ignores it, without a reply
 	}
 	s.Settle()
@@ -62,17 +61,17 @@ func (s *Client) monitorCall(m *cluster.SlotMap) cluster.Call {
 			return fail(fmt.Errorf("%s: %w", addr, err))
 		}
 	}
-	cs.mu.Lock()
-	if cs.closed {
-		cs.mu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
 		return fail(backend.ErrClosed)
 	}
-	cs.monitors = conns
-	cs.mu.Unlock()
-	cs.monitorOn = true
+	s.monitors = conns
+	s.mu.Unlock()
+	s.monitorOn = true
 	s.h.Write(resp.ReplyOK)
 	for i, be := range conns {
-		cs.monWG.Add(1)
+		s.monWG.Add(1)
 		s.h.Go(func() { s.copyMonitor(be, i > 0) })
 	}
 	return cluster.LocalCall(nil)
@@ -80,24 +79,24 @@ func (s *Client) monitorCall(m *cluster.SlotMap) cluster.Call {
 
 // monitoring reports whether the client is in MONITOR mode. Only the
 // forwarder, which starts and ends it, asks.
-func (cs *Client) monitoring() bool { return cs.monitorOn }
+func (s *Client) monitoring() bool { return s.monitorOn }
 
-// stopMonitor closes the MONITOR connections; cs.mu is held.
-func (cs *Client) stopMonitor() {
-	for _, be := range cs.monitors {
+// stopMonitor closes the MONITOR connections; s.mu is held.
+func (s *Client) stopMonitor() {
+	for _, be := range s.monitors {
 		be.NC.Close()
 	}
-	cs.monitors = nil
+	s.monitors = nil
 }
 
 // endMonitor ends MONITOR (RESET) and waits until the lines already read
 // are written: no line may follow the reply to the command that ended it.
-func (cs *Client) endMonitor() {
-	cs.monitorOn = false
-	cs.mu.Lock()
-	cs.stopMonitor()
-	cs.mu.Unlock()
-	cs.monWG.Wait()
+func (s *Client) endMonitor() {
+	s.monitorOn = false
+	s.mu.Lock()
+	s.stopMonitor()
+	s.mu.Unlock()
+	s.monWG.Wait()
 }
 
 // monitorRefuses reports whether a monitoring client's command touches
@@ -142,13 +141,12 @@ func (s *Client) copyMonitor(be *backend.Conn, other bool) {
 		s.h.Unlock()
 		line = line[:0]
 	}
-	cs := s
-	cs.mu.Lock()
+	s.mu.Lock()
 	lost := false
-	for _, m := range cs.monitors {
+	for _, m := range s.monitors {
 		lost = lost || m == be
 	}
-	cs.mu.Unlock()
+	s.mu.Unlock()
 	if lost {
 		s.h.Disconnect()
 	}

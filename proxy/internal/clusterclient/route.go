@@ -99,44 +99,44 @@ type Client struct {
 }
 
 // New returns the cluster client of the session h, whose context is ctx.
-func New(r *Router, h Host, ctx context.Context) *Client {
+func New(ctx context.Context, r *Router, h Host) *Client {
 	// The map is made on first use: most clients use only the shared
 	// connections, and an idle one nothing.
-	cs := &Client{r: r, h: h, ctx: ctx, w: h.Sink()}
-	cs.Router = r.Router
-	cs.order.Init()
-	cs.sharedIdx = r.next.Add(1)
-	cs.access = r.joined()
-	return cs
+	c := &Client{r: r, h: h, ctx: ctx, w: h.Sink()}
+	c.Router = r.Router
+	c.order.Init()
+	c.sharedIdx = r.next.Add(1)
+	c.access = r.joined()
+	return c
 }
 
 // Close closes every connection; it runs when the client has gone.
-func (cs *Client) Close() {
-	cs.r.left(cs.access)
-	cs.CloseMirrors()
-	cs.stopTracking()
-	cs.forgetIDs()
-	cs.mu.Lock()
-	cs.closed = true
-	cs.stopMonitor()
-	own := cs.own
-	cs.own = nil
-	cs.mu.Unlock()
+func (s *Client) Close() {
+	s.r.left(s.access)
+	s.CloseMirrors()
+	s.stopTracking()
+	s.forgetIDs()
+	s.mu.Lock()
+	s.closed = true
+	s.stopMonitor()
+	own := s.own
+	s.own = nil
+	s.mu.Unlock()
 	for _, sh := range own {
 		sh.Retire()
 	}
-	cs.order.Close()
+	s.order.Close()
 }
 
 // DropAll closes the client's own connections (after RESET, or when the
 // state they were dialled in changed); the replies owed on them have
 // been written.
-func (cs *Client) DropAll() {
-	cs.endMonitor()
-	cs.mu.Lock()
-	own := cs.own
-	cs.own = nil
-	cs.mu.Unlock()
+func (s *Client) DropAll() {
+	s.endMonitor()
+	s.mu.Lock()
+	own := s.own
+	s.own = nil
+	s.mu.Unlock()
 	for _, sh := range own {
 		sh.Retire()
 	}
@@ -145,13 +145,12 @@ func (cs *Client) DropAll() {
 // Route sends cmd where the slot map says, or gives it the proxy's own
 // reply in its place when the cluster cannot take it.
 func (s *Client) Route(name []byte, cmd redcon.Command) {
-	cs := s
-	if cs.blocking {
+	if s.blocking {
 		// Held back behind a command that may block (see Blocking).
 		s.Settle()
 	}
 	if resp.Lookup(name).Has(resp.Blocking) {
-		cs.blocking = true
+		s.blocking = true
 	}
 	state := SetsState(name, cmd.Args)
 	if state {
@@ -164,14 +163,14 @@ func (s *Client) Route(name []byte, cmd redcon.Command) {
 	if unmute := s.muteReplies(name, cmd.Args); unmute != nil {
 		defer unmute()
 	}
-	txn, watch := cs.Txn, cs.Watch
-	c := cs.Plan(s, name, cmd)
+	txn, watch := s.Txn, s.Watch
+	c := s.Plan(s, name, cmd)
 	s.tagTx(&c, name, txn, watch)
 	if s.sharesCluster(name, cmd.Args, &c) && s.routeShared(name, cmd, &c) {
 		return
 	}
 	s.sendCall(&c)
-	if cs.caching && !isCaching(name, cmd.Args) {
+	if s.caching && !isCaching(name, cmd.Args) {
 		s.endCaching(&c) // tracking.go
 	}
 	if state {
@@ -181,20 +180,20 @@ func (s *Client) Route(name []byte, cmd redcon.Command) {
 
 // Quit records the client's QUIT: the commands after it are not run, as
 // Redis closes the connection after it; Quitting reports it.
-func (cs *Client) Quit()          { cs.quit = true }
-func (cs *Client) Quitting() bool { return cs.quit }
+func (s *Client) Quit()          { s.quit = true }
+func (s *Client) Quitting() bool { return s.quit }
 
 // Blocking reports whether a command that may block was sent: what
 // follows waits for its reply, on a goroutine of the session's.
-func (cs *Client) Blocking() bool { return cs.blocking }
+func (s *Client) Blocking() bool { return s.blocking }
 
 // PinTo makes addr the node of the client's pub/sub connection; PinAddr
 // returns it.
-func (cs *Client) PinTo(addr string) { cs.pinAddr = addr }
-func (cs *Client) PinAddr() string   { return cs.pinAddr }
+func (s *Client) PinTo(addr string) { s.pinAddr = addr }
+func (s *Client) PinAddr() string   { return s.pinAddr }
 
 // Order is the order of the client's replies.
-func (cs *Client) Order() *cluster.Order { return &cs.order }
+func (s *Client) Order() *cluster.Order { return &s.order }
 
 // setsState reports whether a command sets connection state that every
 // connection of a cluster client carries (see cluster.Client.everywhere).

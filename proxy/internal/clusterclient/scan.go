@@ -17,10 +17,9 @@ import (
 // and gives the client the keys of all of them with the cursor to go on
 // from.
 func (s *Client) scanAll(c *cluster.Call) {
-	cs := s
-	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
+	ticket := s.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.Put(ticket, false, b, s.w)
+		s.order.Put(ticket, false, b, s.w)
 		s.h.PushOut()
 	}
 	cmd, err := redcon.Parse(c.One.Raw)
@@ -44,7 +43,7 @@ func (s *Client) scanAll(c *cluster.Call) {
 		}
 		keys = append(keys, elems...)
 		n += count2
-		m := cs.r.Slots.Load()
+		m := s.r.Slots.Load()
 		if cur != 0 || idx+1 >= c.N || n >= count || m == nil || len(m.Masters) != c.N {
 			out := redcon.AppendArray(nil, 2)
 			out = redcon.AppendBulkString(out, strconv.FormatUint(cluster.ScanNext(cur, idx, c.N), 10))

@@ -40,13 +40,12 @@ import (
 
 // sharesCluster reports whether a routed call goes on a shared connection.
 func (s *Client) sharesCluster(name []byte, args [][]byte, c *cluster.Call) bool {
-	cs := s
 	if changesAccess(name, args) {
-		cs.r.accessChanged()
+		s.r.accessChanged()
 	}
 	return s.r.cfg.SharedConnections > 0 && c.Kind == cluster.CallPlain && c.One.Tx == nil &&
-		c.Learn == nil && !c.Alone && c.One.Addr != "" && cs.Txn == nil && cs.Watch == nil &&
-		s.h.ReplaysNothing() && !cs.monitorOn && !s.h.Pinned() && cs.trk.Load() == nil && !cs.r.Paused() &&
+		c.Learn == nil && !c.Alone && c.One.Addr != "" && s.Txn == nil && s.Watch == nil &&
+		s.h.ReplaysNothing() && !s.monitorOn && !s.h.Pinned() && s.trk.Load() == nil && !s.r.Paused() &&
 		resp.Stateless(name) && resp.Lookup(name).Flags&(resp.Blocking|resp.Script) == 0
 }
 
@@ -69,31 +68,30 @@ func changesAccess(name []byte, args [][]byte) bool {
 // false, having sent nothing, when that connection cannot be had (the
 // call then tries the client's own, and waits for the cluster).
 func (s *Client) routeShared(name []byte, cmd redcon.Command, c *cluster.Call) bool {
-	cs := s
-	if cs.ownUsed {
+	if s.ownUsed {
 		s.Settle() // the replies on the client's own connections come first
 	}
 	var sh *backend.Mux
-	for _, c2 := range cs.sharedConns {
+	for _, c2 := range s.sharedConns {
 		if c2.Addr() == c.One.Addr {
 			sh = c2
 			break
 		}
 	}
 	if sh == nil {
-		sh = cs.r.sharedConn(c.One.Addr, cs.sharedIdx, cs.access)
-		cs.sharedConns = append(cs.sharedConns, sh)
+		sh = s.r.sharedConn(c.One.Addr, s.sharedIdx, s.access)
+		s.sharedConns = append(s.sharedConns, sh)
 	}
-	ticket := cs.order.Add(c.One.Raw, c.One.Slot, cluster.TicketOpts{Seq: c.Seq})
+	ticket := s.order.Add(c.One.Raw, c.One.Slot, cluster.TicketOpts{Seq: c.Seq})
 	s.h.Sending(name, cmd)
 	if err := sh.Queue(s.h, ticket, nil, c.One.Raw, true); err != nil {
-		cs.order.Drop(ticket)
+		s.order.Drop(ticket)
 		return false
 	}
 	s.markShared(sh)
-	cs.sharedUsed = true
+	s.sharedUsed = true
 	if c.Seq != 0 {
-		cs.LastShared = true // see waitMark
+		s.LastShared = true // see waitMark
 	}
 	s.r.cfg.Forwarded.Add(1)
 	sh.Group().Forwarded.Add(1)
@@ -190,11 +188,10 @@ type redirect struct {
 // as it may wait for the slot map: two commands of a pipeline redirected
 // to the same node reach it in the client's order.
 func (s *Client) redirect(d redirect) {
-	cs := s
-	cs.redirMu.Lock()
-	defer cs.redirMu.Unlock()
-	cs.redirs = append(cs.redirs, d)
-	if len(cs.redirs) == 1 {
+	s.redirMu.Lock()
+	defer s.redirMu.Unlock()
+	s.redirs = append(s.redirs, d)
+	if len(s.redirs) == 1 {
 		s.r.cfg.Readers.Add(1)
 		go s.redirecting()
 	}
@@ -204,19 +201,18 @@ func (s *Client) redirect(d redirect) {
 // left.
 func (s *Client) redirecting() {
 	defer s.r.cfg.Readers.Done()
-	cs := s
 	for {
-		cs.redirMu.Lock()
-		d := cs.redirs[0]
-		cs.redirMu.Unlock()
+		s.redirMu.Lock()
+		d := s.redirs[0]
+		s.redirMu.Unlock()
 		s.redirectShared(d.ticket, d.kind, d.target)
-		cs.redirMu.Lock()
-		cs.redirs = cs.redirs[1:]
-		left := len(cs.redirs)
+		s.redirMu.Lock()
+		s.redirs = s.redirs[1:]
+		left := len(s.redirs)
 		if left == 0 {
-			cs.redirs = nil
+			s.redirs = nil
 		}
-		cs.redirMu.Unlock()
+		s.redirMu.Unlock()
 		if left == 0 {
 			return
 		}
@@ -228,9 +224,8 @@ func (s *Client) redirecting() {
 // connection to it when it came on one.
 func (s *Client) redirectShared(ticket uint64, kind cluster.Redirection, target string) {
 	defer s.h.Recover()
-	cs := s
-	r := cs.r
-	raw, slot, opts, deadline, ok := cs.order.Command(ticket, s.r.cfg.Retry)
+	r := s.r
+	raw, slot, opts, deadline, ok := s.order.Command(ticket, s.r.cfg.Retry)
 	if !ok {
 		return
 	}
@@ -257,9 +252,9 @@ func (s *Client) redirectShared(ticket uint64, kind cluster.Redirection, target 
 	}
 	var sh *backend.Mux
 	if opts.Own {
-		sh = cs.ownConn(addr)
+		sh = s.ownConn(addr)
 	} else {
-		sh = r.sharedConn(addr, cs.sharedIdx, cs.access)
+		sh = r.sharedConn(addr, s.sharedIdx, s.access)
 	}
 	if err := sh.Queue(s.h, ticket, pre, raw, false); err != nil {
 		s.r.cfg.Unavailable.Add(1)
@@ -267,7 +262,7 @@ func (s *Client) redirectShared(ticket uint64, kind cluster.Redirection, target 
 		return
 	}
 	if opts.Seq != 0 {
-		cs.NoteMoved(opts.Seq, addr)
+		s.NoteMoved(opts.Seq, addr)
 	}
 	sh.Flush()
 }

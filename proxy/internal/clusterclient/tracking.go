@@ -75,17 +75,16 @@ var (
 // clientIDCall sends CLIENT ID to the first master and records the id it
 // answers as the client's, for CLIENT TRACKING ... REDIRECT.
 func (s *Client) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Call {
-	cs := s
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
-	r := cs.r
+	r := s.r
 	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
 		if len(b) > 1 && b[0] == ':' {
 			if id, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil {
 				r.clientIDs.Store(id, s)
-				cs.mu.Lock()
-				cs.ids = append(cs.ids, id)
-				cs.mu.Unlock()
+				s.mu.Lock()
+				s.ids = append(s.ids, id)
+				s.mu.Unlock()
 			}
 		}
 		return b, cluster.IsError(b)
@@ -95,13 +94,13 @@ func (s *Client) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Ca
 
 // forgetIDs removes the client's ids from the router's registry; it runs
 // when the client has gone.
-func (cs *Client) forgetIDs() {
-	cs.mu.Lock()
-	ids := cs.ids
-	cs.ids = nil
-	cs.mu.Unlock()
+func (s *Client) forgetIDs() {
+	s.mu.Lock()
+	ids := s.ids
+	s.ids = nil
+	s.mu.Unlock()
 	for _, id := range ids {
-		cs.r.clientIDs.Delete(id)
+		s.r.clientIDs.Delete(id)
 	}
 }
 
@@ -110,7 +109,6 @@ func (cs *Client) forgetIDs() {
 // the proxy does not recognise goes to the first master, whose error is
 // the client's.
 func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.Call, bool) {
-	cs := s
 	args := cmd.Args
 	if len(args) < 3 {
 		return cluster.Call{}, false
@@ -135,22 +133,22 @@ func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.C
 	}
 	s.Settle()
 	if !on {
-		old := cs.trk.Load()
-		cs.stopTracking()
+		old := s.trk.Load()
+		s.stopTracking()
 		if old == nil {
 			return cluster.LocalCall(resp.ReplyOK), true // Redis answers OFF +OK whatever the state
 		}
 		return cluster.Fan(m, cmd.Raw, cluster.OpFirst), true
 	}
 	if redirect != 0 {
-		if _, ok := cs.r.clientIDs.Load(redirect); !ok {
+		if _, ok := s.r.clientIDs.Load(redirect); !ok {
 			return cluster.LocalCall(replyNoRedirTarget), true
 		}
 	}
-	t := cs.trk.Load()
+	t := s.trk.Load()
 	if t == nil || t.redirect != redirect {
 		// Tracking again with another target: Redis replaces it.
-		cs.stopTracking()
+		s.stopTracking()
 		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.Master(m.First[0])}
 	}
 	t.opts = opts
@@ -167,7 +165,7 @@ func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.C
 	} else {
 		// The readers of the client's own connections read on from the
 		// replies to this CLIENT TRACKING ON: the pushes come there.
-		cs.listen.Store(true)
+		s.listen.Store(true)
 	}
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst}
 	for i, addr := range m.Masters {
@@ -175,13 +173,13 @@ func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.C
 	}
 	c.Learn = func(failed bool) {
 		if failed {
-			if cs.trk.Load() != t {
+			if s.trk.Load() != t {
 				t.close()
-				cs.listen.Store(false)
+				s.listen.Store(false)
 			}
 			return
 		}
-		cs.trk.Store(t)
+		s.trk.Store(t)
 	}
 	return c, true
 }
@@ -203,8 +201,8 @@ func (t *tracking) command(addr string) []byte {
 
 // trackingFor returns the command that brings a new connection of the
 // client's to addr to tracking, or nil when the client does not track.
-func (cs *Client) trackingFor(addr string) []byte {
-	if t := cs.trk.Load(); t != nil {
+func (s *Client) trackingFor(addr string) []byte {
+	if t := s.trk.Load(); t != nil {
 		return t.command(addr)
 	}
 	return nil
@@ -280,9 +278,9 @@ func (t *tracking) close() {
 
 // stopTracking ends the client's tracking on the proxy's side (the
 // caller turns it off on the masters, or RESET does).
-func (cs *Client) stopTracking() {
-	cs.listen.Store(false)
-	if t := cs.trk.Swap(nil); t != nil {
+func (s *Client) stopTracking() {
+	s.listen.Store(false)
+	if t := s.trk.Swap(nil); t != nil {
 		t.close()
 	}
 }
@@ -290,13 +288,13 @@ func (cs *Client) stopTracking() {
 // Listening reports whether the masters push on the client's own
 // connections (tracking without REDIRECT): their readers then read while
 // no reply is owed (backend.Pusher).
-func (cs *Client) Listening() bool { return cs.listen.Load() }
+func (s *Client) Listening() bool { return s.listen.Load() }
 
 // Push reads a push from r, the client's own connection to addr, and
 // gives it to the client right after the reply with ticket after (see
 // cluster.Order.PushAfter). A flush's invalidation (all keys) is given
 // from the slot-0 master only: every master the flush reached sends one.
-func (cs *Client) Push(r *bufio.Reader, addr string, after uint64) error {
+func (s *Client) Push(r *bufio.Reader, addr string, after uint64) error {
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
@@ -306,12 +304,12 @@ func (cs *Client) Push(r *bufio.Reader, addr string, after uint64) error {
 	w.Flush()
 	frame := buf.Bytes()
 	if bytes.HasPrefix(frame, invalidatePush) && bytes.Equal(frame[len(invalidatePush):], []byte("_\r\n")) {
-		if m := cs.r.Slots.Load(); m == nil || m.Master(m.First[0]) != addr {
+		if m := s.r.Slots.Load(); m == nil || m.Master(m.First[0]) != addr {
 			return nil
 		}
 	}
-	cs.order.PushAfter(after, frame, cs.w)
-	cs.h.PushOut()
+	s.order.PushAfter(after, frame, s.w)
+	s.h.PushOut()
 	return nil
 }
 
@@ -319,12 +317,12 @@ func (cs *Client) Push(r *bufio.Reader, addr string, after uint64) error {
 // to addr right behind the reply with ticket, in the same read: a master
 // writes the invalidations a command of the client's caused after its
 // reply, in the same write. They are placed right after that reply.
-func (cs *Client) pushesAfter(r *bufio.Reader, addr string, ticket uint64) error {
+func (s *Client) pushesAfter(r *bufio.Reader, addr string, ticket uint64) error {
 	for r.Buffered() > 0 {
 		if b, _ := r.Peek(1); b[0] != '>' {
 			return nil
 		}
-		if err := cs.Push(r, addr, ticket); err != nil {
+		if err := s.Push(r, addr, ticket); err != nil {
 			return err
 		}
 	}
@@ -495,9 +493,8 @@ func (s *Client) cachingCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Cal
 // endCaching ends a CLIENT CACHING on the masters c did not go to, with
 // a PING whose reply is held back from the client.
 func (s *Client) endCaching(c *cluster.Call) {
-	cs := s
-	cs.caching = false
-	m := cs.r.Slots.Load()
+	s.caching = false
+	m := s.r.Slots.Load()
 	if m == nil {
 		return
 	}

@@ -20,7 +20,6 @@ import (
 // or WATCH they belong to, for txConn to check when they are sent. txn and
 // watch are the client's transaction and WATCH before c was planned.
 func (s *Client) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, watch *cluster.Pin) {
-	cs := s
 	if c.Kind == cluster.CallLocal || (c.Kind == cluster.CallMerge && c.Op != cluster.OpLast) {
 		// The proxy's own reply, or AUTH, HELLO or CLIENT SETNAME, which
 		// go to every connection of the client, inside a transaction or
@@ -49,11 +48,11 @@ func (s *Client) tagTx(c *cluster.Call, name []byte, txn *cluster.TxnState, watc
 			// on that connection.
 			c.Parts[c.Opens].Tx.Role = cluster.TxOpens
 		}
-	case cs.Txn != nil:
-		cs.Txn.Watched, cs.Txn.Lost = watch, false // lost was the WATCH's
-		c.One.Tx = &cluster.TxPart{Txn: cs.Txn, Role: cluster.TxOpens}
-	case cs.Watch != nil && string(name) == "watch":
-		c.One.Tx = &cluster.TxPart{Watch: cs.Watch}
+	case s.Txn != nil:
+		s.Txn.Watched, s.Txn.Lost = watch, false // lost was the WATCH's
+		c.One.Tx = &cluster.TxPart{Txn: s.Txn, Role: cluster.TxOpens}
+	case s.Watch != nil && string(name) == "watch":
+		c.One.Tx = &cluster.TxPart{Watch: s.Watch}
 	}
 }
 

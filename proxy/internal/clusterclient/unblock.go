@@ -23,7 +23,6 @@ import (
 // for one the proxy leaves to the first master (a malformed one, or an id
 // no client of the proxy has).
 func (s *Client) unblockCall(args [][]byte) bool {
-	cs := s
 	if len(args) < 3 || len(args) > 4 {
 		return false
 	}
@@ -31,7 +30,7 @@ func (s *Client) unblockCall(args [][]byte) bool {
 	if err != nil {
 		return false
 	}
-	v, ok := cs.r.clientIDs.Load(id)
+	v, ok := s.r.clientIDs.Load(id)
 	if !ok {
 		return false
 	}
@@ -50,12 +49,12 @@ func (s *Client) unblockCall(args [][]byte) bool {
 	target.mu.Unlock()
 
 	s.Settle()
-	ticket := cs.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
+	ticket := s.order.Add(nil, cluster.NoSlot, cluster.TicketOpts{})
 	answer := func(b []byte) {
-		cs.order.Put(ticket, false, b, s.w)
+		s.order.Put(ticket, false, b, s.w)
 		s.h.PushOut()
 	}
-	m := cs.r.Slots.Load()
+	m := s.r.Slots.Load()
 	unblocked := int64(0)
 	for _, c := range conns {
 		slot := cluster.NoSlot
