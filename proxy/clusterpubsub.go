@@ -6,7 +6,6 @@ import (
 
 	"github.com/tidwall/redcon"
 
-	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/clusterclient"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -17,11 +16,11 @@ import (
 // against the replyQueue and its connState): pushes, RESP2 and RESP3,
 // the subscription counts, and a client disconnected when the node goes.
 //
-// Which node: Redis Cluster 7 broadcasts PUBLISH to every node, so
-// SUBSCRIBE and PSUBSCRIBE work on any; the first subscription pins the
-// client to the master serving slot 0, unless it is an SSUBSCRIBE, which
-// must reach the master of its channels' slot (SPUBLISH stays within the
-// shard). Later subscriptions go to the pinned node; an SSUBSCRIBE for a
+// Which node (clusterclient.Client.PinTarget): Redis Cluster 7 broadcasts
+// PUBLISH to every node, so SUBSCRIBE and PSUBSCRIBE work on any; the
+// first subscription pins the client to the master serving slot 0, unless
+// it is an SSUBSCRIBE, which must reach the master of its channels' slot
+// (SPUBLISH stays within the shard). Later subscriptions go to the pinned node; an SSUBSCRIBE for a
 // channel of another shard is refused while the client holds other
 // subscriptions (one connection cannot follow two shards).
 //
@@ -71,10 +70,7 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	case string(name) == "reset":
 		// The node unsubscribes the client and answers +RESET; the
 		// cluster side of the client is reset too.
-		cs.CloseMirrors()
-		cs.DropAll()
-		s.ForgetState()
-		cs.Txn, cs.Watch = nil, nil
+		cs.ResetAll()
 		return nil, true
 	case clusterclient.SetsState(name, cmd.Args): // AUTH, HELLO, CLIENT SETNAME
 		return nil, true
@@ -86,18 +82,12 @@ func (s *session) clusterPubsub(name []byte, cmd redcon.Command) (reply []byte, 
 	// RESP2: only the subscription commands, PING, QUIT and RESET are
 	// allowed, and the node says so for the others, except for a key it
 	// does not serve, which it would redirect first.
-	keys, err := s.p.router.Keys(s.ctx, cs.Keys[:0], name, cmd.Args)
-	cs.Keys = keys
-	if err != nil {
-		return s.cl.Unavailable(err), false
-	}
-	if len(keys) == 0 {
+	full, reply := cs.KeyedName(name, cmd)
+	switch {
+	case reply != nil:
+		return reply, false
+	case full == nil:
 		return nil, true
-	}
-	full := append([]byte(nil), name...)
-	if t, err := s.p.router.Commands(s.ctx); err == nil && t[string(name)].Container && len(cmd.Args) > 1 {
-		var sb [24]byte
-		full = append(append(full, '|'), resp.Lower(&sb, cmd.Args[1])...)
 	}
 	return append(append([]byte(subscribedPrefix), full...), subscribedSuffix...), false
 }
@@ -108,20 +98,9 @@ func (s *session) pinFor(name []byte, cmd redcon.Command) (reply []byte, pinned 
 	// The commands routed before it are answered first: a HELLO among
 	// them sets the protocol the new connection is brought to.
 	s.cl.Settle()
-	m, err := s.p.router.Current(s.ctx)
-	if err != nil {
-		return s.cl.Unavailable(err), false
-	}
-	target := m.Master(m.First[0])
-	shard := (string(name) == "ssubscribe" || string(name) == "sunsubscribe") && len(cmd.Args) > 1
-	if shard {
-		slot := cluster.KeySlot(cmd.Args[1])
-		for _, ch := range cmd.Args[2:] {
-			if cluster.KeySlot(ch) != slot {
-				return cluster.ReplyCrossSlot, false
-			}
-		}
-		target = m.Master(slot)
+	target, shard, reply := s.cl.PinTarget(name, cmd)
+	if reply != nil {
+		return reply, false
 	}
 	if s.be != nil && !s.q.dead(s.be) {
 		if !shard || s.cl.PinAddr() == target {
