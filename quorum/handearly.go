@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"context"
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -131,12 +132,15 @@ func (l *Locker) handedAtMajority(r *round) (fence int64, in uint64, ok bool) {
 }
 
 // handOverEarly runs the handing round r (handOver's, to w) and delivers
-// w's grant as soon as a majority decided it (handed), then waits for the
-// rest of the round and deals with the late replies. Otherwise, when the
-// round ended without that decision, tally has counted its replies and
-// handOver decides as for a full round; hooked reports whether the test
-// hook of handOver ran already.
-func (l *Locker) handOverEarly(r *round, resource, attempt string, start time.Time, w *waiter, tally func([]reply)) (handed, hooked bool) {
+// w's grant as soon as a majority decided it (handed). The releasing
+// holder's result is then out: its lock was released on a majority of
+// nodes in the same calls (the Unlock returns while the rest of the round
+// is dealt with in the background), or nil when the Unlock waits for the
+// rest (tally then counted every reply). Otherwise, when the round ended
+// without that decision, tally has counted its replies and handOver
+// decides as for a full round; hooked reports whether the test hook of
+// handOver ran already.
+func (l *Locker) handOverEarly(r *round, resource, attempt string, start time.Time, w *waiter, tally func([]reply)) (handed, hooked bool, out *releaseResult) {
 	if r.each == nil {
 		r.each = make(chan struct{}, 1)
 	}
@@ -152,76 +156,137 @@ func (l *Locker) handOverEarly(r *round, resource, attempt string, start time.Ti
 			if !ok {
 				continue
 			}
-			return l.handEarly(r, resource, attempt, start, w, fence, in, tally), true
+			handed, out = l.handEarly(r, resource, attempt, start, w, fence, in, tally)
+			return handed, true, out
 		case <-ctx.Done():
 			gone = ctx.Err()
 		case <-r.timer.C:
 			gone = context.DeadlineExceeded
 		}
 		l.awaitEnd(l.nodes, r, gone, tally)
-		return false, false
+		return false, false, nil
 	}
 }
 
+// releaseResult is what a release reports: on how many nodes the token's
+// lock was released, and how many answered.
+type releaseResult struct{ deleted, answered int }
+
 // handEarly delivers w's grant of fence, decided by the nodes in in, unless
 // the round took too long for it (then it reports false after the rest
-// of the round, which tally counted), and then handles the other nodes'
-// replies.
-func (l *Locker) handEarly(r *round, resource, attempt string, start time.Time, w *waiter, fence int64, in uint64, tally func([]reply)) bool {
+// of the round, which tally counted). The rest of the round is then dealt
+// with (handRest): in the background when the releasing token's lock was
+// released on a majority of the nodes in in (out says so), otherwise
+// before handEarly returns, tally counting every reply.
+func (l *Locker) handEarly(r *round, resource, attempt string, start time.Time, w *waiter, fence int64, in uint64, tally func([]reply)) (handed bool, out *releaseResult) {
 	if hook := testHookHandOver.Load(); hook != nil {
 		(*hook)()
 	}
-	bg := context.WithoutCancel(r.ctx)
 	now := time.Now()
 	v := l.validity(w.ttl, now.Sub(start))
 	if now.Sub(start) > l.maxRounds() || v <= 0 {
 		// As confirm refuses it: the full round's decision is the same.
 		l.awaitEnd(l.nodes, r, r.wait(), tally)
-		return false
+		return false, nil
 	}
 	h := handoff{start: start, ok: true,
 		lk: Lock{Token: w.token, Validity: v, Expires: now.Add(v), Fence: fence, Holds: w.form.freshHolds()}}
 	p := l.holdPlacement(resource, w.token, attempt, fence, start.Add(w.ttl), w.form.extArg())
+	released := 0
+	for i := range r.res {
+		if in&(1<<i) != 0 && r.res[i].released {
+			released++
+		}
+	}
 	l.noteHanded(resource, h.lk.Expires) // before w leaves the queue
 	l.deliver(w, h)
 	if hook := testHookHandedEarly.Load(); hook != nil {
 		(*hook)()
 	}
 	runtime.Gosched() // as in handOver: the waiter's caller answers first
+	rest := handRest{r: r, resource: resource, attempt: attempt, start: start, token: w.token, ttl: w.ttl, fence: fence, in: in, p: p}
+	if released >= l.quorum && l.inBackground(func() { l.handRest(rest, nil) }) {
+		// The releasing holder's caller answers its client too; the late
+		// replies are the background's.
+		return true, &releaseResult{deleted: released, answered: bits.OnesCount64(in)}
+	}
+	l.handRest(rest, tally)
+	return true, nil
+}
 
+// handRest is the rest of a handing round decided at a majority: the
+// round, the waiter's token, ttl and fence, the nodes that decided it (in)
+// and the placement held for the others (p).
+type handRest struct {
+	r                        *round
+	resource, attempt, token string
+	start                    time.Time
+	ttl                      time.Duration
+	fence                    int64
+	in                       uint64
+	p                        *placement
+}
+
+// handRest waits for the replies of h.r that did not decide it and deals
+// with them (see above); tally, when not nil, counts every reply.
+func (l *Locker) handRest(h handRest, tally func([]reply)) {
+	bg := context.WithoutCancel(h.r.ctx)
 	var behind, ahead, held []*node
 	var hint time.Duration
-	l.awaitEnd(l.nodes, r, r.wait(), func(res []reply) {
-		tally(res)
+	l.awaitEnd(l.nodes, h.r, h.r.wait(), func(res []reply) {
+		if tally != nil {
+			tally(res)
+		} else {
+			l.settleClock(l.nodes, res, h.start)
+		}
 		for i, rep := range res {
-			if in&(1<<i) != 0 || rep.err != nil || rep.arr != nil {
+			if h.in&(1<<i) != 0 || rep.err != nil || rep.arr != nil {
 				continue
 			}
 			switch n := l.nodes[i]; {
 			case rep.val <= 0:
 				held = append(held, n)
 				hint = max(hint, time.Duration(-rep.val)*time.Millisecond)
-			case rep.val < fence:
+			case rep.val < h.fence:
 				behind = append(behind, n)
-			case rep.val > fence:
+			case rep.val > h.fence:
 				ahead = append(ahead, n)
 			}
 		}
 	})
 	if len(behind) > 0 {
-		key := l.lockPrefix + resource
-		l.fanout(behind, l.call(bg, opRaise, len(behind), key, codeRaise, w.token, attempt, fence), func([]reply) {})
+		key := l.lockPrefix + h.resource
+		l.fanout(behind, l.call(bg, opRaise, len(behind), key, codeRaise, h.token, h.attempt, h.fence), func([]reply) {})
 	}
 	if len(ahead) > 0 {
-		l.cleanup(bg, ahead, resource, w.token, attempt, w.ttl, false)
+		l.cleanup(bg, ahead, h.resource, h.token, h.attempt, h.ttl, false)
 	}
-	l.settlePlacement(p, held, hint)
+	l.settlePlacement(h.p, held, hint)
+	if hook := testHookHandRest.Load(); hook != nil {
+		(*hook)()
+	}
+}
+
+// inBackground runs f in a goroutine that Close waits for, and reports
+// false (f not run) once Close began.
+func (l *Locker) inBackground(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bgClosed {
+		return false
+	}
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		f()
+	}()
 	return true
 }
 
 // testHookHandedEarly, when set, runs when a handing round delivered its
-// grant at a majority, before the rest of the round.
-var testHookHandedEarly atomic.Pointer[func()]
+// grant at a majority, before the rest of the round; testHookHandRest
+// when the rest of such a round was dealt with.
+var testHookHandedEarly, testHookHandRest atomic.Pointer[func()]
 
 // holdPlacement registers a placement of resource's lock of token on no
 // node yet: settlePlacement gives it its nodes, or drops it, once the

@@ -34,15 +34,25 @@ func (c *cluster) storedFence(tb testing.TB, i int, resource string) (int64, str
 }
 
 // handWithNodePaused hands resource from holder to the waiter waiting
-// (queued and idle on l) while node 2 is paused: the waiter must be
-// granted before the Unlock returns, which waits for node 2 until it is
-// resumed (within the node timeout) and has dealt with its reply.
+// (queued and idle on l) while node 2 is paused: the waiter is granted and
+// the holder's Unlock returns before node 2 answers; node 2 is then
+// resumed (within the node timeout), and handWithNodePaused returns once
+// its reply was dealt with.
 func handWithNodePaused(t *testing.T, c *cluster, l *Locker, resource string, holder Lock, waiting <-chan lockResult) Lock {
 	t.Helper()
 	var early atomic.Int32
 	hook := func() { early.Add(1) }
 	testHookHandedEarly.Store(&hook)
 	defer testHookHandedEarly.Store(nil)
+	rested := make(chan struct{}, 1)
+	restHook := func() {
+		select {
+		case rested <- struct{}{}:
+		default:
+		}
+	}
+	testHookHandRest.Store(&restHook)
+	defer testHookHandRest.Store(nil)
 
 	c.servers[2].Pause()
 	resumed := false
@@ -51,38 +61,37 @@ func handWithNodePaused(t *testing.T, c *cluster, l *Locker, resource string, ho
 			c.servers[2].Resume()
 		}
 	}()
-	unlocked := make(chan error, 1)
-	go func() { unlocked <- l.Unlock(context.Background(), resource, holder.Token) }()
+	if err := l.Unlock(ctxT(t), resource, holder.Token); err != nil {
+		t.Fatalf("Unlock with node 2 paused: %v", err)
+	}
 	w := recv(t, waiting)
 	if w.err != nil {
 		t.Fatalf("waiter: %v", w.err)
 	}
-	select {
-	case err := <-unlocked:
-		t.Fatalf("the Unlock returned (%v) before node 2 answered: the handing round did not wait for it", err)
-	default:
-	}
 	if early.Load() != 1 {
 		t.Fatalf("%d handing rounds decided at a majority, want 1", early.Load())
+	}
+	select {
+	case <-rested:
+		t.Fatal("the handing round ended before node 2 answered: it waited for node 2's timeout")
+	default:
 	}
 	time.Sleep(20 * time.Millisecond) // node 2's request stays in flight
 	c.servers[2].Resume()
 	resumed = true
 	select {
-	case err := <-unlocked:
-		if err != nil {
-			t.Fatalf("Unlock: %v", err)
-		}
+	case <-rested:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the Unlock did not return after node 2 resumed")
+		t.Fatal("node 2's reply to the handing round was not dealt with after it resumed")
 	}
 	return w.lk
 }
 
 // TestHandoffAtMajorityWithNodePaused: with node 2 paused, a handing round
 // grants the waiter on nodes 0 and 1 before node 2 answers, with their
-// fence; node 2, resumed within the node timeout, then takes the lock for
-// the waiter too, and the next Unlock hands it on as usual.
+// fence, and the holder's Unlock returns; node 2, resumed within the node
+// timeout, then takes the lock for the waiter too, and the next Unlock
+// releases it everywhere.
 func TestHandoffAtMajorityWithNodePaused(t *testing.T) {
 	c := startCluster(t, 3)
 	l := newLocker(t, c, noFallback(testConfig()))
@@ -227,7 +236,9 @@ func TestHandoffAtMajorityLateNodeHeld(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		c.servers[2].Resume()
 		for range 2 {
-			<-unlocked
+			if err := <-unlocked; err != nil {
+				t.Errorf("Unlock: %v", err)
+			}
 		}
 		time.Sleep(300*time.Millisecond + l.cfg.NodeTimeout + 100*time.Millisecond)
 		if _, token := c.storedFence(t, 2, r); token == w.lk.Token {

@@ -689,7 +689,11 @@ func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter
 	if l.handsEarly(w) {
 		// Decided at a majority when it can be (handearly.go).
 		var handed bool
-		if handed, hooked = l.handOverEarly(r, resource, attempt, start, w, tally); handed {
+		var out *releaseResult
+		if handed, hooked, out = l.handOverEarly(r, resource, attempt, start, w, tally); handed {
+			if out != nil {
+				return out.deleted, out.answered, nil
+			}
 			return t.deleted, t.answered, t.counted
 		}
 	} else {
