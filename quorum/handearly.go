@@ -14,9 +14,12 @@ import (
 // cannot change with the other replies (see the argument below), so the
 // waiter is answered then and not after the slowest node, which on a
 // host where the nodes share CPUs is what a contended lock's handoff
-// mostly waited for. The releasing Unlock still waits for every reply (or
-// its timeout) before it returns, and deals with what the late nodes
-// answered:
+// mostly waited for. The releasing Unlock returns then too when the same
+// replies released its lock on a majority (its result is that count, as a
+// release's: nil from a majority; what the other nodes answer cannot take
+// it back), otherwise it waits for every reply (or its timeout) as before.
+// The late replies are dealt with after the round, by a goroutine that
+// Close waits for (or by the Unlock, when it waits):
 //
 //   - a grant with a smaller fence is raised to the waiter's, as confirm
 //     raises a node behind;
@@ -47,9 +50,9 @@ import (
 // the same waiter, with the largest fence among all grants, raised on the
 // others: a fence that is only larger is no safer. A node's request that
 // is late is covered by late.go as for a full round that timed out on it:
-// its deadline and attempt are those of the round. The late nodes' replies
-// are handled by the same goroutine that sent the round, and every node
-// runs its requests in the order they were queued, so the new holder's
+// its deadline and attempt are those of the round. Every node runs its
+// requests in the order they were queued, and the handing call was queued
+// at every node before the waiter was answered, so the new holder's
 // Unlock, a raise, a cleanup or a placement of this round reach each node
 // after the handing call itself.
 //
