@@ -209,6 +209,10 @@ func (cs *clusterSession) forward(name []byte, cmd redcon.Command) (localItem, b
 	s := cs.s
 	if string(name) == "quit" {
 		cs.quit = true // nothing after it is run (session.forward)
+		// No client can redirect its invalidations here any more: a
+		// tracker's next one gets tracking-redir-broken, as from Redis
+		// once it has read QUIT, not only once the connection has gone.
+		cs.forgetIDs()
 		return localItem{reply: replyOK, quit: true, silent: s.silent()}, false, false
 	}
 	if s.be != nil || resp.Lookup(name).Has(resp.Subscribes) {

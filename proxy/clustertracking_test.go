@@ -97,3 +97,34 @@ func infoField(t *testing.T, info, name string) int {
 	t.Fatalf("INFO has no %s", name)
 	return 0
 }
+
+// TestClusterTrackingRedirectQuit checks that once a REDIRECT target's
+// QUIT has been answered, the tracker's next invalidation is a
+// tracking-redir-broken push, as from one Redis (Redis's "RESP3 based
+// basic tracking-redir-broken with client reply off").
+func TestClusterTrackingRedirectQuit(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	tracker, w := dial(t, addr), dial(t, addr)
+	tracker.do(args("HELLO 3"))
+	k := keyOn(1, "rq:")
+	for round := range 20 {
+		target := dial(t, addr)
+		id := strings.TrimSuffix(strings.TrimPrefix(string(target.do(args("CLIENT ID"))), ":"), "\r\n")
+		if got := string(tracker.do(args("CLIENT TRACKING on REDIRECT " + id))); got != "+OK\r\n" {
+			t.Fatalf("round %d: CLIENT TRACKING on REDIRECT: %q", round, got)
+		}
+		w.do(args("SET " + k + " a"))
+		tracker.do(args("GET " + k))
+		if got := string(target.do(args("QUIT"))); got != "+OK\r\n" {
+			t.Fatalf("round %d: QUIT: %q", round, got)
+		}
+		w.do(args("SET " + k + " b"))
+		want := ">2\r\n$21\r\ntracking-redir-broken\r\n:" + id + "\r\n"
+		got, err := tracker.tryRead(1, 2*time.Second)
+		if err != nil || string(got) != want {
+			t.Fatalf("round %d: after the target's QUIT: %q (%v), want %q", round, got, err, want)
+		}
+		tracker.do(args("CLIENT TRACKING off"))
+	}
+}
