@@ -96,6 +96,10 @@ type clusterSession struct {
 	caching bool
 	ids     []int64
 	proto3  atomic.Bool
+	// listen: the masters push on the client's own connections (tracking
+	// without REDIRECT), whose readers then read while no reply is owed
+	// (muxConn.stopIdle) and give the pushes in place (ownPush).
+	listen atomic.Bool
 
 	// clusterClient is where the client's commands are routed: its
 	// transaction, WATCH, and the master of its last command with keys.
@@ -205,6 +209,10 @@ func (cs *clusterSession) forward(name []byte, cmd redcon.Command) (localItem, b
 	s := cs.s
 	if string(name) == "quit" {
 		cs.quit = true // nothing after it is run (session.forward)
+		// No client can redirect its invalidations here any more: a
+		// tracker's next one gets tracking-redir-broken, as from Redis
+		// once it has read QUIT, not only once the connection has gone.
+		cs.forgetIDs()
 		return localItem{reply: replyOK, quit: true, silent: s.silent()}, false, false
 	}
 	if s.be != nil || resp.Lookup(name).Has(resp.Subscribes) {

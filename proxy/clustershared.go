@@ -290,7 +290,7 @@ func (s *session) markShared(sh *muxConn) {
 // replies. answered is false when the reply was a redirection: the command
 // is sent again, and its reply comes later; with err, it is false when
 // nothing of the reply reached the client.
-func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *resp.ReplyInfo) (answered bool, err error) {
+func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, sink *sinkWriter, ri *resp.ReplyInfo, own string) (answered bool, err error) {
 	o := &s.cl.order
 	b, err := r.Peek(1)
 	if err != nil {
@@ -303,6 +303,9 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 		w.Flush()
 		sink.w = nil
 		if err == nil {
+			if own != "" {
+				err = s.cl.pushesAfter(r, own, ticket)
+			}
 			o.Put(ticket, true, nil, &s.w)
 		}
 		return true, err
@@ -311,6 +314,9 @@ func (s *session) sharedReply(r *bufio.Reader, ticket uint64, w *bufio.Writer, s
 	err = resp.CopyReply(w, r, ri)
 	w.Flush()
 	sink.capture = false
+	if err == nil && own != "" {
+		err = s.cl.pushesAfter(r, own, ticket)
+	}
 	if err != nil {
 		return false, err
 	}

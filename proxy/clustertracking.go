@@ -19,19 +19,26 @@ import (
 // CLIENT TRACKING in front of a cluster. Tracking is state of a
 // connection, and a client's reads go to every master: so while it
 // tracks, a client's commands go on its own connections only, each with
-// tracking on. Every master's invalidations are redirected to a
-// connection of the proxy's, one per master and tracking client (a
-// sink), subscribed to __redis__:invalidate; the sinks' readers give them
-// to whom one Redis would: the client itself as a RESP3 push when it
-// speaks RESP3, or the client named by REDIRECT (its id as CLIENT ID
-// through the proxy gave it) as a push in RESP3 or as a
-// __redis__:invalidate message when it is subscribed in RESP2; nobody
-// else. The options other than REDIRECT (BCAST, PREFIX, OPTIN, OPTOUT,
-// NOLOOP) are the masters' to apply. A flush's invalidation (all keys)
-// comes from every master the proxy flushed; the first master's is
-// given, once, as one Redis gives one. A connection dialled again (the
-// old one lost) is brought back to tracking before its first command;
-// the invalidations the lost one owed are lost with it.
+// tracking on. Without REDIRECT, each master pushes the client's
+// invalidations on the client's own connection to it, in the stream of
+// its replies, as one Redis does: the readers of those connections keep
+// reading while the client tracks, and give each push to the client right
+// after the reply it followed (cluster.Order.PushAfter), so that an
+// eviction's invalidation comes before the reply of the command that
+// evicted and one the client's own write caused after that write's reply,
+// in RESP3; in RESP2 the masters push nothing, as Redis sends nothing.
+// With REDIRECT, every master's invalidations are redirected to a
+// connection of the proxy's, one per master and tracking client (a sink),
+// subscribed to __redis__:invalidate; the sinks' readers give them to the
+// client REDIRECT named (its id as CLIENT ID through the proxy gave it)
+// as a push in RESP3 or as a __redis__:invalidate message when it is
+// subscribed in RESP2; nobody else. The options other than REDIRECT
+// (BCAST, PREFIX, OPTIN, OPTOUT, NOLOOP) are the masters' to apply. A
+// flush's invalidation (all keys) comes from every master the proxy
+// flushed; the slot-0 master's is given, once, as one Redis gives one. A
+// connection dialled again (the old one lost) is brought back to tracking
+// before its first command; the invalidations the lost one owed are lost
+// with it.
 //
 // CLIENT GETREDIR answers the client's REDIRECT id, as Redis does. CLIENT
 // CACHING concerns the connection's next command only, whose master is not
@@ -146,14 +153,20 @@ func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.
 		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.Master(m.First[0])}
 	}
 	t.opts = opts
-	ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
-	defer cancel()
-	for _, addr := range m.Masters {
-		if err := t.openSink(ctx, addr); err != nil {
-			t.close()
-			s.p.m.unavailable.Add(1)
-			return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: fmt.Errorf("%s: %w", addr, err)})), true
+	if redirect != 0 {
+		ctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.Backend.DialTimeout)
+		defer cancel()
+		for _, addr := range m.Masters {
+			if err := t.openSink(ctx, addr); err != nil {
+				t.close()
+				s.p.m.unavailable.Add(1)
+				return cluster.LocalCall(resp.ErrorReply(&BackendError{Err: fmt.Errorf("%s: %w", addr, err)})), true
+			}
 		}
+	} else {
+		// The readers of the client's own connections read on from the
+		// replies to this CLIENT TRACKING ON: the pushes come there.
+		cs.listen.Store(true)
 	}
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst}
 	for i, addr := range m.Masters {
@@ -163,6 +176,7 @@ func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.
 		if failed {
 			if cs.trk.Load() != t {
 				t.close()
+				cs.listen.Store(false)
 			}
 			return
 		}
@@ -173,6 +187,9 @@ func (s *session) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.
 
 // command is the CLIENT TRACKING ON that a connection to addr gets.
 func (t *tracking) command(addr string) []byte {
+	if t.redirect == 0 {
+		return resp.Encode(t.opts) // the master pushes on that connection
+	}
 	t.mu.Lock()
 	sk := t.sinks[addr]
 	t.mu.Unlock()
@@ -265,9 +282,50 @@ func (t *tracking) close() {
 // stopTracking ends the client's tracking on the proxy's side (the
 // caller turns it off on the masters, or RESET does).
 func (cs *clusterSession) stopTracking() {
+	cs.listen.Store(false)
 	if t := cs.trk.Swap(nil); t != nil {
 		t.close()
 	}
+}
+
+// ownPush reads a push from r, the client's own connection to addr, and
+// gives it to the client right after the reply with ticket after (see
+// cluster.Order.PushAfter). A flush's invalidation (all keys) is given
+// from the slot-0 master only: every master the flush reached sends one.
+func (cs *clusterSession) ownPush(r *bufio.Reader, addr string, after uint64) error {
+	var buf bytes.Buffer
+	w := bufio.NewWriter(&buf)
+	var ri resp.ReplyInfo
+	if err := resp.CopyReply(w, r, &ri); err != nil {
+		return err
+	}
+	w.Flush()
+	frame := buf.Bytes()
+	if bytes.HasPrefix(frame, invalidatePush) && bytes.Equal(frame[len(invalidatePush):], []byte("_\r\n")) {
+		if m := cs.r.Slots.Load(); m == nil || m.Master(m.First[0]) != addr {
+			return nil
+		}
+	}
+	s := cs.s
+	cs.order.PushAfter(after, frame, &s.w)
+	s.pushOut()
+	return nil
+}
+
+// pushesAfter gives the client the pushes that came on its own connection
+// to addr right behind the reply with ticket, in the same read: a master
+// writes the invalidations a command of the client's caused after its
+// reply, in the same write. They are placed right after that reply.
+func (cs *clusterSession) pushesAfter(r *bufio.Reader, addr string, ticket uint64) error {
+	for r.Buffered() > 0 {
+		if b, _ := r.Peek(1); b[0] != '>' {
+			return nil
+		}
+		if err := cs.ownPush(r, addr, ticket); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // read reads a sink until it is closed and hands out its invalidations;
@@ -308,20 +366,18 @@ func (t *tracking) read(sk *sink, first bool) {
 }
 
 // deliver gives an invalidation of keys (a RESP2 array, or a null for
-// all keys) to whom one Redis would.
+// all keys) to the REDIRECT target (only a client tracking with REDIRECT
+// has sinks), as one Redis would.
 func (t *tracking) deliver(keys []byte, null bool) {
 	s := t.s
-	target := s
-	if t.redirect != 0 {
-		v, ok := s.cl.r.clientIDs.Load(t.redirect)
-		if !ok {
-			if s.cl.proto3.Load() {
-				s.inject(fmt.Appendf(nil, ">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n", t.redirect))
-			}
-			return
+	v, ok := s.cl.r.clientIDs.Load(t.redirect)
+	if !ok {
+		if s.cl.proto3.Load() {
+			s.inject(fmt.Appendf(nil, ">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n", t.redirect))
 		}
-		target = v.(*session)
+		return
 	}
+	target := v.(*session)
 	subscribed, resp3 := target.q.pubsub()
 	if !subscribed {
 		resp3 = target.cl.proto3.Load()

@@ -198,7 +198,7 @@ func (sh *muxConn) startReader() {
 func (sh *muxConn) stopIdle(be *backendConn) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be != be || len(be.pending.sessions) > 0 || be.R.Buffered() > 0 {
+	if sh.be != be || len(be.pending.sessions) > 0 || be.R.Buffered() > 0 || (sh.own != nil && sh.own.listen.Load()) {
 		return false
 	}
 	sh.reading = false
@@ -520,11 +520,37 @@ func (sh *muxConn) readShared(be *backendConn) {
 	rb := readerPool.Get().(*readerBufs)
 	defer rb.release()
 	sink, w := &rb.sink, rb.w
+	// On a client's own connection the master may push (clustertracking.go):
+	// ownAddr is then its address, and last the ticket of the last reply read.
+	var ownAddr string
+	if sh.own != nil {
+		ownAddr = sh.addr
+	}
+	var last uint64
 	for {
-		_, err := be.R.Peek(1)
+		b, err := be.R.Peek(1)
 		if err != nil {
 			sh.fail(be, nil)
 			return
+		}
+		if b[0] == '>' && sh.own != nil {
+			// A push of the master's, not right behind a reply (those
+			// come with it, sharedReply): it goes before the reply of
+			// the next command in flight here, or after the last one.
+			after := last
+			sh.mu.Lock()
+			for i := be.pending.head; i < len(be.pending.sessions); i++ {
+				if be.pending.sessions[i] != nil {
+					after = be.pending.tickets[i] - 1
+					break
+				}
+			}
+			sh.mu.Unlock()
+			if err := sh.own.ownPush(be.R, sh.addr, after); err != nil {
+				sh.fail(be, nil)
+				return
+			}
+			continue
 		}
 		// One lock per reply: take its session, count it as answered
 		// (a client that finds nothing in flight writes its command
@@ -535,6 +561,9 @@ func (sh *muxConn) readShared(be *backendConn) {
 		var ticket uint64
 		if q.head < len(q.sessions) {
 			s, ticket = q.sessions[q.head], q.tickets[q.head]
+			if s != nil {
+				last = ticket
+			}
 			q.sessions[q.head] = nil
 			q.head++
 			if q.head == len(q.sessions) {
@@ -550,7 +579,7 @@ func (sh *muxConn) readShared(be *backendConn) {
 		sink.w = nil
 		answered := true
 		if s != nil && s.cl != nil {
-			answered, err = s.sharedReply(be.R, ticket, w, sink, &ri)
+			answered, err = s.sharedReply(be.R, ticket, w, sink, &ri, ownAddr)
 		} else {
 			if s != nil {
 				sink.w = s.sink()

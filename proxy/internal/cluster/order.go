@@ -39,6 +39,9 @@ type orderSlot struct {
 	arrived  bool
 	reply    []byte    // the reply, when it came before one ahead of it
 	deadline time.Time // for the redirections, from the first one
+	// after is what its connection pushed after the reply (PushAfter),
+	// written right after it.
+	after []byte
 	TicketOpts
 }
 
@@ -104,7 +107,7 @@ func (o *Order) Add(raw []byte, slot int, opts TicketOpts) uint64 {
 	}
 	sl := &o.slots[n]
 	sl.raw = append(sl.raw[:0], raw...)
-	sl.slot, sl.arrived, sl.reply, sl.deadline = slot, false, sl.reply[:0], time.Time{}
+	sl.slot, sl.arrived, sl.reply, sl.deadline, sl.after = slot, false, sl.reply[:0], time.Time{}, sl.after[:0]
 	sl.TicketOpts = opts
 	if o.muting && opts.G == nil {
 		sl.Mute = true
@@ -146,6 +149,7 @@ func (o *Order) Put(ticket uint64, written bool, reply []byte, w io.Writer) {
 	sl.arrived = true
 	switch {
 	case written:
+		w.Write(sl.after)
 		o.head++
 	case sl.G != nil:
 		o.gathered(sl.G, sl.Part, reply)
@@ -158,11 +162,31 @@ func (o *Order) Put(ticket uint64, written bool, reply []byte, w io.Writer) {
 		if !o.slots[o.head].Mute {
 			w.Write(o.slots[o.head].reply)
 		}
+		w.Write(o.slots[o.head].after) // pushes are not replies: never muted
 		o.head++
 	}
 	if o.head == len(o.slots) {
 		o.cond.Broadcast()
 	}
+}
+
+// PushAfter places frame, a push a connection sent after ticket's reply,
+// right after that reply: at once when it has been written (or ticket is
+// 0, no reply came on the connection), else once it is. A master writes a
+// push into the one stream of its connection, before or after a reply, as
+// one Redis does for a client (an eviction's invalidation before the reply
+// of the command that evicted, an invalidation the client's own write
+// caused after its reply); placed after the reply it followed, it keeps
+// that order among the replies of every master.
+func (o *Order) PushAfter(ticket uint64, frame []byte, w io.Writer) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := int(ticket - o.first)
+	if ticket == 0 || i < o.head || i >= len(o.slots) {
+		w.Write(frame)
+		return
+	}
+	o.slots[i].after = append(o.slots[i].after, frame...)
 }
 
 // gathered keeps reply as part i of g; the last part makes the call's
