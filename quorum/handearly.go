@@ -148,7 +148,13 @@ func (l *Locker) handOverEarly(r *round, resource, attempt string, start time.Ti
 		r.each = make(chan struct{}, 1)
 	}
 	r.early = true
-	ctx := r.ctx
+	// The round outlives its caller once decided (handRest): its requests
+	// are not dropped when the caller's context ends (a session cancels
+	// its shared command context when it makes the next one). Its
+	// deadline is still the earlier of the caller's and NodeTimeout, and
+	// the caller's context still ends the wait for a decision.
+	caller := r.ctx
+	r.ctx = context.WithoutCancel(caller)
 	l.submitRound(l.nodes, r)
 	for {
 		var gone error
@@ -159,10 +165,10 @@ func (l *Locker) handOverEarly(r *round, resource, attempt string, start time.Ti
 			if !ok {
 				continue
 			}
-			handed, out = l.handEarly(r, resource, attempt, start, w, fence, in, tally)
+			handed, out = l.handEarly(r, caller, resource, attempt, start, w, fence, in, tally)
 			return handed, true, out
-		case <-ctx.Done():
-			gone = ctx.Err()
+		case <-caller.Done():
+			gone = caller.Err()
 		case <-r.timer.C:
 			gone = context.DeadlineExceeded
 		}
@@ -181,7 +187,7 @@ type releaseResult struct{ deleted, answered int }
 // with (handRest): in the background when the releasing token's lock was
 // released on a majority of the nodes in in (out says so), otherwise
 // before handEarly returns, tally counting every reply.
-func (l *Locker) handEarly(r *round, resource, attempt string, start time.Time, w *waiter, fence int64, in uint64, tally func([]reply)) (handed bool, out *releaseResult) {
+func (l *Locker) handEarly(r *round, caller context.Context, resource, attempt string, start time.Time, w *waiter, fence int64, in uint64, tally func([]reply)) (handed bool, out *releaseResult) {
 	if hook := testHookHandOver.Load(); hook != nil {
 		(*hook)()
 	}
@@ -189,7 +195,7 @@ func (l *Locker) handEarly(r *round, resource, attempt string, start time.Time, 
 	v := l.validity(w.ttl, now.Sub(start))
 	if now.Sub(start) > l.maxRounds() || v <= 0 {
 		// As confirm refuses it: the full round's decision is the same.
-		l.awaitEnd(l.nodes, r, r.wait(), tally)
+		l.awaitEnd(l.nodes, r, r.waitOr(caller), tally)
 		return false, nil
 	}
 	h := handoff{start: start, ok: true,
@@ -208,12 +214,12 @@ func (l *Locker) handEarly(r *round, resource, attempt string, start time.Time, 
 	}
 	runtime.Gosched() // as in handOver: the waiter's caller answers first
 	rest := handRest{r: r, resource: resource, attempt: attempt, start: start, token: w.token, ttl: w.ttl, fence: fence, in: in, p: p}
-	if released >= l.quorum && l.inBackground(func() { l.handRest(rest, nil) }) {
+	if released >= l.quorum && l.inBackground(func() { l.handRest(rest, nil, nil) }) {
 		// The releasing holder's caller answers its client too; the late
 		// replies are the background's.
 		return true, &releaseResult{deleted: released, answered: bits.OnesCount64(in)}
 	}
-	l.handRest(rest, tally)
+	l.handRest(rest, caller, tally)
 	return true, nil
 }
 
@@ -230,13 +236,14 @@ type handRest struct {
 	p                        *placement
 }
 
-// handRest waits for the replies of h.r that did not decide it and deals
+// handRest waits for the replies of h.r that did not decide it (until r's
+// deadline, or until caller ends, when not nil: the Unlock's) and deals
 // with them (see above); tally, when not nil, counts every reply.
-func (l *Locker) handRest(h handRest, tally func([]reply)) {
+func (l *Locker) handRest(h handRest, caller context.Context, tally func([]reply)) {
 	bg := context.WithoutCancel(h.r.ctx)
 	var behind, ahead, held []*node
 	var hint time.Duration
-	l.awaitEnd(l.nodes, h.r, h.r.wait(), func(res []reply) {
+	l.awaitEnd(l.nodes, h.r, h.r.waitOr(caller), func(res []reply) {
 		if tally != nil {
 			tally(res)
 		} else {
@@ -320,5 +327,22 @@ func (l *Locker) settlePlacement(p *placement, held []*node, hint time.Duration)
 	default:
 		p.nodes = held
 		p.timer = time.AfterFunc(min(hint, l.cfg.NodeTimeout)+time.Millisecond, func() { l.retryPlacement(p) })
+	}
+}
+
+// waitOr is wait for a round whose caller's context is not r.ctx: the
+// end of caller (nil: none) ends the wait too, with its error.
+func (r *round) waitOr(caller context.Context) error {
+	var stop <-chan struct{}
+	if caller != nil {
+		stop = caller.Done()
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-stop:
+		return caller.Err()
+	case <-r.timer.C:
+		return context.DeadlineExceeded
 	}
 }

@@ -37,8 +37,9 @@ func (c *cluster) storedFence(tb testing.TB, i int, resource string) (int64, str
 // (queued and idle on l) while node 2 is paused: the waiter is granted and
 // the holder's Unlock returns before node 2 answers; node 2 is then
 // resumed (within the node timeout), and handWithNodePaused returns once
-// its reply was dealt with.
-func handWithNodePaused(t *testing.T, c *cluster, l *Locker, resource string, holder Lock, waiting <-chan lockResult) Lock {
+// its reply was dealt with. With leave, the Unlock's context is cancelled
+// as soon as it returned: the rest of the round does not depend on it.
+func handWithNodePaused(t *testing.T, c *cluster, l *Locker, resource string, holder Lock, waiting <-chan lockResult, leave ...bool) Lock {
 	t.Helper()
 	var early atomic.Int32
 	hook := func() { early.Add(1) }
@@ -61,8 +62,13 @@ func handWithNodePaused(t *testing.T, c *cluster, l *Locker, resource string, ho
 			c.servers[2].Resume()
 		}
 	}()
-	if err := l.Unlock(ctxT(t), resource, holder.Token); err != nil {
+	uctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	if err := l.Unlock(uctx, resource, holder.Token); err != nil {
 		t.Fatalf("Unlock with node 2 paused: %v", err)
+	}
+	if len(leave) > 0 && leave[0] {
+		cancel()
 	}
 	w := recv(t, waiting)
 	if w.err != nil {
@@ -150,6 +156,27 @@ func TestHandoffAtMajorityLateNodeBehind(t *testing.T) {
 	next := mustLock(t, l, "R", time.Second, Options{})
 	if next.Fence <= got.Fence {
 		t.Fatalf("fence went backwards: %d after %d", next.Fence, got.Fence)
+	}
+}
+
+// TestHandoffAtMajorityOutlivesCaller: the releasing client's context
+// ends as soon as its Unlock returned (a session cancels its command
+// context when it makes the next one): node 2's late grant, behind, is
+// raised all the same.
+func TestHandoffAtMajorityOutlivesCaller(t *testing.T) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, noFallback(testConfig()))
+	ctx := ctxT(t)
+	warm(t, c, l)
+	holder := mustLock(t, l, "R", 10*time.Second, Options{})
+	c.admin[2].Set(ctx, "lockproxy:fence", 1, 0) // behind the others
+	waiting := lockAsync(t, ctx, l, "R", 10*time.Second, Options{Wait: 10 * time.Second})
+	waitQueued(t, l, "R", 1)
+	waitIdle(t, l, "R")
+
+	got := handWithNodePaused(t, c, l, "R", holder, waiting, true)
+	if f, token := c.storedFence(t, 2, "R"); token != got.Token || f != got.Fence {
+		t.Errorf("node 2 stores fence %d of %q, want %d of the waiter %q (raised)", f, token, got.Fence, got.Token)
 	}
 }
 
