@@ -757,7 +757,10 @@ var testHookHandOver atomic.Pointer[context.CancelFunc]
 // not own it on a majority, a *NoQuorumError when fewer than a majority
 // answered, or an error wrapping ctx.Err() when ctx ended first. ctx bounds
 // the call; each node gets at most NodeTimeout. Waiters on every Locker
-// sharing the nodes are notified.
+// sharing the nodes are notified. An Unlock that hands the lock to a
+// plain waiter of this Locker may return as soon as a majority released
+// it and granted it to the waiter; the other nodes' answers are then dealt
+// with in the background (handearly.go).
 func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 	if l.isClosed() {
 		return errClosed
