@@ -91,6 +91,9 @@ type clusterSession struct {
 	// it does not track; ids, under mu, the ids CLIENT ID gave it;
 	// proto3, that it speaks RESP3 (st, for the sinks' readers).
 	trk atomic.Pointer[tracking]
+	// sinks are its connections to the masters while it is a REDIRECT
+	// target (clustertracking.go).
+	sinks sinks
 	// caching: a CLIENT CACHING went to every master's connection, and
 	// the command after it to some (clustertracking.go).
 	caching bool
@@ -140,6 +143,7 @@ func (cs *clusterSession) close() {
 	cs.closeMirrors()
 	cs.stopTracking()
 	cs.forgetIDs()
+	cs.closeSinks()
 	cs.mu.Lock()
 	cs.closed = true
 	cs.stopMonitor()
@@ -213,6 +217,7 @@ func (cs *clusterSession) forward(name []byte, cmd redcon.Command) (localItem, b
 		// tracker's next one gets tracking-redir-broken, as from Redis
 		// once it has read QUIT, not only once the connection has gone.
 		cs.forgetIDs()
+		cs.closeSinks()
 		return localItem{reply: replyOK, quit: true, silent: s.silent()}, false, false
 	}
 	if s.be != nil || resp.Lookup(name).Has(resp.Subscribes) {
