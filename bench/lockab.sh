@@ -101,7 +101,7 @@ for r in $(seq "$ROUNDS"); do
 			# shellcheck disable=SC2086 # args are words
 			rep=$(bench "$side" $args)
 			if [[ $name == contended ]]; then
-				row="| $r | $side | $(cellof "$rep" "acquisitions/s") | $(cellof "$rep" "acquisitions/s" 3) | $(cellof "$rep" "acquisitions/s" 4) | $(cellof "$rep" "wait p99") | $(cellof "$rep" "handoff gap p50") | $(cellof "$rep" "fairness") | $(cellof "$rep" "overlapping") | $(cellof "$rep" "CPU µs per operation: lockproxy") | $(cellof "$rep" "CPU µs per operation: the lock nodes") | $(cellof "$rep" "node commands per operation") | $(cellof "$rep" "of those, script calls") | $(cellof "$rep" "nodes' own usec") |"
+				row="| $r | $side | $(cellof "$rep" "acquisitions/s") | $(cellof "$rep" "acquisitions/s" 3) | $(cellof "$rep" "acquisitions/s" 4) | $(cellof "$rep" "wait p99") | $(cellof "$rep" "handoff gap p50") | $(cellof "$rep" "handoff gap mean") | $(cellof "$rep" "hold mean") | $(cellof "$rep" "fairness") | $(cellof "$rep" "overlapping") | $(cellof "$rep" "CPU µs per operation: lockproxy") | $(cellof "$rep" "CPU µs per operation: the lock nodes") | $(cellof "$rep" "node commands per operation") | $(cellof "$rep" "of those, script calls") | $(cellof "$rep" "nodes' own usec") |"
 			else
 				row="| $r | $side | $(cellof "$rep" "pairs/s") | $(cellof "$rep" "pairs/s" 3) | $(cellof "$rep" "pairs/s" 4) | $(cellof "$rep" "pair latency p50") | $(cellof "$rep" "CPU µs per operation: lockproxy") | $(cellof "$rep" "CPU µs per operation: the lock nodes") | $(cellof "$rep" "node commands per operation") | $(cellof "$rep" "of those, script calls") | $(cellof "$rep" "nodes' own usec") |"
 			fi
@@ -119,8 +119,8 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
 		echo "$name:"
 		echo
 		if [[ $name == contended ]]; then
-			echo "| round | side | proxy acq/s | redsync acq/s | proxy/redsync | wait p99 ms | gap p50 ms | fairness | overlaps | proxy CPU µs/acq | nodes CPU µs/acq | node commands/acq | script calls/acq | nodes' usec/acq |"
-			echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+			echo "| round | side | proxy acq/s | redsync acq/s | proxy/redsync | wait p99 ms | gap p50 ms | gap mean ms | hold mean ms | fairness | overlaps | proxy CPU µs/acq | nodes CPU µs/acq | node commands/acq | script calls/acq | nodes' usec/acq |"
+			echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 		else
 			echo "| round | side | proxy pairs/s | redsync pairs/s | proxy/redsync | pair p50 ms | proxy CPU µs/pair | nodes CPU µs/pair | node commands/pair | script calls/pair | nodes' usec/pair |"
 			echo "|---|---|---|---|---|---|---|---|---|---|---|"

@@ -34,6 +34,9 @@
 #   STALL [60]          runtest --timeout: seconds without a finished test
 #                       after which runtest gives the unit up
 #   UNIT_TIMEOUT [900]  hard bound on one run of one unit, in seconds
+#   SKIPTEST            a test left out of both runs (runtest --skiptest: its
+#                       name, or a regexp starting with /); for a test that
+#                       stalls its unit, to run the tests after it
 #   SHARED [auto]       backend.shared_connections of the proxy (the default)
 #   KEEP                keep the work folder (logs of every run) when set
 #   OUT                 also write the report to this file
@@ -132,6 +135,7 @@ EOF
 
 modeflags=()
 [[ -z "$cluster" ]] || modeflags=(--cluster-mode)
+[[ -z "${SKIPTEST:-}" ]] || modeflags+=(--skiptest "$SKIPTEST")
 
 if ((${#units[@]} == 0)); then
 	mapfile -t units < <(cd "$tmp/suite" && ./runtest --list-tests)

@@ -97,3 +97,66 @@ func infoField(t *testing.T, info, name string) int {
 	t.Fatalf("INFO has no %s", name)
 	return 0
 }
+
+// TestClusterTrackingRedirectQuit checks that once a REDIRECT target's
+// QUIT has been answered, the tracker's next invalidation is a
+// tracking-redir-broken push, as from one Redis (Redis's "RESP3 based
+// basic tracking-redir-broken with client reply off").
+func TestClusterTrackingRedirectQuit(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	tracker, w := dial(t, addr), dial(t, addr)
+	tracker.do(args("HELLO 3"))
+	k := keyOn(1, "rq:")
+	for round := range 20 {
+		target := dial(t, addr)
+		id := strings.TrimSuffix(strings.TrimPrefix(string(target.do(args("CLIENT ID"))), ":"), "\r\n")
+		if got := string(tracker.do(args("CLIENT TRACKING on REDIRECT " + id))); got != "+OK\r\n" {
+			t.Fatalf("round %d: CLIENT TRACKING on REDIRECT: %q", round, got)
+		}
+		w.do(args("SET " + k + " a"))
+		tracker.do(args("GET " + k))
+		if got := string(target.do(args("QUIT"))); got != "+OK\r\n" {
+			t.Fatalf("round %d: QUIT: %q", round, got)
+		}
+		w.do(args("SET " + k + " b"))
+		want := ">2\r\n$21\r\ntracking-redir-broken\r\n:" + id + "\r\n"
+		got, err := tracker.tryRead(1, 2*time.Second)
+		if err != nil || string(got) != want {
+			t.Fatalf("round %d: after the target's QUIT: %q (%v), want %q", round, got, err, want)
+		}
+		tracker.do(args("CLIENT TRACKING off"))
+	}
+}
+
+// TestClusterTrackingTwoTrackersOneTarget checks that the invalidations
+// of two clients redirecting to one target come to it in the order the
+// master made them (Redis's "Different clients can redirect to the same
+// connection"): one master's invalidations for one target come on one
+// connection, whichever client they are for.
+func TestClusterTrackingTwoTrackersOneTarget(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startClusterProxy(t, c)
+	target, r1, r2, w := dial(t, addr), dial(t, addr), dial(t, addr), dial(t, addr)
+	id := strings.TrimSuffix(strings.TrimPrefix(string(target.do(args("CLIENT ID"))), ":"), "\r\n")
+	target.do(args("SUBSCRIBE __redis__:invalidate"))
+	for _, r := range []*client{r1, r2} {
+		if got := string(r.do(args("CLIENT TRACKING on REDIRECT " + id))); got != "+OK\r\n" {
+			t.Fatalf("CLIENT TRACKING on REDIRECT: %q", got)
+		}
+	}
+	k1, k2 := "{tt}key1", "{tt}key2"
+	msg := func(k string) string {
+		return "*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$" + strconv.Itoa(len(k)) + "\r\n" + k + "\r\n"
+	}
+	for round := range 30 {
+		w.do(args("MSET " + k1 + " 1 " + k2 + " 1"))
+		r1.do(args("GET " + k1))
+		r2.do(args("GET " + k2))
+		w.do(args("INCR " + k1))
+		w.do(args("INCR " + k2))
+		if got, want := string(target.read(2)), msg(k1)+msg(k2); got != want {
+			t.Fatalf("round %d: %q, want %q", round, got, want)
+		}
+	}
+}

@@ -133,6 +133,11 @@ type round struct {
 	counted []atomic.Bool
 	left    atomic.Int32
 	done    chan struct{} // one value when left reaches zero
+	// each, when early is set, gets a value (coalesced) as a reply comes
+	// in before the last one: a handing round decides at a majority
+	// (handearly.go).
+	early bool
+	each  chan struct{}
 	// timer fires just after deadline: a request that waits in its node's
 	// queue behind a longer batch (the keeper's) is given up then.
 	timer *time.Timer
@@ -195,6 +200,13 @@ func (r *round) free() {
 	r.ctx, r.op, r.res, r.fin, r.counted = nil, nil, nil, nil, nil
 	r.key, r.code, r.token, r.x, r.attempt, r.anytime, r.keeper, r.probe = nil, nil, nil, nil, nil, false, false, false
 	r.more = nil
+	if r.early {
+		r.early = false
+		select {
+		case <-r.each:
+		default:
+		}
+	}
 	rounds.Put(r)
 }
 
@@ -202,6 +214,14 @@ func (r *round) free() {
 func (r *round) complete(i int, rep reply) {
 	r.res[i] = rep
 	r.fin[i].Store(true)
+	if r.early {
+		// Before the count: every signal happens before done, so none
+		// reaches the round once it is freed.
+		select {
+		case r.each <- struct{}{}:
+		default:
+		}
+	}
 	if r.left.Add(-1) == 0 {
 		r.done <- struct{}{}
 	}
@@ -226,6 +246,13 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 		r.free()
 		return
 	}
+	l.submitRound(nodes, r)
+	l.await(nodes, r, f)
+}
+
+// submitRound is the first half of fanout: it arms r's timer and queues r's
+// request at every node of nodes (or fails it there at once).
+func (l *Locker) submitRound(nodes []*node, r *round) {
 	r.armTimer()
 	for i, n := range nodes {
 		if n.skips(r) {
@@ -234,7 +261,6 @@ func (l *Locker) fanout(nodes []*node, r *round, f func([]reply)) {
 		}
 		n.submit(request{r, i})
 	}
-	l.await(nodes, r, f)
 }
 
 // skips reports whether r's request is failed at once instead of being
@@ -290,14 +316,25 @@ func (l *Locker) fanoutAll(nodes []*node, rs []*round, f func(j int, res []reply
 // await is the second half of fanout: it waits for r, whose requests were
 // submitted to nodes, and calls f with its replies. It takes r over.
 func (l *Locker) await(nodes []*node, r *round, f func([]reply)) {
-	var gone error
+	l.awaitEnd(nodes, r, r.wait(), f)
+}
+
+// wait waits until every node of r answered or failed (nil), r's context
+// ended (its error) or r's deadline passed (context.DeadlineExceeded).
+func (r *round) wait() error {
 	select {
 	case <-r.done:
+		return nil
 	case <-r.ctx.Done():
-		gone = r.ctx.Err()
+		return r.ctx.Err()
 	case <-r.timer.C:
-		gone = context.DeadlineExceeded
+		return context.DeadlineExceeded
 	}
+}
+
+// awaitEnd is the end of await once wait returned gone: it calls f with r's
+// replies, those still missing failed with gone, and takes r over.
+func (l *Locker) awaitEnd(nodes []*node, r *round, gone error, f func([]reply)) {
 	if gone != nil {
 		select {
 		case <-r.done:

@@ -71,7 +71,11 @@
 // between attempts, Unlock hands it the lock in its own round: each node
 // releases the holder's lock and takes it for the waiter in one call, and
 // the waiter holds it once a majority did and the fences are confirmed, as
-// for any acquisition (handOver in lock.go). The waiter that becomes the
+// for any acquisition (handOver in lock.go). A plain waiter is answered as
+// soon as a majority of counting nodes granted it with one fence, and the
+// Unlock returns then too when it released the holder's lock on that
+// majority; the other nodes' replies are dealt with in the background
+// (handearly.go gives the argument). The waiter that becomes the
 // head then knows the lock held and waits for the next Unlock without an
 // attempt of its own, so a contended lock costs the nodes one call per
 // acquisition. Otherwise waiters are woken by

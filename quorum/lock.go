@@ -675,49 +675,33 @@ func (l *Locker) cleanup(ctx context.Context, nodes []*node, resource, token, at
 func (l *Locker) handOver(ctx context.Context, resource, token string, w *waiter) (deleted, answered int, counted []reply) {
 	start := time.Now()
 	key := l.lockPrefix + resource
-	var (
-		votes   int
-		fence   int64
-		granted []grant
-		owned   []*node // nodes where w's token may hold the lock
-		held    []*node // nodes where another token holds it
-		hint    time.Duration
-	)
 	x := strconv.FormatInt(w.ttl.Milliseconds(), 10) + w.form.extArg() + ":" + w.token
 	attempt := w.form.attemptID(l) // one of the waiter's call (reentrant.go)
 	r := l.call(ctx, opHandoff, len(l.nodes), key, codeHandoff, token, attempt, x)
-	l.fanout(l.nodes, r, func(res []reply) {
+	var t handTally
+	tally := func(res []reply) {
 		l.settleClock(l.nodes, res, start)
 		for i, r := range res {
-			if r.err != nil {
-				owned = append(owned, l.nodes[i])
-				continue
-			}
-			answered++
-			if r.released {
-				deleted++
-			}
-			if r.arr != nil {
-				// The token's holding has a count of holds: not released,
-				// not handed (reentrant.go).
-				counted = append(counted, r)
-				continue
-			}
-			if r.val > 0 {
-				owned = append(owned, l.nodes[i])
-				g := grant{node: l.nodes[i], fence: r.val, counts: counts(r, false)}
-				granted = append(granted, g)
-				if g.counts {
-					votes++
-					fence = max(fence, r.val)
-				}
-			} else {
-				held = append(held, l.nodes[i])
-				hint = max(hint, time.Duration(-r.val)*time.Millisecond)
-			}
+			t.add(l.nodes[i], r)
 		}
-	})
-	if hook := testHookHandOver.Load(); hook != nil {
+	}
+	hooked := false
+	if l.handsEarly(w) {
+		// Decided at a majority when it can be (handearly.go).
+		var handed bool
+		var out *releaseResult
+		if handed, hooked, out = l.handOverEarly(r, resource, attempt, start, w, tally); handed {
+			if out != nil {
+				return out.deleted, out.answered, nil
+			}
+			return t.deleted, t.answered, t.counted
+		}
+	} else {
+		l.fanout(l.nodes, r, tally)
+	}
+	votes, fence, granted, owned, held, hint := t.votes, t.fence, t.granted, t.owned, t.held, t.hint
+	deleted, answered, counted = t.deleted, t.answered, t.counted
+	if hook := testHookHandOver.Load(); hook != nil && !hooked {
 		(*hook)()
 	}
 	bg := context.WithoutCancel(ctx)
@@ -773,7 +757,10 @@ var testHookHandOver atomic.Pointer[context.CancelFunc]
 // not own it on a majority, a *NoQuorumError when fewer than a majority
 // answered, or an error wrapping ctx.Err() when ctx ended first. ctx bounds
 // the call; each node gets at most NodeTimeout. Waiters on every Locker
-// sharing the nodes are notified.
+// sharing the nodes are notified. An Unlock that hands the lock to a
+// plain waiter of this Locker may return as soon as a majority released
+// it and granted it to the waiter; the other nodes' answers are then dealt
+// with in the background (handearly.go).
 func (l *Locker) Unlock(ctx context.Context, resource, token string) error {
 	if l.isClosed() {
 		return errClosed

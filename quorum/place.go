@@ -293,7 +293,9 @@ func (l *Locker) register(p *placement) {
 
 // stop marks p dropped and stops its timer. l.mu is held.
 func (p *placement) stop() {
-	p.timer.Stop()
+	if p.timer != nil { // nil: held for a handing round's late replies (handearly.go)
+		p.timer.Stop()
+	}
 	p.dropped = true
 }
 

@@ -84,6 +84,9 @@ type Client struct {
 	// trk is the client's CLIENT TRACKING (tracking.go), nil when it does
 	// not track; ids, under mu, the ids CLIENT ID gave it.
 	trk atomic.Pointer[tracking]
+	// sinks are its connections to the masters while it is a REDIRECT
+	// target (tracking.go).
+	sinks sinks
 	// caching: a CLIENT CACHING went to every master's connection, and
 	// the command after it to some (tracking.go).
 	caching bool
@@ -116,6 +119,7 @@ func (s *Client) Close() {
 	s.CloseMirrors()
 	s.stopTracking()
 	s.forgetIDs()
+	s.closeSinks()
 	s.mu.Lock()
 	s.closed = true
 	s.stopMonitor()
@@ -180,7 +184,14 @@ func (s *Client) Route(name []byte, cmd redcon.Command) {
 
 // Quit records the client's QUIT: the commands after it are not run, as
 // Redis closes the connection after it; Quitting reports it.
-func (s *Client) Quit()          { s.quit = true }
+func (s *Client) Quit() {
+	s.quit = true
+	// No client can redirect its invalidations here any more: a
+	// tracker's next one gets tracking-redir-broken, as from Redis once
+	// it has read QUIT, not only once the connection has gone.
+	s.forgetIDs()
+	s.closeSinks()
+}
 func (s *Client) Quitting() bool { return s.quit }
 
 // Blocking reports whether a command that may block was sent: what

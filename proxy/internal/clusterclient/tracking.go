@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -20,26 +21,36 @@ import (
 // CLIENT TRACKING in front of a cluster. Tracking is state of a
 // connection, and a client's reads go to every master: so while it
 // tracks, a client's commands go on its own connections only, each with
-// tracking on. Without REDIRECT, each master pushes the client's
-// invalidations on the client's own connection to it, in the stream of
-// its replies, as one Redis does: the readers of those connections keep
-// reading while the client tracks, and give each push to the client right
-// after the reply it followed (cluster.Order.PushAfter), so that an
-// eviction's invalidation comes before the reply of the command that
-// evicted and one the client's own write caused after that write's reply,
-// in RESP3; in RESP2 the masters push nothing, as Redis sends nothing.
-// With REDIRECT, every master's invalidations are redirected to a
-// connection of the proxy's, one per master and tracking client (a sink),
-// subscribed to __redis__:invalidate; the sinks' readers give them to the
-// client REDIRECT named (its id as CLIENT ID through the proxy gave it)
-// as a push in RESP3 or as a __redis__:invalidate message when it is
-// subscribed in RESP2; nobody else. The options other than REDIRECT
-// (BCAST, PREFIX, OPTIN, OPTOUT, NOLOOP) are the masters' to apply. A
-// flush's invalidation (all keys) comes from every master the proxy
-// flushed; the slot-0 master's is given, once, as one Redis gives one. A
-// connection dialled again (the old one lost) is brought back to tracking
-// before its first command; the invalidations the lost one owed are lost
-// with it.
+// tracking on, and the readers of those connections keep reading while no
+// reply is owed, for what the masters push there.
+//
+// Without REDIRECT, each master pushes the client's invalidations on the
+// client's own connection to it, in the stream of its replies, as one
+// Redis does: each push is given to the client right after the reply it
+// followed (cluster.Order.PushAfter), so that an eviction's invalidation
+// comes before the reply of the command that evicted and one the
+// client's own write caused after that write's reply, in RESP3; in RESP2
+// the masters push nothing, as Redis sends nothing.
+//
+// With REDIRECT, the target (the client whose id CLIENT ID through the
+// proxy gave) has a connection of the proxy's to each master, its sinks,
+// subscribed to __redis__:invalidate and opened when a client first
+// redirects to it; every client that redirects to it redirects there, so
+// that one master's invalidations for one target come in one stream, in
+// the master's order, whichever client they are for. The sinks' readers
+// give them to the target as a push in RESP3 or as a __redis__:invalidate
+// message when it is subscribed in RESP2. Once the target has gone, or
+// has sent QUIT, its sinks are closed before anything else it is owed:
+// the masters then push tracking-redir-broken to its RESP3 trackers at
+// their next invalidation, on the trackers' own connections, as one Redis
+// does.
+//
+// The options other than REDIRECT (BCAST, PREFIX, OPTIN, OPTOUT, NOLOOP)
+// are the masters' to apply. A flush's invalidation (all keys) comes from
+// every master the proxy flushed; the slot-0 master's is given, as one
+// Redis gives one. A connection dialled again (the old one lost) is
+// brought back to tracking before its first command; the invalidations
+// the lost one owed are lost with it.
 //
 // CLIENT GETREDIR answers the client's REDIRECT id, as Redis does. CLIENT
 // CACHING concerns the connection's next command only, whose master is not
@@ -48,25 +59,35 @@ import (
 // reply the client does not get ends it on the others (any command but
 // CLIENT ends it on Redis).
 
-// tracking is a client's CLIENT TRACKING ON: what it asked and its sinks.
+// tracking is a client's CLIENT TRACKING ON: what it asked, and the
+// target whose sinks its invalidations go to.
 type tracking struct {
-	s        *Client
 	redirect int64    // the client id REDIRECT named; 0 for none
+	target   *Client  // that client's, while redirect is set
 	opts     [][]byte // CLIENT TRACKING ON and its options but REDIRECT
-	mu       sync.Mutex
-	sinks    map[string]*sink // by master
-	first    string           // the slot-0 master, whose flush invalidation is given
 }
 
-// sink is one master's connection the client's invalidations go to.
+// sinks are a REDIRECT target's connections to the masters, one each,
+// that the invalidations of the clients redirecting to it go to.
+type sinks struct {
+	mu     sync.Mutex
+	byAddr map[string]*sink
+	gone   bool // the target has gone or sent QUIT: no sink opens again
+}
+
+// sink is one master's connection a target's invalidations come on.
 type sink struct {
-	be *backend.Conn
-	id int64
+	be   *backend.Conn
+	id   int64
+	done chan struct{} // closed when its reader ends
 }
 
 var (
 	replyNoRedirTarget = []byte("-ERR The client ID you want redirect to does not exist\r\n")
+	errTargetGone      = errors.New("the REDIRECT target has gone")
+	cmdQuit            = []byte("*1\r\n$4\r\nQUIT\r\n")
 	invalidatePush     = []byte(">2\r\n$10\r\ninvalidate\r\n")
+	redirBrokenPush    = []byte(">2\r\n$21\r\ntracking-redir-broken\r\n")
 	invalidateMessage  = []byte("*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n")
 	subscribeInvalid   = []byte("*2\r\n$9\r\nSUBSCRIBE\r\n$20\r\n__redis__:invalidate\r\n")
 	cmdClientID        = []byte("*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n")
@@ -140,58 +161,51 @@ func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.C
 		}
 		return cluster.Fan(m, cmd.Raw, cluster.OpFirst), true
 	}
+	var target *Client
 	if redirect != 0 {
-		if _, ok := s.r.clientIDs.Load(redirect); !ok {
+		v, ok := s.r.clientIDs.Load(redirect)
+		if !ok {
 			return cluster.LocalCall(replyNoRedirTarget), true
 		}
-	}
-	t := s.trk.Load()
-	if t == nil || t.redirect != redirect {
-		// Tracking again with another target: Redis replaces it.
-		s.stopTracking()
-		t = &tracking{s: s, redirect: redirect, sinks: map[string]*sink{}, first: m.Master(m.First[0])}
-	}
-	t.opts = opts
-	if redirect != 0 {
+		target = v.(*Client)
 		ctx, cancel := context.WithTimeout(s.ctx, s.r.cfg.DialTimeout)
 		defer cancel()
 		for _, addr := range m.Masters {
-			if err := t.openSink(ctx, addr); err != nil {
-				t.close()
+			if _, err := target.sinkFor(ctx, addr); err != nil {
+				if errors.Is(err, errTargetGone) {
+					return cluster.LocalCall(replyNoRedirTarget), true
+				}
 				s.r.cfg.Unavailable.Add(1)
 				return cluster.LocalCall(s.r.cfg.ErrorReply(fmt.Errorf("%s: %w", addr, err))), true
 			}
 		}
-	} else {
-		// The readers of the client's own connections read on from the
-		// replies to this CLIENT TRACKING ON: the pushes come there.
-		s.listen.Store(true)
 	}
+	// Tracking again with another target replaces it, as on Redis. The
+	// readers of the client's own connections read on from the replies
+	// to this CLIENT TRACKING ON: pushes come there.
+	t := &tracking{redirect: redirect, target: target, opts: opts}
+	s.listen.Store(true)
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst}
 	for i, addr := range m.Masters {
 		c.Parts = append(c.Parts, cluster.Part{Slot: m.First[i], Addr: addr, Raw: t.command(addr)})
 	}
 	c.Learn = func(failed bool) {
-		if failed {
-			if s.trk.Load() != t {
-				t.close()
-				s.listen.Store(false)
-			}
-			return
+		if !failed {
+			s.trk.Store(t)
+		} else if s.trk.Load() == nil {
+			s.listen.Store(false)
 		}
-		s.trk.Store(t)
 	}
 	return c, true
 }
 
-// command is the CLIENT TRACKING ON that a connection to addr gets.
+// command is the CLIENT TRACKING ON that a connection to addr gets, nil
+// when the target has no sink there.
 func (t *tracking) command(addr string) []byte {
 	if t.redirect == 0 {
 		return resp.Encode(t.opts) // the master pushes on that connection
 	}
-	t.mu.Lock()
-	sk := t.sinks[addr]
-	t.mu.Unlock()
+	sk := t.target.sinkAt(addr)
 	if sk == nil {
 		return nil
 	}
@@ -208,35 +222,80 @@ func (s *Client) trackingFor(addr string) []byte {
 	return nil
 }
 
-// openSink makes addr's sink, unless it has one.
-func (t *tracking) openSink(ctx context.Context, addr string) error {
-	t.mu.Lock()
-	have := t.sinks[addr] != nil
-	t.mu.Unlock()
-	if have {
-		return nil
+// sinkAt returns the client's sink at addr, nil when it has none.
+func (s *Client) sinkAt(addr string) *sink {
+	s.sinks.mu.Lock()
+	defer s.sinks.mu.Unlock()
+	return s.sinks.byAddr[addr]
+}
+
+// sinkFor returns the client's sink at addr, opened when it has none; it
+// fails with errTargetGone once the client has gone or sent QUIT.
+func (s *Client) sinkFor(ctx context.Context, addr string) (*sink, error) {
+	ks := &s.sinks
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.gone {
+		return nil, errTargetGone
 	}
-	s := t.s
+	if sk := ks.byAddr[addr]; sk != nil {
+		return sk, nil
+	}
 	be, err := s.h.Dial(ctx, addr, AsUser)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	replies, err := roundTrip(ctx, be, cmdClientID, subscribeInvalid)
 	if err != nil {
 		be.NC.Close()
-		return err
+		return nil, err
 	}
 	id, err := cluster.IntAt(replies[0])
 	if err != nil {
 		be.NC.Close()
-		return fmt.Errorf("CLIENT ID: %q", replies[0])
+		return nil, fmt.Errorf("CLIENT ID: %q", replies[0])
 	}
-	sk := &sink{be: be, id: id}
-	t.mu.Lock()
-	t.sinks[addr] = sk
-	t.mu.Unlock()
-	s.h.Go(func() { t.read(sk, addr == t.first) })
-	return nil
+	if cluster.IsError(replies[1]) {
+		be.NC.Close()
+		return nil, fmt.Errorf("SUBSCRIBE: %q", replies[1])
+	}
+	sk := &sink{be: be, id: id, done: make(chan struct{})}
+	if ks.byAddr == nil {
+		ks.byAddr = map[string]*sink{}
+	}
+	ks.byAddr[addr] = sk
+	// On a goroutine of the session's, counted before the session waits:
+	// gone is not set.
+	s.h.Go(func() { s.readSink(sk, addr) })
+	return sk, nil
+}
+
+// closeSinks ends the client's sinks, once it has gone or sent QUIT: each
+// gets a QUIT, and the master has let it go once its reader has read the
+// reply (bounded by the dial timeout), so that no master redirects to it
+// any more.
+func (s *Client) closeSinks() {
+	ks := &s.sinks
+	ks.mu.Lock()
+	ks.gone = true
+	byAddr := ks.byAddr
+	ks.byAddr = nil
+	ks.mu.Unlock()
+	if len(byAddr) == 0 {
+		return
+	}
+	deadline := time.Now().Add(s.r.cfg.DialTimeout)
+	for _, sk := range byAddr {
+		sk.be.NC.SetWriteDeadline(deadline)
+		sk.be.NC.Write(cmdQuit)
+	}
+	for _, sk := range byAddr {
+		select {
+		case <-sk.done:
+		case <-time.After(time.Until(deadline)):
+		}
+		sk.be.NC.Close()
+	}
 }
 
 // roundTrip sends cmds on be and returns their replies.
@@ -265,29 +324,16 @@ func roundTrip(ctx context.Context, be *backend.Conn, cmds ...[]byte) ([][]byte,
 	return out, nil
 }
 
-// close closes the sinks; their readers end.
-func (t *tracking) close() {
-	t.mu.Lock()
-	sinks := t.sinks
-	t.sinks = map[string]*sink{}
-	t.mu.Unlock()
-	for _, sk := range sinks {
-		sk.be.NC.Close()
-	}
-}
-
 // stopTracking ends the client's tracking on the proxy's side (the
 // caller turns it off on the masters, or RESET does).
 func (s *Client) stopTracking() {
 	s.listen.Store(false)
-	if t := s.trk.Swap(nil); t != nil {
-		t.close()
-	}
+	s.trk.Store(nil)
 }
 
 // Listening reports whether the masters push on the client's own
-// connections (tracking without REDIRECT): their readers then read while
-// no reply is owed (backend.Pusher).
+// connections (while it tracks): their readers then read while no reply
+// is owed (backend.Pusher).
 func (s *Client) Listening() bool { return s.listen.Load() }
 
 // Push reads a push from r, the client's own connection to addr, and
@@ -307,6 +353,14 @@ func (s *Client) Push(r *bufio.Reader, addr string, after uint64) error {
 		if m := s.r.Slots.Load(); m == nil || m.Master(m.First[0]) != addr {
 			return nil
 		}
+	}
+	if bytes.HasPrefix(frame, redirBrokenPush) {
+		// The master names its sink; the client named the target's id.
+		t := s.trk.Load()
+		if t == nil || t.redirect == 0 {
+			return nil
+		}
+		frame = fmt.Appendf(frame[:0], "%s:%d\r\n", redirBrokenPush, t.redirect)
 	}
 	s.order.PushAfter(after, frame, s.w)
 	s.h.PushOut()
@@ -329,9 +383,11 @@ func (s *Client) pushesAfter(r *bufio.Reader, addr string, ticket uint64) error 
 	return nil
 }
 
-// read reads a sink until it is closed and hands out its invalidations;
-// a flush's (all keys) only when first is set.
-func (t *tracking) read(sk *sink, first bool) {
+// readSink reads the client's sink at addr until it ends, and gives the
+// client the invalidations that come there; a flush's (all keys) from the
+// slot-0 master only.
+func (s *Client) readSink(sk *sink, addr string) {
+	defer close(sk.done)
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
@@ -344,7 +400,7 @@ func (t *tracking) read(sk *sink, first bool) {
 		frame := buf.Bytes()
 		n, rest, err := cluster.Elements(frame)
 		if err != nil || n != 3 {
-			continue
+			continue // QUIT's +OK: the EOF follows
 		}
 		parts := bulks(frame)
 		if len(parts) < 2 || string(parts[0]) != "message" {
@@ -356,29 +412,21 @@ func (t *tracking) read(sk *sink, first bool) {
 		}
 		keys := rest
 		null := bytes.Equal(keys, []byte("$-1\r\n"))
-		if null && !first {
-			continue
+		if null {
+			if m := s.r.Slots.Load(); m == nil || m.Master(m.First[0]) != addr {
+				continue
+			}
 		}
-		t.deliver(keys, null)
+		s.deliver(keys, null)
 	}
 }
 
-// deliver gives an invalidation of keys (a RESP2 array, or a null for
-// all keys) to the REDIRECT target (only a client tracking with REDIRECT
-// has sinks), as one Redis would.
-func (t *tracking) deliver(keys []byte, null bool) {
-	s := t.s
-	v, ok := s.r.clientIDs.Load(t.redirect)
-	if !ok {
-		if s.h.Proto3() {
-			s.inject(fmt.Appendf(nil, ">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n", t.redirect))
-		}
-		return
-	}
-	target := v.(*Client)
-	subscribed, resp3 := target.h.PubSub()
+// deliver gives the client, a REDIRECT target, an invalidation of keys
+// (a RESP2 array, or a null for all keys) as one Redis would.
+func (s *Client) deliver(keys []byte, null bool) {
+	subscribed, resp3 := s.h.PubSub()
 	if !subscribed {
-		resp3 = target.h.Proto3()
+		resp3 = s.h.Proto3()
 	}
 	var frame []byte
 	switch {
@@ -389,12 +437,12 @@ func (t *tracking) deliver(keys []byte, null bool) {
 		} else {
 			frame = append(frame, keys...)
 		}
-	case t.redirect != 0 && subscribed:
+	case subscribed:
 		frame = append(append([]byte(nil), invalidateMessage...), keys...)
 	default:
-		return // RESP2 without a subscribed target: Redis sends nothing
+		return // RESP2 and not subscribed: Redis sends nothing
 	}
-	target.inject(frame)
+	s.inject(frame)
 }
 
 // inject writes a push to the client, between two replies.
@@ -436,7 +484,7 @@ func (s *Client) trackingInfoCall(m *cluster.SlotMap, cmd redcon.Command) cluste
 			return b, true
 		}
 		b = redirectField.ReplaceAllLiteral(b, field)
-		if _, ok := r.clientIDs.Load(t.redirect); t.redirect != 0 && !ok {
+		if _, ok := r.clientIDs.Load(t.redirect); t.redirect != 0 && !ok && !bytes.Contains(b, []byte("$15\r\nbroken_redirect\r\n")) {
 			b = addBrokenRedirect(b)
 		}
 		return b, false
