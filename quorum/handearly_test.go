@@ -99,14 +99,9 @@ func handWithNodePaused(t *testing.T, c *cluster, l *Locker, resource string, ho
 // timeout, then takes the lock for the waiter too, and the next Unlock
 // releases it everywhere.
 func TestHandoffAtMajorityWithNodePaused(t *testing.T) {
-	c := startCluster(t, 3)
-	l := newLocker(t, c, noFallback(testConfig()))
-	ctx := ctxT(t)
-	warm(t, c, l)
+	c, l, ctx := startHanding(t)
 	holder := mustLock(t, l, "R", 10*time.Second, Options{})
-	waiting := lockAsync(t, ctx, l, "R", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, l, "R", 1)
-	waitIdle(t, l, "R")
+	waiting := queueWaiter(t, ctx, l, "R")
 
 	got := handWithNodePaused(t, c, l, "R", holder, waiting)
 	if got.Fence <= holder.Fence {
@@ -135,15 +130,10 @@ func TestHandoffAtMajorityWithNodePaused(t *testing.T) {
 // raised to the waiter's fence, as a full round's confirmation raises a
 // node behind.
 func TestHandoffAtMajorityLateNodeBehind(t *testing.T) {
-	c := startCluster(t, 3)
-	l := newLocker(t, c, noFallback(testConfig()))
-	ctx := ctxT(t)
-	warm(t, c, l)
+	c, l, ctx := startHanding(t)
 	holder := mustLock(t, l, "R", 10*time.Second, Options{})
 	c.admin[2].Set(ctx, "lockproxy:fence", 1, 0) // behind the others
-	waiting := lockAsync(t, ctx, l, "R", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, l, "R", 1)
-	waitIdle(t, l, "R")
+	waiting := queueWaiter(t, ctx, l, "R")
 
 	got := handWithNodePaused(t, c, l, "R", holder, waiting)
 	if f, token := c.storedFence(t, 2, "R"); token != got.Token || f != got.Fence {
@@ -164,15 +154,10 @@ func TestHandoffAtMajorityLateNodeBehind(t *testing.T) {
 // context when it makes the next one): node 2's late grant, behind, is
 // raised all the same.
 func TestHandoffAtMajorityOutlivesCaller(t *testing.T) {
-	c := startCluster(t, 3)
-	l := newLocker(t, c, noFallback(testConfig()))
-	ctx := ctxT(t)
-	warm(t, c, l)
+	c, l, ctx := startHanding(t)
 	holder := mustLock(t, l, "R", 10*time.Second, Options{})
 	c.admin[2].Set(ctx, "lockproxy:fence", 1, 0) // behind the others
-	waiting := lockAsync(t, ctx, l, "R", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, l, "R", 1)
-	waitIdle(t, l, "R")
+	waiting := queueWaiter(t, ctx, l, "R")
 
 	got := handWithNodePaused(t, c, l, "R", holder, waiting, true)
 	if f, token := c.storedFence(t, 2, "R"); token != got.Token || f != got.Fence {
@@ -186,15 +171,10 @@ func TestHandoffAtMajorityOutlivesCaller(t *testing.T) {
 // the holding with another fence than its holder's (LOCKINFO reports the
 // holder's), and the holding rests on the majority until it is extended.
 func TestHandoffAtMajorityLateNodeAhead(t *testing.T) {
-	c := startCluster(t, 3)
-	l := newLocker(t, c, noFallback(testConfig()))
-	ctx := ctxT(t)
-	warm(t, c, l)
+	c, l, ctx := startHanding(t)
 	holder := mustLock(t, l, "R", 10*time.Second, Options{})
 	c.admin[2].IncrBy(ctx, "lockproxy:fence", 1000) // ahead of the others
-	waiting := lockAsync(t, ctx, l, "R", 10*time.Second, Options{Wait: 10 * time.Second})
-	waitQueued(t, l, "R", 1)
-	waitIdle(t, l, "R")
+	waiting := queueWaiter(t, ctx, l, "R")
 
 	got := handWithNodePaused(t, c, l, "R", holder, waiting)
 	if f, token := c.storedFence(t, 2, "R"); token != "" {
@@ -227,17 +207,12 @@ func TestHandoffAtMajorityLateNodeAhead(t *testing.T) {
 // is placed there once that holder's ttl has run out, as after a full
 // round; and when the new holder released it first, it is not.
 func TestHandoffAtMajorityLateNodeHeld(t *testing.T) {
-	c := startCluster(t, 3)
-	l := newLocker(t, c, noFallback(testConfig()))
-	ctx := ctxT(t)
-	warm(t, c, l)
+	c, l, ctx := startHanding(t)
 	for _, releaseFirst := range []bool{false, true} {
 		r := "R" + strconv.FormatBool(releaseFirst)
 		holder := mustLock(t, l, r, 10*time.Second, Options{})
 		c.admin[2].Set(ctx, "lockproxy:lock:"+r, "05:previous", 300*time.Millisecond)
-		waiting := lockAsync(t, ctx, l, r, 10*time.Second, Options{Wait: 10 * time.Second})
-		waitQueued(t, l, r, 1)
-		waitIdle(t, l, r)
+		waiting := queueWaiter(t, ctx, l, r)
 
 		if !releaseFirst {
 			got := handWithNodePaused(t, c, l, r, holder, waiting)
@@ -310,4 +285,22 @@ func TestHandoffAtMajorityChaos(t *testing.T) {
 	if early.Load() == 0 {
 		t.Error("no handing round was decided at a majority")
 	}
+}
+
+// startHanding starts three nodes and a Locker over them without the
+// fallback, its connections warm, for a handing round to be watched.
+func startHanding(t *testing.T) (*cluster, *Locker, context.Context) {
+	c := startCluster(t, 3)
+	l := newLocker(t, c, noFallback(testConfig()))
+	warm(t, c, l)
+	return c, l, ctxT(t)
+}
+
+// queueWaiter queues a plain waiter for resource, held by another, and
+// returns once it waits idle: the holder's Unlock hands the lock to it.
+func queueWaiter(t *testing.T, ctx context.Context, l *Locker, resource string) <-chan lockResult {
+	waiting := lockAsync(t, ctx, l, resource, 10*time.Second, Options{Wait: 10 * time.Second})
+	waitQueued(t, l, resource, 1)
+	waitIdle(t, l, resource)
+	return waiting
 }
