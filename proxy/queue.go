@@ -6,6 +6,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/condwait"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -321,24 +322,8 @@ func (q *replyQueue) waitEmpty() {
 // d has passed.
 func (q *replyQueue) waitIdle(d time.Duration) {
 	q.mu.Lock()
-	condWait(&q.cond, d, func() bool { return (q.head == len(q.fifo) && !q.busy) || q.closed })
+	condwait.Wait(&q.cond, d, func() bool { return (q.head == len(q.fifo) && !q.busy) || q.closed })
 	q.mu.Unlock()
-}
-
-// condWait waits on c, whose lock is held, until done reports true or d
-// has passed.
-func condWait(c *sync.Cond, d time.Duration, done func() bool) {
-	timedOut := false
-	t := time.AfterFunc(d, func() {
-		c.L.Lock()
-		timedOut = true
-		c.Broadcast()
-		c.L.Unlock()
-	})
-	for !done() && !timedOut {
-		c.Wait()
-	}
-	t.Stop()
 }
 
 // hold keeps cmd back, behind the local command that is running, and

@@ -4,6 +4,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/condwait"
 )
 
 // The order of a cluster client's replies. The client's commands go to
@@ -229,7 +231,7 @@ func (o *Order) Wait() {
 // WaitFor is Wait, for d at most.
 func (o *Order) WaitFor(d time.Duration) {
 	o.mu.Lock()
-	condWait(&o.cond, d, func() bool { return o.head == len(o.slots) || o.closed })
+	condwait.Wait(&o.cond, d, func() bool { return o.head == len(o.slots) || o.closed })
 	o.mu.Unlock()
 }
 
@@ -273,20 +275,4 @@ func (o *Order) Stays(ticket uint64) bool {
 	defer o.mu.Unlock()
 	i := int(ticket - o.first)
 	return i >= o.head && i < len(o.slots) && o.slots[i].Stay
-}
-
-// condWait waits on c until done reports true or d has passed; c.L is
-// held.
-func condWait(c *sync.Cond, d time.Duration, done func() bool) {
-	timedOut := false
-	t := time.AfterFunc(d, func() {
-		c.L.Lock()
-		timedOut = true
-		c.Broadcast()
-		c.L.Unlock()
-	})
-	for !done() && !timedOut {
-		c.Wait()
-	}
-	t.Stop()
 }
