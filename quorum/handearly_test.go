@@ -249,18 +249,21 @@ func TestHandoffAtMajorityLateNodeHeld(t *testing.T) {
 	}
 }
 
-// TestHandoffAtMajorityChaos: clients of one Locker contend for one
-// resource with waits, so that nearly every acquisition is a handoff,
-// while one node at a time is paused, cut off, killed or restarted empty;
-// the independent storage of the chaos tests finds no two holdings that
-// overlap within their validity and no stale fence, and handing rounds
-// were decided at a majority while a node was slow.
+// TestHandoffAtMajorityChaos: clients of two Lockers (two proxies over the
+// same nodes) contend for one resource with waits, so that nearly every
+// acquisition is a handoff within a Locker while the other Locker's
+// clients try to take the lock between them, and one node at a time is
+// paused, cut off, killed or restarted empty; the independent storage of
+// the chaos tests finds no two holdings that overlap within their
+// validity and no stale fence, and handing rounds were decided at a
+// majority while a node was slow.
 func TestHandoffAtMajorityChaos(t *testing.T) {
 	c := startClockCluster(t, 3, "--appendonly", "yes", "--appendfsync", "always")
 	cfg := testConfig()
 	cfg.MaxTTL = 3 * time.Second
-	l := newLocker(t, c, cfg)
-	warm(t, c, l)
+	lockers := []*Locker{newLocker(t, c, cfg), newLocker(t, c, cfg)}
+	warm(t, c, lockers[0])
+	warm(t, c, lockers[1])
 
 	var early atomic.Int64
 	hook := func() { early.Add(1) }
@@ -269,7 +272,7 @@ func TestHandoffAtMajorityChaos(t *testing.T) {
 
 	st := newStorage()
 	stop := make(chan struct{})
-	wait := contend(t, []*Locker{l}, []string{"r0"}, 8, st, stop, 2*time.Second, writeBriefly)
+	wait := contend(t, lockers, []string{"r0"}, 8, st, stop, 2*time.Second, writeBriefly)
 	var fs []fault
 	for _, f := range faults {
 		switch f.name {
@@ -277,10 +280,10 @@ func TestHandoffAtMajorityChaos(t *testing.T) {
 			fs = append(fs, f)
 		}
 	}
-	injected := injectFaultsOf(t, c, []*Locker{l}, 12*time.Second, fs)
+	injected := injectFaultsOf(t, c, lockers, 12*time.Second, fs)
 	close(stop)
 	tl := wait()
-	check(t, fmt.Sprintf("one resource, 8 clients of one Locker, faults %v", injected), st, tl, 200)
+	check(t, fmt.Sprintf("one resource, 8 clients of two Lockers, faults %v", injected), st, tl, 200)
 	t.Logf("%d handing rounds decided at a majority", early.Load())
 	if early.Load() == 0 {
 		t.Error("no handing round was decided at a majority")
