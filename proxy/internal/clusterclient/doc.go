@@ -18,7 +18,9 @@
 //   - tx.go ties a transaction or WATCH to the connection it went on.
 //   - monitor.go: MONITOR on every master; keyspace.go mirrors a pinned
 //     client's keyspace notifications from every master; tracking.go is
-//     CLIENT TRACKING with a sink per master; unblock.go CLIENT UNBLOCK;
+//     CLIENT TRACKING (the masters' pushes in the stream of the client's
+//     own connections; a REDIRECT target's sink per master, shared by
+//     the clients that redirect to it); unblock.go CLIENT UNBLOCK;
 //     scan.go fills SCAN's COUNT across the masters.
 //   - host.go: Host, what a Client asks of the session it routes for (its
 //     socket, its order outside the cluster's, the connection state the
