@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -229,14 +228,12 @@ func (p *Proxy) query(resp3 bool, args ...string) ([]byte, error) {
 	if err := be.W.Flush(); err != nil {
 		return nil, &BackendError{Err: err}
 	}
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, be.R, &ri); err != nil {
+	b, err := resp.ReadFrame(be.R, &ri)
+	if err != nil {
 		return nil, &BackendError{Err: err}
 	}
-	w.Flush()
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // dialAny opens a connection for one of the proxy's own queries of the

@@ -129,15 +129,13 @@ func (c *Conn) Role(ctx context.Context) (string, error) {
 	if _, err := c.NC.Write(redcon.AppendBulkString(redcon.AppendArray(nil, 1), "ROLE")); err != nil {
 		return "", err
 	}
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, c.R, &ri); err != nil {
+	b, err := resp.ReadFrame(c.R, &ri)
+	if err != nil {
 		return "", err
 	}
-	w.Flush()
 	// *3\r\n$6\r\nmaster\r\n...
-	lines := bytes.SplitN(buf.Bytes(), []byte("\r\n"), 4)
+	lines := bytes.SplitN(b, []byte("\r\n"), 4)
 	if ri.Type != '*' || len(lines) < 3 || len(lines[1]) == 0 || lines[1][0] != '$' {
 		return "", fmt.Errorf("ROLE answered %q", bytes.TrimSpace(lines[0]))
 	}

@@ -1,7 +1,6 @@
 package clusterclient
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"sync"
@@ -184,17 +183,13 @@ func (s *Client) CloseMirrors() {
 // readMirror reads a mirror until it is closed, passing the client the
 // keyspace messages of the subscriptions it holds.
 func (s *Client) readMirror(c *mirror) {
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
-	var ri resp.ReplyInfo
+	var frames resp.Frames
 	mr := &s.mirrors
 	for {
-		buf.Reset()
-		if err := resp.CopyReply(w, c.be.R, &ri); err != nil {
+		frame, err := frames.Next(c.be.R)
+		if err != nil {
 			return
 		}
-		w.Flush()
-		frame := buf.Bytes()
 		parts := bulks(frame)
 		if len(parts) < 3 {
 			continue

@@ -310,16 +310,13 @@ func roundTrip(ctx context.Context, be *backend.Conn, cmds ...[]byte) ([][]byte,
 		return nil, err
 	}
 	var out [][]byte
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
 	for range cmds {
-		buf.Reset()
-		if err := resp.CopyReply(w, be.R, &ri); err != nil {
+		b, err := resp.ReadFrame(be.R, &ri)
+		if err != nil {
 			return nil, err
 		}
-		w.Flush()
-		out = append(out, append([]byte(nil), buf.Bytes()...))
+		out = append(out, b)
 	}
 	return out, nil
 }
@@ -341,14 +338,11 @@ func (s *Client) Listening() bool { return s.listen.Load() }
 // cluster.Order.PushAfter). A flush's invalidation (all keys) is given
 // from the slot-0 master only: every master the flush reached sends one.
 func (s *Client) Push(r *bufio.Reader, addr string, after uint64) error {
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
 	var ri resp.ReplyInfo
-	if err := resp.CopyReply(w, r, &ri); err != nil {
+	frame, err := resp.ReadFrame(r, &ri)
+	if err != nil {
 		return err
 	}
-	w.Flush()
-	frame := buf.Bytes()
 	if bytes.HasPrefix(frame, invalidatePush) && bytes.Equal(frame[len(invalidatePush):], []byte("_\r\n")) {
 		if m := s.r.Slots.Load(); m == nil || m.Master(m.First[0]) != addr {
 			return nil
@@ -388,16 +382,12 @@ func (s *Client) pushesAfter(r *bufio.Reader, addr string, ticket uint64) error 
 // slot-0 master only.
 func (s *Client) readSink(sk *sink, addr string) {
 	defer close(sk.done)
-	var buf bytes.Buffer
-	w := bufio.NewWriter(&buf)
-	var ri resp.ReplyInfo
+	var frames resp.Frames
 	for {
-		buf.Reset()
-		if err := resp.CopyReply(w, sk.be.R, &ri); err != nil {
+		frame, err := frames.Next(sk.be.R)
+		if err != nil {
 			return
 		}
-		w.Flush()
-		frame := buf.Bytes()
 		n, rest, err := cluster.Elements(frame)
 		if err != nil || n != 3 {
 			continue // QUIT's +OK: the EOF follows

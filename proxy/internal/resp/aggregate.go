@@ -33,13 +33,11 @@ func SplitAggregate(reply []byte) (byte, [][]byte, error) {
 	elems := make([][]byte, 0, n)
 	var ri ReplyInfo
 	for range n {
-		var buf bytes.Buffer
-		w := bufio.NewWriter(&buf)
-		if err := CopyReply(w, r, &ri); err != nil {
+		b, err := ReadFrame(r, &ri)
+		if err != nil {
 			return 0, nil, err
 		}
-		w.Flush()
-		elems = append(elems, buf.Bytes())
+		elems = append(elems, b)
 	}
 	return typ, elems, nil
 }
