@@ -93,17 +93,9 @@ func (g *Guard) Check(name []byte, args [][]byte) error {
 	if spec.Movable {
 		return g.checkMovable(args)
 	}
-	if spec.First <= 0 {
-		return nil
-	}
-	last := spec.Last
-	if last < 0 {
-		last += len(args)
-	}
-	step := max(spec.Step, 1)
-	for i := spec.First; i <= last && i < len(args); i += step {
-		if bytes.HasPrefix(args[i], g.prefix) {
-			return &Error{Key: string(args[i])}
+	for k := range spec.All(args) {
+		if bytes.HasPrefix(k, g.prefix) {
+			return &Error{Key: string(k)}
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package resp
 import (
 	"context"
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,20 +21,31 @@ type KeySpec struct {
 	Arity             int  // as COMMAND reports it (FENCED)
 }
 
-// Keys appends to dst the arguments of args at the positions the spec
-// gives (First, Last, Step; a negative Last counts from the end), for a
+// All yields the arguments of args at the positions the spec gives
+// (First, Last, Step; a negative Last counts from the end), for a
 // command whose keys do not move.
+func (spec KeySpec) All(args [][]byte) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		if spec.First <= 0 {
+			return
+		}
+		last := spec.Last
+		if last < 0 {
+			last += len(args)
+		}
+		step := max(spec.Step, 1)
+		for i := spec.First; i <= last && i < len(args); i += step {
+			if !yield(args[i]) {
+				return
+			}
+		}
+	}
+}
+
+// Keys appends to dst the keys All yields.
 func (spec KeySpec) Keys(dst [][]byte, args [][]byte) [][]byte {
-	if spec.First <= 0 {
-		return dst
-	}
-	last := spec.Last
-	if last < 0 {
-		last += len(args)
-	}
-	step := max(spec.Step, 1)
-	for i := spec.First; i <= last && i < len(args); i += step {
-		dst = append(dst, args[i])
+	for k := range spec.All(args) {
+		dst = append(dst, k)
 	}
 	return dst
 }
