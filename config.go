@@ -30,6 +30,7 @@ type fileConfig struct {
 	TLS             serverTLS     `yaml:"tls"`
 	Auth            authConfig    `yaml:"auth"`
 	ArrivalOrder    bool          `yaml:"arrival_order"`
+	ReadLoop        bool          `yaml:"read_loop"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	GOMAXPROCS      int           `yaml:"gomaxprocs"`
 	Metrics         metricsConfig `yaml:"metrics"`
@@ -166,6 +167,7 @@ func defaultFileConfig() fileConfig {
 	f.Listen = "127.0.0.1:6380"
 	f.ShutdownTimeout = 10 * time.Second
 	f.ArrivalOrder = p.ArrivalOrder
+	f.ReadLoop = p.ReadLoop
 	f.Log = logConfig{Level: "info", Format: "console"}
 	f.Backend = backendConfig{
 		DB:                p.Backend.DB,
@@ -356,6 +358,7 @@ func (c *fileConfig) proxyConfig() proxy.Config {
 		s.CheckInterval, s.Timeout = b.Sentinel.CheckInterval, b.Sentinel.Timeout
 	}
 	p.ArrivalOrder = c.ArrivalOrder
+	p.ReadLoop = c.ReadLoop
 	p.Limits = c.clientLimits()
 	p.CommandTimeout = c.Limits.CommandTimeout
 	if c.Auth.Requirepass != "" || len(c.Auth.Users) > 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
@@ -28,6 +29,57 @@ type clientConn struct {
 	err   error
 	// broken is set once a write to the client failed.
 	broken atomic.Bool
+
+	// The reading loop's (loop.go). looped: the loop reads the socket,
+	// and Read waits until it hands it over (only the client's goroutine
+	// uses it). lstate is where the socket is (lIdle ...); wake hands it
+	// over, with hand, what the loop read and passed on to nobody, and
+	// herr, the error Read returns after it. part is what the loop read
+	// of a request that has not fully come.
+	looped bool
+	lraw   syscall.RawConn
+	lstate atomic.Int32
+	wake   chan struct{}
+	hand   []byte
+	herr   error
+	part   []byte
+}
+
+// Where a looped socket is: the loop's, idle; the loop's, being read
+// (busy), maybe with a Close waiting for the read to end (busyClosing);
+// handed over to the client's goroutine; or closed while the loop's.
+const (
+	lIdle int32 = iota + 1
+	lBusy
+	lBusyClosing
+	lHanded
+	lClosed
+)
+
+// errLoopClosed is what Read returns for a socket closed while the loop
+// read it.
+var errLoopClosed = errors.New("use of closed network connection")
+
+// Close closes the socket. The loop's socket is taken from the loop
+// first, and its goroutine, waiting in Read, is woken: by Close when the
+// loop is not reading it, or by the loop when its read ends.
+func (c *clientConn) Close() error {
+	for {
+		switch c.lstate.Load() {
+		case lIdle:
+			if !c.lstate.CompareAndSwap(lIdle, lClosed) {
+				continue
+			}
+			c.order.Remove()
+			c.herr = errLoopClosed
+			c.wake <- struct{}{}
+		case lBusy:
+			if !c.lstate.CompareAndSwap(lBusy, lBusyClosing) {
+				continue
+			}
+		}
+		return c.Conn.Close()
+	}
 }
 
 func (c *clientConn) Write(b []byte) (int, error) {
@@ -44,6 +96,21 @@ func (c *clientConn) Write(b []byte) (int, error) {
 }
 
 func (c *clientConn) Read(b []byte) (int, error) {
+	if c.looped {
+		// The loop reads the socket until it hands it over.
+		<-c.wake
+		c.looped = false
+	}
+	if len(c.hand) > 0 {
+		n := copy(b, c.hand)
+		if c.hand = c.hand[n:]; len(c.hand) == 0 {
+			c.hand = nil
+		}
+		return n, nil
+	}
+	if c.herr != nil {
+		return 0, c.herr
+	}
 	if c.sc.Pending() {
 		return c.sc.Drain(b), nil
 	}

@@ -98,6 +98,11 @@ type Config struct {
 	// that carry only the proxy's own commands wait for nobody. Default
 	// true.
 	ArrivalOrder bool
+	// ReadLoop has one goroutine of the proxy's read the sockets of the
+	// clients of one Redis while they send only commands that share a
+	// backend connection, instead of a goroutine per client (loop.go). It
+	// needs ArrivalOrder (Linux). Default true.
+	ReadLoop bool
 	// ProtectedPrefix, when set, refuses forwarded commands that name a key
 	// with this prefix (the lock state, when the backend is also a lock
 	// node).
@@ -173,6 +178,7 @@ func DefaultConfig() Config {
 		},
 		CommandTimeout: 2 * time.Minute,
 		ArrivalOrder:   true,
+		ReadLoop:       true,
 		Backend: BackendConfig{
 			SharedConnections: runtime.GOMAXPROCS(0),
 			SpareConnections:  defaultSpares,
@@ -334,7 +340,9 @@ type Proxy struct {
 	mux      backend.Env
 	spares   *backend.Spares   // nil when there are none
 	order    *backend.Arrivals // nil where the platform keeps no arrival order
-	sharedWG sync.WaitGroup    // the shared connections' readers
+	looping  bool              // the reading loop runs (loop.go); set before Serve accepts
+	loopWG   sync.WaitGroup
+	sharedWG sync.WaitGroup // the shared connections' readers
 	limits   atomic.Pointer[Limits]
 	wg       sync.WaitGroup // one per session, until its cleanup is done
 
@@ -434,6 +442,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.mu.Unlock()
 	defer close(p.served)
 	p.spares.Start(p.root)
+	p.startLoop()
 	return p.srv.Serve(&listener{Listener: ln, p: p})
 }
 
@@ -499,6 +508,7 @@ drain:
 	p.sharedWG.Wait()
 	p.spares.Close(ln != nil)
 	p.order.Close()
+	p.loopWG.Wait()
 	if p.follow != nil {
 		p.follow.Close()
 	}
@@ -565,6 +575,7 @@ func (p *Proxy) accept(conn redcon.Conn) bool {
 	if ce := s.log.Check(zap.DebugLevel, "client connected"); ce != nil {
 		ce.Write()
 	}
+	p.loop(s, cc)
 	return true
 }
 

@@ -79,6 +79,14 @@ type Arrivals struct {
 	queue  []ticket // numbered reads, in order; some have ended
 	events []syscall.EpollEvent
 	closed bool
+
+	// The reading loop's (loop_linux.go): the sockets it is to read, in
+	// the order of their numbers; the pipe that wakes it for a socket
+	// handed to it; the epoll instance as a file of Go's poller.
+	ready  []*Arrival
+	nudge  [2]int
+	nudged bool // the pipe holds a byte
+	file   *os.File
 }
 
 // orderWait bounds how long a read waits for the reads numbered before it.
@@ -115,6 +123,10 @@ type Arrival struct {
 	// client's own goroutine, which reads and then handles the commands,
 	// uses it.
 	waited bool
+	// loop: the reading loop reads the socket (loop_linux.go), for owner.
+	// Guarded by o.mu; owner is set once, before loop.
+	loop  bool
+	owner any
 }
 
 // NewArrivals makes an arrival order with an epoll instance of its own;
@@ -139,10 +151,21 @@ func (o *Arrivals) Close() {
 		return
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.closed {
-		o.closed = true
+	if o.closed {
+		o.mu.Unlock()
+		return
+	}
+	o.closed = true
+	f := o.file
+	if f == nil {
 		syscall.Close(o.epfd)
+	}
+	o.mu.Unlock()
+	if f != nil {
+		// Outside the lock: Close waits for the loop's read of the file
+		// to end, and the loop takes the lock there.
+		f.Close()
+		o.closePipe()
 	}
 }
 
@@ -192,6 +215,16 @@ func (o *Arrivals) Wrap(nc net.Conn) (net.Conn, *Arrival, error) {
 // the last call while their goroutine waited in a read; the others are
 // marked as holding more data for their next read. o.mu is held.
 func (o *Arrivals) collect() {
+	queued := len(o.ready)
+	o.collectEvents()
+	if len(o.ready) > queued {
+		o.wakeLoop()
+	}
+}
+
+// collectEvents is collect's work, without waking the loop for the
+// sockets it queued for it: the loop's own collect. o.mu is held.
+func (o *Arrivals) collectEvents() {
 	if o.closed {
 		return
 	}
@@ -204,11 +237,16 @@ func (o *Arrivals) collect() {
 			return
 		}
 		for _, ev := range o.events[:n] {
-			a := o.conns[uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32]
+			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			a := o.conns[id]
 			if a == nil {
-				continue
+				continue // the loop's pipe, or a socket removed
 			}
 			switch {
+			case a.loop && a.n == 0:
+				// The reading loop reads it, in this place.
+				a.number()
+				o.ready = append(o.ready, a)
 			case a.waiting && a.n == 0:
 				a.number()
 			case !a.waiting && a.next == 0:

@@ -2,7 +2,10 @@
 
 package backend
 
-import "net"
+import (
+	"errors"
+	"net"
+)
 
 // Arrivals keeps clients' commands in arrival order on Linux only
 // (arrival_linux.go); elsewhere each client's commands keep their own
@@ -31,3 +34,26 @@ func (a *Arrival) Wait() {}
 
 // Remove does nothing.
 func (a *Arrival) Remove() {}
+
+// Loop returns an error: there is no reading loop.
+func (o *Arrivals) Loop() (func(serve func(ready []*Arrival)), error) {
+	return nil, errors.New("proxy: no reading loop on this platform")
+}
+
+// Serve reports false: there is no loop.
+func (a *Arrival) Serve(owner any) bool { return false }
+
+// Owner returns nil.
+func (a *Arrival) Owner() any { return nil }
+
+// StartRead does nothing.
+func (a *Arrival) StartRead() {}
+
+// Read does nothing.
+func (a *Arrival) Read(n int) {}
+
+// Done does nothing.
+func (a *Arrival) Done(full bool) {}
+
+// Unloop does nothing.
+func (a *Arrival) Unloop() {}

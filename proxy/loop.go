@@ -1,0 +1,307 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/tidwall/redcon"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/resp"
+)
+
+// The reading loop. A client that only ever sends commands that share a
+// backend connection (resp.Stateless: GET, SET, ...) costs, read by its
+// own goroutine, a goroutine switch per read and a collect of the arrival
+// order; most clients of a Redis are such clients. So the sockets of new
+// clients of one Redis are read by one goroutine of the proxy's, the
+// loop, woken by Go's poller when any of them has data (internal/backend,
+// Arrivals.Loop). It reads each socket in the arrival order, checks the
+// request limits (the client's resp.Scanner), cuts out the whole
+// requests and forwards them as the client's goroutine would
+// (session.forward) while they are stateless; the commands of every
+// client it read then leave in one write per shared connection. The
+// replies come back as for any client: the shared connection's reader
+// writes them to the socket.
+//
+// The first request that is anything else (a lock command, MULTI,
+// SUBSCRIBE, SELECT, HELLO, a blocking command, QUIT, a protocol error, a
+// command refused...) hands the client to its goroutine for good, with
+// what the loop read from that request on: the goroutine, which waited in
+// clientConn.Read until then, reads the rest of the socket itself, as it
+// reads any client's, in the same arrival order. A client the loop reads
+// has no goroutine awake and is as cheap idle as any other.
+//
+// Clients of a Redis Cluster, over TLS, with an idle timeout, or that
+// must sign in at the proxy, and guarded backends, are read by their
+// goroutines from the start (Proxy.loopable).
+type readLoop struct {
+	p    *Proxy
+	buf  []byte
+	args [][]byte
+	// dirty are the shared connections that commands were queued on
+	// during the loop's turn: each is flushed once at its end.
+	dirty []*backend.Mux
+
+	// The read in progress (readFD, made once).
+	rd   func(fd uintptr) bool
+	n    int
+	rerr error
+}
+
+// loopBuf is the size of the loop's reads.
+const loopBuf = 64 << 10
+
+// startLoop readies the reading loop when the proxy has one: when it keeps
+// the arrival order (whose epoll instance the loop waits on) and the
+// configuration leaves it on.
+func (p *Proxy) startLoop() {
+	if p.order == nil || !p.cfg.ReadLoop {
+		return
+	}
+	run, err := p.order.Loop()
+	if err != nil {
+		p.log.Warn("reading loop", zap.Error(err))
+		return
+	}
+	l := &readLoop{p: p, buf: make([]byte, loopBuf)}
+	l.rd = l.readFD
+	p.looping = true
+	p.loopWG.Add(1)
+	go func() {
+		defer p.loopWG.Done()
+		run(l.serve)
+	}()
+}
+
+// loopable reports whether the loop may read the session's client: the
+// backend is one Redis (or the primary a Sentinel names), the client's
+// stateless commands share its connections, the socket is plain TCP
+// without an idle timeout (the loop keeps no timers), and nothing is
+// checked at the proxy before a command leaves (sign-in, Redis's ACL, the
+// guard of the lock state).
+func (p *Proxy) loopable(s *session, cc *clientConn) bool {
+	return p.looping && p.router == nil && s.sh != nil && cc.idle == 0 &&
+		p.cfg.TLS == nil && p.auth == nil && p.acl == nil && p.guard == nil
+}
+
+// loop hands the client's socket to the loop, if the loop may read it.
+func (p *Proxy) loop(s *session, cc *clientConn) {
+	if !p.loopable(s, cc) {
+		return
+	}
+	sc, ok := cc.Conn.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	cc.lraw = raw
+	cc.wake = make(chan struct{}, 1)
+	cc.looped = true
+	cc.lstate.Store(lIdle)
+	if !cc.order.Serve(cc) {
+		cc.looped = false
+		cc.lstate.Store(0)
+	}
+}
+
+// serve reads the sockets that have data, in their arrival order, then
+// writes what their commands queued.
+func (l *readLoop) serve(ready []*backend.Arrival) {
+	for _, a := range ready {
+		c := a.Owner().(*clientConn)
+		if !c.lstate.CompareAndSwap(lIdle, lBusy) {
+			continue // closed meanwhile
+		}
+		l.read(c, a)
+	}
+	for i, sh := range l.dirty {
+		sh.Flush()
+		l.dirty[i] = nil
+	}
+	l.dirty = l.dirty[:0]
+}
+
+// read reads c's socket once and forwards the whole requests that came,
+// or hands c over to its goroutine.
+func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
+	s := c.sess
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic serving client; closing its connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
+			c.Conn.Close()
+			l.handOff(c, a, nil, errLoopClosed)
+		}
+	}()
+	a.StartRead()
+	err := c.lraw.Read(l.rd)
+	n := l.n
+	if err != nil || l.rerr != nil {
+		n = 0
+	}
+	a.Read(n)
+	switch {
+	case n == 0 && err == nil && l.rerr == syscall.EAGAIN:
+		// Collected for data an earlier read took.
+		a.Done(false)
+		l.release(c, a)
+		return
+	case err != nil:
+		l.handOff(c, a, nil, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err})
+		return
+	case l.rerr != nil:
+		l.handOff(c, a, nil, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: l.rerr})
+		return
+	case n == 0:
+		l.handOff(c, a, nil, io.EOF)
+		return
+	}
+	k, verr := c.sc.Scan(l.buf[:n])
+	data := l.buf[:k]
+	if len(c.part) > 0 {
+		c.part = append(c.part, data...)
+		data = c.part
+	}
+	if verr != nil || c.sc.Pending() {
+		// Its goroutine answers the protocol error after the requests
+		// before it, or delivers what the scanner holds back.
+		c.err = verr
+		l.handOff(c, a, data, nil)
+		return
+	}
+	for len(data) > 0 {
+		complete, args, _, rest, perr := redcon.ReadNextCommand(data, l.args)
+		if perr != nil {
+			l.handOff(c, a, data, nil)
+			return
+		}
+		if !complete {
+			break
+		}
+		l.args = args[:0]
+		if len(args) == 0 {
+			data = rest // a request Redis skips (the scanner leaves none)
+			continue
+		}
+		cmd := redcon.Command{Raw: data[:len(data)-len(rest)], Args: args}
+		if !s.loopable(cmd) {
+			l.handOff(c, a, data, nil)
+			return
+		}
+		if _, forwarded := s.forward(cmd, a); !forwarded {
+			// Refused (the backend cannot be reached): its goroutine
+			// answers it, in its place, and serves the client from now on.
+			l.handOff(c, a, data, nil)
+			return
+		}
+		data = rest
+	}
+	l.keep(c, data)
+	if s.sharedOut {
+		s.sharedOut = false
+		l.touch(s.sh)
+	}
+	a.Done(n == len(l.buf))
+	l.release(c, a)
+}
+
+// readFD is the read of a socket, through its RawConn, which keeps the
+// descriptor from being closed under it; it never waits for the poller.
+func (l *readLoop) readFD(fd uintptr) bool {
+	for {
+		l.n, l.rerr = syscall.Read(int(fd), l.buf)
+		if l.rerr != syscall.EINTR {
+			return true
+		}
+	}
+}
+
+// keep keeps data, the start of a request still to come, for c's next
+// read.
+func (l *readLoop) keep(c *clientConn, data []byte) {
+	switch {
+	case len(data) == 0 && cap(c.part) > 16<<10:
+		c.part = nil
+	case len(data) == 0:
+		c.part = c.part[:0]
+	case len(c.part) > 0 && &data[len(data)-1] == &c.part[len(c.part)-1]:
+		// data is the tail of part.
+		c.part = c.part[:copy(c.part, data)]
+	default:
+		c.part = append(c.part[:0], data...)
+	}
+}
+
+// touch notes that commands wait on sh, to be written at the turn's end.
+func (l *readLoop) touch(sh *backend.Mux) {
+	for _, d := range l.dirty {
+		if d == sh {
+			return
+		}
+	}
+	l.dirty = append(l.dirty, sh)
+}
+
+// release gives c back to the loop after a read, or, when c was closed
+// during it, wakes its goroutine to end it.
+func (l *readLoop) release(c *clientConn, a *backend.Arrival) {
+	if c.lstate.CompareAndSwap(lBusy, lIdle) {
+		return
+	}
+	a.Remove()
+	c.lstate.Store(lClosed)
+	c.herr = errLoopClosed
+	c.wake <- struct{}{}
+}
+
+// handOff hands c over to its goroutine for good, with data, what the
+// loop read and did not pass on, and then herr, if set.
+func (l *readLoop) handOff(c *clientConn, a *backend.Arrival, data []byte, herr error) {
+	if len(data) > 0 {
+		c.hand = bytes.Clone(data)
+	}
+	c.part = nil
+	c.herr = herr
+	if herr != nil {
+		a.End() // nothing of this read is left to pass on
+	}
+	a.Unloop()
+	if !c.lstate.CompareAndSwap(lBusy, lHanded) {
+		// Closed meanwhile.
+		a.Remove()
+		c.lstate.Store(lClosed)
+		c.hand, c.herr = nil, errLoopClosed
+	}
+	c.wake <- struct{}{}
+}
+
+// loopable reports whether the loop forwards cmd: a command that shares
+// the client's connection and that the proxy does not look at.
+func (s *session) loopable(cmd redcon.Command) bool {
+	var nb [24]byte
+	name := resp.Lower(&nb, cmd.Args[0])
+	if name == nil || !resp.Stateless(name) {
+		return false
+	}
+	switch string(name) {
+	case "quit", "info", "command", "fenced":
+		return false
+	}
+	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
+		return false
+	}
+	for _, a := range cmd.Args[1:] {
+		if bytes.HasPrefix(a, fencePrefix) {
+			return false // a fence token (guardRecords)
+		}
+	}
+	return true
+}
+
+var fencePrefix = []byte(FencePrefix)
