@@ -164,13 +164,15 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 	}
 	k, verr := c.sc.Scan(l.buf[:n])
 	data := l.buf[:k]
-	if len(c.part) > 0 {
-		c.part = append(c.part, data...)
+	if len(c.part) > 0 || c.sc.Pending() {
+		// What the scanner wrote where its input was, then what did not
+		// fit there (a line cut between reads).
+		c.part = c.sc.AppendPending(append(c.part, data...))
 		data = c.part
 	}
-	if verr != nil || c.sc.Pending() {
+	if verr != nil {
 		// Its goroutine answers the protocol error after the requests
-		// before it, or delivers what the scanner holds back.
+		// before it.
 		c.err = verr
 		l.handOff(c, a, data, nil)
 		return

@@ -344,6 +344,14 @@ func (sc *Scanner) Drain(b []byte) int {
 	return n
 }
 
+// AppendPending appends the pending output to dst and returns it: what
+// Drain would deliver, all at once.
+func (sc *Scanner) AppendPending(dst []byte) []byte {
+	dst = append(dst, sc.pend...)
+	sc.pend = sc.pend[len(sc.pend):]
+	return dst
+}
+
 // endInline ends an inline request at its '\n' (i is the end of the
 // consumed input): it splits the line as Redis does and writes the
 // arguments as a multibulk request.

@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/lockproxy/lockproxy/internal/redistest"
+)
+
+// loopState returns where each client's socket is, by the client's
+// address (lIdle ... lClosed; 0: never the loop's).
+func loopState(p *Proxy) map[string]int32 {
+	states := map[string]int32{}
+	for s := range p.sessionsNow() {
+		states[s.addr] = s.nc.lstate.Load()
+	}
+	return states
+}
+
+// TestReadLoopServesStatelessClients: a client that sends only stateless
+// commands is read by the loop, whole requests or cut anywhere, and gets
+// every reply; its first other command, alone or in the middle of a
+// pipeline, hands it to its goroutine, which answers what follows in
+// order, as Redis does.
+func TestReadLoopServesStatelessClients(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, srv.Addr, nil)
+	c := dial(t, addr)
+	me := c.c.LocalAddr().String()
+	rng := rand.New(rand.NewPCG(7, 41))
+	for i := range 200 {
+		val := strings.Repeat("x", rng.IntN(3)*40000+i)
+		raw := encode(append(args(fmt.Sprintf("SET loop:%d", i%7)), val), args(fmt.Sprintf("STRLEN loop:%d", i%7)), args("PING"))
+		for len(raw) > 0 {
+			k := min(len(raw), 1+rng.IntN(200))
+			if rng.IntN(4) == 0 {
+				k = min(len(raw), 1+rng.IntN(30000))
+			}
+			c.send(raw[:k])
+			raw = raw[k:]
+			if rng.IntN(4) == 0 {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+		want := fmt.Sprintf("+OK\r\n:%d\r\n+PONG\r\n", len(val))
+		if got := string(c.read(3)); got != want {
+			t.Fatalf("round %d: %q, want %q", i, trunc([]byte(got)), want)
+		}
+	}
+	if st := loopState(p)[me]; st != lIdle {
+		t.Fatalf("after stateless commands only, the socket is in state %d, want the loop's (%d)", st, lIdle)
+	}
+	// SELECT in the middle of a pipeline: the SET before it went from
+	// the loop, the GET after it is the goroutine's, on database 1.
+	got := string(c.do(args("SET loop:db zero"), args("SELECT 1"), args("GET loop:db"), args("SET loop:db one"), args("SELECT 0"), args("GET loop:db")))
+	if want := "+OK\r\n+OK\r\n$-1\r\n+OK\r\n+OK\r\n$4\r\nzero\r\n"; got != want {
+		t.Fatalf("across the hand-over: %q, want %q", got, want)
+	}
+	if st := loopState(p)[me]; st != lHanded {
+		t.Fatalf("after SELECT, the socket is in state %d, want handed over (%d)", st, lHanded)
+	}
+	if got := string(c.do(args("MULTI"), args("INCR loop:n"), args("EXEC"))); got != "+OK\r\n+QUEUED\r\n*1\r\n:1\r\n" {
+		t.Fatalf("a transaction after the hand-over: %q", got)
+	}
+}
+
+// TestReadLoopHandsOverLocalCommands: a lock command (one of the proxy's
+// own, answered locally) and QUIT leave the loop too, with the requests
+// after them in the same read.
+func TestReadLoopHandsOverLocalCommands(t *testing.T) {
+	addr, _, _ := startLocalProxy(t)
+	c := dial(t, addr)
+	if got := string(c.do(args("SET k v"), args("ECHOLOCAL mine"), args("GET k"))); got != "+OK\r\n$4\r\nmine\r\n$1\r\nv\r\n" {
+		t.Fatalf("a local command in a pipeline: %q", got)
+	}
+	q := dial(t, addr)
+	q.send(encode(args("GET k"), args("QUIT"), args("GET k")))
+	if got := string(q.read(2)); got != "$1\r\nv\r\n+OK\r\n" {
+		t.Fatalf("QUIT in a pipeline: %q", got)
+	}
+	if rest, closed := q.closedAfter(5 * time.Second); !closed {
+		t.Fatalf("QUIT left the connection open (read %q)", rest)
+	}
+}
+
+// TestReadLoopProtocolError: a protocol error after requests the loop
+// forwarded is answered after their replies, and the connection closed,
+// as Redis does.
+func TestReadLoopProtocolError(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, _ := startProxy(t, srv.Addr, nil)
+	for _, target := range []string{srv.Addr, addr} {
+		c := dial(t, target)
+		c.send([]byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*1\r\n$4\r\nPING\r\n*1\r\n$x\r\n"))
+		got := string(c.read(3))
+		if want := "+OK\r\n+PONG\r\n-ERR Protocol error: invalid bulk length\r\n"; got != want {
+			t.Fatalf("%s: %q, want %q", target, got, want)
+		}
+		if rest, closed := c.closedAfter(5 * time.Second); !closed {
+			t.Fatalf("%s: the connection stayed open (read %q)", target, rest)
+		}
+	}
+}
+
+// TestReadLoopClientsComeAndGo: clients the loop reads that hang up, idle
+// or with commands in flight, are cleaned up; clients still connected at
+// Shutdown are closed by it, at once.
+func TestReadLoopClientsComeAndGo(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := DefaultConfig()
+	cfg.Backend.Addr = srv.Addr
+	p, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ln) }()
+	addr := ln.Addr().String()
+	for i := range 40 {
+		c := dial(t, addr)
+		switch i % 3 {
+		case 0: // idle
+		case 1: // a reply read
+			c.do(args("INCR loop:gone"))
+		case 2: // a reply in flight
+			c.send(encode(args("INCR loop:gone"), args("GET loop:gone")))
+		}
+		c.c.Close()
+	}
+	eventually(t, "every client cleaned up", func() bool { return p.clients.Load() == 0 })
+	var stay []*client
+	for range 10 {
+		c := dial(t, addr)
+		c.do(args("PING"))
+		stay = append(stay, c)
+	}
+	for addr, st := range loopState(p) {
+		if st != lIdle {
+			t.Errorf("client %s in state %d, want the loop's", addr, st)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Shutdown took %v with idle clients", d)
+	}
+	for _, c := range stay {
+		if _, closed := c.closedAfter(time.Second); !closed {
+			t.Error("a client the loop read stayed connected after Shutdown")
+		}
+	}
+}
+
+// TestReadLoopArrivalOrder: a client the loop reads and one its goroutine
+// reads keep one arrival order: a SET sent right after another client's
+// XREAD BLOCK reaches Redis after it, as with Redis itself.
+func TestReadLoopArrivalOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, srv.Addr, nil)
+	want := "*1\r\n*2\r\n$6\r\nlooped\r\n*1\r\n*2\r\n$5\r\n667-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
+	const rounds = 100
+	wrong, sample := 0, ""
+	for i := range rounds {
+		a, b := dial(t, addr), dial(t, addr)
+		// a's XREAD hands it over; b stays the loop's.
+		b.do(args("DEL looped"), args("XADD looped 666 f v"))
+		a.send(encode(args("XREAD BLOCK 0 STREAMS looped $")))
+		b.send(encode(args("SET looped val1")))
+		b.read(1)
+		b.do(args("DEL looped"), args("XADD looped 667 f v"))
+		if st := loopState(p)[b.c.LocalAddr().String()]; st != lIdle {
+			t.Fatalf("the SET's client is in state %d, want the loop's", st)
+		}
+		got, err := a.tryRead(1, 2*time.Second)
+		if err != nil || string(got) != want {
+			wrong++
+			sample = fmt.Sprintf("round %d: %q %v", i, got, err)
+		}
+		a.c.Close()
+		b.c.Close()
+	}
+	t.Logf("%d of %d rounds out of order %s", wrong, rounds, sample)
+	if wrong > rounds/4 {
+		t.Fatalf("%d of %d rounds out of order: %s", wrong, rounds, sample)
+	}
+}
