@@ -3,8 +3,8 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"net"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"testing"
 	"time"
