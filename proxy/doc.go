@@ -141,6 +141,20 @@
 // with BY/GET patterns, are computed by the proxy from each key's value
 // (internal/cluster: join.go, lcs.go, hll.go, sort.go).
 //
+// Who reads a client. A client of one Redis is read by the proxy's
+// reading loop (loop.go) while it sends only commands that share a
+// backend connection: one goroutine, woken by Go's poller on the arrival
+// order's epoll instance, reads every socket that has data in the order
+// its data came, checks and cuts out the requests in place, forwards
+// them as the client's goroutine would, and writes each shared
+// connection's batch once per turn. The client's first other request
+// (a lock command, MULTI, SELECT, SUBSCRIBE, a blocking command, a
+// protocol error ...) hands it, with the rest of that read, to its own
+// goroutine, which redcon started and which waited in clientConn.Read
+// until then, for good. Every other client (a cluster's, over TLS, with
+// an idle timeout, signing in at the proxy) is read by its goroutine from
+// the start. Both kinds of reads are numbered in one arrival order.
+//
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (internal/resp, Scanner): what Redis skips
 // (an empty line, a count of zero or less) is skipped, inline requests are
@@ -185,7 +199,8 @@
 // Redis's; clusterspare.go keeps each master's spare connections.
 // sentinel.go is the proxy's side of
 // internal/sentinel, clientconn.go checks requests with internal/resp's
-// Scanner, internal/acl's Passwords answer AUTH against the proxy's
+// Scanner and waits for the reading loop to hand its socket over, loop.go
+// is the reading loop, internal/acl's Passwords answer AUTH against the proxy's
 // password-only users, acl.go and aclsession.go are the
 // session's side of Redis's ACL (its users' shared connections, which
 // checks each command needs), internal/guard keeps forwarded commands
@@ -208,7 +223,8 @@
 //     clients that move to a connection of their own, the Backoff after
 //     failed dials, and the Arrivals: the order in which the clients'
 //     sockets received data (Linux), which each read waits for before
-//     its commands go to the backend.
+//     its commands go to the backend, and the reading loop's wait on
+//     them and numbering of its reads (loop_linux.go).
 //   - internal/sentinel: finds the backend through Redis Sentinel when
 //     configured: its Follower tracks the primary and owns every backend
 //     connection dialled to it, closing them all when the primary changes

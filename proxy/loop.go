@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"syscall"
@@ -45,6 +46,8 @@ type readLoop struct {
 	// dirty are the shared connections that commands were queued on
 	// during the loop's turn: each is flushed once at its end.
 	dirty []*backend.Mux
+	// cdirty is a cluster client's, taken from it (TakeDirty).
+	cdirty []*backend.Mux
 
 	// The read in progress (readFD, made once).
 	rd   func(fd uintptr) bool
@@ -67,6 +70,21 @@ func (p *Proxy) startLoop() {
 		p.log.Warn("reading loop", zap.Error(err))
 		return
 	}
+	if p.router != nil {
+		// The loop plans a cluster client's command only with the slot
+		// map and the COMMAND table at hand (cluster.Client.PlanShared):
+		// read them now, not at the first client's first command, which
+		// would go to that client's goroutine for good.
+		p.loopWG.Add(1)
+		go func() {
+			defer p.loopWG.Done()
+			ctx, cancel := context.WithTimeout(p.root, p.cfg.Backend.DialTimeout)
+			defer cancel()
+			if _, err := p.router.Current(ctx); err == nil {
+				p.router.Commands(ctx)
+			}
+		}()
+	}
 	l := &readLoop{p: p, buf: make([]byte, loopBuf)}
 	l.rd = l.readFD
 	p.looping = true
@@ -78,13 +96,13 @@ func (p *Proxy) startLoop() {
 }
 
 // loopable reports whether the loop may read the session's client: the
-// backend is one Redis (or the primary a Sentinel names), the client's
-// stateless commands share its connections, the socket is plain TCP
+// client's stateless commands share the backend's connections (one
+// Redis's, the primary's a Sentinel names, or each cluster master's), the socket is plain TCP
 // without an idle timeout (the loop keeps no timers), and nothing is
 // checked at the proxy before a command leaves (sign-in, Redis's ACL, the
 // guard of the lock state).
 func (p *Proxy) loopable(s *session, cc *clientConn) bool {
-	return p.looping && p.router == nil && s.sh != nil && cc.idle == 0 &&
+	return p.looping && (s.sh != nil || s.cl != nil) && cc.idle == 0 &&
 		p.cfg.TLS == nil && p.auth == nil && p.acl == nil && p.guard == nil
 }
 
@@ -196,7 +214,7 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 			l.handOff(c, a, data, nil)
 			return
 		}
-		if _, forwarded := s.forward(cmd, a); !forwarded {
+		if !s.loopForward(cmd, a) {
 			// Refused (the backend cannot be reached): its goroutine
 			// answers it, in its place, and serves the client from now on.
 			l.handOff(c, a, data, nil)
@@ -207,7 +225,15 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 	l.keep(c, data)
 	if s.sharedOut {
 		s.sharedOut = false
-		l.touch(s.sh)
+		if s.cl != nil {
+			l.cdirty = s.cl.TakeDirty(l.cdirty[:0])
+			for i, sh := range l.cdirty {
+				l.touch(sh)
+				l.cdirty[i] = nil
+			}
+		} else {
+			l.touch(s.sh)
+		}
 	}
 	a.Done(n == len(l.buf))
 	l.release(c, a)
@@ -281,6 +307,20 @@ func (l *readLoop) handOff(c *clientConn, a *backend.Arrival, data []byte, herr 
 		c.hand, c.herr = nil, errLoopClosed
 	}
 	c.wake <- struct{}{}
+}
+
+// loopForward forwards cmd as the client's goroutine would, and reports
+// whether it did; otherwise nothing of it was sent. In front of a cluster
+// only what goes on a shared connection without waiting is forwarded
+// (clusterclient.Client.RouteShared).
+func (s *session) loopForward(cmd redcon.Command, a *backend.Arrival) bool {
+	if s.cl == nil {
+		_, forwarded := s.forward(cmd, a)
+		return forwarded
+	}
+	name := resp.Lower(&s.nb, cmd.Args[0])
+	a.Wait()
+	return s.cl.RouteShared(name, cmd)
 }
 
 // loopable reports whether the loop forwards cmd: a command that shares

@@ -203,3 +203,43 @@ func TestReadLoopArrivalOrder(t *testing.T) {
 		t.Fatalf("%d of %d rounds out of order: %s", wrong, rounds, sample)
 	}
 }
+
+// TestReadLoopCluster: in front of a cluster the loop forwards a client's
+// commands whose keys are in one slot, on the masters' shared
+// connections, its replies in order across masters; a command with keys in
+// several slots, or none, hands the client to its goroutine, which answers
+// it as before.
+func TestReadLoopCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, p := startClusterProxy(t, c)
+	// The slot map and the COMMAND table are read as the proxy starts;
+	// a client that came before would be handed over at once.
+	eventually(t, "the cluster's COMMAND table read", func() bool {
+		_, ok := p.router.Table().Loaded()
+		return ok
+	})
+	cl := dial(t, addr)
+	me := cl.c.LocalAddr().String()
+	for round := range 20 {
+		var cmds [][]string
+		var want strings.Builder
+		for i := range 30 {
+			key := fmt.Sprintf("loop:%d:%d", round, i) // slots all over
+			cmds = append(cmds, []string{"SET", key, key}, []string{"GET", key})
+			fmt.Fprintf(&want, "+OK\r\n$%d\r\n%s\r\n", len(key), key)
+		}
+		if got := string(cl.do(cmds...)); got != want.String() {
+			t.Fatalf("round %d: %q, want %q", round, trunc([]byte(got)), want.String())
+		}
+	}
+	if st := loopState(p)[me]; st != lIdle {
+		t.Fatalf("after single-slot commands, the socket is in state %d, want the loop's (%d)", st, lIdle)
+	}
+	got := string(cl.do(args("SET {a}x 1"), args("MGET loop:0:0 loop:0:1 {a}x"), args("GET {a}x")))
+	if want := "+OK\r\n*3\r\n$8\r\nloop:0:0\r\n$8\r\nloop:0:1\r\n$1\r\n1\r\n$1\r\n1\r\n"; got != want {
+		t.Fatalf("a cross-slot MGET in a pipeline: %q, want %q", got, want)
+	}
+	if st := loopState(p)[me]; st != lHanded {
+		t.Fatalf("after a cross-slot MGET, the socket is in state %d, want handed over (%d)", st, lHanded)
+	}
+}

@@ -176,6 +176,61 @@ func (cl *Client) Plan(h Host, name []byte, cmd redcon.Command) Call {
 // of its own so that its frame is off the stack while plan reads a
 // command's keys: the deepest frame a client's first command reaches sets
 // the size of its goroutine's stack for as long as it stays idle.
+// PlanShared plans, without waiting for anything, a command whose keys
+// are all in one slot, for the reading loop (proxy/loop.go): it reports
+// false when planning it would wait (the slot map or the COMMAND table
+// not read yet; the map changed since the client's commands in flight
+// were routed; keys that only COMMAND GETKEYS finds), or when it is not
+// such a command (no keys, keys in several slots, BY or GET patterns, a
+// command Redis does not know), or the client is in a transaction or
+// WATCHes. Plan then plans it; what PlanShared changed (the master of
+// the client's last keyed command) Plan changes alike.
+func (cl *Client) PlanShared(name []byte, cmd redcon.Command) (Call, bool) {
+	if cl.Txn != nil || cl.Watch != nil {
+		return Call{}, false
+	}
+	m := cl.Router.Slots.Load()
+	if m == nil || (m.Gen != cl.mapGen && cl.mapGen != 0) {
+		return Call{}, false
+	}
+	args := cmd.Args
+	inf := resp.Lookup(name)
+	if inf.Has(resp.Patterns) || inf.Has(resp.NumKeys) {
+		return Call{}, false
+	}
+	table, ok := cl.Router.table.Loaded()
+	if !ok {
+		return Call{}, false
+	}
+	spec, ok := resp.LookupSpec(table, name, args)
+	if !ok || spec.Movable {
+		return Call{}, false
+	}
+	if _, ok := resp.MovableKeys(name, args); ok {
+		return Call{}, false
+	}
+	cl.Keys = spec.Keys(cl.Keys[:0], args)
+	if len(cl.Keys) == 0 {
+		return Call{}, false
+	}
+	slot := KeySlot(cl.Keys[0])
+	for _, k := range cl.Keys[1:] {
+		if KeySlot(k) != slot {
+			return Call{}, false
+		}
+	}
+	addr := m.Master(slot)
+	if addr == "" {
+		return Call{}, false
+	}
+	cl.mapGen = m.Gen
+	cl.last, cl.lastSlot, cl.LastShared = addr, slot, false
+	if cl.lastSeq++; cl.lastSeq == 0 {
+		cl.lastSeq = 1
+	}
+	return Call{Kind: CallPlain, Seq: cl.lastSeq, One: Part{Slot: slot, Addr: addr, Raw: cmd.Raw}}, true
+}
+
 func (cl *Client) planState(h Host, m *SlotMap, name []byte, cmd redcon.Command) (Call, bool) {
 	args := cmd.Args
 	// Connection state.

@@ -240,7 +240,10 @@ func (r *Router) Counter(addr string) *atomic.Uint64 {
 	return v.(*atomic.Uint64)
 }
 
-// commands returns the cluster's COMMAND table.
+// Table is the COMMAND table, loaded or not.
+func (r *Router) Table() *resp.Table { return &r.table }
+
+// Commands returns the cluster's COMMAND table, loading it at first use.
 func (r *Router) Commands(ctx context.Context) (map[string]resp.KeySpec, error) {
 	return r.table.Get(ctx, func(ctx context.Context) (any, error) { return r.do(ctx, "COMMAND") })
 }

@@ -49,6 +49,33 @@ func (s *Client) sharesCluster(name []byte, args [][]byte, c *cluster.Call) bool
 		resp.Stateless(name) && resp.Lookup(name).Flags&(resp.Blocking|resp.Script) == 0
 }
 
+// RouteShared sends cmd on the shared connection to its slot's master if
+// it goes there without waiting for anything (a reply owed, the slot map,
+// the COMMAND table), for the reading loop (proxy/loop.go), and reports
+// whether it did; otherwise it has sent nothing, and Route sends it.
+func (s *Client) RouteShared(name []byte, cmd redcon.Command) bool {
+	if s.blocking || s.ownUsed || s.quit || s.caching || s.monitorOn {
+		return false
+	}
+	if SetsState(name, cmd.Args) || changesAccess(name, cmd.Args) {
+		return false
+	}
+	c, ok := s.PlanShared(name, cmd)
+	if !ok || !s.sharesCluster(name, cmd.Args, &c) {
+		return false
+	}
+	return s.routeShared(name, cmd, &c)
+}
+
+// TakeDirty appends to dst the connections the client sent to since the
+// last flush, which the caller flushes, and returns it.
+func (s *Client) TakeDirty(dst []*backend.Mux) []*backend.Mux {
+	dst = append(dst, s.dirty...)
+	clear(s.dirty)
+	s.dirty = s.dirty[:0]
+	return dst
+}
+
 // changesAccess reports whether a command may change which connections
 // the server lets in: CONFIG SET requirepass, ACL SETUSER, DELUSER, LOAD.
 func changesAccess(name []byte, args [][]byte) bool {

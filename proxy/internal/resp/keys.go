@@ -90,6 +90,14 @@ func (t *Table) Get(ctx context.Context, command func(context.Context) (any, err
 	return m, nil
 }
 
+// Loaded returns the table if it has been loaded, without loading it.
+func (t *Table) Loaded() (map[string]KeySpec, bool) {
+	if m := t.table.Load(); m != nil {
+		return *m, true
+	}
+	return nil, false
+}
+
 // LookupSpec finds the entry of the command args (named name, in lower
 // case) in a COMMAND table: a container command's (CONFIG, XINFO, ...) is
 // its subcommand's.
