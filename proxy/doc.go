@@ -141,9 +141,9 @@
 // with BY/GET patterns, are computed by the proxy from each key's value
 // (internal/cluster: join.go, lcs.go, hll.go, sort.go).
 //
-// Who reads a client. A client of one Redis is read by the proxy's
-// reading loop (loop.go) while it sends only commands that share a
-// backend connection: one goroutine, woken by Go's poller on the arrival
+// Who reads a client. A client is read by the proxy's reading loop
+// (loop.go) while it sends only commands that share a backend connection
+// (in front of a cluster: with their keys in one slot): one goroutine, woken by Go's poller on the arrival
 // order's epoll instance, reads every socket that has data in the order
 // its data came, checks and cuts out the requests in place, forwards
 // them as the client's goroutine would, and writes each shared
@@ -151,9 +151,9 @@
 // (a lock command, MULTI, SELECT, SUBSCRIBE, a blocking command, a
 // protocol error ...) hands it, with the rest of that read, to its own
 // goroutine, which redcon started and which waited in clientConn.Read
-// until then, for good. Every other client (a cluster's, over TLS, with
-// an idle timeout, signing in at the proxy) is read by its goroutine from
-// the start. Both kinds of reads are numbered in one arrival order.
+// until then, for good. Every other client (over TLS, with an idle
+// timeout, signing in at the proxy) is read by its goroutine from the
+// start. Both kinds of reads are numbered in one arrival order.
 //
 // Every request is framed as Redis 7.0 frames it and checked against the
 // configured limits before redcon parses it (internal/resp, Scanner): what Redis skips

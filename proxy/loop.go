@@ -36,7 +36,10 @@ import (
 // reads any client's, in the same arrival order. A client the loop reads
 // has no goroutine awake and is as cheap idle as any other.
 //
-// Clients of a Redis Cluster, over TLS, with an idle timeout, or that
+// In front of a Redis Cluster the loop forwards a command whose keys are
+// all in one slot, on that master's shared connection, when routing it
+// waits for nothing (clusterclient.Client.RouteShared); any other command
+// hands the client over. Clients over TLS, with an idle timeout, or that
 // must sign in at the proxy, and guarded backends, are read by their
 // goroutines from the start (Proxy.loopable).
 type readLoop struct {
