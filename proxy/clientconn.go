@@ -71,6 +71,7 @@ func (c *clientConn) Close() error {
 				continue
 			}
 			c.order.Remove()
+			c.sess.p.m.loopClients.Add(-1)
 			c.herr = errLoopClosed
 			c.wake <- struct{}{}
 		case lBusy:

@@ -90,7 +90,7 @@ func (p *Proxy) startLoop() {
 	}
 	l := &readLoop{p: p, buf: make([]byte, loopBuf)}
 	l.rd = l.readFD
-	p.looping = true
+	p.looping.Store(true)
 	p.loopWG.Add(1)
 	go func() {
 		defer p.loopWG.Done()
@@ -105,7 +105,7 @@ func (p *Proxy) startLoop() {
 // checked at the proxy before a command leaves (sign-in, Redis's ACL, the
 // guard of the lock state).
 func (p *Proxy) loopable(s *session, cc *clientConn) bool {
-	return p.looping && (s.sh != nil || s.cl != nil) && cc.idle == 0 &&
+	return p.looping.Load() && (s.sh != nil || s.cl != nil) && cc.idle == 0 &&
 		p.cfg.TLS == nil && p.auth == nil && p.acl == nil && p.guard == nil
 }
 
@@ -126,7 +126,9 @@ func (p *Proxy) loop(s *session, cc *clientConn) {
 	cc.wake = make(chan struct{}, 1)
 	cc.looped = true
 	cc.lstate.Store(lIdle)
+	p.m.loopClients.Add(1)
 	if !cc.order.Serve(cc) {
+		p.m.loopClients.Add(-1)
 		cc.looped = false
 		cc.lstate.Store(0)
 	}
@@ -287,6 +289,7 @@ func (l *readLoop) release(c *clientConn, a *backend.Arrival) {
 	}
 	a.Remove()
 	c.lstate.Store(lClosed)
+	l.p.m.loopClients.Add(-1)
 	c.herr = errLoopClosed
 	c.wake <- struct{}{}
 }
@@ -303,6 +306,10 @@ func (l *readLoop) handOff(c *clientConn, a *backend.Arrival, data []byte, herr 
 		a.End() // nothing of this read is left to pass on
 	}
 	a.Unloop()
+	l.p.m.loopClients.Add(-1)
+	if herr == nil {
+		l.p.m.handedOver.Add(1)
+	}
 	if !c.lstate.CompareAndSwap(lBusy, lHanded) {
 		// Closed meanwhile.
 		a.Remove()

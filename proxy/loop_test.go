@@ -67,6 +67,9 @@ func TestReadLoopServesStatelessClients(t *testing.T) {
 	if st := loopState(p)[me]; st != lHanded {
 		t.Fatalf("after SELECT, the socket is in state %d, want handed over (%d)", st, lHanded)
 	}
+	if n, h := p.m.loopClients.Load(), p.m.handedOver.Load(); n != 0 || h != 1 {
+		t.Fatalf("lockproxy_read_loop_clients %d, handovers %d; want 0 and 1", n, h)
+	}
 	if got := string(c.do(args("MULTI"), args("INCR loop:n"), args("EXEC"))); got != "+OK\r\n+QUEUED\r\n*1\r\n:1\r\n" {
 		t.Fatalf("a transaction after the hand-over: %q", got)
 	}
@@ -139,7 +142,7 @@ func TestReadLoopClientsComeAndGo(t *testing.T) {
 		}
 		c.c.Close()
 	}
-	eventually(t, "every client cleaned up", func() bool { return p.clients.Load() == 0 })
+	eventually(t, "every client cleaned up", func() bool { return p.clients.Load() == 0 && p.m.loopClients.Load() == 0 })
 	var stay []*client
 	for range 10 {
 		c := dial(t, addr)
@@ -150,6 +153,9 @@ func TestReadLoopClientsComeAndGo(t *testing.T) {
 		if st != lIdle {
 			t.Errorf("client %s in state %d, want the loop's", addr, st)
 		}
+	}
+	if n := p.m.loopClients.Load(); n != 10 {
+		t.Errorf("lockproxy_read_loop_clients %d, want 10", n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

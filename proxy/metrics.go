@@ -22,6 +22,8 @@ type metrics struct {
 	local          atomic.Uint64
 	aclRefused     atomic.Uint64 // lock commands Redis's ACL refused at the proxy
 	sampled        atomic.Uint64
+	loopClients    atomic.Int64  // clients the reading loop reads now (loop.go)
+	handedOver     atomic.Uint64 // clients the reading loop handed to their goroutines
 	latency        prometheus.Histogram
 }
 
@@ -34,6 +36,8 @@ var (
 	descRefreshes   = prometheus.NewDesc("lockproxy_cluster_slot_map_refreshes_total", "Readings of a Redis Cluster's slot map (at start, after MOVED, while a slot is not served).", nil, nil)
 	descRedirects   = prometheus.NewDesc("lockproxy_cluster_redirections_total", "MOVED and ASK replies from a Redis Cluster, followed by the proxy.", []string{"kind"}, nil)
 	descPerMaster   = prometheus.NewDesc("lockproxy_cluster_commands_forwarded_total", "Commands forwarded to each master of a Redis Cluster.", []string{"master"}, nil)
+	descLoopClients = prometheus.NewDesc("lockproxy_read_loop_clients", "Client connections the reading loop reads now (read_loop).", nil, nil)
+	descHandedOver  = prometheus.NewDesc("lockproxy_read_loop_handovers_total", "Clients the reading loop handed to a goroutine of their own, at their first command that is not forwarded on a shared connection.", nil, nil)
 	descLocal       = prometheus.NewDesc("lockproxy_local_commands_total", "Commands the proxy answered itself (lock commands, INFO lockproxy, COMMAND, refusals).", nil, nil)
 	descACLRefused  = prometheus.NewDesc("lockproxy_acl_refused_total", "Lock commands refused by Redis's ACL rules at the proxy (the command's category @lock, or a resource checked as a key).", nil, nil)
 	descPrimary     = prometheus.NewDesc("lockproxy_backend_primary", "1 with the address commands are forwarded to; 0 with addr=\"\" while Sentinel names no primary the proxy could confirm.", []string{"addr"}, nil)
@@ -86,6 +90,10 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	counter(descForwardErrs, m.unavailable.Load(), "unavailable")
 	counter(descForwardErrs, m.connLost.Load(), "connection_lost")
 	counter(descLocal, m.local.Load())
+	if p.looping.Load() {
+		ch <- prometheus.MustNewConstMetric(descLoopClients, prometheus.GaugeValue, float64(m.loopClients.Load()))
+		counter(descHandedOver, m.handedOver.Load())
+	}
 	if p.acl != nil {
 		counter(descACLRefused, m.aclRefused.Load())
 	}

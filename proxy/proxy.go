@@ -340,7 +340,7 @@ type Proxy struct {
 	mux      backend.Env
 	spares   *backend.Spares   // nil when there are none
 	order    *backend.Arrivals // nil where the platform keeps no arrival order
-	looping  bool              // the reading loop runs (loop.go); set before Serve accepts
+	looping  atomic.Bool       // the reading loop runs (loop.go); set before Serve accepts
 	loopWG   sync.WaitGroup
 	sharedWG sync.WaitGroup // the shared connections' readers
 	limits   atomic.Pointer[Limits]
