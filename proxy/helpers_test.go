@@ -56,6 +56,23 @@ func serveProxy(tb testing.TB, p *Proxy) string {
 	return ln.Addr().String()
 }
 
+// serveNew makes a proxy of cfg and serves it on a free loopback port;
+// served receives Serve's result. The test shuts it down itself.
+func serveNew(tb testing.TB, cfg Config) (p *Proxy, addr string, served chan error) {
+	tb.Helper()
+	p, err := New(cfg, zaptest.NewLogger(tb, zaptest.Level(zap.InfoLevel)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	served = make(chan error, 1)
+	go func() { served <- p.Serve(ln) }()
+	return p, ln.Addr().String(), served
+}
+
 // client is a raw RESP connection that reads whole replies as bytes.
 type client struct {
 	tb testing.TB

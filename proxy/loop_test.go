@@ -4,13 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"strings"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -120,17 +116,7 @@ func TestReadLoopClientsComeAndGo(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := DefaultConfig()
 	cfg.Backend.Addr = srv.Addr
-	p, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ln) }()
-	addr := ln.Addr().String()
+	p, addr, served := serveNew(t, cfg)
 	for i := range 40 {
 		c := dial(t, addr)
 		switch i % 3 {
@@ -178,35 +164,19 @@ func TestReadLoopClientsComeAndGo(t *testing.T) {
 
 // TestReadLoopArrivalOrder: a client the loop reads and one its goroutine
 // reads keep one arrival order: a SET sent right after another client's
-// XREAD BLOCK reaches Redis after it, as with Redis itself.
+// XREAD BLOCK reaches Redis after it, as with Redis itself. The XREAD's
+// client is handed over at its XREAD, the SET's stays the loop's.
 func TestReadLoopArrivalOrder(t *testing.T) {
 	srv := redistest.Start(t)
 	addr, p := startProxy(t, srv.Addr, nil)
-	want := "*1\r\n*2\r\n$6\r\nlooped\r\n*1\r\n*2\r\n$5\r\n667-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
 	const rounds = 100
-	wrong, sample := 0, ""
-	for i := range rounds {
-		a, b := dial(t, addr), dial(t, addr)
-		// a's XREAD hands it over; b stays the loop's.
-		b.do(args("DEL looped"), args("XADD looped 666 f v"))
-		a.send(encode(args("XREAD BLOCK 0 STREAMS looped $")))
-		b.send(encode(args("SET looped val1")))
-		b.read(1)
-		b.do(args("DEL looped"), args("XADD looped 667 f v"))
-		if st := loopState(p)[b.c.LocalAddr().String()]; st != lIdle {
-			t.Fatalf("the SET's client is in state %d, want the loop's", st)
-		}
-		got, err := a.tryRead(1, 2*time.Second)
-		if err != nil || string(got) != want {
-			wrong++
-			sample = fmt.Sprintf("round %d: %q %v", i, got, err)
-		}
-		a.c.Close()
-		b.c.Close()
-	}
+	wrong, sample := arrivalRounds(t, addr, rounds, false)
 	t.Logf("%d of %d rounds out of order %s", wrong, rounds, sample)
 	if wrong > rounds/4 {
 		t.Fatalf("%d of %d rounds out of order: %s", wrong, rounds, sample)
+	}
+	if h := p.m.handedOver.Load(); h != rounds {
+		t.Fatalf("%d clients handed over, want %d (the XREADs' only)", h, rounds)
 	}
 }
 

@@ -357,17 +357,8 @@ func TestShutdownLetsInflightFinish(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := DefaultConfig()
 	cfg.Backend.Addr = srv.Addr
-	p, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ln) }()
-	c := dial(t, ln.Addr().String())
+	p, addr, served := serveNew(t, cfg)
+	c := dial(t, addr)
 	c.send(encode(args("BLPOP q 0.3")))
 	waitBlocked(t, srv, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -375,7 +366,7 @@ func TestShutdownLetsInflightFinish(t *testing.T) {
 	shut := make(chan error, 1)
 	go func() { shut <- p.Shutdown(ctx) }()
 	eventually(t, "listener closed", func() bool {
-		d, err := net.Dial("tcp", ln.Addr().String())
+		d, err := net.Dial("tcp", addr)
 		if err == nil {
 			d.Close()
 		}

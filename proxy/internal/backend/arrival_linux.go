@@ -416,14 +416,19 @@ func (a *Arrival) arrived(n int, full bool) {
 		// numbered so far.
 		a.number()
 	}
-	// With no live read numbered before it, none can come (numbers only
-	// grow), and wait need not take the lock again.
-	earlier := false
-	if a.n != 0 {
-		_, earlier = o.before(a.n)
-	}
+	a.waited = a.firstLocked()
 	o.mu.Unlock()
-	a.waited = !earlier
+}
+
+// firstLocked reports whether no live read is numbered before the
+// socket's: none can come (numbers only grow), and Wait need not take the
+// lock again. o.mu is held.
+func (a *Arrival) firstLocked() bool {
+	if a.n == 0 {
+		return true
+	}
+	_, earlier := a.o.before(a.n)
+	return !earlier
 }
 
 // Wait is called before a command of the last read goes to the backend:

@@ -168,12 +168,8 @@ func (a *Arrival) Read(n int) {
 	if n > 0 && a.n == 0 {
 		a.number()
 	}
-	earlier := false
-	if a.n != 0 {
-		_, earlier = o.before(a.n)
-	}
+	a.waited = a.firstLocked()
 	o.mu.Unlock()
-	a.waited = !earlier
 }
 
 // Done says the loop has passed on what it read of the socket. With
