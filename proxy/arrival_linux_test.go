@@ -75,7 +75,7 @@ func TestArrivalOrderLocalReadWaitsForNobody(t *testing.T) {
 	})
 	c := dial(t, addr)
 	c.do(args("PING"))
-	waitedFor, release := p.order.Stuck()
+	waitedFor, _, release := p.order.Stuck()
 	defer release()
 	if got := string(c.do(args("ECHOLOCAL x"))); got != "$1\r\nx\r\n" {
 		t.Fatalf("ECHOLOCAL: %q", got)
@@ -164,5 +164,28 @@ func TestArrivalOrderReadsMissNoData(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestArrivalOrderStuckReadExpires: a read stuck before the others (its
+// client stuck in its handler) holds the reads after it up once: the first
+// wait for it gives up after orderWait, and no read waits for it again,
+// neither a client goroutine's nor the reading loop's, which would
+// otherwise pay orderWait for every read of every client it reads.
+func TestArrivalOrderStuckReadExpires(t *testing.T) {
+	srv := redistest.Start(t).Addr
+	addr, p := startProxy(t, srv, nil)
+	c := dial(t, addr)
+	c.do(args("PING"))
+	waitedFor, expired, release := p.order.Stuck()
+	defer release()
+	if got := string(c.do(args("SET k v"))); got != "+OK\r\n" {
+		t.Fatalf("SET: %q", got)
+	}
+	if !waitedFor() || !expired() {
+		t.Fatalf("the first read after the stuck one: waited %v, gave up %v; want both", waitedFor(), expired())
+	}
+	if n := p.m.loopClients.Load(); n != 1 {
+		t.Fatalf("the client is not the reading loop's (%d clients are)", n)
 	}
 }

@@ -219,3 +219,76 @@ func TestReadLoopCluster(t *testing.T) {
 		t.Fatalf("after a cross-slot MGET, the socket is in state %d, want handed over (%d)", st, lHanded)
 	}
 }
+
+// TestReadLoopMixedClients: clients that send pipelines cut at random
+// places, some handed over mid-pipeline (a SELECT of the same database),
+// some hanging up with a command in flight while the loop reads them and
+// coming back, get every reply they are owed, in order, and the command
+// sent before a hang-up runs before those sent after it. One shared
+// connection: across two, the command before the hang-up can still reach
+// Redis after one sent on the other after it (with or without the loop).
+func TestReadLoopMixedClients(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = 1 })
+	const clients, rounds = 8, 120
+	errs := make(chan error, clients)
+	for i := range clients {
+		go func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 53))
+			key := fmt.Sprintf("mixed:%d", i)
+			c := dial(t, addr)
+			var want int
+			handed := false
+			for r := range rounds {
+				if !handed && rng.IntN(10) == 0 {
+					// Hang up with a command in flight, and come back.
+					c.send(encode(args("INCR " + key)))
+					want++
+					c.c.Close()
+					c = dial(t, addr)
+				}
+				var cmds [][]string
+				var exp strings.Builder
+				for range 1 + rng.IntN(6) {
+					switch rng.IntN(12) {
+					case 0:
+						handed = true
+						cmds = append(cmds, args("SELECT 0"))
+						exp.WriteString("+OK\r\n")
+					case 1:
+						v := strings.Repeat("v", rng.IntN(70000))
+						cmds = append(cmds, []string{"SET", key + ":big", v}, args("STRLEN "+key+":big"))
+						fmt.Fprintf(&exp, "+OK\r\n:%d\r\n", len(v))
+					default:
+						cmds = append(cmds, args("INCR "+key))
+						want++
+						fmt.Fprintf(&exp, ":%d\r\n", want)
+					}
+				}
+				raw := encode(cmds...)
+				for len(raw) > 0 {
+					k := min(len(raw), 1+rng.IntN(3000))
+					if _, err := c.c.Write(raw[:k]); err != nil {
+						errs <- err
+						return
+					}
+					raw = raw[k:]
+				}
+				got, err := c.tryRead(len(cmds), 10*time.Second)
+				if err != nil || string(got) != exp.String() {
+					errs <- fmt.Errorf("client %d, round %d: %q %v, want %q", i, r, trunc(got), err, trunc([]byte(exp.String())))
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if p.m.handedOver.Load() == 0 {
+		t.Error("no client was handed over")
+	}
+}

@@ -119,6 +119,9 @@ type Arrival struct {
 	// read filled the buffer, or a collect saw data come while no read
 	// was waiting for it. Guarded by o.mu.
 	more bool
+	// expired is the number of a read of the socket that a wait gave up
+	// on (Arrivals.expire). Guarded by o.mu.
+	expired uint64
 	// waited: the last read has waited for those before it. Only the
 	// client's own goroutine, which reads and then handles the commands,
 	// uses it.
@@ -286,7 +289,22 @@ func (a *Arrival) numberNext() {
 
 // live reports whether t is a read not yet passed on: the socket's
 // current one or its next. o.mu is held.
-func (t ticket) live() bool { return t.a.n == t.n || t.a.next == t.n }
+func (t ticket) live() bool {
+	return (t.a.n == t.n || t.a.next == t.n) && t.a.expired != t.n
+}
+
+// expire gives up on every read numbered below n not passed on yet: a
+// wait for them lasted orderWait, and no read waits for them again (a
+// client stuck in its handler, or one that does not come to read its
+// data, costs the reads after it one orderWait, not one each). o.mu is
+// held.
+func (o *Arrivals) expire(n uint64) {
+	for _, t := range o.queue {
+		if t.n < n && t.live() {
+			t.a.expired = t.n
+		}
+	}
+}
 
 // before returns the newest read not yet passed on that is numbered
 // below n: the one a read numbered n waits for, as that one waits for
@@ -450,9 +468,11 @@ wait:
 		if !ok {
 			break
 		}
-		if !t.a.awake.Load() {
+		if !t.a.awake.Load() && !a.loop {
 			// Its goroutine has not run since its data came. When the
 			// poller woke it with this one, it is next in the run queue.
+			// (The reading loop waits for it: while the loop waits, the
+			// scheduler, out of work, asks the poller, which wakes it.)
 			if yields == 2 {
 				break
 			}
@@ -476,6 +496,7 @@ wait:
 			o.mu.Lock()
 		case <-timer.C:
 			o.mu.Lock()
+			o.expire(a.n)
 			break wait
 		}
 	}
@@ -544,23 +565,30 @@ func (o *Arrivals) Held() []uint64 {
 
 // Stuck numbers a read of no socket that is never passed on, as the read
 // of a client stuck in its handler is not: reads numbered after it wait
-// for it (up to orderWait). waitedFor reports whether a read has waited
-// for it so far; release passes it on. Tests use it.
-func (o *Arrivals) Stuck() (waitedFor func() bool, release func()) {
+// for it (up to orderWait, once: then it expires). waitedFor reports
+// whether a read has waited for it so far, expired whether a wait gave up
+// on it; release passes it on. Tests use it.
+func (o *Arrivals) Stuck() (waitedFor, expired func() bool, release func()) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	stuck := &Arrival{o: o}
 	stuck.awake.Store(true)
 	stuck.number()
+	n := stuck.n
 	waitedFor = func() bool {
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		return stuck.done != nil // made by a read that waits for it
+	}
+	expired = func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return stuck.expired == n
 	}
 	release = func() {
 		o.mu.Lock()
 		stuck.endLocked()
 		o.mu.Unlock()
 	}
-	return waitedFor, release
+	return waitedFor, expired, release
 }

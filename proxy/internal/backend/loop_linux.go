@@ -133,6 +133,9 @@ func (a *Arrival) Serve(owner any) bool {
 	if o.file == nil || o.closed {
 		return false
 	}
+	// Data other sockets received before this one joined the loop comes
+	// first: number it before this socket's first read.
+	o.collect()
 	a.owner, a.loop = owner, true
 	// A number a collect gave its goroutine's next read, before the
 	// loop had it, is spent: the loop's read gets one of its own.
