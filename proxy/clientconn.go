@@ -17,7 +17,10 @@ import (
 type ProtocolError = resp.ProtocolError
 
 // clientConn is a client's connection as redcon sees it. Its Read enforces
-// the request limits and the idle timeout before redcon's parser runs.
+// the request limits and the idle timeout before redcon's parser runs; for
+// a client the reading loop reads (loop.go), it first waits until the loop
+// hands the socket over, and delivers what the loop read and did not
+// forward.
 type clientConn struct {
 	net.Conn
 	sc   resp.Scanner
