@@ -159,7 +159,11 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 		if r := recover(); r != nil {
 			s.log.Error("panic serving client; closing its connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
 			c.Conn.Close()
-			l.handOff(c, a, nil, errLoopClosed)
+			if st := c.lstate.Load(); st == lBusy || st == lBusyClosing {
+				// Not handed over or released yet: its goroutine is
+				// woken once, to end.
+				l.handOff(c, a, nil, errLoopClosed)
+			}
 		}
 	}()
 	a.StartRead()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -290,5 +291,35 @@ func TestReadLoopMixedClients(t *testing.T) {
 	}
 	if p.m.handedOver.Load() == 0 {
 		t.Error("no client was handed over")
+	}
+}
+
+// TestReadLoopPanicClosesOnlyThatClient: a panic while the loop serves a
+// client closes that client's connection; the loop and its other clients
+// carry on.
+func TestReadLoopPanicClosesOnlyThatClient(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, p := startProxy(t, srv.Addr, func(c *Config) {
+		c.IsLocal = func(name []byte) bool {
+			if string(name) == "PANICLOOP" {
+				panic("PANICLOOP")
+			}
+			return false
+		}
+		c.NewLocal = func() Local { return echoLocal{new(atomic.Int64)} }
+	})
+	bystander := dial(t, addr)
+	bystander.do(args("SET k v"))
+	victim := dial(t, addr)
+	victim.send(encode(args("PANICLOOP")))
+	if _, gone := victim.closedAfter(5 * time.Second); !gone {
+		t.Fatal("the panicking client's connection stayed open")
+	}
+	eventually(t, "the victim cleaned up", func() bool { return p.clients.Load() == 1 && p.m.loopClients.Load() == 1 })
+	if got := string(bystander.do(args("GET k"))); got != "$1\r\nv\r\n" {
+		t.Fatalf("the other client: %q", got)
+	}
+	if got := string(dial(t, addr).do(args("PING"))); got != "+PONG\r\n" {
+		t.Fatalf("a new client: %q", got)
 	}
 }

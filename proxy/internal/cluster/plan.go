@@ -130,14 +130,8 @@ func (cl *Client) Plan(h Host, name []byte, cmd redcon.Command) Call {
 	if len(cl.Keys) == 0 {
 		return cl.keyless(h, m, name, cmd)
 	}
-	slot := KeySlot(cl.Keys[0])
-	cross := false
-	for _, k := range cl.Keys[1:] {
-		if KeySlot(k) != slot {
-			cross = true
-			break
-		}
-	}
+	slot, one := oneSlot(cl.Keys)
+	cross := !one
 	if string(name) == "watch" {
 		if cross || (cl.Watch != nil && cl.Watch.Slot != slot) {
 			return LocalCall(ReplyCrossSlot)
@@ -154,11 +148,7 @@ func (cl *Client) Plan(h Host, name []byte, cmd redcon.Command) Call {
 		}
 	}
 	if !cross {
-		cl.last, cl.lastSlot, cl.LastShared = m.Master(slot), slot, false
-		if cl.lastSeq++; cl.lastSeq == 0 {
-			cl.lastSeq = 1
-		}
-		return Call{Kind: CallPlain, Seq: cl.lastSeq, One: Part{Slot: slot, Addr: cl.last, Raw: cmd.Raw}}
+		return cl.keyed(m.Master(slot), slot, cmd.Raw)
 	}
 	if c, ok := CrossRead(h.Context(), cl.Router, h.Resp3(), m, name, args); ok {
 		return c
@@ -213,22 +203,36 @@ func (cl *Client) PlanShared(name []byte, cmd redcon.Command) (Call, bool) {
 	if len(cl.Keys) == 0 {
 		return Call{}, false
 	}
-	slot := KeySlot(cl.Keys[0])
-	for _, k := range cl.Keys[1:] {
-		if KeySlot(k) != slot {
-			return Call{}, false
-		}
-	}
+	slot, one := oneSlot(cl.Keys)
 	addr := m.Master(slot)
-	if addr == "" {
+	if !one || addr == "" {
 		return Call{}, false
 	}
 	cl.mapGen = m.Gen
+	return cl.keyed(addr, slot, cmd.Raw), true
+}
+
+// oneSlot returns the slot of keys, one or more, and whether they are all
+// in it.
+func oneSlot(keys [][]byte) (slot int, one bool) {
+	slot = KeySlot(keys[0])
+	for _, k := range keys[1:] {
+		if KeySlot(k) != slot {
+			return slot, false
+		}
+	}
+	return slot, true
+}
+
+// keyed is the call of a command whose keys are all in slot, served by
+// addr: it is the client's last keyed command (where a keyless one
+// follows it), numbered for WAIT's mark.
+func (cl *Client) keyed(addr string, slot int, raw []byte) Call {
 	cl.last, cl.lastSlot, cl.LastShared = addr, slot, false
 	if cl.lastSeq++; cl.lastSeq == 0 {
 		cl.lastSeq = 1
 	}
-	return Call{Kind: CallPlain, Seq: cl.lastSeq, One: Part{Slot: slot, Addr: addr, Raw: cmd.Raw}}, true
+	return Call{Kind: CallPlain, Seq: cl.lastSeq, One: Part{Slot: slot, Addr: addr, Raw: raw}}
 }
 
 func (cl *Client) planState(h Host, m *SlotMap, name []byte, cmd redcon.Command) (Call, bool) {
