@@ -323,3 +323,69 @@ func TestReadLoopPanicClosesOnlyThatClient(t *testing.T) {
 		t.Fatalf("a new client: %q", got)
 	}
 }
+
+// TestReadLoopPausedMaster: a master stopped with SIGSTOP while a client
+// the loop reads keeps sending to it (12.8 MB) holds up only the commands
+// for it: another client the loop reads is answered by the other masters
+// meanwhile (with the read_loop off alike), and the stopped master's
+// replies come once it runs again.
+func TestReadLoopPausedMaster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	for _, n := range c.Nodes {
+		// The others keep their slots once the stopped one is marked
+		// failed (after the cluster-node-timeout of a second).
+		if r, err := n.Do("CONFIG", "SET", "cluster-require-full-coverage", "no"); err != nil || r != "+OK" {
+			t.Fatalf("CONFIG SET: %q %v", r, err)
+		}
+	}
+	addr, p := startClusterProxy(t, c)
+	eventually(t, "the cluster's COMMAND table read", func() bool {
+		_, ok := p.router.Table().Loaded()
+		return ok
+	})
+	a, b := dial(t, addr), dial(t, addr)
+	k1 := keyOn(1, "paused")
+	a.do(args("SET " + k1 + " x"))
+	c.Nodes[1].Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			c.Nodes[1].Resume()
+		}
+	}()
+	val := strings.Repeat("v", 64<<10)
+	const big = 200 // 12.8 MB for the stopped master
+	go func() {
+		for range big {
+			a.c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+			if _, err := a.c.Write(encode([]string{"SET", k1, val})); err != nil {
+				return
+			}
+		}
+	}()
+	k0 := keyOn(0, "running")
+	for i := range 40 {
+		start := time.Now()
+		b.send(encode(args(fmt.Sprintf("SET %s %d", k0, i)), args("GET "+k0)))
+		got, err := b.tryRead(2, 5*time.Second)
+		if want := fmt.Sprintf("+OK\r\n$%d\r\n%d\r\n", len(fmt.Sprint(i)), i); err != nil || string(got) != want {
+			t.Fatalf("round %d, the other client: %q %v, want %q", i, got, err, want)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("round %d, the other client waited %v while a master was stopped", i, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	states := loopState(p)
+	for _, cl := range []*client{a, b} {
+		if st := states[cl.c.LocalAddr().String()]; st != lIdle && st != lBusy {
+			t.Fatalf("a client in state %d, want the loop's", st)
+		}
+	}
+	c.Nodes[1].Resume()
+	resumed = true
+	got, err := a.tryRead(big, 30*time.Second)
+	if err != nil || string(got) != strings.Repeat("+OK\r\n", big) {
+		t.Fatalf("the stopped master's replies after it runs: %q %v", trunc(got), err)
+	}
+}
