@@ -25,8 +25,9 @@ import (
 const nudgeID = 0
 
 // Loop readies the reading loop and returns it: run calls serve with
-// the sockets the loop is to read, each numbered, in the order of their
-// numbers, until Close; then it returns. It is called once, and run by
+// the sockets the loop is to read, in the order of their numbers (a
+// socket that just joined has none until its read finds data), until
+// Close; then it returns. It is called once, and run by
 // one goroutine, the loop. Sockets are handed to it (Serve) from Loop's
 // return on.
 func (o *Arrivals) Loop() (run func(serve func(ready []*Arrival)), err error) {
@@ -121,8 +122,7 @@ func (o *Arrivals) drainNudge() {
 }
 
 // Serve hands the socket to the reading loop, for owner: the loop reads
-// it from now on, and its next read is numbered now (data may have come
-// before). It reports false when there is no loop.
+// it from now on, starting now. It reports false when there is no loop.
 func (a *Arrival) Serve(owner any) bool {
 	if a == nil {
 		return false
@@ -143,10 +143,11 @@ func (a *Arrival) Serve(owner any) bool {
 	// The loop is always in a read of it, and never long away.
 	a.waiting = true
 	a.awake.Store(true)
-	if a.n == 0 {
-		a.number()
-		o.ready = append(o.ready, a)
-	}
+	// The loop tries the socket: data may have come before it joined.
+	// Unnumbered: a read that finds nothing holds nobody up, and one that
+	// finds data is numbered then (Read), after what others received
+	// meanwhile, as a client goroutine's first read is.
+	o.ready = append(o.ready, a)
 	o.wakeLoop()
 	return true
 }
