@@ -52,6 +52,14 @@ type readLoop struct {
 	// cdirty is a cluster client's, taken from it (TakeDirty).
 	cdirty []*backend.Mux
 
+	// The run in progress: plain commands of one client of one Redis,
+	// one stretch of its read starting at from, size bytes and runN
+	// requests, queued on its shared connection together (endRun).
+	from []byte
+	size int
+	runN int
+	nb   [24]byte
+
 	// The read in progress (readFD, made once).
 	rd   func(fd uintptr) bool
 	n    int
@@ -207,7 +215,7 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 	for len(data) > 0 {
 		complete, args, _, rest, perr := redcon.ReadNextCommand(data, l.args)
 		if perr != nil {
-			l.handOff(c, a, data, nil)
+			l.handOff(c, a, l.endRun(s, a, data), nil)
 			return
 		}
 		if !complete {
@@ -215,12 +223,32 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 		}
 		l.args = args[:0]
 		if len(args) == 0 {
-			data = rest // a request Redis skips (the scanner leaves none)
+			// A request Redis skips (the scanner leaves none): it ends
+			// the run, whose requests are one stretch of data.
+			if from := l.endRun(s, a, nil); from != nil {
+				l.handOff(c, a, from, nil)
+				return
+			}
+			data = rest
 			continue
 		}
 		cmd := redcon.Command{Raw: data[:len(data)-len(rest)], Args: args}
-		if !s.loopable(cmd) {
-			l.handOff(c, a, data, nil)
+		name := s.loopName(&l.nb, cmd)
+		if name == nil {
+			l.handOff(c, a, l.endRun(s, a, data), nil)
+			return
+		}
+		if s.plain(name) {
+			if l.runN == 0 {
+				l.from = data
+			}
+			l.size += len(cmd.Raw)
+			l.runN++
+			data = rest
+			continue
+		}
+		if from := l.endRun(s, a, nil); from != nil {
+			l.handOff(c, a, from, nil)
 			return
 		}
 		if !s.loopForward(cmd, a) {
@@ -230,6 +258,10 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 			return
 		}
 		data = rest
+	}
+	if from := l.endRun(s, a, nil); from != nil {
+		l.handOff(c, a, from, nil)
+		return
 	}
 	l.keep(c, data)
 	if s.sharedOut {
@@ -246,6 +278,27 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 	}
 	a.Done(n == len(l.buf))
 	l.release(c, a)
+}
+
+// endRun queues the run in progress, if any, on s's shared connection,
+// as s.forward would queue each of its commands. It returns nil when it
+// did, or had nothing to do; otherwise, when the backend cannot be
+// reached, nothing of the run was sent, and it returns the read from the
+// run's start, for s's goroutine to answer. With none to queue it returns
+// rest.
+func (l *readLoop) endRun(s *session, a *backend.Arrival, rest []byte) []byte {
+	if l.runN == 0 {
+		return rest
+	}
+	from, run, n := l.from, l.from[:l.size], l.runN
+	l.from, l.size, l.runN = nil, 0, 0
+	a.Wait()
+	if err := s.sh.QueueRun(s, run, n); err != nil {
+		return from
+	}
+	s.sharedOut, s.waitStale = true, true
+	s.p.m.forwarded.Add(uint64(n))
+	return rest
 }
 
 // readFD is the read of a socket, through its RawConn, which keeps the
@@ -337,27 +390,36 @@ func (s *session) loopForward(cmd redcon.Command, a *backend.Arrival) bool {
 	return s.cl.RouteShared(name, cmd)
 }
 
-// loopable reports whether the loop forwards cmd: a command that shares
-// the client's connection and that the proxy does not look at.
-func (s *session) loopable(cmd redcon.Command) bool {
-	var nb [24]byte
-	name := resp.Lower(&nb, cmd.Args[0])
+// loopName returns cmd's name, lowered into nb, when the loop forwards
+// cmd: a command that shares the client's connection and that the proxy
+// does not look at; nil otherwise.
+func (s *session) loopName(nb *[24]byte, cmd redcon.Command) []byte {
+	name := resp.Lower(nb, cmd.Args[0])
 	if name == nil || !resp.Stateless(name) {
-		return false
+		return nil
 	}
 	switch string(name) {
 	case "quit", "info", "command", "fenced":
-		return false
+		return nil
 	}
 	if s.p.cfg.IsLocal != nil && s.p.cfg.IsLocal(cmd.Args[0]) {
-		return false
+		return nil
 	}
 	for _, a := range cmd.Args[1:] {
 		if bytes.HasPrefix(a, fencePrefix) {
-			return false // a fence token (guardRecords)
+			return nil // a fence token (guardRecords)
 		}
 	}
-	return true
+	return name
+}
+
+// plain reports whether the loop queues the command name, which
+// loopName let through, in a run (readLoop.endRun) rather than through
+// forward: a command of no effect on the connection (resp.Plain) from a
+// client of one Redis still on its shared connection, which forward
+// would queue there as it is (single.forward).
+func (s *session) plain(name []byte) bool {
+	return s.cl == nil && s.sh != nil && !s.dedicated && !s.replica && resp.Plain(name)
 }
 
 var fencePrefix = []byte(FencePrefix)

@@ -62,7 +62,7 @@ func (m *metrics) since() int64 { return int64(time.Since(m.start)) }
 // latencySample is how often a forwarded command's latency is measured:
 // reading the clock and observing the histogram for every command costs a
 // tenth of the forwarding path with deep pipelines.
-const latencySample = 8
+const latencySample = 32
 
 // stamp returns the timestamp of a command whose latency is measured, one
 // command in latencySample, and 0 for the others.
@@ -71,6 +71,18 @@ func (m *metrics) stamp() int64 {
 		return 0
 	}
 	return max(m.since(), 1)
+}
+
+// stampRun counts n commands sent together, as n calls of stamp would,
+// and returns the index among them of the one measured, or -1, and its
+// timestamp. n is below latencySample.
+func (m *metrics) stampRun(n int) (int, int64) {
+	last := m.sampled.Add(uint64(n))
+	i := n - 1 - int(last%latencySample)
+	if i < 0 {
+		return -1, 0
+	}
+	return i, max(m.since(), 1)
 }
 
 // Describe implements prometheus.Collector.

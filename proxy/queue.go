@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -59,6 +60,28 @@ func (q *replyQueue) send(e *entry, be *backendConn) (ok, replies bool) {
 		q.fifo = append(q.fifo, *e)
 	}
 	return true, replies
+}
+
+// sendPlain records n commands of no effect on the connection
+// (resp.Plain), sent on a shared connection, as n sends would.
+func (q *replyQueue) sendPlain(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.fifo = slices.Grow(q.fifo, n)
+	for n > 0 {
+		k := min(n, latencySample-1)
+		n -= k
+		at, stamp := q.m.stampRun(k)
+		for i := range k {
+			e := entry{}
+			if q.st.sent(&e) {
+				if i == at {
+					e.at = stamp
+				}
+				q.fifo = append(q.fifo, e)
+			}
+		}
+	}
 }
 
 // doomed reports what the client gets in place of e, when e belongs to a
@@ -185,6 +208,26 @@ func (q *replyQueue) waitSync(be *backendConn) (replica bool) {
 func (q *replyQueue) account(ri *resp.ReplyInfo) (quit bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.answer(ri)
+}
+
+// accountPlain matches n replies, none of them a push, to n commands sent
+// in a run (sendPlain), as n calls of account would. What they carry is
+// nothing the connection state learns from: plainReply stands for each.
+func (q *replyQueue) accountPlain(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for range n {
+		q.answer(&plainReply)
+	}
+}
+
+// plainReply is accountPlain's reply: a frame that is no push, no
+// message and no confirmation. Only read.
+var plainReply = resp.ReplyInfo{Type: '$'}
+
+// answer is account's work; q.mu is held.
+func (q *replyQueue) answer(ri *resp.ReplyInfo) (quit bool) {
 	var e *entry
 	if q.head < len(q.fifo) {
 		e = &q.fifo[q.head]

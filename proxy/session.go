@@ -778,13 +778,22 @@ var (
 
 // Queued records s.queuing, the command the forwarder is queuing on a
 // shared connection.
-func (s *session) Queued() { s.q.send(&s.queuing, nil) }
+func (s *session) Queued(n int) {
+	if n == 1 {
+		s.q.send(&s.queuing, nil)
+	} else {
+		s.q.sendPlain(n)
+	}
+}
 
 // Sink is where the shared reader copies the client's replies.
 func (s *session) Sink() io.Writer { return &s.w }
 
 // Replied matches a reply the shared reader copied to the sink.
 func (s *session) Replied(ri *resp.ReplyInfo) { s.q.account(ri) }
+
+// RepliedPlain matches n replies to commands the loop queued in a run.
+func (s *session) RepliedPlain(n int) { s.q.accountPlain(n) }
 
 // PushOut writes the sink to the client if the shared reader is the one
 // that writes it.

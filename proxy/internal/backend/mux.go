@@ -35,14 +35,18 @@ var ErrClosed = errors.New("connection closed")
 // connection's reader, except Queued, called under the connection's lock
 // as the client's command is queued.
 type Client interface {
-	// Queued records the command the client is queuing (Mux.Queue with
-	// note set), under the connection's lock: the reply cannot be read
-	// before it is recorded.
-	Queued()
+	// Queued records the n commands the client is queuing (Mux.Queue
+	// with note set, Mux.QueueRun), under the connection's lock: their
+	// replies cannot be read before they are recorded.
+	Queued(n int)
 	// Sink is where the reader copies the client's replies.
 	Sink() io.Writer
 	// Replied matches a reply the reader copied to the sink.
 	Replied(ri *resp.ReplyInfo)
+	// RepliedPlain matches n replies the reader copied to the sink, none
+	// of them a push, to n commands the client queued in runs
+	// (QueueRun): as n calls of Replied would, at once.
+	RepliedPlain(n int)
 	// PushOut writes the sink to the client if the reader is the one
 	// that writes it.
 	PushOut()
@@ -321,10 +325,48 @@ func (sh *Mux) Queue(c Client, ticket uint64, pre, raw []byte, note bool) error 
 	}
 	sh.push(c, ticket, raw)
 	if note {
-		c.Queued()
+		c.Queued(1)
 	}
 	return nil
 }
+
+// QueueRun queues raw, n whole requests of c's, as n calls of Queue
+// with note set would (no tickets: one Redis's shared connection), under
+// one lock.
+func (sh *Mux) QueueRun(c Client, raw []byte, n int) error {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.be == nil || sh.be.Dead {
+		if sh.retired {
+			return ErrClosed
+		}
+		if err := sh.connect(); err != nil {
+			return err
+		}
+	}
+	if len(sh.wbuf) == 0 {
+		sh.since.Store(sh.env.batches.Add(1))
+		sh.grp.queued.Add(1)
+	}
+	sh.wbuf = append(sh.wbuf, raw...)
+	sh.wn += n
+	q := sh.be.pending
+	for range n {
+		q.clients = append(q.clients, c)
+		q.tickets = append(q.tickets, plainTicket)
+	}
+	if !sh.reading {
+		sh.startReader()
+	}
+	c.Queued(n)
+	return nil
+}
+
+// plainTicket marks in a pending list a command queued in a run
+// (QueueRun), whose reply the reader matches with the others of the run
+// (Client.RepliedPlain). Only a client without an order of its own queues
+// runs, and such a client's tickets mean nothing otherwise (0).
+const plainTicket = ^uint64(0)
 
 // push appends raw, whose reply is c's with ticket, to what waits to be
 // written; sh.mu is held and the connection live.
@@ -636,9 +678,24 @@ func (sh *Mux) readShared(be *Conn) {
 		ownAddr = sh.addr
 	}
 	var last uint64
+	// owed counts the replies of a run (plainTicket) copied to owedTo's
+	// sink and not yet matched: they are, together, before its sink is
+	// pushed out, before any other reply of its is matched, and before
+	// the reader waits for more or ends.
+	var owedTo Client
+	owed := 0
+	settle := func() {
+		if owed > 0 {
+			c, n := owedTo, owed
+			owedTo, owed = nil, 0
+			c.RepliedPlain(n)
+		}
+	}
+	defer settle()
 	for {
 		b, err := be.R.Peek(1)
 		if err != nil {
+			settle()
 			sh.fail(be, nil)
 			return
 		}
@@ -716,13 +773,23 @@ func (sh *Mux) readShared(be *Conn) {
 			return
 		}
 		if err != nil {
+			settle()
 			sh.fail(be, c)
 			return
 		}
 		idle := be.R.Buffered() == 0 // the reader would wait for more next
 		sh.env.CheckReply(ri)
 		if c != nil && answered && !sh.own {
-			c.Replied(ri)
+			if ticket == plainTicket && ri.Type != '>' {
+				owedTo = c
+				owed++
+				if idle || next != c {
+					settle()
+				}
+			} else {
+				settle()
+				c.Replied(ri)
+			}
 		}
 		// Before waiting for more, send what queued up meanwhile, and do
 		// it before writing to the client, so that Redis works on it while

@@ -307,6 +307,14 @@ func Stateless(name []byte) bool {
 	return name != nil && (i == nil || i.Flags&Dedicated == 0)
 }
 
+// Plain reports whether a command may share a backend connection
+// (Stateless) and does nothing to its connection's state that the proxy
+// follows (Affects): a command whose reply is all there is to it.
+func Plain(name []byte) bool {
+	i := find(name)
+	return name != nil && (i == nil || i.Flags&Dedicated == 0 && i.Effect == NoEffect && i.Sub == nil)
+}
+
 // Lower writes the ASCII lower case of b into buf and returns it, or
 // returns nil when b does not fit: no command name is that long.
 func Lower(buf *[24]byte, b []byte) []byte {
