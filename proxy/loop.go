@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -304,12 +305,12 @@ func (l *readLoop) endRun(s *session, a *backend.Arrival, rest []byte) []byte {
 // readFD is the read of a socket, through its RawConn, which keeps the
 // descriptor from being closed under it; it never waits for the poller.
 func (l *readLoop) readFD(fd uintptr) bool {
-	for {
-		l.n, l.rerr = syscall.Read(int(fd), l.buf)
-		if l.rerr != syscall.EINTR {
-			return true
-		}
+	n, e := rawio.Read(fd, l.buf)
+	l.n, l.rerr = n, nil
+	if e != 0 {
+		l.rerr = e
 	}
+	return true
 }
 
 // keep keeps data, the start of a request still to come, for c's next

@@ -20,6 +20,7 @@ import (
 	"github.com/lockproxy/lockproxy/proxy/internal/acl"
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
 	"github.com/lockproxy/lockproxy/proxy/internal/guard"
+	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
@@ -442,6 +443,14 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.mu.Unlock()
 	defer close(p.served)
 	p.spares.Start(p.root)
+	// The forwarding path's system calls leave the scheduler's monitor
+	// asleep (internal/rawio); a heartbeat bounds its sleep, so that a
+	// goroutine computing for long on the proxy's thread is preempted.
+	p.loopWG.Add(1)
+	go func() {
+		defer p.loopWG.Done()
+		rawio.Heartbeat(p.root, rawio.HeartbeatPeriod)
+	}()
 	p.startLoop()
 	return p.srv.Serve(&listener{Listener: ln, p: p})
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
 
@@ -266,11 +267,9 @@ type rawWrite struct {
 
 func (rw *rawWrite) write(fd uintptr) bool {
 	for rw.n < len(rw.b) {
-		k, err := syscall.Write(int(fd), rw.b[rw.n:])
-		if k > 0 {
-			rw.n += k
-		}
-		if err != nil {
+		k, e := rawio.Write(fd, rw.b[rw.n:])
+		rw.n += k
+		if e != 0 || k == 0 {
 			break // EAGAIN: the rest goes to finish; other errors show there too
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 )
 
 // Arrivals is the arrival order across a proxy's client sockets.
@@ -232,11 +234,8 @@ func (o *Arrivals) collectEvents() {
 		return
 	}
 	for {
-		n, err := syscall.EpollWait(o.epfd, o.events, 0)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
+		n, e := rawio.EpollWait(o.epfd, o.events)
+		if e != 0 {
 			return
 		}
 		for _, ev := range o.events[:n] {
@@ -373,11 +372,10 @@ func (c *orderedConn) readFD(fd uintptr) bool {
 	// Data that comes from here on is this read's or shows again.
 	a.more = false
 	o.mu.Unlock()
-	for {
-		c.n, c.rerr = syscall.Read(int(fd), c.buf)
-		if c.rerr != syscall.EINTR {
-			break
-		}
+	n, e := rawio.Read(fd, c.buf)
+	c.n, c.rerr = n, nil
+	if e != 0 {
+		c.n, c.rerr = -1, e
 	}
 	if c.rerr == syscall.EAGAIN {
 		a.awake.Store(false)

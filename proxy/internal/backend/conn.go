@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tidwall/redcon"
 
+	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 	"github.com/lockproxy/lockproxy/proxy/internal/sentinel"
 )
@@ -32,6 +34,10 @@ type Conn struct {
 	// pending is set on a shared connection and a cluster client's own
 	// (Mux): whose replies are coming.
 	pending *pending
+	// out is where the clients' commands are written (Mux.write): the
+	// socket through rawio on plain TCP and unix sockets, as R reads it;
+	// NC over TLS.
+	out io.Writer
 }
 
 // Dial opens a connection to addr ("host:port", or a unix socket's path,
@@ -56,13 +62,23 @@ func Dial(ctx context.Context, addr string, tc *tls.Config) (*Conn, error) {
 		}
 		nc = c
 	}
-	// Only the proxy's own commands go through W (setup, COMMAND): the
-	// clients' commands leave from a shared's write buffer.
+	// Replies are read, and the clients' commands written, through
+	// rawio when the socket allows it: the forwarding path's system calls
+	// then leave the Go scheduler's monitor asleep (see rawio). Only the
+	// proxy's own commands go through W (setup, COMMAND): the clients'
+	// leave from a shared's write buffer.
+	var rw io.ReadWriter = nc
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			rw = rawio.New(rc)
+		}
+	}
 	return &Conn{
 		NC:   nc,
-		R:    bufio.NewReaderSize(nc, 16<<10),
+		R:    bufio.NewReaderSize(rw, 16<<10),
 		W:    bufio.NewWriterSize(nc, 512),
 		Done: make(chan struct{}),
+		out:  rw,
 	}, nil
 }
 

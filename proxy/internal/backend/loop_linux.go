@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"syscall"
+
+	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 )
 
 // The reading loop. A client socket handed to it (Arrival.Serve) is read
@@ -104,7 +106,7 @@ func (o *Arrivals) wakeLoop() {
 		return
 	}
 	o.nudged = true
-	syscall.Write(o.nudge[1], nudgeByte[:])
+	rawio.Write(uintptr(o.nudge[1]), nudgeByte[:])
 }
 
 var nudgeByte = [1]byte{1}
@@ -114,8 +116,7 @@ func (o *Arrivals) drainNudge() {
 	o.nudged = false
 	var b [64]byte
 	for {
-		n, err := syscall.Read(o.nudge[0], b[:])
-		if n < len(b) && err != syscall.EINTR {
+		if n, _ := rawio.Read(uintptr(o.nudge[0]), b[:]); n < len(b) {
 			return
 		}
 	}

@@ -549,7 +549,7 @@ func (sh *Mux) write() {
 		sh.grp.queued.Add(-1)
 		sh.mu.Unlock()
 		be.NC.SetWriteDeadline(time.Now().Add(sh.env.WriteTimeout))
-		_, err := be.NC.Write(buf)
+		_, err := be.out.Write(buf)
 		if err != nil {
 			be.NC.Close() // the reader answers everything pending with an error
 		}

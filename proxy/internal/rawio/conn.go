@@ -1,0 +1,94 @@
+package rawio
+
+import (
+	"io"
+	"os"
+	"syscall"
+)
+
+// Conn reads and writes a socket through its syscall.RawConn with Read
+// and Write: the socket's deadlines and Close work as on the net.Conn it
+// came from (the RawConn waits for the poller, and its errors are the
+// net.Conn's), the system calls are unseen by the scheduler.
+type Conn struct {
+	rc syscall.RawConn
+
+	// One read and one write at a time each (the callbacks' state).
+	rb   []byte
+	rn   int
+	rerr error
+	rf   func(fd uintptr) bool
+	wb   []byte
+	wn   int
+	werr error
+	wf   func(fd uintptr) bool
+}
+
+// New returns a Conn over rc.
+func New(rc syscall.RawConn) *Conn {
+	c := &Conn{rc: rc}
+	c.rf, c.wf = c.read, c.write
+	return c
+}
+
+// Read reads what the socket has, or waits for it (the read deadline
+// applies); 0 bytes read is io.EOF.
+func (c *Conn) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.rb, c.rn, c.rerr = b, 0, nil
+	err := c.rc.Read(c.rf)
+	n, rerr := c.rn, c.rerr
+	c.rb, c.rerr = nil, nil
+	if err != nil {
+		return 0, err
+	}
+	return n, rerr
+}
+
+func (c *Conn) read(fd uintptr) bool {
+	n, e := Read(fd, c.rb)
+	switch {
+	case e == syscall.EAGAIN:
+		return false // wait for the poller
+	case e != 0:
+		c.rerr = os.NewSyscallError("read", e)
+	case n == 0:
+		c.rerr = io.EOF
+	default:
+		c.rn = n
+	}
+	return true
+}
+
+// Write writes all of b, waiting for room as needed (the write deadline
+// applies).
+func (c *Conn) Write(b []byte) (int, error) {
+	c.wb, c.wn, c.werr = b, 0, nil
+	err := c.rc.Write(c.wf)
+	n, werr := c.wn, c.werr
+	c.wb, c.werr = nil, nil
+	if err != nil {
+		return n, err
+	}
+	return n, werr
+}
+
+func (c *Conn) write(fd uintptr) bool {
+	for c.wn < len(c.wb) {
+		n, e := Write(fd, c.wb[c.wn:])
+		c.wn += n
+		switch {
+		case e == syscall.EAGAIN:
+			return false // wait for room
+		case e != 0:
+			c.werr = os.NewSyscallError("write", e)
+			return true
+		case n == 0:
+			c.werr = io.ErrShortWrite
+			return true
+		}
+	}
+	return true
+}

@@ -1,0 +1,57 @@
+//go:build linux
+
+package rawio
+
+import (
+	"syscall"
+	"unsafe"
+)
+
+// Read reads into b from fd, retrying on EINTR.
+func Read(fd uintptr, b []byte) (int, syscall.Errno) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e != syscall.EINTR {
+			if e != 0 {
+				return 0, e
+			}
+			return int(n), 0
+		}
+	}
+}
+
+// Write writes b to fd once (it may write part of it), retrying on EINTR.
+func Write(fd uintptr, b []byte) (int, syscall.Errno) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e != syscall.EINTR {
+			if e != 0 {
+				return 0, e
+			}
+			return int(n), 0
+		}
+	}
+}
+
+// EpollWait collects the ready events of the epoll instance epfd into
+// events without waiting (a zero timeout), retrying on EINTR.
+func EpollWait(epfd int, events []syscall.EpollEvent) (int, syscall.Errno) {
+	if len(events) == 0 {
+		return 0, 0
+	}
+	for {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+		if e != syscall.EINTR {
+			if e != 0 {
+				return 0, e
+			}
+			return int(n), 0
+		}
+	}
+}

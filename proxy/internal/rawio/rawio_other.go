@@ -1,0 +1,33 @@
+//go:build !linux
+
+package rawio
+
+import "syscall"
+
+// Read reads into b from fd, retrying on EINTR. Outside Linux it is
+// syscall.Read.
+func Read(fd uintptr, b []byte) (int, syscall.Errno) {
+	for {
+		n, err := syscall.Read(int(fd), b)
+		if err != syscall.EINTR {
+			if err != nil {
+				return 0, err.(syscall.Errno)
+			}
+			return n, 0
+		}
+	}
+}
+
+// Write writes b to fd once (it may write part of it), retrying on EINTR.
+// Outside Linux it is syscall.Write.
+func Write(fd uintptr, b []byte) (int, syscall.Errno) {
+	for {
+		n, err := syscall.Write(int(fd), b)
+		if err != syscall.EINTR {
+			if err != nil {
+				return 0, err.(syscall.Errno)
+			}
+			return n, 0
+		}
+	}
+}
