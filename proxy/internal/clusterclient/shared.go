@@ -43,6 +43,11 @@ func (s *Client) sharesCluster(name []byte, args [][]byte, c *cluster.Call) bool
 	if changesAccess(name, args) {
 		s.r.accessChanged()
 	}
+	return s.shares(name, c)
+}
+
+// shares is sharesCluster for a command that changes no access.
+func (s *Client) shares(name []byte, c *cluster.Call) bool {
 	return s.r.cfg.SharedConnections > 0 && c.Kind == cluster.CallPlain && c.One.Tx == nil &&
 		c.Learn == nil && !c.Alone && c.One.Addr != "" && s.Txn == nil && s.Watch == nil &&
 		s.h.ReplaysNothing() && !s.monitorOn && !s.h.Pinned() && s.trk.Load() == nil && !s.r.Paused() &&
@@ -61,7 +66,7 @@ func (s *Client) RouteShared(name []byte, cmd redcon.Command) bool {
 		return false
 	}
 	c, ok := s.PlanShared(name, cmd)
-	if !ok || !s.sharesCluster(name, cmd.Args, &c) {
+	if !ok || !s.shares(name, &c) {
 		return false
 	}
 	return s.routeShared(name, cmd, &c)
