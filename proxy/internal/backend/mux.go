@@ -312,18 +312,13 @@ type pending struct {
 func (sh *Mux) Queue(c Client, ticket uint64, pre, raw []byte, note bool) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be == nil || sh.be.Dead {
-		if sh.retired {
-			return ErrClosed
-		}
-		if err := sh.connect(); err != nil {
-			return err
-		}
+	if err := sh.live(); err != nil {
+		return err
 	}
 	if pre != nil {
-		sh.push(nil, 0, pre)
+		sh.push(nil, 0, pre, 1)
 	}
-	sh.push(c, ticket, raw)
+	sh.push(c, ticket, raw, 1)
 	if note {
 		c.Queued(1)
 	}
@@ -336,14 +331,34 @@ func (sh *Mux) Queue(c Client, ticket uint64, pre, raw []byte, note bool) error 
 func (sh *Mux) QueueRun(c Client, raw []byte, n int) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.be == nil || sh.be.Dead {
-		if sh.retired {
-			return ErrClosed
-		}
-		if err := sh.connect(); err != nil {
-			return err
-		}
+	if err := sh.live(); err != nil {
+		return err
 	}
+	sh.push(c, plainTicket, raw, n)
+	c.Queued(n)
+	return nil
+}
+
+// live dials the connection when there is none; sh.mu is held.
+func (sh *Mux) live() error {
+	if sh.be != nil && !sh.be.Dead {
+		return nil
+	}
+	if sh.retired {
+		return ErrClosed
+	}
+	return sh.connect()
+}
+
+// plainTicket marks in a pending list a command queued in a run
+// (QueueRun), whose reply the reader matches with the others of the run
+// (Client.RepliedPlain). Only a client without an order of its own queues
+// runs, and such a client's tickets mean nothing otherwise (0).
+const plainTicket = ^uint64(0)
+
+// push appends raw, n requests whose replies are c's with ticket, to
+// what waits to be written; sh.mu is held and the connection live.
+func (sh *Mux) push(c Client, ticket uint64, raw []byte, n int) {
 	if len(sh.wbuf) == 0 {
 		sh.since.Store(sh.env.batches.Add(1))
 		sh.grp.queued.Add(1)
@@ -353,33 +368,8 @@ func (sh *Mux) QueueRun(c Client, raw []byte, n int) error {
 	q := sh.be.pending
 	for range n {
 		q.clients = append(q.clients, c)
-		q.tickets = append(q.tickets, plainTicket)
+		q.tickets = append(q.tickets, ticket)
 	}
-	if !sh.reading {
-		sh.startReader()
-	}
-	c.Queued(n)
-	return nil
-}
-
-// plainTicket marks in a pending list a command queued in a run
-// (QueueRun), whose reply the reader matches with the others of the run
-// (Client.RepliedPlain). Only a client without an order of its own queues
-// runs, and such a client's tickets mean nothing otherwise (0).
-const plainTicket = ^uint64(0)
-
-// push appends raw, whose reply is c's with ticket, to what waits to be
-// written; sh.mu is held and the connection live.
-func (sh *Mux) push(c Client, ticket uint64, raw []byte) {
-	if len(sh.wbuf) == 0 {
-		sh.since.Store(sh.env.batches.Add(1))
-		sh.grp.queued.Add(1)
-	}
-	sh.wbuf = append(sh.wbuf, raw...)
-	sh.wn++
-	q := sh.be.pending
-	q.clients = append(q.clients, c)
-	q.tickets = append(q.tickets, ticket)
 	if !sh.reading {
 		sh.startReader()
 	}
@@ -415,13 +405,8 @@ func (sh *Mux) Ready() (*Conn, error) {
 		be.NC.Close()
 		be.Dead = true
 	}
-	if sh.be == nil || sh.be.Dead {
-		if sh.retired {
-			return nil, ErrClosed
-		}
-		if err := sh.connect(); err != nil {
-			return nil, err
-		}
+	if err := sh.live(); err != nil {
+		return nil, err
 	}
 	return sh.be, nil
 }
@@ -434,7 +419,7 @@ func (sh *Mux) QueueOn(be *Conn, c Client, ticket uint64, raw []byte) bool {
 	if sh.be != be || be.Dead {
 		return false
 	}
-	sh.push(c, ticket, raw)
+	sh.push(c, ticket, raw, 1)
 	return true
 }
 

@@ -8,28 +8,18 @@ import (
 )
 
 // Read reads into b from fd, retrying on EINTR.
-func Read(fd uintptr, b []byte) (int, syscall.Errno) {
-	if len(b) == 0 {
-		return 0, 0
-	}
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		if e != syscall.EINTR {
-			if e != 0 {
-				return 0, e
-			}
-			return int(n), 0
-		}
-	}
-}
+func Read(fd uintptr, b []byte) (int, syscall.Errno) { return call(syscall.SYS_READ, fd, b) }
 
 // Write writes b to fd once (it may write part of it), retrying on EINTR.
-func Write(fd uintptr, b []byte) (int, syscall.Errno) {
+func Write(fd uintptr, b []byte) (int, syscall.Errno) { return call(syscall.SYS_WRITE, fd, b) }
+
+// call makes the read or write trap of b on fd.
+func call(trap, fd uintptr, b []byte) (int, syscall.Errno) {
 	if len(b) == 0 {
 		return 0, 0
 	}
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		n, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 		if e != syscall.EINTR {
 			if e != 0 {
 				return 0, e

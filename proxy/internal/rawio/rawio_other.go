@@ -6,23 +6,16 @@ import "syscall"
 
 // Read reads into b from fd, retrying on EINTR. Outside Linux it is
 // syscall.Read.
-func Read(fd uintptr, b []byte) (int, syscall.Errno) {
-	for {
-		n, err := syscall.Read(int(fd), b)
-		if err != syscall.EINTR {
-			if err != nil {
-				return 0, err.(syscall.Errno)
-			}
-			return n, 0
-		}
-	}
-}
+func Read(fd uintptr, b []byte) (int, syscall.Errno) { return call(syscall.Read, fd, b) }
 
 // Write writes b to fd once (it may write part of it), retrying on EINTR.
 // Outside Linux it is syscall.Write.
-func Write(fd uintptr, b []byte) (int, syscall.Errno) {
+func Write(fd uintptr, b []byte) (int, syscall.Errno) { return call(syscall.Write, fd, b) }
+
+// call makes the read or write f of b on fd.
+func call(f func(int, []byte) (int, error), fd uintptr, b []byte) (int, syscall.Errno) {
 	for {
-		n, err := syscall.Write(int(fd), b)
+		n, err := f(int(fd), b)
 		if err != syscall.EINTR {
 			if err != nil {
 				return 0, err.(syscall.Errno)
