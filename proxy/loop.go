@@ -166,6 +166,7 @@ func (l *readLoop) read(c *clientConn, a *backend.Arrival) {
 	s := c.sess
 	defer func() {
 		if r := recover(); r != nil {
+			l.from, l.size, l.runN = nil, 0, 0 // a run of this read, not the next one's
 			s.log.Error("panic serving client; closing its connection", zap.Any("panic", r), zap.StackSkip("stack", 1))
 			c.Conn.Close()
 			if st := c.lstate.Load(); st == lBusy || st == lBusyClosing {

@@ -311,13 +311,18 @@ func TestReadLoopPanicClosesOnlyThatClient(t *testing.T) {
 	bystander := dial(t, addr)
 	bystander.do(args("SET k v"))
 	victim := dial(t, addr)
-	victim.send(encode(args("PANICLOOP")))
+	// Two plain commands before it: a run the loop had not queued yet
+	// when the panic came, and must not queue with another client's read.
+	victim.send(append(append(encode(args("SET ka 1")), encode(args("SET kb 2"))...), encode(args("PANICLOOP"))...))
 	if _, gone := victim.closedAfter(5 * time.Second); !gone {
 		t.Fatal("the panicking client's connection stayed open")
 	}
 	eventually(t, "the victim cleaned up", func() bool { return p.clients.Load() == 1 && p.m.loopClients.Load() == 1 })
 	if got := string(bystander.do(args("GET k"))); got != "$1\r\nv\r\n" {
 		t.Fatalf("the other client: %q", got)
+	}
+	if got := string(bystander.do(args("PING"))); got != "+PONG\r\n" {
+		t.Fatalf("the other client, next: %q", got)
 	}
 	if got := string(dial(t, addr).do(args("PING"))); got != "+PONG\r\n" {
 		t.Fatalf("a new client: %q", got)
