@@ -146,8 +146,10 @@
 // (in front of a cluster: with their keys in one slot): one goroutine, woken by Go's poller on the arrival
 // order's epoll instance, reads every socket that has data in the order
 // its data came, checks and cuts out the requests in place, forwards
-// them as the client's goroutine would, and writes each shared
-// connection's batch once per turn. The client's first other request
+// them as the client's goroutine would (in front of one Redis, a read's
+// consecutive plain commands as one run: Mux.QueueRun), and writes each
+// shared connection's batch once per turn. The sockets of this path are
+// read and written through internal/rawio, unseen by Go's scheduler. The client's first other request
 // (a lock command, MULTI, SELECT, SUBSCRIBE, a blocking command, a
 // protocol error ...) hands it, with the rest of that read, to its own
 // goroutine, which redcon started and which waited in clientConn.Read
@@ -225,6 +227,10 @@
 //     sockets received data (Linux), which each read waits for before
 //     its commands go to the backend, and the reading loop's wait on
 //     them and numbering of its reads (loop_linux.go).
+//   - internal/rawio: the non-blocking socket reads and writes of the
+//     forwarding path, made with system calls the Go scheduler does not
+//     see so that its monitor thread stays asleep, and the Heartbeat that
+//     bounds that sleep.
 //   - internal/sentinel: finds the backend through Redis Sentinel when
 //     configured: its Follower tracks the primary and owns every backend
 //     connection dialled to it, closing them all when the primary changes
