@@ -778,13 +778,10 @@ var (
 
 // Queued records s.queuing, the command the forwarder is queuing on a
 // shared connection.
-func (s *session) Queued(n int) {
-	if n == 1 {
-		s.q.send(&s.queuing, nil)
-	} else {
-		s.q.sendPlain(n)
-	}
-}
+func (s *session) Queued() { s.q.send(&s.queuing, nil) }
+
+// QueuedPlain records the n commands of a run the loop queues.
+func (s *session) QueuedPlain(n int) { s.q.sendPlain(n) }
 
 // Sink is where the shared reader copies the client's replies.
 func (s *session) Sink() io.Writer { return &s.w }

@@ -35,10 +35,13 @@ var ErrClosed = errors.New("connection closed")
 // connection's reader, except Queued, called under the connection's lock
 // as the client's command is queued.
 type Client interface {
-	// Queued records the n commands the client is queuing (Mux.Queue
-	// with note set, Mux.QueueRun), under the connection's lock: their
-	// replies cannot be read before they are recorded.
-	Queued(n int)
+	// Queued records the command the client is queuing (Mux.Queue with
+	// note set), under the connection's lock: the reply cannot be read
+	// before it is recorded.
+	Queued()
+	// QueuedPlain records, as Queued, the n commands of a run the client
+	// is queuing (Mux.QueueRun): commands of no effect on the connection.
+	QueuedPlain(n int)
 	// Sink is where the reader copies the client's replies.
 	Sink() io.Writer
 	// Replied matches a reply the reader copied to the sink.
@@ -320,7 +323,7 @@ func (sh *Mux) Queue(c Client, ticket uint64, pre, raw []byte, note bool) error 
 	}
 	sh.push(c, ticket, raw, 1)
 	if note {
-		c.Queued(1)
+		c.Queued()
 	}
 	return nil
 }
@@ -335,7 +338,7 @@ func (sh *Mux) QueueRun(c Client, raw []byte, n int) error {
 		return err
 	}
 	sh.push(c, plainTicket, raw, n)
-	c.Queued(n)
+	c.QueuedPlain(n)
 	return nil
 }
 
