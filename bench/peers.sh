@@ -44,6 +44,15 @@
 #   TARGETS            a subset of the targets above, space-separated
 #                      (names as above; the ratios need their peers)
 #   SYSCALLS [1]       0: no perf stat (no system call or switch counts)
+#   PLACE [free]       where the processes run (taskset), the same for every
+#                      target: free (the kernel's choice), together (each
+#                      proxy and the Redis processes behind it on CPU 1,
+#                      redis-benchmark on CPU 0) or apart (the proxies on
+#                      CPU 0, the Redis processes on CPU 1, redis-benchmark
+#                      free). At -P 1 the kernel's choice decides the result:
+#                      a proxy on the same CPU as the Redis behind it forwards
+#                      about 1.6x what it does on the other (bench/README.md,
+#                      "Where the kernel puts the processes").
 #   OUT                also write the report to this file
 set -euo pipefail
 
@@ -53,6 +62,7 @@ NP=${NP:-500000}
 CLIENTS=${CLIENTS:-50}
 PIPELINES=${PIPELINES:-1 16}
 SYSCALLS=${SYSCALLS:-1}
+PLACE=${PLACE:-free}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 
@@ -70,6 +80,19 @@ if [[ -z "${PREDIXY:-}" || ! -x "${PREDIXY:-}" ]]; then
 	exit 1
 fi
 require "redis-server, redis-tools, nutcracker and Go" redis-server redis-cli redis-benchmark nutcracker go
+case $PLACE in
+free) ;;
+together | apart)
+	if (($(nproc) < 2)) || ! command -v taskset >/dev/null; then
+		log "PLACE=$PLACE needs 2 CPUs and taskset (util-linux)"
+		exit 1
+	fi
+	;;
+*)
+	log "PLACE must be free, together or apart"
+	exit 1
+	;;
+esac
 if ((SYSCALLS)) && ! perf stat -e raw_syscalls:sys_enter,context-switches -o /dev/null true 2>/dev/null; then
 	log "perf stat cannot count raw_syscalls:sys_enter here: no system call counts (SYSCALLS=0)"
 	SYSCALLS=0
@@ -196,6 +219,27 @@ declare -A proxy_of=([twemproxy→redis]=$twem_pid [predixy→redis]=$predixy_si
 declare -A redis_of=([direct]=$single_pid [twemproxy→redis]=$single_pid [predixy→redis]=$single_pid
 	[lockproxy→redis]=$single_pid [floor→redis]=$single_pid ["direct cluster"]=$masters [predixy→cluster]=$masters
 	[lockproxy→cluster]=$masters)
+# pin CPU PID...: run every thread of the processes on CPU, now and after.
+pin() {
+	local cpu=$1 pid
+	shift
+	for pid in "$@"; do
+		taskset -a -p -c "$cpu" "$pid" >/dev/null
+	done
+}
+bench_cpu=() # the command that runs redis-benchmark where PLACE says
+case $PLACE in
+together)
+	# shellcheck disable=SC2086
+	pin 1 $single_pid $masters "${proxy_of[@]}"
+	bench_cpu=(taskset -c 0)
+	;;
+apart)
+	# shellcheck disable=SC2086
+	pin 1 $single_pid $masters
+	pin 0 "${proxy_of[@]}"
+	;;
+esac
 log "redis :$single, cluster ${cluster[*]}, twemproxy :$twem, predixy :$predixy_single and :$predixy_cluster," \
 	"lockproxy :$lockproxy_single and :$lockproxy_cluster, forwardfloor :$floor"
 
@@ -243,7 +287,7 @@ bench() {
 	((SYSCALLS)) && sleep 0.2 # perf attaches
 	read -r busy0 total0 < <(machineticks)
 	# shellcheck disable=SC2086
-	csv=$(redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" ${extra_of[$t]:-} -c "$CLIENTS" -P "$P" \
+	csv=$("${bench_cpu[@]}" redis-benchmark -h 127.0.0.1 -p "${port_of[$t]}" ${extra_of[$t]:-} -c "$CLIENTS" -P "$P" \
 		-t "$test" -r 100000 -n "$n" --csv 2>"$tmp/rb.err") || {
 		log "redis-benchmark against $t failed: $(tail -2 "$tmp/rb.err")"
 		exit 1
@@ -312,6 +356,11 @@ report="$tmp/report.md"
 		"nutcracker $(nutcracker -V 2>&1 | awk '/nutcracker-/{sub(/.*nutcracker-/, ""); print; exit}'), $("$PREDIXY" --version 2>&1 | awk '{print $NF; exit}' || true), $(go version | awk '{print $3}')."
 	echo
 	echo "redis-benchmark -c $CLIENTS -r 100000 -n $N (-P 1) or $NP (-P 16), one test a run; $ROUNDS interleaved rounds; medians over rounds."
+	case $PLACE in
+	free) echo "Placement: free (the kernel places every process)." ;;
+	together) echo "Placement: together (every proxy and the Redis processes behind it on CPU 1, redis-benchmark on CPU 0)." ;;
+	apart) echo "Placement: apart (every proxy on CPU 0, the Redis processes on CPU 1, redis-benchmark free)." ;;
+	esac
 	echo "Per command: CPU µs (user + system, /proc/PID/stat, clock ticks of $((1000 / hz)) ms), system calls and context switches"
 	echo "(perf stat, raw_syscalls:sys_enter and context-switches, all threads) of the proxy and of the Redis processes that answer"
 	echo "(the one redis-server, or the three masters together). busy: the share of all $(nproc) CPUs busy during the run, any process."
