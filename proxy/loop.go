@@ -154,7 +154,7 @@ func (l *readLoop) serve(ready []*backend.Arrival) {
 		l.read(c, a)
 	}
 	for i, sh := range l.dirty {
-		sh.Flush()
+		sh.FlushTurn()
 		l.dirty[i] = nil
 	}
 	l.dirty = l.dirty[:0]
