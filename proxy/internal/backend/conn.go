@@ -82,6 +82,16 @@ func Dial(ctx context.Context, addr string, tc *tls.Config) (*Conn, error) {
 	}, nil
 }
 
+// room returns how many bytes a write to c takes at once, without
+// waiting for its server to read (rawio.Conn's Room; 0 outside rawio's
+// sockets).
+func (c *Conn) room() int {
+	if rw, ok := c.out.(*rawio.Conn); ok {
+		return rw.Room()
+	}
+	return 0
+}
+
 // Setup sends cmds in one write and checks that none failed: a command
 // the backend refuses is a *RefusedError. It gives up when ctx ends (the
 // spares' filler at shutdown, a client that left).

@@ -506,23 +506,31 @@ const eagerBatch = 64
 
 // FlushTurn writes what is buffered at the end of a turn of the reading
 // loop: as Flush does, and also while replies are in flight when
-// eagerBatch commands or more wait. With one batch in flight the
-// commands that come meanwhile go out together, in one write and one
-// wake of Redis, once the reader has handed out the replies; a Redis on a
-// CPU of its own (or across a network) is idle from its last reply until
-// then. A batch that large is worth its write now: bench/README.md,
-// "Where the kernel puts the processes", has what each way costs.
+// eagerBatch commands or more wait and the socket takes them at once
+// (rawio.Room; nothing waits on the group's other connections). With
+// one batch in flight the commands that come meanwhile go out together,
+// in one write and one wake of Redis, once the reader has handed out the
+// replies; a Redis on a CPU of its own (or across a network) is idle
+// from its last reply until then. A batch that large is worth its write
+// now (bench/README.md, "Where the kernel puts the processes", has what
+// each way costs). The loop never waits for a Redis that does not read:
+// what the socket would not take at once, the reader writes.
 func (sh *Mux) FlushTurn() {
 	if sh.own || sh.one != nil {
 		sh.Flush()
 		return
 	}
 	sh.mu.Lock()
-	if sh.out > 0 && sh.wn < eagerBatch {
-		sh.mu.Unlock()
+	if sh.out == 0 {
+		sh.writeInOrder()
 		return
 	}
-	sh.writeInOrder()
+	if sh.wn >= eagerBatch && !sh.writing && sh.env.Queued == nil && sh.grp.queued.Load() <= 1 &&
+		len(sh.wbuf) <= sh.be.room() {
+		sh.writeOnce() // not what comes meanwhile: it may not fit
+		return
+	}
+	sh.mu.Unlock()
 }
 
 // writeInOrder writes what is buffered, after what waits on the other
@@ -549,7 +557,15 @@ func (sh *Mux) writeInOrder() {
 
 // write writes everything buffered unless a write is in progress (whose
 // goroutine then writes it). sh.mu is held on entry and released on return.
-func (sh *Mux) write() {
+func (sh *Mux) write() { sh.writeBatches(false) }
+
+// writeOnce writes what is buffered now, and not what is buffered while
+// it writes, unless a write is in progress. sh.mu is held on entry and
+// released on return.
+func (sh *Mux) writeOnce() { sh.writeBatches(true) }
+
+// writeBatches is write, or writeOnce with once set.
+func (sh *Mux) writeBatches(once bool) {
 	if sh.writing {
 		sh.mu.Unlock()
 		return
@@ -574,6 +590,9 @@ func (sh *Mux) write() {
 			// One big command (a client's own connection carries values
 			// of any size): not kept for the next batch.
 			sh.spare = nil
+		}
+		if once {
+			break
 		}
 	}
 	sh.writing = false

@@ -22,14 +22,27 @@ type Conn struct {
 	wn   int
 	werr error
 	wf   func(fd uintptr) bool
+	// Room's.
+	mf func(fd uintptr)
+	mn int
 }
 
 // New returns a Conn over rc.
 func New(rc syscall.RawConn) *Conn {
 	c := &Conn{rc: rc}
-	c.rf, c.wf = c.read, c.write
+	c.rf, c.wf, c.mf = c.read, c.write, c.room
 	return c
 }
+
+// Room returns how many bytes Write takes now without waiting for room,
+// with some to spare (rawio.Room; 0 when closed). One call at a time.
+func (c *Conn) Room() int {
+	c.mn = 0
+	c.rc.Control(c.mf)
+	return c.mn
+}
+
+func (c *Conn) room(fd uintptr) { c.mn = Room(fd) }
 
 // Read reads what the socket has, or waits for it (the read deadline
 // applies); 0 bytes read is io.EOF.

@@ -104,3 +104,50 @@ func TestConnDeadlinesAndClose(t *testing.T) {
 		t.Fatal("a read waiting on a closed socket did not end")
 	}
 }
+
+// TestConnRoom: a write of Room's bytes never waits. While the other end
+// reads nothing, the writer writes what Room allows, each write returning
+// at once, until the room is gone (the peer's buffers and then the
+// sender's are full); once the other end has read everything, the room
+// is back. Room of a closed Conn is 0.
+func TestConnRoom(t *testing.T) {
+	a, _, ca, cb := tcpPair(t)
+	first := ca.Room()
+	if first <= 0 {
+		t.Fatalf("room of an idle connection: %d", first)
+	}
+	a.SetWriteDeadline(time.Now().Add(2 * time.Second)) // a write that waits fails
+	sent := 0
+	for range 100000 {
+		n := ca.Room()
+		if n == 0 {
+			break
+		}
+		if _, err := ca.Write(make([]byte, n)); err != nil {
+			t.Fatalf("a write of Room's %d bytes, after %d: %v", n, sent, err)
+		}
+		sent += n
+	}
+	if n := ca.Room(); n != 0 {
+		t.Fatalf("room left after %d bytes the other end did not read: %d", sent, n)
+	}
+	buf := make([]byte, 1<<16)
+	for got := 0; got < sent; {
+		n, err := cb.Read(buf)
+		if err != nil {
+			t.Fatalf("reading what was sent, after %d of %d: %v", got, sent, err)
+		}
+		got += n
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for ca.Room() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no room after the other end read everything")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	a.Close()
+	if n := ca.Room(); n != 0 {
+		t.Fatalf("room of a closed Conn: %d", n)
+	}
+}

@@ -45,3 +45,21 @@ func EpollWait(epfd int, events []syscall.EpollEvent) (int, syscall.Errno) {
 		}
 	}
 }
+
+// Room returns how many bytes a write to the socket fd takes without
+// waiting, with room to spare: half its send buffer less what waits in
+// it unsent or unacknowledged (TIOCOUTQ); 0 when it cannot tell.
+func Room(fd uintptr) int {
+	var size int32
+	l := uint32(unsafe.Sizeof(size))
+	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF,
+		uintptr(unsafe.Pointer(&size)), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return 0
+	}
+	var queued int32
+	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, syscall.TIOCOUTQ, uintptr(unsafe.Pointer(&queued))); e != 0 {
+		return 0
+	}
+	return max(int(size/2-queued), 0)
+}
