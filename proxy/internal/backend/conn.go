@@ -92,6 +92,15 @@ func (c *Conn) room() int {
 	return 0
 }
 
+// apart reports whether c's server answers from another CPU than the
+// caller's (rawio.Conn's Apart; false outside rawio's sockets).
+func (c *Conn) apart() bool {
+	if rw, ok := c.out.(*rawio.Conn); ok {
+		return rw.Apart()
+	}
+	return false
+}
+
 // Setup sends cmds in one write and checks that none failed: a command
 // the backend refuses is a *RefusedError. It gives up when ctx ends (the
 // spares' filler at shutdown, a client that left).

@@ -168,11 +168,16 @@ type Mux struct {
 	// (Attach).
 	dial func() (*Conn, error)
 
-	mu      sync.Mutex
-	be      *Conn  // nil until dialled; replaced when it dies
-	wbuf    []byte // commands waiting to be written
-	wn      int    // how many commands wbuf holds
-	out     int    // commands written whose replies have not been read
+	mu   sync.Mutex
+	be   *Conn  // nil until dialled; replaced when it dies
+	wbuf []byte // commands waiting to be written
+	wn   int    // how many commands wbuf holds
+	out  int    // commands written whose replies have not been read
+	// turns counts FlushTurn's calls with replies in flight; apart is
+	// whether the server answered from another CPU when FlushTurn last
+	// looked.
+	turns   uint8
+	apart   bool
 	spare   []byte
 	writing bool
 	// since orders the batches waiting on the shared connections: the
@@ -501,20 +506,25 @@ func (sh *Mux) Flush() {
 
 // eagerBatch is how many commands waiting on a shared connection go out
 // at the end of a turn of the reading loop even while replies are in
-// flight (FlushTurn).
+// flight, and how many in flight keep a Redis on another CPU busy
+// (FlushTurn).
 const eagerBatch = 64
 
 // FlushTurn writes what is buffered at the end of a turn of the reading
 // loop: as Flush does, and also while replies are in flight when
-// eagerBatch commands or more wait and the socket takes them at once
-// (rawio.Room; nothing waits on the group's other connections). With
-// one batch in flight the commands that come meanwhile go out together,
-// in one write and one wake of Redis, once the reader has handed out the
-// replies; a Redis on a CPU of its own (or across a network) is idle
-// from its last reply until then. A batch that large is worth its write
-// now (bench/README.md, "Where the kernel puts the processes", has what
-// each way costs). The loop never waits for a Redis that does not read:
-// what the socket would not take at once, the reader writes.
+// eagerBatch commands or more wait, or when fewer than eagerBatch are in
+// flight to a Redis that answers from another CPU than the loop's
+// (rawio.Apart, looked at every 16 turns). One batch in flight keeps
+// the commands that come meanwhile for one write and one wake of Redis,
+// once the reader has handed out the replies: on the proxy's CPU, Redis
+// runs only when the proxy waits anyway, and every write would wake it
+// to take the CPU from the proxy. On a CPU of its own, Redis is idle from
+// its last reply until then, and a write at once lets it work meanwhile
+// (bench/README.md, "Where the kernel puts the processes", has what each
+// way costs). The loop never waits for a Redis that does not read: it
+// writes only what the socket takes at once (rawio.Room), and only when
+// nothing waits on the group's other connections; the reader writes the
+// rest.
 func (sh *Mux) FlushTurn() {
 	if sh.own || sh.one != nil {
 		sh.Flush()
@@ -525,7 +535,10 @@ func (sh *Mux) FlushTurn() {
 		sh.writeInOrder()
 		return
 	}
-	if sh.wn >= eagerBatch && !sh.writing && sh.env.Queued == nil && sh.grp.queued.Load() <= 1 &&
+	if sh.turns++; sh.turns%16 == 1 {
+		sh.apart = sh.be.apart()
+	}
+	if (sh.wn >= eagerBatch || sh.apart && sh.out < eagerBatch) && !sh.writing && sh.env.Queued == nil && sh.grp.queued.Load() <= 1 &&
 		len(sh.wbuf) <= sh.be.room() {
 		sh.writeOnce() // not what comes meanwhile: it may not fit
 		return

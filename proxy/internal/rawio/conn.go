@@ -22,15 +22,17 @@ type Conn struct {
 	wn   int
 	werr error
 	wf   func(fd uintptr) bool
-	// Room's.
+	// Room's and Apart's.
 	mf func(fd uintptr)
 	mn int
+	af func(fd uintptr)
+	ap bool
 }
 
 // New returns a Conn over rc.
 func New(rc syscall.RawConn) *Conn {
 	c := &Conn{rc: rc}
-	c.rf, c.wf, c.mf = c.read, c.write, c.room
+	c.rf, c.wf, c.mf, c.af = c.read, c.write, c.room, c.apart
 	return c
 }
 
@@ -43,6 +45,17 @@ func (c *Conn) Room() int {
 }
 
 func (c *Conn) room(fd uintptr) { c.mn = Room(fd) }
+
+// Apart reports whether the peer sent its last bytes from another CPU
+// than the caller's (rawio.Apart; false when it cannot tell). One call
+// at a time.
+func (c *Conn) Apart() bool {
+	c.ap = false
+	c.rc.Control(c.af)
+	return c.ap
+}
+
+func (c *Conn) apart(fd uintptr) { c.ap, _ = Apart(fd) }
 
 // Read reads what the socket has, or waits for it (the read deadline
 // applies); 0 bytes read is io.EOF.

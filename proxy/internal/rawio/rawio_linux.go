@@ -5,6 +5,8 @@ package rawio
 import (
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Read reads into b from fd, retrying on EINTR.
@@ -62,4 +64,23 @@ func Room(fd uintptr) int {
 		return 0
 	}
 	return max(int(size/2-queued), 0)
+}
+
+// Apart reports whether the last bytes that came on the socket fd were
+// received on another CPU than the one the caller runs on: on loopback,
+// whether its peer wrote them from another CPU. ok is false when it
+// cannot tell.
+func Apart(fd uintptr) (apart, ok bool) {
+	var in int32
+	l := uint32(unsafe.Sizeof(in))
+	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, unix.SO_INCOMING_CPU,
+		uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 || in < 0 {
+		return false, false
+	}
+	var cpu uint32
+	if _, _, e := syscall.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e != 0 {
+		return false, false
+	}
+	return uint32(in) != cpu, true
 }

@@ -28,3 +28,6 @@ func call(f func(int, []byte) (int, error), fd uintptr, b []byte) (int, syscall.
 // Room returns 0: outside Linux it cannot tell how much a write takes
 // without waiting.
 func Room(fd uintptr) int { return 0 }
+
+// Apart reports false, not ok: outside Linux it cannot tell.
+func Apart(fd uintptr) (apart, ok bool) { return false, false }
