@@ -148,7 +148,11 @@
 // its data came, checks and cuts out the requests in place, forwards
 // them as the client's goroutine would (in front of one Redis, a read's
 // consecutive plain commands as one run: Mux.QueueRun), and writes each
-// shared connection's batch once per turn. The sockets of this path are
+// shared connection's batch once per turn: at once when nothing is in
+// flight on it, when 64 commands or more wait, or when fewer than 64 are
+// in flight to a Redis that answers from another CPU; otherwise the
+// connection's reader writes it with what comes meanwhile, once the
+// replies in flight have been handed out (Mux.FlushTurn). The sockets of this path are
 // read and written through internal/rawio, unseen by Go's scheduler. The client's first other request
 // (a lock command, MULTI, SELECT, SUBSCRIBE, a blocking command, a
 // protocol error ...) hands it, with the rest of that read, to its own
@@ -230,7 +234,8 @@
 //   - internal/rawio: the non-blocking socket reads and writes of the
 //     forwarding path, made with system calls the Go scheduler does not
 //     see so that its monitor thread stays asleep, and the Heartbeat that
-//     bounds that sleep.
+//     bounds that sleep; how much a socket's write takes at once (Room)
+//     and whether its peer answers from another CPU (Apart).
 //   - internal/sentinel: finds the backend through Redis Sentinel when
 //     configured: its Follower tracks the primary and owns every backend
 //     connection dialled to it, closing them all when the primary changes

@@ -18,4 +18,11 @@
 //
 // Every function here must only be given descriptors in non-blocking
 // mode; they return EAGAIN where a blocking call would wait.
+//
+// Two more questions about a socket, for the reading loop's early writes
+// (backend.Mux.FlushTurn), are asked here for the same reason: Room, how
+// much a write takes without waiting (half the send buffer less what
+// waits in it), and Apart, whether the last bytes that came were received
+// on another CPU than the caller's (on loopback: whether the peer runs on
+// another CPU).
 package rawio
