@@ -522,9 +522,9 @@ const eagerBatch = 64
 // its last reply until then, and a write at once lets it work meanwhile
 // (bench/README.md, "Where the kernel puts the processes", has what each
 // way costs). The loop never waits for a Redis that does not read: it
-// writes only what the socket takes at once (rawio.Room), and only when
-// nothing waits on the group's other connections; the reader writes the
-// rest.
+// writes only what the socket takes at once (rawio.Conn.Room), and only
+// when nothing waits on the group's other connections; the reader writes
+// the rest.
 func (sh *Mux) FlushTurn() {
 	if sh.own || sh.one != nil {
 		sh.Flush()

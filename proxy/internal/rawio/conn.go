@@ -23,10 +23,11 @@ type Conn struct {
 	werr error
 	wf   func(fd uintptr) bool
 	// Room's and Apart's.
-	mf func(fd uintptr)
-	mn int
-	af func(fd uintptr)
-	ap bool
+	mf     func(fd uintptr)
+	mn     int
+	sndbuf int // the send buffer's size, read once: the kernel only grows it
+	af     func(fd uintptr)
+	ap     bool
 }
 
 // New returns a Conn over rc.
@@ -37,14 +38,23 @@ func New(rc syscall.RawConn) *Conn {
 }
 
 // Room returns how many bytes Write takes now without waiting for room,
-// with some to spare (rawio.Room; 0 when closed). One call at a time.
+// with room to spare: half the socket's send buffer less what waits in
+// it (SendBuffer, Unsent); 0 when it cannot tell or the socket is
+// closed. One call at a time.
 func (c *Conn) Room() int {
 	c.mn = 0
 	c.rc.Control(c.mf)
 	return c.mn
 }
 
-func (c *Conn) room(fd uintptr) { c.mn = Room(fd) }
+func (c *Conn) room(fd uintptr) {
+	if c.sndbuf == 0 {
+		c.sndbuf = SendBuffer(fd)
+	}
+	if q, ok := Unsent(fd); ok {
+		c.mn = max(c.sndbuf/2-q, 0)
+	}
+}
 
 // Apart reports whether the peer sent its last bytes from another CPU
 // than the caller's (rawio.Apart; false when it cannot tell). One call

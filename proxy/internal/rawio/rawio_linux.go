@@ -48,10 +48,9 @@ func EpollWait(epfd int, events []syscall.EpollEvent) (int, syscall.Errno) {
 	}
 }
 
-// Room returns how many bytes a write to the socket fd takes without
-// waiting, with room to spare: half its send buffer less what waits in
-// it unsent or unacknowledged (TIOCOUTQ); 0 when it cannot tell.
-func Room(fd uintptr) int {
+// SendBuffer returns the size of the socket fd's send buffer
+// (SO_SNDBUF), 0 when it cannot tell.
+func SendBuffer(fd uintptr) int {
 	var size int32
 	l := uint32(unsafe.Sizeof(size))
 	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF,
@@ -59,11 +58,17 @@ func Room(fd uintptr) int {
 	if e != 0 {
 		return 0
 	}
+	return int(size)
+}
+
+// Unsent returns how many bytes wait in the socket fd's send queue,
+// unsent or unacknowledged (TIOCOUTQ); ok is false when it cannot tell.
+func Unsent(fd uintptr) (n int, ok bool) {
 	var queued int32
 	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, syscall.TIOCOUTQ, uintptr(unsafe.Pointer(&queued))); e != 0 {
-		return 0
+		return 0, false
 	}
-	return max(int(size/2-queued), 0)
+	return int(queued), true
 }
 
 // Apart reports whether the last bytes that came on the socket fd were

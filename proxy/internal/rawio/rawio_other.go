@@ -25,9 +25,11 @@ func call(f func(int, []byte) (int, error), fd uintptr, b []byte) (int, syscall.
 	}
 }
 
-// Room returns 0: outside Linux it cannot tell how much a write takes
-// without waiting.
-func Room(fd uintptr) int { return 0 }
+// SendBuffer returns 0: outside Linux it cannot tell.
+func SendBuffer(fd uintptr) int { return 0 }
+
+// Unsent returns false: outside Linux it cannot tell.
+func Unsent(fd uintptr) (n int, ok bool) { return 0, false }
 
 // Apart reports false, not ok: outside Linux it cannot tell.
 func Apart(fd uintptr) (apart, ok bool) { return false, false }
