@@ -51,14 +51,20 @@ func EpollWait(epfd int, events []syscall.EpollEvent) (int, syscall.Errno) {
 // SendBuffer returns the size of the socket fd's send buffer
 // (SO_SNDBUF), 0 when it cannot tell.
 func SendBuffer(fd uintptr) int {
-	var size int32
-	l := uint32(unsafe.Sizeof(size))
-	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF,
-		uintptr(unsafe.Pointer(&size)), uintptr(unsafe.Pointer(&l)), 0)
-	if e != 0 {
+	size, ok := socketInt(fd, syscall.SO_SNDBUF)
+	if !ok {
 		return 0
 	}
 	return int(size)
+}
+
+// socketInt reads the socket-level option opt of fd, an int.
+func socketInt(fd uintptr, opt int) (int32, bool) {
+	var v int32
+	l := uint32(unsafe.Sizeof(v))
+	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, uintptr(opt),
+		uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&l)), 0)
+	return v, e == 0
 }
 
 // Unsent returns how many bytes wait in the socket fd's send queue,
@@ -76,11 +82,8 @@ func Unsent(fd uintptr) (n int, ok bool) {
 // whether its peer wrote them from another CPU. ok is false when it
 // cannot tell.
 func Apart(fd uintptr) (apart, ok bool) {
-	var in int32
-	l := uint32(unsafe.Sizeof(in))
-	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, unix.SO_INCOMING_CPU,
-		uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&l)), 0)
-	if e != 0 || in < 0 {
+	in, ok := socketInt(fd, unix.SO_INCOMING_CPU)
+	if !ok || in < 0 {
 		return false, false
 	}
 	var cpu uint32
