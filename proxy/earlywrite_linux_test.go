@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -90,5 +92,69 @@ end`
 		if got := c.cl.read(c.n); !bytes.Equal(got, want.Bytes()) {
 			t.Fatalf("replies to %d INCRs: %q", c.n, got)
 		}
+	}
+}
+
+// TestEarlyWritesNeverWaitForAStoppedRedis: with Redis on another CPU
+// than the proxy (early writes on) and stopped with SIGSTOP, a client
+// that sends 12.8 MB of SETs fills the sockets' buffers, not the reading
+// loop: the loop writes only what the socket takes at once, and still
+// reads and queues another client's command. Once Redis runs again, both
+// get every reply.
+func TestEarlyWritesNeverWaitForAStoppedRedis(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Fatalf("this test needs 2 CPUs, this machine has %d", runtime.NumCPU())
+	}
+	if err := redistest.PinThreads(os.Getpid(), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { redistest.PinThreads(os.Getpid(), -1) })
+	srv := redistest.Start(t)
+	srv.PinCPU(1)
+	addr, p := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = 1 })
+	a, b := dial(t, addr), dial(t, addr)
+	a.do(args("PING"))
+	b.do(args("PING"))
+	eventually(t, "the clients in the reading loop", func() bool { return p.m.loopClients.Load() == 2 })
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	const big = 200 // 12.8 MB
+	val := strings.Repeat("v", 64<<10)
+	sent := make(chan error, 1)
+	go func() {
+		a.c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		for range big {
+			if _, err := a.c.Write(encode([]string{"SET", "a", val})); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	total := func() int { c := sharedCounts(p); return c.out + c.queued }
+	eventually(t, "the 200 SETs read by the loop", func() bool { return total() == big })
+	if err := <-sent; err != nil {
+		t.Fatalf("sending the SETs: %v", err)
+	}
+	b.send(encode(args("SET b 1")))
+	deadline := time.Now().Add(2 * time.Second)
+	for total() != big+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the other client's SET not read in 2 s: %+v (the loop waits on the stopped Redis)", sharedCounts(p))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.Resume()
+	resumed = true
+	if got, err := a.tryRead(big, 30*time.Second); err != nil || string(got) != strings.Repeat("+OK\r\n", big) {
+		t.Fatalf("the SETs' replies after Redis runs: %q %v", trunc(got), err)
+	}
+	if got := string(b.read(1)); got != "+OK\r\n" {
+		t.Fatalf("the other client: %q", got)
 	}
 }
