@@ -234,7 +234,7 @@
 //   - internal/rawio: the non-blocking socket reads and writes of the
 //     forwarding path, made with system calls the Go scheduler does not
 //     see so that its monitor thread stays asleep, and the Heartbeat that
-//     bounds that sleep; how much a socket's write takes at once (Room)
+//     bounds that sleep; whether a socket's write takes its bytes at once (Fits)
 //     and whether its peer answers from another CPU (Apart).
 //   - internal/sentinel: finds the backend through Redis Sentinel when
 //     configured: its Follower tracks the primary and owns every backend

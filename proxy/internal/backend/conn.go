@@ -82,14 +82,14 @@ func Dial(ctx context.Context, addr string, tc *tls.Config) (*Conn, error) {
 	}, nil
 }
 
-// room returns how many bytes a write to c takes at once, without
-// waiting for its server to read (rawio.Conn's Room; 0 outside rawio's
-// sockets).
-func (c *Conn) room() int {
+// fits reports whether a write of n bytes to c takes them at once,
+// without waiting for its server to read (rawio.Conn's Fits; false
+// outside rawio's sockets).
+func (c *Conn) fits(n int) bool {
 	if rw, ok := c.out.(*rawio.Conn); ok {
-		return rw.Room()
+		return rw.Fits(n)
 	}
-	return 0
+	return false
 }
 
 // apart reports whether c's server answers from another CPU than the

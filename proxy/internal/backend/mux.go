@@ -514,7 +514,7 @@ const eagerBatch = 64
 // loop: as Flush does, and also while replies are in flight when
 // eagerBatch commands or more wait, or when fewer than eagerBatch are in
 // flight to a Redis that answers from another CPU than the loop's
-// (rawio.Apart, looked at every 16 turns). One batch in flight keeps
+// (rawio.Apart, looked at every 64 turns). One batch in flight keeps
 // the commands that come meanwhile for one write and one wake of Redis,
 // once the reader has handed out the replies: on the proxy's CPU, Redis
 // runs only when the proxy waits anyway, and every write would wake it
@@ -522,7 +522,7 @@ const eagerBatch = 64
 // its last reply until then, and a write at once lets it work meanwhile
 // (bench/README.md, "Where the kernel puts the processes", has what each
 // way costs). The loop never waits for a Redis that does not read: it
-// writes only what the socket takes at once (rawio.Conn.Room), and only
+// writes only what the socket takes at once (rawio.Conn.Fits), and only
 // when nothing waits on the group's other connections; the reader writes
 // the rest.
 func (sh *Mux) FlushTurn() {
@@ -535,11 +535,11 @@ func (sh *Mux) FlushTurn() {
 		sh.writeInOrder()
 		return
 	}
-	if sh.turns++; sh.turns%16 == 1 {
+	if sh.turns++; sh.turns%64 == 1 {
 		sh.apart = sh.be.apart()
 	}
 	if (sh.wn >= eagerBatch || sh.apart && sh.out < eagerBatch) && !sh.writing && sh.env.Queued == nil && sh.grp.queued.Load() <= 1 &&
-		len(sh.wbuf) <= sh.be.room() {
+		sh.be.fits(len(sh.wbuf)) {
 		sh.writeOnce() // not what comes meanwhile: it may not fit
 		return
 	}

@@ -22,37 +22,47 @@ type Conn struct {
 	wn   int
 	werr error
 	wf   func(fd uintptr) bool
-	// Room's and Apart's.
+	// Fits' and Apart's.
 	mf     func(fd uintptr)
 	mn     int
 	sndbuf int // the send buffer's size, read once: the kernel only grows it
+	// queued bounds from above what waits in the send queue: what it
+	// held when last asked (Unsent), plus what Write wrote since; -1
+	// before the first ask.
+	queued int
 	af     func(fd uintptr)
 	ap     bool
 }
 
 // New returns a Conn over rc.
 func New(rc syscall.RawConn) *Conn {
-	c := &Conn{rc: rc}
+	c := &Conn{rc: rc, queued: -1}
 	c.rf, c.wf, c.mf, c.af = c.read, c.write, c.room, c.apart
 	return c
 }
 
-// Room returns how many bytes Write takes now without waiting for room,
-// with room to spare: half the socket's send buffer less what waits in
-// it (SendBuffer, Unsent); 0 when it cannot tell or the socket is
-// closed. One call at a time.
-func (c *Conn) Room() int {
-	c.mn = 0
+// Fits reports whether a write of n bytes takes them now without waiting
+// for room, with room to spare: at most half the socket's send buffer
+// less what waits in it (SendBuffer, Unsent); false when it cannot tell
+// or the socket is closed. It asks the kernel only when the bound it
+// keeps (what waited when last asked, plus what Write wrote since) leaves
+// too little room: a write that fits then costs no system call. Not
+// concurrent with Write, nor with itself.
+func (c *Conn) Fits(n int) bool {
+	if c.queued >= 0 && c.sndbuf > 0 && c.queued+n <= c.sndbuf/2 {
+		return true
+	}
+	c.mn = -1
 	c.rc.Control(c.mf)
-	return c.mn
+	return c.mn >= 0 && c.mn+n <= c.sndbuf/2
 }
 
 func (c *Conn) room(fd uintptr) {
 	if c.sndbuf == 0 {
 		c.sndbuf = SendBuffer(fd)
 	}
-	if q, ok := Unsent(fd); ok {
-		c.mn = max(c.sndbuf/2-q, 0)
+	if q, ok := Unsent(fd); ok && c.sndbuf > 0 {
+		c.mn, c.queued = q, q
 	}
 }
 
@@ -105,6 +115,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	err := c.rc.Write(c.wf)
 	n, werr := c.wn, c.werr
 	c.wb, c.werr = nil, nil
+	if c.queued >= 0 {
+		c.queued += n
+	}
 	if err != nil {
 		return n, err
 	}

@@ -105,31 +105,30 @@ func TestConnDeadlinesAndClose(t *testing.T) {
 	}
 }
 
-// TestConnRoom: a write of Room's bytes never waits. While the other end
-// reads nothing, the writer writes what Room allows, each write returning
-// at once, until the room is gone (the peer's buffers and then the
-// sender's are full); once the other end has read everything, the room
-// is back. Room of a closed Conn is 0.
-func TestConnRoom(t *testing.T) {
+// TestConnFits: a write that Fits never waits. While the other end reads
+// nothing, the writer writes 1000 bytes at a time while Fits says they
+// fit, each write returning at once, until they no longer do (the peer's
+// buffers and then the sender's are full). Once the other end has read
+// everything, they fit again. Nothing fits a closed Conn.
+func TestConnFits(t *testing.T) {
 	a, _, ca, cb := tcpPair(t)
-	first := ca.Room()
-	if first <= 0 {
-		t.Fatalf("room of an idle connection: %d", first)
+	if !ca.Fits(1000) {
+		t.Fatal("1000 bytes do not fit an idle connection")
 	}
 	a.SetWriteDeadline(time.Now().Add(2 * time.Second)) // a write that waits fails
 	sent := 0
+	chunk := make([]byte, 1000)
 	for range 100000 {
-		n := ca.Room()
-		if n == 0 {
+		if !ca.Fits(len(chunk)) {
 			break
 		}
-		if _, err := ca.Write(make([]byte, n)); err != nil {
-			t.Fatalf("a write of Room's %d bytes, after %d: %v", n, sent, err)
+		if _, err := ca.Write(chunk); err != nil {
+			t.Fatalf("a write of 1000 bytes that fit, after %d: %v", sent, err)
 		}
-		sent += n
+		sent += len(chunk)
 	}
-	if n := ca.Room(); n != 0 {
-		t.Fatalf("room left after %d bytes the other end did not read: %d", sent, n)
+	if ca.Fits(len(chunk)) || sent == 0 {
+		t.Fatalf("1000 bytes still fit after %d bytes the other end did not read", sent)
 	}
 	buf := make([]byte, 1<<16)
 	for got := 0; got < sent; {
@@ -140,14 +139,15 @@ func TestConnRoom(t *testing.T) {
 		got += n
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for ca.Room() == 0 {
+	for !ca.Fits(len(chunk)) {
 		if time.Now().After(deadline) {
-			t.Fatal("no room after the other end read everything")
+			t.Fatal("1000 bytes do not fit after the other end read everything")
 		}
 		time.Sleep(time.Millisecond)
 	}
 	a.Close()
-	if n := ca.Room(); n != 0 {
-		t.Fatalf("room of a closed Conn: %d", n)
+	ca.queued = -1 // as before the first ask: the kernel is asked
+	if ca.Fits(1) {
+		t.Fatal("a byte fits a closed Conn")
 	}
 }

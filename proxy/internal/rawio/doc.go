@@ -20,9 +20,10 @@
 // mode; they return EAGAIN where a blocking call would wait.
 //
 // Two more questions about a socket, for the reading loop's early writes
-// (backend.Mux.FlushTurn), are asked here for the same reason: Room, how
-// much a write takes without waiting (half the send buffer less what
-// waits in it), and Apart, whether the last bytes that came were received
-// on another CPU than the caller's (on loopback: whether the peer runs on
-// another CPU).
+// (backend.Mux.FlushTurn), are asked here for the same reason: Fits,
+// whether a write takes its bytes without waiting (at most half the send
+// buffer less what waits in it, asked of the kernel only when a bound
+// kept from the writes leaves too little room), and Apart, whether the
+// last bytes that came were received on another CPU than the caller's
+// (on loopback: whether the peer runs on another CPU).
 package rawio
