@@ -158,3 +158,86 @@ func TestEarlyWritesNeverWaitForAStoppedRedis(t *testing.T) {
 		t.Fatalf("the other client: %q", got)
 	}
 }
+
+// TestEarlyWritesNotToAClusterMaster: a cluster master's shared
+// connection keeps the rule of one batch in flight even when the master
+// answers from another CPU than the proxy's (only the 64 commands' rule
+// writes early there; backend.Mux.FlushTurn says why). A master is
+// stopped (SIGSTOP) with one command in flight on its shared connection:
+// a client's 3 commands for it wait, 100 more go out at once, and after
+// SIGCONT every reply comes, in order.
+func TestEarlyWritesNotToAClusterMaster(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Fatalf("this test needs 2 CPUs, this machine has %d", runtime.NumCPU())
+	}
+	if err := redistest.PinThreads(os.Getpid(), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { redistest.PinThreads(os.Getpid(), -1) })
+	c := redistest.StartCluster(t, 3, 0)
+	for _, n := range c.Nodes {
+		n.PinCPU(1)
+	}
+	addr, p := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.Backend.SharedConnections = 1
+	})
+	eventually(t, "the cluster's COMMAND table read", func() bool {
+		_, ok := p.router.Table().Loaded()
+		return ok
+	})
+	first, few, many := keyOn(1, "first"), keyOn(1, "few"), keyOn(1, "many")
+	s, fc, mc := dial(t, addr), dial(t, addr), dial(t, addr)
+	// Replies from the master's CPU: what FlushTurn would look at.
+	for range 20 {
+		for _, cl := range []*client{s, fc, mc} {
+			cl.do(args("GET " + first))
+		}
+	}
+	eventually(t, "the clients in the reading loop", func() bool { return p.m.loopClients.Load() == 3 })
+	master := c.Nodes[1]
+	master.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			master.Resume()
+		}
+	}()
+	s.send(encode(args("INCR " + first)))
+	eventually(t, "the first command in flight", func() bool { c := sharedCounts(p); return c.out == 1 && c.queued == 0 })
+	pipeline := func(n int, key string) []byte {
+		var b bytes.Buffer
+		for range n {
+			b.Write(encode(args("INCR " + key)))
+		}
+		return b.Bytes()
+	}
+	fc.send(pipeline(3, few))
+	eventually(t, "the few commands waiting", func() bool { c := sharedCounts(p); return c.queued == 3 && c.out == 1 })
+	time.Sleep(100 * time.Millisecond) // many turns of the loop later, still waiting
+	if c := sharedCounts(p); c.queued != 3 || c.out != 1 {
+		t.Fatalf("the few commands went out with the master's reply in flight: %+v", c)
+	}
+	mc.send(pipeline(100, many))
+	eventually(t, "the pipeline written behind the first command", func() bool {
+		c := sharedCounts(p)
+		return c.queued == 0 && c.out == 1+3+100
+	})
+	master.Resume()
+	resumed = true
+	if got := s.read(1); string(got) != ":1\r\n" {
+		t.Fatalf("first: %q", got)
+	}
+	for _, c := range []struct {
+		cl *client
+		n  int
+	}{{fc, 3}, {mc, 100}} {
+		var want bytes.Buffer
+		for i := 1; i <= c.n; i++ {
+			fmt.Fprintf(&want, ":%d\r\n", i)
+		}
+		if got := c.cl.read(c.n); !bytes.Equal(got, want.Bytes()) {
+			t.Fatalf("replies to %d INCRs: %q", c.n, got)
+		}
+	}
+}

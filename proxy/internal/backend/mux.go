@@ -521,7 +521,12 @@ const eagerBatch = 64
 // to take the CPU from the proxy. On a CPU of its own, Redis is idle from
 // its last reply until then, and a write at once lets it work meanwhile
 // (bench/README.md, "Where the kernel puts the processes", has what each
-// way costs). The loop never waits for a Redis that does not read: it
+// way costs). Only the backend's connections look where Redis answers
+// from, not a cluster master's: masters share CPUs with each other and
+// the batches they get, one write each per turn, are small; there the
+// early writes cost the masters and the proxy more CPU per command than
+// they gain (bench/README.md, "A cluster's masters and the early
+// writes"). The loop never waits for a Redis that does not read: it
 // writes only what the socket takes at once (rawio.Conn.Fits), and only
 // when nothing waits on the group's other connections; the reader writes
 // the rest.
@@ -535,8 +540,10 @@ func (sh *Mux) FlushTurn() {
 		sh.writeInOrder()
 		return
 	}
-	if sh.turns++; sh.turns%64 == 1 {
-		sh.apart = sh.be.apart()
+	if sh.addr == "" { // the backend's, not a cluster master's
+		if sh.turns++; sh.turns%64 == 1 {
+			sh.apart = sh.be.apart()
+		}
 	}
 	if (sh.wn >= eagerBatch || sh.apart && sh.out < eagerBatch) && !sh.writing && sh.env.Queued == nil && sh.grp.queued.Load() <= 1 &&
 		sh.be.fits(len(sh.wbuf)) {
