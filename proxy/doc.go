@@ -150,7 +150,8 @@
 // consecutive plain commands as one run: Mux.QueueRun), and writes each
 // shared connection's batch once per turn: at once when nothing is in
 // flight on it, when 64 commands or more wait, or when fewer than 64 are
-// in flight to a Redis that answers from another CPU; otherwise the
+// in flight to a Redis that answers from another CPU (the backend, not a
+// cluster master); otherwise the
 // connection's reader writes it with what comes meanwhile, once the
 // replies in flight have been handed out (Mux.FlushTurn). The sockets of this path are
 // read and written through internal/rawio, unseen by Go's scheduler. The client's first other request
