@@ -20,9 +20,6 @@ import (
 // what comes meanwhile. Redis and the test's process are pinned. Every
 // reply comes, in order.
 func TestEarlyWritesWhileRepliesAreInFlight(t *testing.T) {
-	if runtime.NumCPU() < 2 {
-		t.Fatalf("this test needs 2 CPUs, this machine has %d", runtime.NumCPU())
-	}
 	for _, tc := range []struct {
 		name     string
 		redisCPU int
@@ -32,10 +29,7 @@ func TestEarlyWritesWhileRepliesAreInFlight(t *testing.T) {
 		{name: "two CPUs", redisCPU: 1, fewWait: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := redistest.PinThreads(os.Getpid(), 0); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { redistest.PinThreads(os.Getpid(), -1) })
+			pinTestToCPU0(t)
 			srv := redistest.Start(t)
 			srv.PinCPU(tc.redisCPU)
 			playEarlyWrites(t, srv, tc.fewWait)
@@ -60,20 +54,13 @@ while true do
 end`
 	s.send(encode([]string{"EVAL", slow, "0"}))
 	eventually(t, "the script in flight", func() bool { return sharedCounts(p).out == 1 })
-	pipeline := func(n int, key string) []byte {
-		var b bytes.Buffer
-		for range n {
-			b.Write(encode(args("INCR " + key)))
-		}
-		return b.Bytes()
-	}
-	few.send(pipeline(3, "few"))
+	few.send(incrs(3, "few"))
 	if fewWait {
 		eventually(t, "the few commands waiting", func() bool { c := sharedCounts(p); return c.queued == 3 && c.out == 1 })
 	} else {
 		eventually(t, "the few commands written", func() bool { c := sharedCounts(p); return c.queued == 0 && c.out == 1+3 })
 	}
-	many.send(pipeline(100, "many"))
+	many.send(incrs(100, "many"))
 	eventually(t, "the pipeline written behind the script", func() bool {
 		c := sharedCounts(p)
 		return c.queued == 0 && c.out == 1+3+100
@@ -81,18 +68,8 @@ end`
 	if got := s.read(1); string(got) != ":1\r\n" {
 		t.Fatalf("script: %q", got)
 	}
-	for _, c := range []struct {
-		cl *client
-		n  int
-	}{{few, 3}, {many, 100}} {
-		var want bytes.Buffer
-		for i := 1; i <= c.n; i++ {
-			fmt.Fprintf(&want, ":%d\r\n", i)
-		}
-		if got := c.cl.read(c.n); !bytes.Equal(got, want.Bytes()) {
-			t.Fatalf("replies to %d INCRs: %q", c.n, got)
-		}
-	}
+	readIncrs(t, few, 3)
+	readIncrs(t, many, 100)
 }
 
 // TestEarlyWritesNeverWaitForAStoppedRedis: with Redis on another CPU
@@ -102,13 +79,7 @@ end`
 // reads and queues another client's command. Once Redis runs again, both
 // get every reply.
 func TestEarlyWritesNeverWaitForAStoppedRedis(t *testing.T) {
-	if runtime.NumCPU() < 2 {
-		t.Fatalf("this test needs 2 CPUs, this machine has %d", runtime.NumCPU())
-	}
-	if err := redistest.PinThreads(os.Getpid(), 0); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { redistest.PinThreads(os.Getpid(), -1) })
+	pinTestToCPU0(t)
 	srv := redistest.Start(t)
 	srv.PinCPU(1)
 	addr, p := startProxy(t, srv.Addr, func(c *Config) { c.Backend.SharedConnections = 1 })
@@ -167,13 +138,7 @@ func TestEarlyWritesNeverWaitForAStoppedRedis(t *testing.T) {
 // a client's 3 commands for it wait, 100 more go out at once, and after
 // SIGCONT every reply comes, in order.
 func TestEarlyWritesNotToAClusterMaster(t *testing.T) {
-	if runtime.NumCPU() < 2 {
-		t.Fatalf("this test needs 2 CPUs, this machine has %d", runtime.NumCPU())
-	}
-	if err := redistest.PinThreads(os.Getpid(), 0); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { redistest.PinThreads(os.Getpid(), -1) })
+	pinTestToCPU0(t)
 	c := redistest.StartCluster(t, 3, 0)
 	for _, n := range c.Nodes {
 		n.PinCPU(1)
@@ -205,20 +170,13 @@ func TestEarlyWritesNotToAClusterMaster(t *testing.T) {
 	}()
 	s.send(encode(args("INCR " + first)))
 	eventually(t, "the first command in flight", func() bool { c := sharedCounts(p); return c.out == 1 && c.queued == 0 })
-	pipeline := func(n int, key string) []byte {
-		var b bytes.Buffer
-		for range n {
-			b.Write(encode(args("INCR " + key)))
-		}
-		return b.Bytes()
-	}
-	fc.send(pipeline(3, few))
+	fc.send(incrs(3, few))
 	eventually(t, "the few commands waiting", func() bool { c := sharedCounts(p); return c.queued == 3 && c.out == 1 })
 	time.Sleep(100 * time.Millisecond) // many turns of the loop later, still waiting
 	if c := sharedCounts(p); c.queued != 3 || c.out != 1 {
 		t.Fatalf("the few commands went out with the master's reply in flight: %+v", c)
 	}
-	mc.send(pipeline(100, many))
+	mc.send(incrs(100, many))
 	eventually(t, "the pipeline written behind the first command", func() bool {
 		c := sharedCounts(p)
 		return c.queued == 0 && c.out == 1+3+100
@@ -228,16 +186,40 @@ func TestEarlyWritesNotToAClusterMaster(t *testing.T) {
 	if got := s.read(1); string(got) != ":1\r\n" {
 		t.Fatalf("first: %q", got)
 	}
-	for _, c := range []struct {
-		cl *client
-		n  int
-	}{{fc, 3}, {mc, 100}} {
-		var want bytes.Buffer
-		for i := 1; i <= c.n; i++ {
-			fmt.Fprintf(&want, ":%d\r\n", i)
-		}
-		if got := c.cl.read(c.n); !bytes.Equal(got, want.Bytes()) {
-			t.Fatalf("replies to %d INCRs: %q", c.n, got)
-		}
+	readIncrs(t, fc, 3)
+	readIncrs(t, mc, 100)
+}
+
+// incrs returns n INCRs of key, one pipeline.
+func incrs(n int, key string) []byte {
+	var b bytes.Buffer
+	for range n {
+		b.Write(encode(args("INCR " + key)))
 	}
+	return b.Bytes()
+}
+
+// readIncrs reads the replies to n INCRs of a fresh key from cl: 1 to n.
+func readIncrs(t *testing.T, cl *client, n int) {
+	t.Helper()
+	var want bytes.Buffer
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&want, ":%d\r\n", i)
+	}
+	if got := cl.read(n); !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("replies to %d INCRs: %q", n, got)
+	}
+}
+
+// pinTestToCPU0 runs every thread of the test's process on CPU 0 until
+// the test ends; the tests pin Redis to CPU 0 or 1 beside it.
+func pinTestToCPU0(t *testing.T) {
+	t.Helper()
+	if runtime.NumCPU() < 2 {
+		t.Fatalf("this test needs 2 CPUs, this machine has %d", runtime.NumCPU())
+	}
+	if err := redistest.PinThreads(os.Getpid(), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { redistest.PinThreads(os.Getpid(), -1) })
 }
