@@ -173,9 +173,10 @@ type Mux struct {
 	wbuf []byte // commands waiting to be written
 	wn   int    // how many commands wbuf holds
 	out  int    // commands written whose replies have not been read
-	// turns counts FlushTurn's calls with replies in flight; apart is
-	// whether the server answered from another CPU when FlushTurn last
-	// looked.
+	// turns counts FlushTurn's calls with replies in flight on the
+	// backend's connections; apart is whether the server answered from
+	// another CPU when FlushTurn last looked (never for a cluster
+	// master's).
 	turns   uint8
 	apart   bool
 	spare   []byte
