@@ -124,7 +124,16 @@ func (w *clientWriter) lockOutput() *bufio.Writer {
 	return w.output()
 }
 
-func (w *clientWriter) unlock() { w.mu.Unlock() }
+// unlock releases w.mu taken by lockOutput. A reply a reader appended to
+// the sink meanwhile found w.mu held, and its pushOut left the sink to
+// the holder: it is pushed now (a MONITOR line copied while a command's
+// reply came would otherwise leave that reply in the sink).
+func (w *clientWriter) unlock() {
+	w.mu.Unlock()
+	if w.pushed() && !w.sinkEmpty() {
+		w.pushOut()
+	}
+}
 
 // flush writes what is buffered.
 func (w *clientWriter) flush() {
@@ -209,7 +218,8 @@ func (w *clientWriter) writeSink() {
 
 // pushOut writes the sink to the client from the shared connection's reader
 // without ever blocking it: if another goroutine holds w.mu, that one
-// writes the sink before it lets go; if the socket takes only part, a
+// writes the sink before it lets go (write, drain, finish, and unlock
+// after lockOutput see to it); if the socket takes only part, a
 // goroutine of its own writes the rest. Only pushed clients are pushed to.
 func (w *clientWriter) pushOut() {
 	for w.mu.TryLock() {
