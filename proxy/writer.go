@@ -67,7 +67,7 @@ func (w *clientWriter) output() *bufio.Writer {
 // more. The error is copyReply's, or the client's write error.
 func (w *clientWriter) copyFrom(r *bufio.Reader, ri *resp.ReplyInfo, replace []byte) error {
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	defer w.unlock()
 	var err error
 	if replace != nil {
 		if err = resp.CopyReply(w.discard, r, ri); err == nil {
@@ -109,7 +109,7 @@ func (w *clientWriter) relay(r *bufio.Reader) error {
 		if err == nil {
 			err = out.Flush()
 		}
-		w.mu.Unlock()
+		w.unlock()
 		if err != nil {
 			return err
 		}
@@ -124,10 +124,13 @@ func (w *clientWriter) lockOutput() *bufio.Writer {
 	return w.output()
 }
 
-// unlock releases w.mu taken by lockOutput. A reply a reader appended to
-// the sink meanwhile found w.mu held, and its pushOut left the sink to
-// the holder: it is pushed now (a MONITOR line copied while a command's
-// reply came would otherwise leave that reply in the sink).
+// unlock releases w.mu, for every holder but pushOut and finish, which
+// look again themselves. A reply a reader appended to the sink meanwhile
+// found w.mu held, and its pushOut left the sink to the holder: it is
+// pushed now. (In front of a
+// cluster a MONITOR line, a keyspace message, or a RESP3 subscriber's
+// message copied from its pinned connection, while a routed command's
+// reply came, would otherwise leave that reply in the sink.)
 func (w *clientWriter) unlock() {
 	w.mu.Unlock()
 	if w.pushed() && !w.sinkEmpty() {
@@ -139,7 +142,7 @@ func (w *clientWriter) unlock() {
 func (w *clientWriter) flush() {
 	w.mu.Lock()
 	w.output().Flush()
-	w.mu.Unlock()
+	w.unlock()
 }
 
 // write writes what the sink holds, then reply, and flushes.
@@ -148,7 +151,7 @@ func (w *clientWriter) write(reply []byte) {
 	w.writeSink()
 	w.output().Write(reply)
 	w.output().Flush()
-	w.mu.Unlock()
+	w.unlock()
 }
 
 // repeat writes reply n times and flushes.
@@ -158,14 +161,14 @@ func (w *clientWriter) repeat(reply []byte, n int) {
 		w.output().Write(reply)
 	}
 	w.output().Flush()
-	w.mu.Unlock()
+	w.unlock()
 }
 
 // drain writes everything in the sink, blocking.
 func (w *clientWriter) drain() {
 	w.mu.Lock()
 	w.writeSink()
-	w.mu.Unlock()
+	w.unlock()
 }
 
 // Write appends b to the sink; the shared reader copies replies into it.
@@ -218,8 +221,8 @@ func (w *clientWriter) writeSink() {
 
 // pushOut writes the sink to the client from the shared connection's reader
 // without ever blocking it: if another goroutine holds w.mu, that one
-// writes the sink before it lets go (write, drain, finish, and unlock
-// after lockOutput see to it); if the socket takes only part, a
+// writes the sink before it lets go (finish does, and every other holder
+// lets go through unlock, which pushes it); if the socket takes only part, a
 // goroutine of its own writes the rest. Only pushed clients are pushed to.
 func (w *clientWriter) pushOut() {
 	for w.mu.TryLock() {
