@@ -186,3 +186,54 @@ func TestClusterPubsubNodeLost(t *testing.T) {
 		t.Fatalf("message after the failover: %q", got)
 	}
 }
+
+// TestClusterFirstPsubscribe subscribes fresh clients with PSUBSCRIBE and
+// with a keyspace SUBSCRIBE first, in RESP2 and RESP3. The subscription is
+// made on every master (the mirrors) and confirmed by each before the
+// client's confirmation: that comes at once, not after the dial timeout
+// (a minute here, so that a confirmation the proxy fails to see shows), and
+// a PUBLISH right after it reaches the client once.
+func TestClusterFirstPsubscribe(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	addr, _ := startProxy(t, "", func(cfg *Config) {
+		cfg.Backend.Cluster = c.Seeds()[:2]
+		cfg.Backend.DialTimeout = time.Minute
+	})
+	pub := dial(t, addr)
+	for _, tt := range []struct{ name, hello, sub, confirm, publish, msg string }{
+		{"psubscribe resp2", "", "PSUBSCRIBE p:*", "*3\r\n$10\r\npsubscribe\r\n$3\r\np:*\r\n:1\r\n",
+			"PUBLISH p:x hello", "*4\r\n$8\r\npmessage\r\n$3\r\np:*\r\n$3\r\np:x\r\n$5\r\nhello\r\n"},
+		{"psubscribe resp3", "HELLO 3", "PSUBSCRIBE p:*", ">3\r\n$10\r\npsubscribe\r\n$3\r\np:*\r\n:1\r\n",
+			"PUBLISH p:x hello", ">4\r\n$8\r\npmessage\r\n$3\r\np:*\r\n$3\r\np:x\r\n$5\r\nhello\r\n"},
+		{"keyspace subscribe resp2", "", "SUBSCRIBE __keyspace@0__:k", "*3\r\n$9\r\nsubscribe\r\n$16\r\n__keyspace@0__:k\r\n:1\r\n",
+			"PUBLISH __keyspace@0__:k hello", "*3\r\n$7\r\nmessage\r\n$16\r\n__keyspace@0__:k\r\n$5\r\nhello\r\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sub := dial(t, addr)
+			if tt.hello != "" {
+				sub.do(args(tt.hello))
+			}
+			start := time.Now()
+			if got := string(sub.do(args(tt.sub))); got != tt.confirm {
+				t.Fatalf("%s: %q, want %q", tt.sub, got, tt.confirm)
+			}
+			if d := time.Since(start); d > 20*time.Second {
+				t.Fatalf("%s confirmed after %v: the proxy waited for the mirrors' confirmations until its dial timeout", tt.sub, d)
+			}
+			if got := string(pub.do(args(tt.publish))); got != ":1\r\n" {
+				t.Errorf("%s: %q, want :1", tt.publish, got)
+			}
+			if got := string(sub.read(1)); got != tt.msg {
+				t.Fatalf("message: %q, want %q", got, tt.msg)
+			}
+			// Once only: the PING's reply comes next.
+			pong := "*2\r\n$4\r\npong\r\n$0\r\n\r\n"
+			if tt.hello != "" {
+				pong = "+PONG\r\n"
+			}
+			if got := string(sub.do(args("PING"))); got != pong {
+				t.Fatalf("after the message: %q, want %q", got, pong)
+			}
+		})
+	}
+}

@@ -24,9 +24,11 @@ import (
 // the pinned node's to give. UNSUBSCRIBE and PUNSUBSCRIBE go to the
 // mirrors too; they are closed with the pinned connection.
 //
-// One difference is left: the messages of several masters interleave in
-// the order they come, as from several Redis; those of one master keep
-// its order.
+// Two differences are left: the messages of several masters interleave in
+// the order they come, as from several Redis, those of one master keeping
+// its order; and a PUBLISH to a keyspace channel itself, which the cluster
+// broadcasts to every node, reaches the client from every mirror too (a
+// mirror cannot tell it from an event of its master's).
 
 // keyspaceChannel reports whether a channel is a keyspace notification's.
 func keyspaceChannel(ch []byte) bool {
@@ -190,8 +192,10 @@ func (s *Client) readMirror(c *mirror) {
 		if err != nil {
 			return
 		}
+		// A confirmation is two bulk strings and the count (an integer),
+		// a message three or four bulk strings.
 		parts := bulks(frame)
-		if len(parts) < 3 {
+		if len(parts) < 2 {
 			continue
 		}
 		kind := string(bytes.ToLower(parts[0]))
@@ -203,6 +207,9 @@ func (s *Client) readMirror(c *mirror) {
 			}
 			continue
 		case "message":
+			if len(parts) < 3 {
+				continue
+			}
 			mr.mu.Lock()
 			ok := keyspaceChannel(parts[1]) && mr.channels[string(parts[1])]
 			mr.mu.Unlock()
