@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/lockproxy/lockproxy/internal/redistest"
 )
@@ -65,5 +66,51 @@ func TestLocalKnowsClientName(t *testing.T) {
 			c.do([]string{"HELLO", "2", "SETNAME", "worker-2"})
 			want("worker-2")
 		})
+	}
+}
+
+// TestClientKillByID: CLIENT KILL ID of the id CLIENT ID gave another
+// client closes that client's connection, as Redis does, in front of one
+// Redis and of a cluster, whether or not the client tracks keys. A kill
+// that kills nothing, a kill by other filters and a client's kill of its
+// own id (SKIPME yes) leave the clients connected.
+func TestClientKillByID(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redistest.StartCluster(t, 3, 0)
+	one, _ := startProxy(t, srv.Addr, nil)
+	cl, _ := startClusterProxy(t, c)
+	for _, tt := range []struct{ name, addr string }{{"one Redis", one}, {"cluster", cl}} {
+		for _, tracking := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s tracking %v", tt.name, tracking), func(t *testing.T) {
+				victim, killer := dial(t, tt.addr), dial(t, tt.addr)
+				victim.do(args("HELLO 3"))
+				if tracking {
+					victim.do(args("CLIENT TRACKING ON"))
+				}
+				victim.do(args("GET k"))
+				id := strings.TrimSpace(strings.TrimPrefix(string(victim.do(args("CLIENT ID"))), ":"))
+				if got := string(victim.do(args("CLIENT KILL ID " + id))); got != ":0\r\n" {
+					t.Errorf("CLIENT KILL of its own id (SKIPME yes): %q, want :0", got)
+				}
+				if got := string(killer.do(args("CLIENT KILL ID " + id + " TYPE pubsub"))); got != ":0\r\n" {
+					t.Errorf("CLIENT KILL ID %s TYPE pubsub: %q, want :0", id, got)
+				}
+				if got := string(killer.do(args("CLIENT KILL ID 999999"))); got != ":0\r\n" {
+					t.Errorf("CLIENT KILL of an unknown id: %q, want :0", got)
+				}
+				if got := string(victim.do(args("PING"))); got != "+PONG\r\n" {
+					t.Fatalf("PING after the kills that killed nothing: %q", got)
+				}
+				if got := string(killer.do(args("CLIENT KILL ID " + id))); got != ":1\r\n" {
+					t.Fatalf("CLIENT KILL ID %s: %q, want :1", id, got)
+				}
+				if rest, closed := victim.closedAfter(5 * time.Second); !closed {
+					t.Fatalf("the killed client is still connected (got %q)", rest)
+				}
+				if got := string(killer.do(args("PING"))); got != "+PONG\r\n" {
+					t.Fatalf("the killer's PING: %q", got)
+				}
+			})
+		}
 	}
 }

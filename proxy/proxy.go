@@ -333,6 +333,10 @@ type Proxy struct {
 	// follow finds the backend through Sentinel; nil for a fixed address.
 	follow *sentinel.Follower
 
+	// clientIDs are the sessions by the ids CLIENT ID gave them
+	// (identity.go).
+	clientIDs sync.Map // int64 -> clientID
+
 	shared     []*backend.Mux // the backend's, group.List()
 	group      *backend.Group // nil in front of a cluster (see router)
 	router     *router        // set for a cluster backend

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bytes"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -38,6 +40,10 @@ type replyQueue struct {
 	closed  bool
 	st      connState
 	be      *backendConn // the dedicated connection; nil on the shared one
+	// identity, when set, is told the integer replies to CLIENT ID and
+	// to CLIENT KILL with an ID filter (entryClientID, entryKill), after
+	// q.mu is let go.
+	identity func(kind entryKind, id, n int64)
 }
 
 func (q *replyQueue) init(m *metrics) {
@@ -207,8 +213,18 @@ func (q *replyQueue) waitSync(be *backendConn) (replica bool) {
 // answered a QUIT.
 func (q *replyQueue) account(ri *resp.ReplyInfo) (quit bool) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.answer(ri)
+	kind, arg := entryPlain, int64(0)
+	if q.head < len(q.fifo) {
+		kind, arg = q.fifo[q.head].kind, q.fifo[q.head].arg
+	}
+	quit, popped := q.answer(ri)
+	q.mu.Unlock()
+	if (kind == entryClientID || kind == entryKill) && popped && ri.Type == ':' && q.identity != nil {
+		if n, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimPrefix(ri.Line(), []byte(":")))), 10, 64); err == nil {
+			q.identity(kind, arg, n)
+		}
+	}
+	return quit
 }
 
 // accountPlain matches n replies, none of them a push, to n commands sent
@@ -226,8 +242,9 @@ func (q *replyQueue) accountPlain(n int) {
 // message and no confirmation. Only read.
 var plainReply = resp.ReplyInfo{Type: '$'}
 
-// answer is account's work; q.mu is held.
-func (q *replyQueue) answer(ri *resp.ReplyInfo) (quit bool) {
+// answer is account's work; q.mu is held. popped reports whether the
+// frame answered the oldest command.
+func (q *replyQueue) answer(ri *resp.ReplyInfo) (quit, popped bool) {
 	var e *entry
 	if q.head < len(q.fifo) {
 		e = &q.fifo[q.head]
@@ -235,14 +252,14 @@ func (q *replyQueue) answer(ri *resp.ReplyInfo) (quit bool) {
 	o := q.st.replied(ri, e)
 	switch o {
 	case unsolicited, confirming:
-		return false
+		return false, false
 	case answered, answeredQuit:
 		if e.at != 0 && e.kind != entryInternal {
 			q.m.latency.Observe(float64(q.m.since()-e.at) / 1e9)
 		}
 	}
 	q.pop(1)
-	return o == answeredQuit
+	return o == answeredQuit, true
 }
 
 // pop drops n answered entries; q.mu is held. An empty fifo is reset and

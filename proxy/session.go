@@ -128,12 +128,17 @@ type session struct {
 	fenv *fenced.Env // what internal/fenced needs of the session, made at its first FENCED
 
 	wg sync.WaitGroup // the backend readers and the local runner
+
+	// ids are the ids CLIENT ID gave the client (identity.go).
+	idMu sync.Mutex
+	ids  []int64
 }
 
 func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
 	s := &session{p: p, nc: nc, log: log}
 	s.ctx, s.cancel = context.WithCancel(p.root)
 	s.q.init(p.m)
+	s.q.identity = s.identity // identity.go
 	s.authed = p.auth == nil
 	s.sh = p.pickShared()
 	s.up = single{s}
@@ -761,6 +766,7 @@ func (s *session) close() {
 // state (KEEPALIVE locks are released).
 func (s *session) wait() {
 	s.wg.Wait()
+	s.forgetIDs()
 	s.fc.close()
 	if s.loc != nil {
 		s.loc.Close()

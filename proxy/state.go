@@ -43,6 +43,11 @@ const (
 	entryTracking
 	entryNoEvict // CLIENT NO-EVICT
 	entryNoTouch // CLIENT NO-TOUCH
+	// entryClientID is CLIENT ID; entryKill is CLIENT KILL with an ID
+	// filter, arg its id. The replyQueue tells the session their
+	// replies (replyQueue.identity).
+	entryClientID
+	entryKill
 )
 
 // Pub/sub families: channels, patterns, shard channels.
@@ -268,6 +273,14 @@ func classify(name []byte, cmd redcon.Command) entry {
 			e.mode = replyOn
 		}
 		return e
+	case resp.EffectClientID:
+		if len(args) == 2 {
+			return entry{kind: entryClientID}
+		}
+	case resp.EffectKill:
+		if id, ok := resp.KillID(args); ok {
+			return entry{kind: entryKill, arg: id}
+		}
 	case resp.EffectReplyMode:
 		if len(args) != 3 {
 			break

@@ -266,7 +266,7 @@ func (cl *Client) planState(h Host, m *SlotMap, name []byte, cmd redcon.Command)
 		switch sub := string(resp.Lower(&sb, args[1])); sub {
 		case "setname", "no-evict", "no-touch":
 			return cl.everywhere(h, m, cmd, name), true
-		case "reply", "id", "tracking", "getredir", "trackinginfo", "unblock", "caching":
+		case "reply", "id", "kill", "tracking", "getredir", "trackinginfo", "unblock", "caching":
 			if c, ok := h.ClientState(m, sub, cmd); ok {
 				return c, true
 			}

@@ -143,6 +143,8 @@ func (s *Client) ClientState(m *cluster.SlotMap, sub string, cmd redcon.Command)
 		if len(args) == 2 {
 			return s.clientIDCall(m, cmd), true
 		}
+	case "kill":
+		return s.killCall(m, cmd)
 	case "tracking":
 		return s.trackingCall(m, cmd)
 	case "getredir":

@@ -107,3 +107,40 @@ func connID(list []byte, local string) string {
 	}
 	return ""
 }
+
+// CLIENT KILL with an ID filter in front of a cluster. The id is the one
+// CLIENT ID through the proxy gave a client: its connection's to the
+// slot-0 master. Killing that connection alone would leave the client
+// connected to the proxy (its next command dials again), where Redis
+// closes the client's connection. So when the slot-0 master answers that
+// it killed the connection (:1), the proxy closes that client's
+// connection too. The other filters (ADDR, LADDR, TYPE, USER, MAXAGE)
+// name the proxy's connections to the master, and are the master's alone.
+// A client that kills itself (SKIPME no) keeps its connection to the
+// proxy, as with one Redis (README, "Connection identity").
+
+// killCall answers CLIENT KILL ... ID id ... for the client id names; it
+// reports false for any other CLIENT KILL, which goes to the first master
+// as before.
+func (s *Client) killCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.Call, bool) {
+	id, ok := resp.KillID(cmd.Args)
+	if !ok {
+		return cluster.Call{}, false
+	}
+	v, ok := s.r.clientIDs.Load(id)
+	if !ok || v.(*Client) == s {
+		return cluster.Call{}, false
+	}
+	target := v.(*Client)
+	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
+	c.Fold = func(replies [][]byte) ([]byte, bool) {
+		b := replies[0]
+		if len(b) > 1 && b[0] == ':' {
+			if n, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil && n > 0 {
+				target.h.Disconnect()
+			}
+		}
+		return b, cluster.IsError(b)
+	}
+	return c, true
+}

@@ -1,5 +1,10 @@
 package resp
 
+import (
+	"bytes"
+	"strconv"
+)
+
 // The command table: everything the proxy needs to know about a Redis
 // command, in one place. Two sources feed it:
 //
@@ -103,6 +108,11 @@ const (
 	EffectDiscard                   // DISCARD
 	EffectWatch                     // WATCH
 	EffectUnwatch                   // UNWATCH
+	// EffectClientID: CLIENT ID, whose reply is the connection's
+	// identity; EffectKill: CLIENT KILL, which may end another client's
+	// (KillID). The proxy learns which client an id is.
+	EffectClientID
+	EffectKill
 )
 
 // Pub/sub families: channels, patterns, shard channels.
@@ -143,6 +153,8 @@ var commands = map[string]Info{
 		"no-touch": {Flags: EveryConn, Effect: EffectNoTouch},
 		"tracking": {Flags: EveryConn, Effect: EffectTracking},
 		"reply":    {Effect: EffectReplyMode},
+		"id":       {Effect: EffectClientID},
+		"kill":     {Effect: EffectKill},
 		"pause":    {Flags: Fanned},
 		"unpause":  {Flags: Fanned},
 	}},
@@ -369,4 +381,23 @@ func Of(name []byte, args [][]byte) Info {
 		}
 	}
 	return i
+}
+
+// KillID returns the id of a CLIENT KILL's ID filter (the last one, as
+// Redis takes it); ok is false without one, for an id that is not a
+// number (Redis's error), and for the old form, CLIENT KILL addr:port.
+func KillID(args [][]byte) (id int64, ok bool) {
+	if len(args) < 4 {
+		return 0, false
+	}
+	for i := 2; i+1 < len(args); i += 2 {
+		if bytes.EqualFold(args[i], []byte("id")) {
+			n, err := strconv.ParseInt(string(args[i+1]), 10, 64)
+			if err != nil {
+				return 0, false
+			}
+			id, ok = n, true
+		}
+	}
+	return id, ok
 }

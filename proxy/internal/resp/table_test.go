@@ -128,7 +128,9 @@ func TestEffect(t *testing.T) {
 		{[]string{"client", "REPLY", "off"}, EffectReplyMode},
 		{[]string{"client", "SetName", "x"}, EffectSetName},
 		{[]string{"client", "tracking", "on"}, EffectTracking},
-		{[]string{"client", "id"}, NoEffect},
+		{[]string{"client", "id"}, EffectClientID},
+		{[]string{"client", "KILL", "ID", "7"}, EffectKill},
+		{[]string{"client", "getname"}, NoEffect},
 		{[]string{"client"}, NoEffect},
 		{[]string{"psubscribe", "p*"}, EffectSubscribe},
 		{[]string{"sunsubscribe"}, EffectUnsubscribe},
@@ -183,5 +185,30 @@ func TestMovableKeys(t *testing.T) {
 	}
 	if _, ok := MovableKeys([]byte("sort"), nil); ok {
 		t.Error("SORT's keys found without COMMAND GETKEYS")
+	}
+}
+
+func TestKillID(t *testing.T) {
+	tests := []struct {
+		give string
+		id   int64
+		ok   bool
+	}{
+		{"CLIENT KILL ID 7", 7, true},
+		{"client kill id 7 skipme no", 7, true},
+		{"CLIENT KILL TYPE normal ID 3 ID 9", 9, true}, // the last, as Redis
+		{"CLIENT KILL 127.0.0.1:6379", 0, false},      // the old form
+		{"CLIENT KILL TYPE normal", 0, false},
+		{"CLIENT KILL ID x", 0, false}, // Redis's error
+		{"CLIENT KILL", 0, false},
+	}
+	for _, tt := range tests {
+		var args [][]byte
+		for _, a := range strings.Fields(tt.give) {
+			args = append(args, []byte(a))
+		}
+		if id, ok := KillID(args); id != tt.id || ok != tt.ok {
+			t.Errorf("KillID(%q) = %d, %v, want %d, %v", tt.give, id, ok, tt.id, tt.ok)
+		}
 	}
 }
