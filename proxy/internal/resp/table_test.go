@@ -197,7 +197,7 @@ func TestKillID(t *testing.T) {
 		{"CLIENT KILL ID 7", 7, true},
 		{"client kill id 7 skipme no", 7, true},
 		{"CLIENT KILL TYPE normal ID 3 ID 9", 9, true}, // the last, as Redis
-		{"CLIENT KILL 127.0.0.1:6379", 0, false},      // the old form
+		{"CLIENT KILL 127.0.0.1:6379", 0, false},       // the old form
 		{"CLIENT KILL TYPE normal", 0, false},
 		{"CLIENT KILL ID x", 0, false}, // Redis's error
 		{"CLIENT KILL", 0, false},
