@@ -459,13 +459,14 @@ func waitReplicated(t *testing.T, srv *redistest.Server) {
 }
 
 // TestClusterTxAcrossConnectionLoss runs the rows of the table that a
-// cluster keeps (protocol, name, user, MULTI, WATCH) through a proxy in
-// front of a Redis Cluster whose masters kill their clients.
+// cluster keeps (protocol, name, user, MULTI, WATCH, CLIENT TRACKING
+// without REDIRECT) through a proxy in front of a Redis Cluster whose
+// masters kill their clients.
 func TestClusterTxAcrossConnectionLoss(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	addUsers(t, c.Nodes...)
 	addr, p := startClusterProxy(t, c)
-	rows := rowsNamed("protocol", "name", "user", "MULTI", "WATCH", "CLIENT REPLY", "CLIENT NO-EVICT", "CLIENT NO-TOUCH")
+	rows := rowsNamed("protocol", "name", "user", "MULTI", "WATCH", "CLIENT REPLY", "CLIENT NO-EVICT", "CLIENT NO-TOUCH", "CLIENT TRACKING")
 	runRows(t, p, addr, rows, func() {
 		for _, s := range c.Nodes[:c.Masters] {
 			killClients(t, s)

@@ -96,6 +96,11 @@ type Pusher interface {
 	// Push reads a push from r, the connection to addr, and gives it to
 	// the client right after the reply with ticket after (0: none).
 	Push(r *bufio.Reader, addr string, after uint64) error
+	// Lost is told that the client's own connection was lost other than
+	// by Retire (the node closed it, or its reply was cut short); it
+	// reports whether the client is being disconnected for it, in which
+	// case nothing more is sent for it.
+	Lost() bool
 }
 
 // Env is what every multiplexed connection of a proxy shares: its
@@ -191,7 +196,8 @@ type Mux struct {
 	waiters int
 	// retired: the connection served an earlier access generation whose
 	// clients are gone, or the client it was its own connection of has
-	// gone; it is never dialed again.
+	// gone or is disconnected for its loss (Pusher.Lost); it is never
+	// dialed again.
 	retired bool
 	// own is set on a cluster client's own connection to a master (a
 	// group of one, NewOwn): it is dialled in the client's connection
@@ -410,9 +416,13 @@ func (sh *Mux) Ready() (*Conn, error) {
 	if be := sh.be; be != nil && !be.Dead && !sh.reading && !be.Open() {
 		// Closed while idle, with no reader to notice (the node's
 		// timeout, CLIENT KILL, a restart): dial again, as for a
-		// connection found lost.
+		// connection found lost, unless the client is disconnected for
+		// it.
 		be.NC.Close()
 		be.Dead = true
+		if sh.own && !sh.retired && sh.pusher.Lost() {
+			sh.retired = true // live refuses: nothing more is sent for the client
+		}
 	}
 	if err := sh.live(); err != nil {
 		return nil, err
@@ -885,7 +895,13 @@ func (sh *Mux) fail(be *Conn, cut Client) {
 	q := be.pending
 	waiting, tickets := q.clients[q.head:], q.tickets[q.head:]
 	q.clients, q.tickets, q.head = nil, nil, 0
+	retired := sh.retired
 	sh.mu.Unlock()
+	if sh.own && !retired && sh.pusher.Lost() {
+		sh.mu.Lock()
+		sh.retired = true
+		sh.mu.Unlock()
+	}
 	if cut != nil {
 		cut.Disconnect()
 		if !sh.own {

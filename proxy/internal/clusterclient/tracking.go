@@ -48,9 +48,12 @@ import (
 // The options other than REDIRECT (BCAST, PREFIX, OPTIN, OPTOUT, NOLOOP)
 // are the masters' to apply. A flush's invalidation (all keys) comes from
 // every master the proxy flushed; the slot-0 master's is given, as one
-// Redis gives one. A connection dialled again (the old one lost) is
-// brought back to tracking before its first command; the invalidations
-// the lost one owed are lost with it.
+// Redis gives one. A connection of the client's lost while it tracks (the
+// master closed it, failed over, or a reply was cut short) disconnects
+// the client (Lost): the invalidations the master owed on it are gone, and
+// a client that reconnects empties its cache. A connection dialled while
+// it tracks (a master it had none to) is brought to tracking before its
+// first command.
 //
 // CLIENT GETREDIR answers the client's REDIRECT id, as Redis does. CLIENT
 // CACHING concerns the connection's next command only, whose master is not
@@ -550,4 +553,18 @@ func (s *Client) endCaching(c *cluster.Call) {
 		p := cluster.Part{Slot: m.First[i], Addr: addr, Raw: cmdPing}
 		s.sendPart(&p, cluster.TicketOpts{Own: true, Mute: true}, deadline)
 	}
+}
+
+// Lost is told that one of the client's own connections was lost other
+// than by the proxy's choice (backend.Pusher). While the client tracks
+// keys, tracking was on there, and the invalidations the master owed on it
+// are gone with it: the client is disconnected, so that it empties its
+// cache, as a client of one Redis is (and as Redis closing the connection
+// does). Otherwise the next command dials again.
+func (s *Client) Lost() bool {
+	if s.trk.Load() == nil {
+		return false
+	}
+	s.h.Disconnect()
+	return true
 }
