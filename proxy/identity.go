@@ -1,5 +1,7 @@
 package proxy
 
+import "slices"
+
 // A client's identity in front of one Redis. The id CLIENT ID answers is
 // the client's dedicated connection's (CLIENT is a command of the
 // dedicated connection), and CLIENT KILL ID of that id from another
@@ -43,7 +45,9 @@ func (s *session) identity(kind entryKind, id, n int64) {
 		}
 		s.p.clientIDs.Store(n, clientID{s, be})
 		s.idMu.Lock()
-		s.ids = append(s.ids, n)
+		if !slices.Contains(s.ids, n) { // asked again on the same connection
+			s.ids = append(s.ids, n)
+		}
 		s.idMu.Unlock()
 	case entryKill:
 		if n == 0 {

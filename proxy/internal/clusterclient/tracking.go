@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -107,7 +108,9 @@ func (s *Client) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Ca
 			if id, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil {
 				r.clientIDs.Store(id, s)
 				s.mu.Lock()
-				s.ids = append(s.ids, id)
+				if !slices.Contains(s.ids, id) { // asked again on the same connection
+					s.ids = append(s.ids, id)
+				}
 				s.mu.Unlock()
 			}
 		}
