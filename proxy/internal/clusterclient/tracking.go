@@ -127,7 +127,7 @@ func (s *Client) forgetIDs() {
 	s.ids = nil
 	s.mu.Unlock()
 	for _, id := range ids {
-		s.r.clientIDs.Delete(id)
+		s.r.clientIDs.CompareAndDelete(id, s) // unless another client has the id since
 	}
 }
 
