@@ -1,7 +1,5 @@
 package proxy
 
-import "slices"
-
 // A client's identity in front of one Redis. The id CLIENT ID answers is
 // the client's dedicated connection's (CLIENT is a command of the
 // dedicated connection), and CLIENT KILL ID of that id from another
@@ -43,35 +41,13 @@ func (s *session) identity(kind entryKind, id, n int64) {
 		if be == nil {
 			return
 		}
-		s.p.clientIDs.Store(n, clientID{s, be})
-		s.idMu.Lock()
-		if !slices.Contains(s.ids, n) { // asked again on the same connection
-			s.ids = append(s.ids, n)
-		}
-		s.idMu.Unlock()
+		s.p.clientIDs.Add(&s.ids, n, clientID{s, be})
 	case entryKill:
 		if n == 0 {
 			return
 		}
-		v, ok := s.p.clientIDs.Load(id)
-		if !ok {
-			return
-		}
-		if c := v.(clientID); c.s != s && c.s.dedicatedConn() == c.be {
+		if c, ok := s.p.clientIDs.Load(id); ok && c.s != s && c.s.dedicatedConn() == c.be {
 			c.s.Disconnect()
-		}
-	}
-}
-
-// forgetIDs removes the client's ids from the registry once it has gone.
-func (s *session) forgetIDs() {
-	s.idMu.Lock()
-	ids := s.ids
-	s.ids = nil
-	s.idMu.Unlock()
-	for _, id := range ids {
-		if v, ok := s.p.clientIDs.Load(id); ok && v.(clientID).s == s {
-			s.p.clientIDs.CompareAndDelete(id, v)
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/proxy/internal/acl"
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/clientid"
 	"github.com/lockproxy/lockproxy/proxy/internal/guard"
 	"github.com/lockproxy/lockproxy/proxy/internal/rawio"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
@@ -335,7 +336,7 @@ type Proxy struct {
 
 	// clientIDs are the sessions by the ids CLIENT ID gave them
 	// (identity.go).
-	clientIDs sync.Map // int64 -> clientID
+	clientIDs clientid.Registry[clientID]
 
 	shared     []*backend.Mux // the backend's, group.List()
 	group      *backend.Group // nil in front of a cluster (see router)

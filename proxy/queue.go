@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bytes"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -220,7 +218,7 @@ func (q *replyQueue) account(ri *resp.ReplyInfo) (quit bool) {
 	quit, popped := q.answer(ri)
 	q.mu.Unlock()
 	if (kind == entryClientID || kind == entryKill) && popped && ri.Type == ':' && q.identity != nil {
-		if n, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimPrefix(ri.Line(), []byte(":")))), 10, 64); err == nil {
+		if n, ok := resp.ParseLength(ri.Line()); ok { // the line after ':'
 			q.identity(kind, arg, n)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/clientid"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/clusterclient"
 	"github.com/lockproxy/lockproxy/proxy/internal/fenced"
@@ -130,8 +131,7 @@ type session struct {
 	wg sync.WaitGroup // the backend readers and the local runner
 
 	// ids are the ids CLIENT ID gave the client (identity.go).
-	idMu sync.Mutex
-	ids  []int64
+	ids clientid.Held[clientID]
 }
 
 func newSession(p *Proxy, nc *clientConn, log *zap.Logger) *session {
@@ -766,7 +766,7 @@ func (s *session) close() {
 // state (KEEPALIVE locks are released).
 func (s *session) wait() {
 	s.wg.Wait()
-	s.forgetIDs()
+	s.p.clientIDs.Forget(&s.ids)
 	s.fc.close()
 	if s.loc != nil {
 		s.loc.Close()

@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/redcon"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/clientid"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 	"github.com/lockproxy/lockproxy/proxy/internal/resp"
 )
@@ -82,7 +83,7 @@ type Client struct {
 	mirrors mirrors
 
 	// trk is the client's CLIENT TRACKING (tracking.go), nil when it does
-	// not track; ids, under mu, the ids CLIENT ID gave it.
+	// not track; ids, the ids CLIENT ID gave it (Router.clientIDs).
 	trk atomic.Pointer[tracking]
 	// sinks are its connections to the masters while it is a REDIRECT
 	// target (tracking.go).
@@ -90,7 +91,7 @@ type Client struct {
 	// caching: a CLIENT CACHING went to every master's connection, and
 	// the command after it to some (tracking.go).
 	caching bool
-	ids     []int64
+	ids     clientid.Held[*Client]
 	// listen: the masters push on the client's own connections (tracking
 	// without REDIRECT), whose readers then read while no reply is owed
 	// (backend.Pusher) and give the pushes in place (Push).
@@ -118,7 +119,7 @@ func (s *Client) Close() {
 	s.r.left(s.access)
 	s.CloseMirrors()
 	s.stopTracking()
-	s.forgetIDs()
+	s.r.clientIDs.Forget(&s.ids)
 	s.closeSinks()
 	s.mu.Lock()
 	s.closed = true
@@ -189,7 +190,7 @@ func (s *Client) Quit() {
 	// No client can redirect its invalidations here any more: a
 	// tracker's next one gets tracking-redir-broken, as from Redis once
 	// it has read QUIT, not only once the connection has gone.
-	s.forgetIDs()
+	s.r.clientIDs.Forget(&s.ids)
 	s.closeSinks()
 }
 func (s *Client) Quitting() bool { return s.quit }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/proxy/internal/backend"
+	"github.com/lockproxy/lockproxy/proxy/internal/clientid"
 	"github.com/lockproxy/lockproxy/proxy/internal/cluster"
 )
 
@@ -35,8 +36,9 @@ type Router struct {
 	// master.
 	next atomic.Uint64
 	// clientIDs are the clients by the id CLIENT ID gave them, for
-	// CLIENT TRACKING ... REDIRECT (tracking.go) and CLIENT UNBLOCK.
-	clientIDs sync.Map // int64 -> *Client
+	// CLIENT TRACKING ... REDIRECT (tracking.go), CLIENT UNBLOCK and CLIENT
+	// KILL ID (unblock.go).
+	clientIDs clientid.Registry[*Client]
 	// txnLost is the reply of a command of a transaction whose
 	// connection was lost (ErrTxnLost).
 	txnLost []byte

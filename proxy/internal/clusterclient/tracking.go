@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -104,31 +103,12 @@ func (s *Client) clientIDCall(m *cluster.SlotMap, cmd redcon.Command) cluster.Ca
 	r := s.r
 	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
-		if len(b) > 1 && b[0] == ':' {
-			if id, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil {
-				r.clientIDs.Store(id, s)
-				s.mu.Lock()
-				if !slices.Contains(s.ids, id) { // asked again on the same connection
-					s.ids = append(s.ids, id)
-				}
-				s.mu.Unlock()
-			}
+		if id, ok := resp.IntegerReply(b); ok {
+			r.clientIDs.Add(&s.ids, id, s)
 		}
 		return b, cluster.IsError(b)
 	}
 	return c
-}
-
-// forgetIDs removes the client's ids from the router's registry; it runs
-// when the client has gone.
-func (s *Client) forgetIDs() {
-	s.mu.Lock()
-	ids := s.ids
-	s.ids = nil
-	s.mu.Unlock()
-	for _, id := range ids {
-		s.r.clientIDs.CompareAndDelete(id, s) // unless another client has the id since
-	}
 }
 
 // trackingCall answers CLIENT TRACKING: ON makes the sinks and turns
@@ -169,11 +149,10 @@ func (s *Client) trackingCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.C
 	}
 	var target *Client
 	if redirect != 0 {
-		v, ok := s.r.clientIDs.Load(redirect)
-		if !ok {
+		var ok bool
+		if target, ok = s.r.clientIDs.Load(redirect); !ok {
 			return cluster.LocalCall(replyNoRedirTarget), true
 		}
-		target = v.(*Client)
 		ctx, cancel := context.WithTimeout(s.ctx, s.r.cfg.DialTimeout)
 		defer cancel()
 		for _, addr := range m.Masters {

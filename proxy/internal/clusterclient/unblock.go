@@ -30,14 +30,13 @@ func (s *Client) unblockCall(args [][]byte) bool {
 	if err != nil {
 		return false
 	}
-	v, ok := s.r.clientIDs.Load(id)
+	target, ok := s.r.clientIDs.Load(id)
 	if !ok {
 		return false
 	}
 	if len(args) == 4 && !bytes.EqualFold(args[3], []byte("timeout")) && !bytes.EqualFold(args[3], []byte("error")) {
 		return false // Redis's syntax error
 	}
-	target := v.(*Client)
 	type conn struct{ addr, local string }
 	var conns []conn
 	target.mu.Lock()
@@ -127,18 +126,15 @@ func (s *Client) killCall(m *cluster.SlotMap, cmd redcon.Command) (cluster.Call,
 	if !ok {
 		return cluster.Call{}, false
 	}
-	v, ok := s.r.clientIDs.Load(id)
-	if !ok || v.(*Client) == s {
+	target, ok := s.r.clientIDs.Load(id)
+	if !ok || target == s {
 		return cluster.Call{}, false
 	}
-	target := v.(*Client)
 	c := cluster.Call{Kind: cluster.CallMerge, Op: cluster.OpFirst, Parts: []cluster.Part{{Slot: m.First[0], Addr: m.Master(m.First[0]), Raw: cmd.Raw}}}
 	c.Fold = func(replies [][]byte) ([]byte, bool) {
 		b := replies[0]
-		if len(b) > 1 && b[0] == ':' {
-			if n, err := strconv.ParseInt(string(bytes.TrimSpace(b[1:])), 10, 64); err == nil && n > 0 {
-				target.h.Disconnect()
-			}
+		if n, ok := resp.IntegerReply(b); ok && n > 0 {
+			target.h.Disconnect()
 		}
 		return b, cluster.IsError(b)
 	}

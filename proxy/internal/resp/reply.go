@@ -232,6 +232,15 @@ func ParseLength(b []byte) (int64, bool) {
 	return parseUint(b)
 }
 
+// IntegerReply returns the value of a whole integer reply (":n\r\n", n
+// not negative, as ParseLength reads it).
+func IntegerReply(b []byte) (int64, bool) {
+	if len(b) < 4 || b[0] != ':' {
+		return 0, false
+	}
+	return ParseLength(b[1:])
+}
+
 // parseUint parses a non-negative decimal of at most 18 digits.
 func parseUint(b []byte) (int64, bool) {
 	if len(b) == 0 || len(b) > 18 {

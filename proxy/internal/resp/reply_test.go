@@ -137,3 +137,22 @@ func BenchmarkCopyReply(b *testing.B) {
 type discardWriter struct{}
 
 func (discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestIntegerReply(t *testing.T) {
+	for _, tt := range []struct {
+		give string
+		n    int64
+		ok   bool
+	}{
+		{":0\r\n", 0, true},
+		{":42\r\n", 42, true},
+		{"+OK\r\n", 0, false},
+		{":x\r\n", 0, false},
+		{":\r\n", 0, false},
+		{"-ERR no\r\n", 0, false},
+	} {
+		if n, ok := IntegerReply([]byte(tt.give)); n != tt.n || ok != tt.ok {
+			t.Errorf("IntegerReply(%q) = %d, %v, want %d, %v", tt.give, n, ok, tt.n, tt.ok)
+		}
+	}
+}
